@@ -1,0 +1,66 @@
+// Key: a dict key of a Python state dict, and KeyPath: the path of keys from a root.
+//
+// Upstream state dicts use four kinds of keys, and ckptsim needs all of them:
+//   - str          'optimizer', 'param_state', 'step'
+//   - int          gbuf_idx, bucket_idx inside lists-as-dicts, param indexes
+//   - symbol       a Python object that is not a string but prints as a bare name, e.g. a
+//                  torch dtype (torch.bfloat16); it never compares equal to a str
+//   - tuple        (torch.bfloat16, torch.float32), the dtype key of gbuf_ranges
+//
+// Invariants:
+//   1. repr() is Python's repr of the same key: 'step', 3, torch.bfloat16,
+//      (torch.bfloat16, torch.float32); a 1-tuple prints as (x,).
+//   2. Keys of different kinds never compare equal (Python: 1 != '1').
+//   3. operator< is a total order (kind first), used only where upstream sorts.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ckptsim::model {
+
+class Key {
+ public:
+  enum class Kind { kInt, kStr, kSymbol, kTuple };
+
+  Key(int64_t i) : kind_(Kind::kInt), int_(i) {}          // NOLINT: implicit like Python
+  Key(int i) : kind_(Kind::kInt), int_(i) {}              // NOLINT
+  Key(std::string s) : kind_(Kind::kStr), str_(std::move(s)) {}  // NOLINT
+  Key(const char* s) : kind_(Kind::kStr), str_(s) {}      // NOLINT
+
+  static Key symbol(std::string name);
+  static Key tuple(std::vector<Key> items);
+
+  Kind kind() const { return kind_; }
+  bool is_int() const { return kind_ == Kind::kInt; }
+  bool is_str() const { return kind_ == Kind::kStr; }
+  bool is_tuple() const { return kind_ == Kind::kTuple; }
+  int64_t as_int() const;                 // REQUIRES: is_int()
+  const std::string& as_str() const;      // REQUIRES: is_str() or kind() == kSymbol
+  const std::vector<Key>& items() const;  // REQUIRES: is_tuple()
+
+  // Python repr (invariant 1). str() differs from repr() only for str keys (no quotes).
+  std::string repr() const;
+  std::string str() const;
+
+  friend bool operator==(const Key& a, const Key& b);
+  friend bool operator<(const Key& a, const Key& b);
+
+ private:
+  Key() = default;
+  Kind kind_ = Kind::kInt;
+  int64_t int_ = 0;
+  std::string str_;
+  std::vector<Key> items_;
+};
+
+using KeyPath = std::vector<Key>;
+
+// Python repr of the path as a tuple: ('optimizer', 'param_state', 0, 'step').
+std::string repr(const KeyPath& path);
+
+// Python repr of a str: single quotes unless the text holds a single quote and no double.
+std::string py_str_repr(const std::string& s);
+
+}  // namespace ckptsim::model
