@@ -1,8 +1,145 @@
-// placeholder; replaced below
+// A code revision of the modeled upstream files, as data: a named set of behavior switches.
+//
+// Each switch is one place where upstream revisions differ (spec §12, §16, §18), read at
+// exactly that one place in model/ — never `if (revision == "...")`. A profile is a JSON
+// file (revisions/*.json, embedded into the binary at build time; a user gating a new graft
+// writes a new file and passes its path):
+//
+//   {"name": "fix-recommended",
+//    "extends": "pr69-graft",                  // optional: start from another profile
+//    "description": "...",
+//    "switches": {"omit_step_when_loading": true, "dp_reshardable_load_skips_step": true}}
+//
+// Invariants:
+//   1. Every switch has a default equal to upstream POST (f4502eb1c9, PR #2874) behavior, so
+//      a profile lists only how it differs from POST (or from the profile it extends).
+//   2. An unknown switch name, a wrong JSON type or an unknown enum value is a Status error
+//      naming the file and the field; `extends` cycles and chains longer than
+//      kExtendsDepthMax are errors.
+//   3. Profile names are unique across the embedded set and the files a user adds.
 #pragma once
+
+#include <map>
 #include <string>
 #include <vector>
+
+#include "model/status.h"
+
 namespace ckptsim::model {
-struct EmbeddedProfile { const char* path; const char* json; };
+
+// What sharded_param_state_dp_reshardable does with an entry's 'step' (the 0-dim tensor of
+// a torch AdamW param state) in its wrapping loop (distrib_optimizer.py 1649-1686).
+enum class ShardedStepMode {
+  kShapeAssert,    // PRE: no special case; `assert shape == (e - s,)` fails on the 0-dim step
+  kNonpersistent,  // POST #2874: wrapped in LocalNonpersistentObject
+  kRawLeaf,        // RX-MILES 6c3fb8c1b: `continue`, the raw tensor stays → common state
+};
+
+// Which sub-optimizers DistributedOptimizer.state_dict() reads the step from for HDO.
+enum class HdoStepSource {
+  kFirstCpuAdamW,     // upstream: first non-empty CPU AdamW only (B6: offload 0 saves none)
+  kAnySubOptimizer,   // fix: fall back to the GPU FusedAdam group step
+};
+
+struct RevisionSwitches {
+  // --- distrib_optimizer.py sharded_param_state_dp_reshardable -----------------------------
+  ShardedStepMode sharded_step = ShardedStepMode::kNonpersistent;
+  // Fix B (spec §12): leave 'step' out of the entries when is_loading (kept when saving).
+  bool omit_step_when_loading = false;
+  // B12 fix: a rank that owns no param element of a bucket saves/loads its padding instead
+  // of asserting 'empty bucket encountered'.
+  bool allow_empty_bucket = false;
+
+  // --- distrib_optimizer.py load_parameter_state_from_dp_reshardable --------------------------
+  // Fix A (spec §12): drop 'step' before _set_main_param_and_optimizer_states, as the
+  // fs_model_space loader does.
+  bool dp_reshardable_load_skips_step = false;
+  // B11: call HDO._sync_hdo_state_to_sub_optimizers() after the dp_reshardable load.
+  bool dp_reshardable_load_syncs_hdo = false;
+
+  // --- distrib_optimizer.py _get/_set_main_param_and_optimizer_states -------------------------
+  // POST and RX-MILES assign every value (B13: 'padding': False leaks into HDO.state);
+  // HEAD/RX-0819 skip non-tensors.
+  bool set_skips_non_tensors = false;
+  // HEAD:1097-1110: _get drops non-tensor state values.
+  bool get_drops_non_tensors = false;
+
+  // --- distrib_optimizer.py state_dict / load_state_dict ---------------------------------------
+  HdoStepSource hdo_step_source = HdoStepSource::kFirstCpuAdamW;
+  // RX-MILES 714-715: delete a param group's 'step' when it is None.
+  bool state_dict_drops_none_step = false;
+  // Pure-torch (no TE/apex) state_dict(): upstream asserts exactly one distinct step, which
+  // fails on a fresh optimizer (empty state) at load time; the fix saves no step then.
+  bool pure_torch_state_dict_allows_empty_state = false;
+  // B9 fix: the pure-torch load gives every param its own step tensor instead of one shared.
+  bool pure_torch_load_clones_step = false;
+  // B8 fix (upstream dev #5835): model_param_group_index_map records the position in the
+  // installed group list [fp32..., bf16...] instead of the gbuf iteration order.
+  bool group_index_map_installed_order = false;
+
+  // --- hybrid_optimizer.py --------------------------------------------------------------------
+  // B5 fix: _sync_hdo_param_groups_to_sub_optimizers does not push 'step' into sub-groups.
+  bool hdo_group_sync_skips_step = false;
+  // B10 fix (HEAD #5929, RX): _update_fp32_params_by_new_state skips params that are fp32
+  // already instead of raising KeyError.
+  bool hdo_update_fp32_skips_native_fp32 = false;
+
+  // --- dict_utils.py merge / serialization.py load ---------------------------------------------
+  // RX-MILES 07220d28f merge() patch.
+  bool merge_truncates_param_state_lists = false;
+  // Loader pre-pass for old RX-MILES checkpoints (spec §12 last paragraph): drop the raw
+  // 'param_state' step lists from the loaded common state before merge.
+  bool load_strips_common_param_state = false;
+};
+
+struct RevisionProfile {
+  std::string name;
+  std::string description;
+  std::string extends;      // empty: POST defaults
+  std::string source;       // file the profile came from ("revisions/x.json" or a user path)
+  RevisionSwitches switches;
+  // The switches this profile (or its ancestors) set explicitly, in file order, for reports.
+  std::vector<std::string> explicit_switches;
+};
+
+// Names and one-line meanings of every switch, in declaration order (for `ckptsim revisions`
+// and for error messages that list the valid names).
+struct SwitchInfo {
+  std::string name;
+  std::string meaning;
+};
+const std::vector<SwitchInfo>& revision_switch_infos();
+// The value of a switch as text ("true", "nonpersistent", ...). REQUIRES a known name.
+std::string switch_value_text(const RevisionSwitches& s, const std::string& name);
+
+struct EmbeddedProfile {
+  const char* path;
+  const char* json;
+};
+// Generated at build time from revisions/*.json (cmake/embed_revisions.cmake).
 const std::vector<EmbeddedProfile>& embedded_revision_profiles();
-}
+
+class RevisionRegistry {
+ public:
+  static constexpr int kExtendsDepthMax = 8;
+  static constexpr size_t kProfilesMax = 256;
+
+  // The embedded profiles. Fails only if an embedded file is invalid (a build-time mistake).
+  static Result<RevisionRegistry> load_embedded();
+
+  // Adds a profile from JSON text; `source` names it in errors.
+  Status add(const std::string& json_text, const std::string& source);
+  // Adds a profile file from disk.
+  Status add_file(const std::string& path);
+
+  // A profile by name, or — if `name_or_path` ends in ".json" — loads that file first.
+  Result<RevisionProfile> get(const std::string& name_or_path);
+  std::vector<std::string> names() const;  // sorted
+
+ private:
+  Result<RevisionProfile> resolve(const std::string& name, int depth) const;
+  // Raw parsed files by name: the JSON text and its source.
+  std::map<std::string, std::pair<std::string, std::string>> raw_;
+};
+
+}  // namespace ckptsim::model

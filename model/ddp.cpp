@@ -1,0 +1,107 @@
+#include "model/ddp.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "model/errors.h"
+#include "model/mapping.h"
+
+namespace ckptsim::model {
+
+Key ParamAndGradBuffer::dtype_key() const {
+  return Key::tuple({Key::symbol(torch_dtype_name(param_dtype)), Key::symbol(torch_dtype_name(grad_dtype))});
+}
+
+DistributedDataParallel::DistributedDataParallel(Runtime& rt, std::vector<ParamSpec> specs,
+                                                 const LayoutOptions& layout, ProcessGroup& dp_group)
+    : rt_(rt), dp_group_(dp_group), specs_(std::move(specs)) {
+  CKPTSIM_CHECK(!specs_.empty(), "a model needs at least one param");
+  CKPTSIM_CHECK(specs_.size() <= kParamsMax, fmt::format("more than {} params", kParamsMax));
+  CKPTSIM_CHECK(layout.dp_size == dp_group.size(), "layout dp_size must equal the DP group size");
+  // Buffers per (param_dtype, grad_dtype), in order of first appearance (invariant 1).
+  buffer_of_.resize(specs_.size());
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    const ParamSpec& s = specs_[i];
+    CKPTSIM_CHECK(s.numel >= 1, "param " + s.name + " must have numel >= 1");
+    CKPTSIM_CHECK(s.dtype == at::kBFloat16 || s.dtype == at::kFloat, "param " + s.name + " must be bf16 or fp32");
+    for (size_t j = 0; j < i; ++j) CKPTSIM_CHECK(specs_[j].name != s.name, "duplicate param name " + s.name);
+    size_t b = 0;
+    while (b < buffers_.size() && buffers_[b].param_dtype != s.dtype) ++b;
+    if (b == buffers_.size()) {
+      buffers_.emplace_back();
+      buffers_.back().param_dtype = s.dtype;
+      buffers_.back().grad_dtype = at::kFloat;
+    }
+    buffer_of_[i] = {b, buffers_[b].params.size()};
+    buffers_[b].params.push_back(i);
+  }
+  params_.resize(specs_.size());
+  main_grads_.resize(specs_.size());
+  for (auto& buffer : buffers_) {
+    std::vector<int64_t> numels;
+    for (size_t i : buffer.params) numels.push_back(specs_[i].numel);
+    buffer.layout = build_buffer_layout(numels, layout);
+    buffer.param_data = rt_.zeros({buffer.layout.numel}, buffer.param_dtype, Device::kCuda);
+    buffer.grad_data = rt_.zeros({buffer.layout.numel}, buffer.grad_dtype, Device::kCuda);
+    for (size_t k = 0; k < buffer.params.size(); ++k) {
+      const ParamIndex& pi = buffer.layout.param_index_map[k];
+      params_[buffer.params[k]] = buffer.param_data.narrow(0, pi.start, pi.end - pi.start);
+      main_grads_[buffer.params[k]] = buffer.grad_data.narrow(0, pi.start, pi.end - pi.start);
+    }
+  }
+}
+
+void DistributedDataParallel::zero_grad_buffer() {
+  for (auto& buffer : buffers_) buffer.grad_data.zero_();
+}
+
+void DistributedDataParallel::finish_grad_sync() {
+  const int64_t dp = dp_group_.size();
+  const int64_t r = dp_group_.rank();
+  for (auto& buffer : buffers_) {
+    for (const BucketLayout& bucket : buffer.layout.buckets) {
+      const int64_t local = bucket.numel / dp;
+      // The collective reads every rank's whole bucket; write the shard from a private copy.
+      const at::Tensor input = buffer.grad_data.narrow(0, bucket.offset, bucket.numel).clone();
+      at::Tensor shard = buffer.grad_data.narrow(0, bucket.offset + r * local, local);
+      dp_group_.reduce_scatter_sum({input.data_ptr<float>(), static_cast<size_t>(input.numel())},
+                                   {shard.data_ptr<float>(), static_cast<size_t>(shard.numel())});
+    }
+  }
+}
+
+void DistributedDataParallel::start_param_sync() {
+  const int64_t dp = dp_group_.size();
+  const int64_t r = dp_group_.rank();
+  for (auto& buffer : buffers_) {
+    const size_t elem = buffer.param_data.element_size();
+    for (const BucketLayout& bucket : buffer.layout.buckets) {
+      const int64_t local = bucket.numel / dp;
+      const at::Tensor shard = buffer.param_data.narrow(0, bucket.offset + r * local, local).clone();
+      at::Tensor whole = buffer.param_data.narrow(0, bucket.offset, bucket.numel);
+      dp_group_.all_gather(
+          {static_cast<const std::byte*>(shard.data_ptr()), static_cast<size_t>(local) * elem},
+          {static_cast<std::byte*>(whole.data_ptr()), static_cast<size_t>(bucket.numel) * elem});
+    }
+  }
+}
+
+Value DistributedDataParallel::sharded_state_dict() {
+  auto sd = Dict::make();
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    ShardedTensor st;
+    st.key = specs_[i].name;
+    st.data = params_[i];
+    st.dtype = specs_[i].dtype;
+    st.local_shape = {specs_[i].numel};
+    st.global_shape = {specs_[i].numel};
+    st.global_offset = {0};
+    st.axis_fragmentations = Shape{1};
+    st.replica_id = {0, 0, dp_group_.rank()};
+    sd->set(specs_[i].name, Value(ShardedTensor::make(std::move(st))));
+  }
+  return Value(sd);
+}
+
+}  // namespace ckptsim::model

@@ -1,0 +1,29 @@
+#include "model/faults.h"
+
+namespace ckptsim::model {
+
+const std::vector<FaultSite>& fault_sites() {
+  static const std::vector<FaultSite> sites = {
+      {fault::kDropEndPadding,
+       "sharded_param_state_dp_reshardable leaves out the padding piece after a rank's last param, "
+       "so the saved pieces no longer tile [0, numel_unpadded)",
+       "shards_tile_buckets"},
+      {fault::kPerturbLoadedExpAvg,
+       "load_parameter_state_from_dp_reshardable adds one ulp to the first exp_avg element it restores on "
+       "DP rank 0",
+       "trajectory_matches_uninterrupted"},
+      {fault::kRankDependentCommon,
+       "the saved training state carries a rank-dependent common leaf ('ckptsim_rank')",
+       "common_state_rank_independent"},
+  };
+  return sites;
+}
+
+bool is_fault_site(const std::string& name) {
+  for (const auto& s : fault_sites()) {
+    if (s.name == name) return true;
+  }
+  return false;
+}
+
+}  // namespace ckptsim::model

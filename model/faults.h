@@ -1,0 +1,30 @@
+// Named fault sites: deliberately broken variants of the model, for showing that each
+// checker catches what it claims to (a checker that never fails proves nothing).
+//
+// FoundationDB's BUGGIFY, narrowed: a site fires only when a scenario lists it in its
+// "faults" field (never at random, never outside simulation), and every firing is counted
+// so the trace shows it. Each site names the property that must catch it.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace ckptsim::model {
+
+struct FaultSite {
+  std::string name;
+  std::string effect;
+  std::string caught_by;  // the property that must fail when the site fires
+};
+
+const std::vector<FaultSite>& fault_sites();
+bool is_fault_site(const std::string& name);
+
+// Site names used in model code (one constant per site, so a typo is a compile error).
+namespace fault {
+inline constexpr const char* kDropEndPadding = "dp_reshardable.drop_end_padding";
+inline constexpr const char* kPerturbLoadedExpAvg = "load.perturb_exp_avg";
+inline constexpr const char* kRankDependentCommon = "save.rank_dependent_common";
+}  // namespace fault
+
+}  // namespace ckptsim::model

@@ -1,0 +1,337 @@
+#include "sim/scenario.h"
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "model/faults.h"
+
+namespace ckptsim::sim {
+
+namespace {
+
+using nlohmann::json;
+
+// A small reader that turns every problem into "<file>: field '<path>': <what>".
+class Reader {
+ public:
+  explicit Reader(std::string source) : source_(std::move(source)) {}
+
+  Status error(const std::string& path, const std::string& what) const {
+    return Status::invalid_input(fmt::format("{}: field '{}': {}", source_, path, what));
+  }
+
+  Status check_fields(const json& obj, const std::string& path, const std::set<std::string>& allowed) const {
+    for (const auto& [k, v] : obj.items()) {
+      if (allowed.count(k) == 0) {
+        std::string names;
+        for (const auto& a : allowed) names += (names.empty() ? "" : ", ") + a;
+        return error(path.empty() ? k : path + "." + k, "unknown field (expected one of: " + names + ")");
+      }
+    }
+    return Status::ok();
+  }
+
+  Status integer(const json& obj, const std::string& key, const std::string& path, int64_t lo, int64_t hi,
+                 int64_t& out, std::optional<int64_t> fallback = std::nullopt) const {
+    if (!obj.contains(key)) {
+      if (fallback.has_value()) {
+        out = *fallback;
+        return Status::ok();
+      }
+      return error(path, "is required");
+    }
+    const json& v = obj.at(key);
+    if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
+      return error(path, fmt::format("must be an integer in [{}, {}], got {}", lo, hi, v.dump()));
+    }
+    out = v.get<int64_t>();
+    return Status::ok();
+  }
+
+  Status number(const json& obj, const std::string& key, const std::string& path, double lo, double hi,
+                double& out, std::optional<double> fallback = std::nullopt) const {
+    if (!obj.contains(key)) {
+      if (fallback.has_value()) {
+        out = *fallback;
+        return Status::ok();
+      }
+      return error(path, "is required");
+    }
+    const json& v = obj.at(key);
+    if (!v.is_number() || v.get<double>() < lo || v.get<double>() > hi) {
+      return error(path, fmt::format("must be a number in [{}, {}], got {}", lo, hi, v.dump()));
+    }
+    out = v.get<double>();
+    return Status::ok();
+  }
+
+  Status boolean(const json& obj, const std::string& key, const std::string& path, bool& out, bool fallback) const {
+    if (!obj.contains(key)) {
+      out = fallback;
+      return Status::ok();
+    }
+    if (!obj.at(key).is_boolean()) return error(path, "must be true or false, got " + obj.at(key).dump());
+    out = obj.at(key).get<bool>();
+    return Status::ok();
+  }
+
+  Status string(const json& obj, const std::string& key, const std::string& path, std::string& out,
+                std::optional<std::string> fallback = std::nullopt) const {
+    if (!obj.contains(key)) {
+      if (fallback.has_value()) {
+        out = *fallback;
+        return Status::ok();
+      }
+      return error(path, "is required");
+    }
+    if (!obj.at(key).is_string()) return error(path, "must be a string, got " + obj.at(key).dump());
+    out = obj.at(key).get<std::string>();
+    return Status::ok();
+  }
+
+ private:
+  std::string source_;
+};
+
+#define CKPTSIM_TRY(expr)                \
+  do {                                   \
+    Status _s = (expr);                  \
+    if (!_s.is_ok()) return _s;          \
+  } while (0)
+
+}  // namespace
+
+int64_t Scenario::total_steps() const {
+  int64_t n = 0;
+  for (const auto& p : phases) n += p.steps;
+  return n;
+}
+
+int64_t Scenario::total_numel() const {
+  int64_t n = 0;
+  for (const auto& p : params) n += p.numel;
+  return n;
+}
+
+Result<Scenario> parse_scenario(const std::string& json_text, const std::string& source,
+                                model::RevisionRegistry& registry) {
+  const Reader r(source);
+  json j;
+  try {
+    j = json::parse(json_text);
+  } catch (const json::exception& e) {
+    return Status::invalid_input(source + ": not valid JSON: " + e.what());
+  }
+  if (!j.is_object()) return Status::invalid_input(source + ": a scenario must be a JSON object");
+  CKPTSIM_TRY(r.check_fields(j, "", {"seed", "name", "description", "params", "optimizer", "bucket_size",
+                                     "pad_buckets_for_high_nccl_busbw", "sharding_type", "samples_per_step",
+                                     "phases", "faults", "expect"}));
+  Scenario s;
+  s.source = source;
+  int64_t seed = 0;
+  CKPTSIM_TRY(r.integer(j, "seed", "seed", 0, std::numeric_limits<int64_t>::max(), seed));
+  s.seed = static_cast<uint64_t>(seed);
+  CKPTSIM_TRY(r.string(j, "name", "name", s.name, std::string()));
+  CKPTSIM_TRY(r.string(j, "description", "description", s.description, std::string()));
+
+  // params
+  if (!j.contains("params") || !j["params"].is_array() || j["params"].empty()) {
+    return r.error("params", "must be a non-empty array of {name, numel, dtype}");
+  }
+  if (j["params"].size() > Scenario::kParamsMax) {
+    return r.error("params", fmt::format("at most {} params, got {}", Scenario::kParamsMax, j["params"].size()));
+  }
+  std::set<std::string> names;
+  for (size_t i = 0; i < j["params"].size(); ++i) {
+    const json& p = j["params"][i];
+    const std::string path = fmt::format("params[{}]", i);
+    if (!p.is_object()) return r.error(path, "must be an object");
+    CKPTSIM_TRY(r.check_fields(p, path, {"name", "numel", "dtype", "wd_mult", "lr_mult"}));
+    model::ParamSpec spec;
+    CKPTSIM_TRY(r.string(p, "name", path + ".name", spec.name));
+    if (spec.name.empty() || !names.insert(spec.name).second) {
+      return r.error(path + ".name", "must be a non-empty name used once, got \"" + spec.name + "\"");
+    }
+    CKPTSIM_TRY(r.integer(p, "numel", path + ".numel", 1, Scenario::kNumelMax, spec.numel));
+    std::string dtype;
+    CKPTSIM_TRY(r.string(p, "dtype", path + ".dtype", dtype));
+    if (dtype == "bf16") {
+      spec.dtype = at::kBFloat16;
+    } else if (dtype == "fp32") {
+      spec.dtype = at::kFloat;
+    } else {
+      return r.error(path + ".dtype", "must be \"bf16\" or \"fp32\", got \"" + dtype + "\"");
+    }
+    CKPTSIM_TRY(r.number(p, "wd_mult", path + ".wd_mult", 0.0, 1e6, spec.wd_mult, 1.0));
+    CKPTSIM_TRY(r.number(p, "lr_mult", path + ".lr_mult", 0.0, 1e6, spec.lr_mult, 1.0));
+    s.params.push_back(spec);
+  }
+  if (s.total_numel() > Scenario::kTotalNumelMax) {
+    return r.error("params", fmt::format("total numel {} exceeds {}", s.total_numel(), Scenario::kTotalNumelMax));
+  }
+
+  // optimizer
+  if (!j.contains("optimizer") || !j["optimizer"].is_object()) return r.error("optimizer", "is required (an object)");
+  const json& o = j["optimizer"];
+  CKPTSIM_TRY(r.check_fields(o, "optimizer", {"kind", "offload_fraction", "lr", "betas", "eps", "weight_decay",
+                                              "overlap_cpu_optimizer_d2h_h2d"}));
+  std::string kind;
+  CKPTSIM_TRY(r.string(o, "kind", "optimizer.kind", kind));
+  if (kind == "fused_adam") {
+    s.optimizer.kind = model::OptimizerKind::kFusedAdam;
+  } else if (kind == "torch_adamw") {
+    s.optimizer.kind = model::OptimizerKind::kTorchAdamW;
+  } else if (kind == "hybrid") {
+    s.optimizer.kind = model::OptimizerKind::kHybrid;
+  } else {
+    return r.error("optimizer.kind", "must be one of fused_adam, torch_adamw, hybrid, got \"" + kind + "\"");
+  }
+  if (s.optimizer.kind == model::OptimizerKind::kHybrid) {
+    CKPTSIM_TRY(r.number(o, "offload_fraction", "optimizer.offload_fraction", 0.0, 1.0, s.optimizer.offload_fraction));
+    CKPTSIM_TRY(r.boolean(o, "overlap_cpu_optimizer_d2h_h2d", "optimizer.overlap_cpu_optimizer_d2h_h2d",
+                          s.optimizer.overlap_cpu_optimizer_d2h_h2d, false));
+  } else {
+    if (o.contains("offload_fraction")) {
+      return r.error("optimizer.offload_fraction", "applies only to kind \"hybrid\"");
+    }
+    if (o.contains("overlap_cpu_optimizer_d2h_h2d")) {
+      return r.error("optimizer.overlap_cpu_optimizer_d2h_h2d", "applies only to kind \"hybrid\"");
+    }
+  }
+  CKPTSIM_TRY(r.number(o, "lr", "optimizer.lr", 0.0, 10.0, s.optimizer.lr));
+  if (!o.contains("betas") || !o["betas"].is_array() || o["betas"].size() != 2 || !o["betas"][0].is_number() ||
+      !o["betas"][1].is_number()) {
+    return r.error("optimizer.betas", "must be two numbers [beta1, beta2], got " +
+                                          (o.contains("betas") ? o["betas"].dump() : std::string("nothing")));
+  }
+  s.optimizer.beta1 = o["betas"][0].get<double>();
+  s.optimizer.beta2 = o["betas"][1].get<double>();
+  if (!(s.optimizer.beta1 >= 0 && s.optimizer.beta1 < 1 && s.optimizer.beta2 >= 0 && s.optimizer.beta2 < 1)) {
+    return r.error("optimizer.betas", "each beta must be in [0, 1), got " + o["betas"].dump());
+  }
+  CKPTSIM_TRY(r.number(o, "eps", "optimizer.eps", 1e-30, 1.0, s.optimizer.eps));
+  CKPTSIM_TRY(r.number(o, "weight_decay", "optimizer.weight_decay", 0.0, 10.0, s.optimizer.weight_decay));
+
+  // layout
+  if (j.contains("bucket_size") && !j["bucket_size"].is_null()) {
+    int64_t b = 0;
+    CKPTSIM_TRY(r.integer(j, "bucket_size", "bucket_size", 1, int64_t{1} << 40, b));
+    s.bucket_size = b;
+  }
+  CKPTSIM_TRY(r.boolean(j, "pad_buckets_for_high_nccl_busbw", "pad_buckets_for_high_nccl_busbw",
+                        s.pad_buckets_for_high_nccl_busbw, false));
+  CKPTSIM_TRY(r.string(j, "sharding_type", "sharding_type", s.sharding_type, std::string("dp_reshardable")));
+  if (s.sharding_type != "dp_reshardable") {
+    return r.error("sharding_type", "only \"dp_reshardable\" is modeled, got \"" + s.sharding_type + "\"");
+  }
+  CKPTSIM_TRY(r.integer(j, "samples_per_step", "samples_per_step", 1, Scenario::kSamplesPerStepMax,
+                        s.samples_per_step, 8));
+  if ((s.samples_per_step & (s.samples_per_step - 1)) != 0) {
+    // Gradients are averaged by multiplying with 1/samples_per_step before the reduce-scatter
+    // (as DDP scales before reducing); only a power of two keeps that exact on every rank.
+    return r.error("samples_per_step", fmt::format("must be a power of two, got {}", s.samples_per_step));
+  }
+
+  // phases
+  if (!j.contains("phases") || !j["phases"].is_array() || j["phases"].empty()) {
+    return r.error("phases", "must be a non-empty array of {dp, revision, steps}");
+  }
+  if (j["phases"].size() > Scenario::kPhasesMax) {
+    return r.error("phases", fmt::format("at most {} phases, got {}", Scenario::kPhasesMax, j["phases"].size()));
+  }
+  for (size_t i = 0; i < j["phases"].size(); ++i) {
+    const json& p = j["phases"][i];
+    const std::string path = fmt::format("phases[{}]", i);
+    if (!p.is_object()) return r.error(path, "must be an object");
+    CKPTSIM_TRY(r.check_fields(p, path, {"dp", "revision", "steps", "save"}));
+    PhaseSpec phase;
+    CKPTSIM_TRY(r.integer(p, "dp", path + ".dp", 1, Scenario::kDpMax, phase.dp));
+    CKPTSIM_TRY(r.string(p, "revision", path + ".revision", phase.revision));
+    auto profile = registry.get(phase.revision);
+    if (!profile.is_ok()) return r.error(path + ".revision", profile.status().message());
+    CKPTSIM_TRY(r.integer(p, "steps", path + ".steps", 0, Scenario::kStepsMax, phase.steps));
+    CKPTSIM_TRY(r.boolean(p, "save", path + ".save", phase.save, true));
+    if (!phase.save && i + 1 < j["phases"].size()) {
+      return r.error(path + ".save", "must be true: the next phase resumes from this phase's checkpoint");
+    }
+    s.phases.push_back(phase);
+  }
+  if (s.total_steps() > Scenario::kStepsMax) {
+    return r.error("phases", fmt::format("total steps {} exceed {}", s.total_steps(), Scenario::kStepsMax));
+  }
+  if (s.total_numel() * std::max<int64_t>(1, s.total_steps() + static_cast<int64_t>(s.phases.size())) >
+      Scenario::kStateElementsMax) {
+    return r.error("phases", fmt::format("total numel x steps exceeds {} (the recorded states would be too large)",
+                                         Scenario::kStateElementsMax));
+  }
+
+  if (j.contains("faults")) {
+    if (!j["faults"].is_array()) return r.error("faults", "must be an array of fault site names");
+    for (size_t i = 0; i < j["faults"].size(); ++i) {
+      const json& f = j["faults"][i];
+      if (!f.is_string() || !model::is_fault_site(f.get<std::string>())) {
+        std::string known;
+        for (const auto& site : model::fault_sites()) known += (known.empty() ? "" : ", ") + site.name;
+        return r.error(fmt::format("faults[{}]", i), "unknown fault site " + f.dump() + " (known: " + known + ")");
+      }
+      s.faults.push_back(f.get<std::string>());
+    }
+  }
+  if (j.contains("expect")) {
+    const json& e = j["expect"];
+    if (!e.is_object()) return r.error("expect", "must be an object");
+    CKPTSIM_TRY(r.check_fields(e, "expect", {"ok", "properties", "detail_contains"}));
+    s.expect = e;
+  }
+  return s;
+}
+
+Result<Scenario> load_scenario_file(const std::string& path, model::RevisionRegistry& registry) {
+  std::ifstream in(path);
+  if (!in) return Status::not_found(path + ": cannot open scenario file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_scenario(ss.str(), path, registry);
+}
+
+json scenario_to_json(const Scenario& s) {
+  json j;
+  j["seed"] = s.seed;
+  if (!s.name.empty()) j["name"] = s.name;
+  if (!s.description.empty()) j["description"] = s.description;
+  j["params"] = json::array();
+  for (const auto& p : s.params) {
+    json pj{{"name", p.name}, {"numel", p.numel}, {"dtype", p.dtype == at::kBFloat16 ? "bf16" : "fp32"}};
+    if (p.wd_mult != 1.0) pj["wd_mult"] = p.wd_mult;
+    if (p.lr_mult != 1.0) pj["lr_mult"] = p.lr_mult;
+    j["params"].push_back(pj);
+  }
+  json o{{"kind", model::optimizer_kind_name(s.optimizer.kind)},
+         {"lr", s.optimizer.lr},
+         {"betas", {s.optimizer.beta1, s.optimizer.beta2}},
+         {"eps", s.optimizer.eps},
+         {"weight_decay", s.optimizer.weight_decay}};
+  if (s.optimizer.kind == model::OptimizerKind::kHybrid) {
+    o["offload_fraction"] = s.optimizer.offload_fraction;
+    if (s.optimizer.overlap_cpu_optimizer_d2h_h2d) o["overlap_cpu_optimizer_d2h_h2d"] = true;
+  }
+  j["optimizer"] = o;
+  j["bucket_size"] = s.bucket_size.has_value() ? json(*s.bucket_size) : json(nullptr);
+  if (s.pad_buckets_for_high_nccl_busbw) j["pad_buckets_for_high_nccl_busbw"] = true;
+  j["sharding_type"] = s.sharding_type;
+  if (s.samples_per_step != 8) j["samples_per_step"] = s.samples_per_step;
+  j["phases"] = json::array();
+  for (const auto& p : s.phases) {
+    json pj{{"dp", p.dp}, {"revision", p.revision}, {"steps", p.steps}};
+    if (!p.save) pj["save"] = false;
+    j["phases"].push_back(pj);
+  }
+  if (!s.faults.empty()) j["faults"] = s.faults;
+  if (!s.expect.is_null()) j["expect"] = s.expect;
+  return j;
+}
+
+}  // namespace ckptsim::sim
