@@ -75,9 +75,10 @@ BufferLayout build_buffer_layout(std::span<const int64_t> param_numels,
   for (size_t k = param_numels.size(); k-- > 0;) {
     param_start = pad_to_multiple(param_start, kParamStartAlignmentNumel);
     param_end = param_start + param_numels[k];
-    layout.param_index_map[k] = ParamIndex{.start = param_start,
-                                           .end = param_end,
-                                           .bucket_id = static_cast<int64_t>(layout.buckets.size())};
+    layout.param_index_map[k] =
+        ParamIndex{.start = param_start,
+                   .end = param_end,
+                   .bucket_id = static_cast<int64_t>(layout.buckets.size())};
     bucket_params.push_back(k);
     if (options.bucket_size.has_value() && param_end - bucket_start >= *options.bucket_size) {
       param_start = close_bucket(param_end);
@@ -92,12 +93,12 @@ BufferLayout build_buffer_layout(std::span<const int64_t> param_numels,
   CKPTSIM_CHECK(layout.numel <= kNumelMax,
                 fmt::format("buffer numel {} exceeds kNumelMax={}", layout.numel, kNumelMax));
   // Upstream asserts both right after the loop.
-  CKPTSIM_CHECK(layout.numel_unpadded <= layout.numel,
-                fmt::format("buffer numel_unpadded {} > numel {}", layout.numel_unpadded,
-                            layout.numel));
-  CKPTSIM_CHECK(layout.numel % options.dp_size == 0,
-                fmt::format("buffer numel {} not a multiple of dp_size {}", layout.numel,
-                            options.dp_size));
+  CKPTSIM_CHECK(
+      layout.numel_unpadded <= layout.numel,
+      fmt::format("buffer numel_unpadded {} > numel {}", layout.numel_unpadded, layout.numel));
+  CKPTSIM_CHECK(
+      layout.numel % options.dp_size == 0,
+      fmt::format("buffer numel {} not a multiple of dp_size {}", layout.numel, options.dp_size));
   return layout;
 }
 
@@ -173,14 +174,16 @@ Status check_structure(const BufferLayout& layout, const LayoutOptions& options)
     const int64_t S = bucket.numel;
     const int64_t U = bucket.numel_unpadded;
     if (bucket.offset != expected_offset) {
-      return violation(fmt::format("structure: bucket {} offset expected {} (end of previous "
-                                   "bucket) observed {}",
-                                   b, expected_offset, bucket.offset));
+      return violation(
+          fmt::format("structure: bucket {} offset expected {} (end of previous "
+                      "bucket) observed {}",
+                      b, expected_offset, bucket.offset));
     }
     if (S <= 0 || S % dp != 0) {
-      return violation(fmt::format("I1: bucket {} numel S={} is not a positive multiple of "
-                                   "dp_size {} (S % dp = {})",
-                                   b, S, dp, S % dp));
+      return violation(
+          fmt::format("I1: bucket {} numel S={} is not a positive multiple of "
+                      "dp_size {} (S % dp = {})",
+                      b, S, dp, S % dp));
     }
     if (S % kBucketEndAlignmentNumel != 0) {
       return violation(fmt::format("I1: bucket {} numel S={} is not a multiple of {} (S % {} = {})",
@@ -188,59 +191,62 @@ Status check_structure(const BufferLayout& layout, const LayoutOptions& options)
                                    S % kBucketEndAlignmentNumel));
     }
     if (U <= 0 || U > S) {
-      return violation(
-          fmt::format("I1: bucket {} numel_unpadded U={} outside [1, S={}]", b, U, S));
+      return violation(fmt::format("I1: bucket {} numel_unpadded U={} outside [1, S={}]", b, U, S));
     }
     if (pad_to_multiple(U, divisor) != S) {
-      return violation(fmt::format("I1: bucket {} numel expected pad(U={}, {})={} observed S={}",
-                                   b, U, divisor, pad_to_multiple(U, divisor), S));
+      return violation(fmt::format("I1: bucket {} numel expected pad(U={}, {})={} observed S={}", b,
+                                   U, divisor, pad_to_multiple(U, divisor), S));
     }
-    if (bucket.params.empty()) return violation(fmt::format("structure: bucket {} has no params", b));
+    if (bucket.params.empty())
+      return violation(fmt::format("structure: bucket {} has no params", b));
 
     int64_t expected_start = bucket.offset;
     for (size_t j = 0; j < bucket.params.size(); ++j) {
       const size_t k = bucket.params[j];
       if (k >= n) {
-        return violation(fmt::format("structure: bucket {} names param {} but the buffer has {}",
-                                     b, k, n));
+        return violation(
+            fmt::format("structure: bucket {} names param {} but the buffer has {}", b, k, n));
       }
       if (++bucket_count[k] > 1) {
-        return violation(fmt::format("structure: param {} listed in more than one bucket slot "
-                                     "(again in bucket {})",
-                                     k, b));
+        return violation(
+            fmt::format("structure: param {} listed in more than one bucket slot "
+                        "(again in bucket {})",
+                        k, b));
       }
       if (j > 0 && k >= bucket.params[j - 1]) {
-        return violation(fmt::format("structure: bucket {} lists param {} after param {}; layout "
-                                     "order must be descending model index",
-                                     b, k, bucket.params[j - 1]));
+        return violation(
+            fmt::format("structure: bucket {} lists param {} after param {}; layout "
+                        "order must be descending model index",
+                        b, k, bucket.params[j - 1]));
       }
       const ParamIndex& index = layout.param_index_map[k];
       if (index.bucket_id != static_cast<int64_t>(b)) {
-        return violation(fmt::format("structure: param {} bucket_id expected {} observed {}", k,
-                                     b, index.bucket_id));
+        return violation(fmt::format("structure: param {} bucket_id expected {} observed {}", k, b,
+                                     index.bucket_id));
       }
       if (index.start % kParamStartAlignmentNumel != 0) {
-        return violation(fmt::format("I1: param {} start {} is not a multiple of {} "
-                                     "(start % {} = {})",
-                                     k, index.start, kParamStartAlignmentNumel,
-                                     kParamStartAlignmentNumel,
-                                     index.start % kParamStartAlignmentNumel));
+        return violation(
+            fmt::format("I1: param {} start {} is not a multiple of {} "
+                        "(start % {} = {})",
+                        k, index.start, kParamStartAlignmentNumel, kParamStartAlignmentNumel,
+                        index.start % kParamStartAlignmentNumel));
       }
       if (index.start != expected_start) {
         return violation(fmt::format("structure: bucket {} param {} start expected {} observed {}",
                                      b, k, expected_start, index.start));
       }
       if (index.end <= index.start) {
-        return violation(fmt::format("structure: param {} range [{}, {}) is empty", k,
-                                     index.start, index.end));
+        return violation(
+            fmt::format("structure: param {} range [{}, {}) is empty", k, index.start, index.end));
       }
       expected_start = pad_to_multiple(index.end, kParamStartAlignmentNumel);
     }
     const int64_t last_end = layout.param_index_map[bucket.params.back()].end;
     if (last_end != bucket.offset + U) {
-      return violation(fmt::format("structure: bucket {} last param {} end expected offset+U={} "
-                                   "observed {}",
-                                   b, bucket.params.back(), bucket.offset + U, last_end));
+      return violation(
+          fmt::format("structure: bucket {} last param {} end expected offset+U={} "
+                      "observed {}",
+                      b, bucket.params.back(), bucket.offset + U, last_end));
     }
     expected_offset = bucket.offset + S;
     unpadded_sum += U;
@@ -251,14 +257,16 @@ Status check_structure(const BufferLayout& layout, const LayoutOptions& options)
     }
   }
   if (layout.numel != expected_offset) {
-    return violation(fmt::format("structure: buffer numel expected {} (last bucket end) "
-                                 "observed {}",
-                                 expected_offset, layout.numel));
+    return violation(
+        fmt::format("structure: buffer numel expected {} (last bucket end) "
+                    "observed {}",
+                    expected_offset, layout.numel));
   }
   if (layout.numel_unpadded != unpadded_sum) {
-    return violation(fmt::format("structure: buffer numel_unpadded expected {} (sum of U) "
-                                 "observed {}",
-                                 unpadded_sum, layout.numel_unpadded));
+    return violation(
+        fmt::format("structure: buffer numel_unpadded expected {} (sum of U) "
+                    "observed {}",
+                    unpadded_sum, layout.numel_unpadded));
   }
   return Status::ok();
 }
@@ -296,8 +304,8 @@ Status check_bucket_shards(const BufferLayout& layout, size_t bucket_idx, int64_
   const size_t n = layout.param_index_map.size();
   const size_t b = bucket_idx;
   if (shards.size() != static_cast<size_t>(dp_size)) {
-    return violation(fmt::format("I2: bucket {} has {} shards for dp_size {}", b, shards.size(),
-                                 dp_size));
+    return violation(
+        fmt::format("I2: bucket {} has {} shards for dp_size {}", b, shards.size(), dp_size));
   }
   if (bucket.numel % dp_size != 0) {
     return violation(fmt::format("I1: bucket {} numel {} not divisible by dp_size {}", b,
@@ -333,21 +341,24 @@ Status check_bucket_shards(const BufferLayout& layout, size_t bucket_idx, int64_
         return violation(fmt::format("I2: {}: belongs to bucket {}", where, index.bucket_id));
       }
       if (m.gbuf_local.start < prev_local_end) {
-        return violation(fmt::format("I2: {}: gbuf_local {} starts before the previous entry's "
-                                     "end {} (entries must be sorted and disjoint)",
-                                     where, m.gbuf_local.repr(), prev_local_end));
+        return violation(
+            fmt::format("I2: {}: gbuf_local {} starts before the previous entry's "
+                        "end {} (entries must be sorted and disjoint)",
+                        where, m.gbuf_local.repr(), prev_local_end));
       }
       if (m.gbuf_local.start < 0 || m.gbuf_local.end > L || m.gbuf_local.size() <= 0) {
         return violation(fmt::format("I2: {}: gbuf_local {} not a non-empty sub-range of [0, {})",
                                      where, m.gbuf_local.repr(), L));
       }
       prev_local_end = m.gbuf_local.end;
-      const Range expected_gw = m.gbuf_local.normalize(m.gbuf_local.start + shard.world_range.start);
+      const Range expected_gw =
+          m.gbuf_local.normalize(m.gbuf_local.start + shard.world_range.start);
       if (m.gbuf_world != expected_gw) {
         return violation(fmt::format("I2: {}: gbuf_world expected {} observed {}", where,
                                      expected_gw.repr(), m.gbuf_world.repr()));
       }
-      const Range expected_gwb{m.gbuf_world.start - bucket.offset, m.gbuf_world.end - bucket.offset};
+      const Range expected_gwb{m.gbuf_world.start - bucket.offset,
+                               m.gbuf_world.end - bucket.offset};
       if (m.gbuf_world_in_bucket != expected_gwb) {
         return violation(fmt::format("I2: {}: gbuf_world_in_bucket expected {} observed {}", where,
                                      expected_gwb.repr(), m.gbuf_world_in_bucket.repr()));
@@ -355,9 +366,10 @@ Status check_bucket_shards(const BufferLayout& layout, size_t bucket_idx, int64_
       // The param sub-range is where gbuf_world sits inside the param's [ws, we).
       const Range expected_param = m.gbuf_world.normalize(m.gbuf_world.start - index.start);
       if (m.param != expected_param) {
-        return violation(fmt::format("I2: {}: param expected {} (gbuf_world minus param start {}) "
-                                     "observed {}",
-                                     where, expected_param.repr(), index.start, m.param.repr()));
+        return violation(
+            fmt::format("I2: {}: param expected {} (gbuf_world minus param start {}) "
+                        "observed {}",
+                        where, expected_param.repr(), index.start, m.param.repr()));
       }
       param_pieces[k].push_back(m.param);
       world_pieces[k].push_back(m.gbuf_world);
@@ -367,14 +379,16 @@ Status check_bucket_shards(const BufferLayout& layout, size_t bucket_idx, int64_
     if (k >= n) continue;  // reported by the structure check
     const ParamIndex& index = layout.param_index_map[k];
     if (!tiles(param_pieces[k], 0, index.end - index.start)) {
-      return violation(fmt::format("I2: bucket {} param {}: param ranges over all ranks expected "
-                                   "to partition [0, {}) observed {}",
-                                   b, k, index.end - index.start, ranges_repr(param_pieces[k])));
+      return violation(
+          fmt::format("I2: bucket {} param {}: param ranges over all ranks expected "
+                      "to partition [0, {}) observed {}",
+                      b, k, index.end - index.start, ranges_repr(param_pieces[k])));
     }
     if (!tiles(world_pieces[k], index.start, index.end)) {
-      return violation(fmt::format("I2: bucket {} param {}: gbuf_world ranges over all ranks "
-                                   "expected to partition [{}, {}) observed {}",
-                                   b, k, index.start, index.end, ranges_repr(world_pieces[k])));
+      return violation(
+          fmt::format("I2: bucket {} param {}: gbuf_world ranges over all ranks "
+                      "expected to partition [{}, {}) observed {}",
+                      b, k, index.start, index.end, ranges_repr(world_pieces[k])));
     }
   }
   return Status::ok();

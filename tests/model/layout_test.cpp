@@ -3,29 +3,38 @@
 // Every expected value below was written by hand from the spec (§2.1 pseudocode, §2.3 table)
 // and the arithmetic shown in the comments, never printed from the code under test.
 //
-// Mutations each test catches (those marked [tried] were applied to layout.cpp and the named
-// tests failed; see the helper report):
-//   - param start not padded to 64 (drop pad_to_multiple(param_start, 64)) [tried]:
-//       LayoutGolden.*, LayoutMultiBucket.*, LayoutDpNotDividing128.*, LayoutProperty.*.
-//   - params walked in model order instead of reversed: LayoutGolden.*, LayoutMultiBucket.*.
-//   - bucket divisor lcm(dp,128) replaced by 128, or 65536 option ignored [tried: 65536
-//       ignored]: LayoutDpNotDividing128.*, LayoutHighNcclBusbw.*, LayoutProperty.Invariants.
-//   - closing test `>=` replaced by `>` [tried]: LayoutMultiBucket.ClosesWhenReachingBucketSize.
-//   - U measured to the padded bucket end instead of the param end: every golden test.
-//   - the `param` sub-range start taken as gbuf_local.start instead of max(0, G.start - ws)
-//       [tried]: LayoutGolden.Dp4, LayoutGolden.Dp8, LayoutProperty.Invariants.
-//   - a checker that passes vacuously (always ok): LayoutCanary.*.
+// Mutations of layout.cpp, all tried locally (then reverted), and the tests that failed:
+//   - param start not padded to 64: LayoutGolden.*, LayoutMultiBucket.FourParamsTwoBuckets,
+//       LayoutDpNotDividing128.*, LayoutHighNcclBusbw.*, LayoutProperty.* (and canaries whose
+//       untampered baseline changed).
+//   - params walked in model order instead of reversed: LayoutGolden.*, LayoutMultiBucket.*,
+//       LayoutDpNotDividing128.*, LayoutHighNcclBusbw.*, LayoutProperty.*.
+//   - bucket divisor 128 instead of lcm(dp,128): LayoutPad.DivisorAndPad,
+//       LayoutDpNotDividing128.*, LayoutHighNcclBusbw.MultiBucketDp24, LayoutProperty.*.
+//   - the 65536 option ignored: LayoutPad.DivisorAndPad, LayoutHighNcclBusbw.*,
+//       LayoutProperty.Invariants (through the divisor it recomputes itself).
+//   - closing test `>=` replaced by `>`: LayoutMultiBucket.ClosesWhenReachingBucketSize.
+//   - U measured to the padded bucket end instead of the param end: LayoutGolden.*,
+//       LayoutMultiBucket.*, LayoutDpNotDividing128.*, LayoutHighNcclBusbw.*, LayoutProperty.*.
+//   - the `param` sub-range taken as gbuf_local instead of starting at max(0, G.start - ws):
+//       LayoutGolden.*, LayoutMultiBucket.FourParamsTwoBuckets, LayoutDpNotDividing128.*,
+//       LayoutHighNcclBusbw.*, LayoutProperty.Invariants, LayoutCanary.TamperedShards.
+//   - check_layout_invariants always ok (vacuous checker): LayoutCanary.{StartShiftedByOne,
+//       AlignmentDropped, LayoutCheckedAtWrongDp, UnpaddedSizeWrong,
+//       ModelOrderInsteadOfReversed}, LayoutHighNcclBusbw.WorkedExampleDp2.
+#include "model/layout.h"
+
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
 #include <cstdint>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "model/errors.h"
-#include "model/layout.h"
 
 namespace ckptsim::model {
 namespace {
@@ -53,9 +62,8 @@ struct Piece {
 
 // Bucket offset is 0 in the worked example, so gbuf_world_in_bucket == gbuf_world there;
 // `offset` lets multi-bucket tests use the same helper.
-void expect_shard(const BufferLayout& layout, size_t bucket, int64_t rank, int64_t dp,
-                  Range world, int64_t local_numel, const std::vector<Piece>& pieces,
-                  int64_t offset = 0) {
+void expect_shard(const BufferLayout& layout, size_t bucket, int64_t rank, int64_t dp, Range world,
+                  int64_t local_numel, const std::vector<Piece>& pieces, int64_t offset = 0) {
   SCOPED_TRACE("bucket " + std::to_string(bucket) + " rank " + std::to_string(rank) + " dp " +
                std::to_string(dp));
   const BucketShard shard = build_bucket_shard(layout, bucket, rank, dp);
@@ -104,12 +112,11 @@ TEST(LayoutPad, DivisorAndPad) {
   EXPECT_EQ(pad_to_multiple(65, 64), 128);
   EXPECT_EQ(bucket_size_divisor(opts(1)), 128);
   EXPECT_EQ(bucket_size_divisor(opts(8)), 128);
-  EXPECT_EQ(bucket_size_divisor(opts(3)), 384);       // 3 * 128
-  EXPECT_EQ(bucket_size_divisor(opts(24)), 384);      // 3 * 8 and 2^7
+  EXPECT_EQ(bucket_size_divisor(opts(3)), 384);   // 3 * 128
+  EXPECT_EQ(bucket_size_divisor(opts(24)), 384);  // 3 * 8 and 2^7
   EXPECT_EQ(bucket_size_divisor(opts(256)), 256);
   EXPECT_EQ(bucket_size_divisor(opts(2, std::nullopt, true)), 65536);
-  EXPECT_EQ(bucket_size_divisor(opts(24, std::nullopt, true)),
-            3 * 65536);
+  EXPECT_EQ(bucket_size_divisor(opts(24, std::nullopt, true)), 3 * 65536);
 }
 
 // §2.3 table, dp=1: S=512, L=512; r0 owns C, B, A with their gaps; [420,512) is end padding.
@@ -213,8 +220,7 @@ TEST(LayoutMultiBucket, FourParamsTwoBuckets) {
 // bucket 0 (U=1000, end 1024); P0 [1024,1034) stays open; the loop ends: bucket 1 U=10,
 // end pad(1034,128)=1152.
 TEST(LayoutMultiBucket, TrailingOpenBucket) {
-  const BufferLayout layout = build_buffer_layout(std::vector<int64_t>{10, 1000},
-                                                  opts(1, 500));
+  const BufferLayout layout = build_buffer_layout(std::vector<int64_t>{10, 1000}, opts(1, 500));
   EXPECT_EQ(layout.param_index_map[1], (ParamIndex{0, 1000, 0}));
   EXPECT_EQ(layout.param_index_map[0], (ParamIndex{1024, 1034, 1}));
   ASSERT_EQ(layout.buckets.size(), 2u);
@@ -323,10 +329,8 @@ TEST(LayoutRequires, RejectsBadInputs) {
   EXPECT_THROW(build_buffer_layout(std::vector<int64_t>{5, 0}, {}), InvariantViolation);
   EXPECT_THROW(build_buffer_layout(std::vector<int64_t>{-3}, {}), InvariantViolation);
   EXPECT_THROW(build_buffer_layout(kWorkedExample, opts(0)), InvariantViolation);
-  EXPECT_THROW(build_buffer_layout(kWorkedExample, opts(kDpSizeMax + 1)),
-               InvariantViolation);
-  EXPECT_THROW(build_buffer_layout(kWorkedExample, opts(1, 0)),
-               InvariantViolation);
+  EXPECT_THROW(build_buffer_layout(kWorkedExample, opts(kDpSizeMax + 1)), InvariantViolation);
+  EXPECT_THROW(build_buffer_layout(kWorkedExample, opts(1, 0)), InvariantViolation);
   EXPECT_THROW(build_buffer_layout(std::vector<int64_t>{kNumelMax + 1}, {}), InvariantViolation);
   // Two params of kNumelMax each overflow the buffer limit.
   EXPECT_THROW(build_buffer_layout(std::vector<int64_t>{kNumelMax, kNumelMax}, {}),
@@ -336,10 +340,10 @@ TEST(LayoutRequires, RejectsBadInputs) {
   EXPECT_NO_THROW(build_buffer_layout(std::vector<int64_t>{1}, opts(kDpSizeMax)));
 
   const BufferLayout layout = build_buffer_layout(kWorkedExample, opts(4));
-  EXPECT_THROW(build_bucket_shard(layout, 1, 0, 4), InvariantViolation);   // no bucket 1
-  EXPECT_THROW(build_bucket_shard(layout, 0, 4, 4), InvariantViolation);   // rank == dp
+  EXPECT_THROW(build_bucket_shard(layout, 1, 0, 4), InvariantViolation);  // no bucket 1
+  EXPECT_THROW(build_bucket_shard(layout, 0, 4, 4), InvariantViolation);  // rank == dp
   EXPECT_THROW(build_bucket_shard(layout, 0, -1, 4), InvariantViolation);
-  EXPECT_THROW(build_bucket_shard(layout, 0, 0, 3), InvariantViolation);   // 512 % 3 != 0
+  EXPECT_THROW(build_bucket_shard(layout, 0, 0, 3), InvariantViolation);  // 512 % 3 != 0
 }
 
 // ---------------------------------------------------------------------------------------
@@ -363,8 +367,8 @@ TEST(LayoutCanary, StartShiftedByOne) {
 TEST(LayoutCanary, AlignmentDropped) {
   BufferLayout layout;
   layout.param_index_map = {{230, 330, 0}, {200, 230, 0}, {0, 200, 0}};
-  layout.buckets = {BucketLayout{.offset = 0, .numel = 384, .numel_unpadded = 330,
-                                 .params = {kC, kB, kA}}};
+  layout.buckets = {
+      BucketLayout{.offset = 0, .numel = 384, .numel_unpadded = 330, .params = {kC, kB, kA}}};
   layout.numel = 384;
   layout.numel_unpadded = 330;
   const Status s = check_layout_invariants(layout, opts(1));
@@ -392,8 +396,8 @@ TEST(LayoutCanary, ModelOrderInsteadOfReversed) {
   // A [0,100), B [128,158), C [192,392): aligned and padded correctly, but not reversed.
   BufferLayout layout;
   layout.param_index_map = {{0, 100, 0}, {128, 158, 0}, {192, 392, 0}};
-  layout.buckets = {BucketLayout{.offset = 0, .numel = 512, .numel_unpadded = 392,
-                                 .params = {kA, kB, kC}}};
+  layout.buckets = {
+      BucketLayout{.offset = 0, .numel = 512, .numel_unpadded = 392, .params = {kA, kB, kC}}};
   layout.numel = 512;
   layout.numel_unpadded = 392;
   const Status s = check_layout_invariants(layout, opts(1));
@@ -411,8 +415,9 @@ TEST(LayoutCanary, TamperedShards) {
     bad[1].param_map.clear();
     const Status s = check_bucket_shards(layout, 0, 4, bad);
     ASSERT_FALSE(s.is_ok());
-    EXPECT_TRUE(message_contains(s, "param 2: param ranges over all ranks expected to partition "
-                                    "[0, 200)"))
+    EXPECT_TRUE(message_contains(s,
+                                 "param 2: param ranges over all ranks expected to partition "
+                                 "[0, 200)"))
         << s.message();
   }
   {  // Rank 2's entries swapped: not sorted by gbuf_local.start.
@@ -471,7 +476,8 @@ rc::Gen<std::optional<int64_t>> gen_bucket_size() {
 }
 
 rc::Gen<std::vector<int64_t>> gen_numels() {
-  return rc::gen::resize(30, rc::gen::nonEmpty(rc::gen::container<std::vector<int64_t>>(gen_numel())));
+  return rc::gen::resize(30,
+                         rc::gen::nonEmpty(rc::gen::container<std::vector<int64_t>>(gen_numel())));
 }
 
 // I1 + structure + I2 hold for every layout the builder produces.
@@ -484,7 +490,15 @@ RC_GTEST_PROP(LayoutProperty, Invariants, ()) {
   const Status s = check_layout_invariants(layout, options);
   RC_LOG() << s.message() << "\n";
   RC_ASSERT(s.is_ok());
-  // Independent bounds: U holds every element, and at most 63 alignment elements per param.
+  // Independent of the code under test (the checker shares bucket_size_divisor() with the
+  // builder, so the divisor is recomputed here from the spec's formula).
+  int64_t divisor = std::lcm(options.dp_size, int64_t{128});
+  if (options.pad_buckets_for_high_nccl_busbw) divisor = std::lcm(divisor, int64_t{65536});
+  for (const BucketLayout& bucket : layout.buckets) {
+    RC_ASSERT(bucket.numel % divisor == 0);
+    RC_ASSERT(bucket.numel - bucket.numel_unpadded < divisor);
+  }
+  // U holds every element, and at most 63 alignment elements per param.
   int64_t total = 0;
   for (int64_t v : numels) total += v;
   RC_ASSERT(layout.numel_unpadded >= total);
