@@ -102,8 +102,8 @@ struct BucketLayout {
   int64_t offset;          // bucket start in the buffer (bucket.offset)
   int64_t numel;           // padded size S (bucket.grad_data.numel())
   int64_t numel_unpadded;  // U: includes intra-bucket 64-alignment gaps, excludes end padding
-  std::vector<size_t>
-      params;  // indices into the buffer's params, in layout (ascending offset) order
+  // Indices into the buffer's params, in layout (ascending offset) order.
+  std::vector<size_t> params;
 };
 
 // One _ParamAndGradBuffer's layout. Params are given in model (named_parameters) order; the
