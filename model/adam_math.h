@@ -78,8 +78,9 @@ void fused_adam_update(std::span<float> param, std::span<const float> grad,
 // the differences: it computes bc2_sqrt as bc2**0.5 (pow, not sqrt), and its ops are
 // vectorized with the same FMA caveat. The libtorch 1.13 C++ AdamW differs more: it updates
 // m as m·β1 + (1−β1)·g (mul_ then add_ with alpha), not with lerp.
-// REQUIRES: all four spans have the same length; step is finite and >= 1 (the float value of
-// the param's step tensor; note that an fp32 counter stops growing at 2^24).
+// REQUIRES: all four spans have the same length. `step` is the float value of the param's step
+// tensor; any value is accepted as torch accepts it (a garbage step restored from a padding
+// entry gives an inf/NaN update upstream too); an fp32 counter stops growing at 2^24.
 void torch_adamw_update(std::span<float> param, std::span<const float> grad,
                         std::span<float> exp_avg, std::span<float> exp_avg_sq,
                         const AdamHyper& h, float step);

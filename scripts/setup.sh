@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what ckptsim needs from Debian 12's packages, only if something is missing.
+# Run as root (or with sudo available). Nothing is downloaded from anywhere but Debian.
+set -euo pipefail
+
+packages=(
+  # build tools
+  g++ cmake ninja-build ccache pkg-config
+  # libraries (Debian 12 packages only; see README "Dependencies")
+  libtorch-dev libgloo-dev librapidcheck-dev libgtest-dev libgmock-dev libeigen3-dev libfmt-dev
+  libbenchmark-dev nlohmann-json3-dev libcli11-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ "${#missing[@]}" -eq 0 ]; then
+  echo "setup: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+echo "setup: installing ${missing[*]}"
+sudo_cmd=()
+if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -q
+"${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"

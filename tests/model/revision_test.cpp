@@ -1,0 +1,69 @@
+// Revision profiles as data. Mutations caught: a switch default that is not POST's
+// (DefaultsArePost); `extends` ignored (ExtendsInherits); unknown switch accepted
+// (UnknownSwitchNamesFileAndField); no cycle detection (ExtendsCycleIsAnError, would recurse
+// until the depth limit is hit — the message must say so).
+#include <gtest/gtest.h>
+
+#include "model/revision.h"
+
+using namespace ckptsim::model;
+
+TEST(Revision, EmbeddedProfilesResolve) {
+  auto reg = RevisionRegistry::load_embedded();
+  ASSERT_TRUE(reg.is_ok()) << reg.status().to_string();
+  for (const char* name : {"upstream-pre-2874", "upstream-2874", "upstream-head", "miles-main", "pr69-graft",
+                           "fix-skip-step", "fix-drop-on-load", "fix-recommended"}) {
+    auto p = reg.value().get(name);
+    ASSERT_TRUE(p.is_ok()) << name << ": " << p.status().to_string();
+    EXPECT_FALSE(p.value().description.empty()) << name;
+  }
+}
+
+TEST(Revision, DefaultsArePost) {
+  const RevisionSwitches s;
+  EXPECT_EQ(s.sharded_step, ShardedStepMode::kNonpersistent);
+  EXPECT_FALSE(s.omit_step_when_loading);
+  EXPECT_FALSE(s.dp_reshardable_load_skips_step);
+  EXPECT_FALSE(s.merge_truncates_param_state_lists);
+  EXPECT_FALSE(s.hdo_group_sync_skips_step);
+  EXPECT_EQ(s.hdo_step_source, HdoStepSource::kFirstCpuAdamW);
+}
+
+TEST(Revision, ExtendsInherits) {
+  auto reg = RevisionRegistry::load_embedded();
+  ASSERT_TRUE(reg.is_ok());
+  auto rec = reg.value().get("fix-recommended");
+  ASSERT_TRUE(rec.is_ok());
+  // From miles-main through pr69-graft:
+  EXPECT_TRUE(rec.value().switches.merge_truncates_param_state_lists);
+  // pr69-graft overrides miles-main's raw step:
+  EXPECT_EQ(rec.value().switches.sharded_step, ShardedStepMode::kNonpersistent);
+  EXPECT_TRUE(rec.value().switches.omit_step_when_loading);
+  EXPECT_TRUE(rec.value().switches.dp_reshardable_load_skips_step);
+  auto miles = reg.value().get("miles-main");
+  EXPECT_EQ(miles.value().switches.sharded_step, ShardedStepMode::kRawLeaf);
+}
+
+TEST(Revision, UnknownSwitchNamesFileAndField) {
+  RevisionRegistry reg;
+  Status s = reg.add(R"({"name": "x", "switches": {"omit_step_when_loadin": true}})", "my/graft.json");
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("my/graft.json"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("switches.omit_step_when_loadin"), std::string::npos) << s.message();
+  Status t = reg.add(R"({"name": "y", "switches": {"sharded_step": "lno"}})", "f.json");
+  ASSERT_FALSE(t.is_ok());
+  EXPECT_NE(t.message().find("shape_assert, nonpersistent, raw_leaf"), std::string::npos) << t.message();
+  Status u = reg.add(R"({"name": "z", "switches": {"allow_empty_bucket": 1}})", "g.json");
+  EXPECT_FALSE(u.is_ok());
+}
+
+TEST(Revision, ExtendsCycleIsAnError) {
+  RevisionRegistry reg;
+  ASSERT_TRUE(reg.add(R"({"name": "a", "extends": "b"})", "a.json").is_ok());
+  ASSERT_TRUE(reg.add(R"({"name": "b", "extends": "a"})", "b.json").is_ok());
+  auto p = reg.get("a");
+  ASSERT_FALSE(p.is_ok());
+  EXPECT_NE(p.status().message().find("extends"), std::string::npos) << p.status().message();
+  EXPECT_FALSE(reg.get("nope").is_ok());
+  EXPECT_FALSE(reg.add(R"({"name": "a"})", "dup.json").is_ok());
+}
