@@ -118,6 +118,18 @@ DirectoryStorage::DirectoryStorage(fs::path root, StorageOptions options)
 
 std::string DirectoryStorage::describe() const { return "directory " + root_.string(); }
 
+fs::path DirectoryStorage::resolve(const std::string& path) const {
+  // Paired with validate_*_path: whatever the validator lets through, nothing outside the
+  // root is ever touched (remove_all of an escaped path would delete someone else's files).
+  const fs::path joined = (path.empty() ? root_ : root_ / path).lexically_normal();
+  const fs::path rel = joined.lexically_relative(root_.lexically_normal());
+  const std::string first = rel.empty() ? ".." : rel.begin()->string();
+  CKPTSIM_CHECK(first != ".." && (path.empty() || first != "."),
+                "DirectoryStorage: path '" + path + "' resolves to " + joined.string() +
+                    ", outside the root " + root_.string());
+  return joined;
+}
+
 Status DirectoryStorage::write_file(const std::string& path, std::span<const char> bytes) {
   if (Status s = validate_file_path(path); !s.is_ok()) return s;
   if (bytes.size() > options_.file_bytes_max) {
@@ -125,7 +137,7 @@ Status DirectoryStorage::write_file(const std::string& path, std::span<const cha
                                              bytes.size(), path_text(path),
                                              options_.file_bytes_max));
   }
-  const fs::path target = root_ / path;
+  const fs::path target = resolve(path);
   const fs::path parent = target.parent_path();
   std::error_code ec;
   fs::create_directories(parent, ec);
@@ -149,7 +161,7 @@ Status DirectoryStorage::write_file(const std::string& path, std::span<const cha
 
 Result<std::vector<char>> DirectoryStorage::read_file(const std::string& path) const {
   if (Status s = validate_file_path(path); !s.is_ok()) return s;
-  const fs::path target = root_ / path;
+  const fs::path target = resolve(path);
   const int fd = ::open(target.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
@@ -197,12 +209,12 @@ Result<std::vector<char>> DirectoryStorage::read_file(const std::string& path) c
 bool DirectoryStorage::exists(const std::string& path) const {
   if (!validate_dir_path(path).is_ok()) return false;
   std::error_code ec;
-  return fs::exists(path.empty() ? root_ : root_ / path, ec) && !ec;
+  return fs::exists(resolve(path), ec) && !ec;
 }
 
 Result<std::vector<std::string>> DirectoryStorage::list(const std::string& dir) const {
   if (Status s = validate_dir_path(dir); !s.is_ok()) return s;
-  const fs::path target = dir.empty() ? root_ : root_ / dir;
+  const fs::path target = resolve(dir);
   struct stat st {};
   if (::stat(target.c_str(), &st) != 0) {
     const int err = errno;
@@ -233,7 +245,7 @@ Status DirectoryStorage::remove_all(const std::string& dir) {
   if (Status s = validate_dir_path(dir); !s.is_ok()) return s;
   std::error_code ec;
   if (!dir.empty()) {
-    fs::remove_all(root_ / dir, ec);
+    fs::remove_all(resolve(dir), ec);
   } else if (fs::exists(root_, ec) && !ec) {
     for (fs::directory_iterator it(root_, ec), end; !ec && it != end; it.increment(ec)) {
       fs::remove_all(it->path(), ec);

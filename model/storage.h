@@ -11,7 +11,8 @@
 //
 // Invariants (every implementation; tests/model/storage_test.cpp runs one suite on all):
 //   1. An invalid path is rejected by every method with Status::invalid_input naming it;
-//      exists() answers false. Nothing outside the storage's root can be reached.
+//      exists() answers false. Nothing outside the storage's root can be reached:
+//      DirectoryStorage also checks every resolved path against its root (paired check).
 //   2. After write_file(p, b) returns ok, read_file(p) returns exactly b (any bytes, NUL
 //      included, empty allowed) until p is written again or removed.
 //   3. A replace is atomic: a reader sees the old bytes or the new bytes, never a mix or a
@@ -98,6 +99,9 @@ class DirectoryStorage final : public Storage {
   const std::filesystem::path& root() const { return root_; }
 
  private:
+  // root_/path, checked to lie inside root_ (throws InvariantViolation otherwise).
+  std::filesystem::path resolve(const std::string& path) const;
+
   std::filesystem::path root_;
   StorageOptions options_;
 };

@@ -75,23 +75,31 @@ std::vector<std::string> names(std::initializer_list<const char*> items) {
   return std::vector<std::string>(items.begin(), items.end());
 }
 
-// A fresh directory under the test temp dir, removed at the end.
+// A fresh directory under the test temp dir, removed at the end. The storage root is a
+// subdirectory of it, so that even a path escaping the root by one level (a broken
+// validator under mutation testing) stays inside a directory this test owns.
 class TempDir {
  public:
   TempDir() {
     std::string tmpl = (fs::path(::testing::TempDir()) / "ckptsim-storage-XXXXXX").string();
     char* made = ::mkdtemp(tmpl.data());
-    EXPECT_NE(made, nullptr) << "mkdtemp " << tmpl;
-    path_ = tmpl;
+    if (made == nullptr) {
+      ADD_FAILURE() << "mkdtemp " << tmpl;
+      return;
+    }
+    owned_ = made;
+    path_ = owned_ / "root";
+    fs::create_directory(path_);
   }
   ~TempDir() {
     std::error_code ec;
-    fs::remove_all(path_, ec);
+    if (!owned_.empty()) fs::remove_all(owned_, ec);
   }
   const fs::path& path() const { return path_; }
 
  private:
-  fs::path path_;
+  fs::path owned_;
+  fs::path path_ = "/nonexistent-ckptsim-storage-test";
 };
 
 struct MemoryFactory {
