@@ -40,6 +40,10 @@
 //   5. Decoding never throws for bad bytes: anything we never write (a float or tensor
 //      dict key, an object, a device, torch's own exceptions on corrupt or truncated
 //      bytes) becomes Status::corruption naming what was found and where.
+//      NOT detected: a changed byte inside a record. libtorch 1.13's zip reader does not
+//      verify the CRC-32 (measured: a flipped tensor byte decodes as another value, a
+//      flipped str byte as another str), so a fault injector that flips bits must not
+//      expect Status::corruption unless the flip breaks the pickle's structure.
 #pragma once
 
 #include <cstddef>

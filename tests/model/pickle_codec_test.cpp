@@ -13,6 +13,8 @@
 //                                     mishandling the 1-tuple "(x,)", "()" or nested tuples
 //   SymbolsDecodeAsStr                (pins the documented lossy mapping) decoding a symbol
 //                                     name into a tuple or dropping the key
+//   UndefinedTensorDecodesAsNone      (pins the documented lossy mapping) handing torch an
+//                                     undefined tensor
 //   TupleReprLookingStrKeyIsAmbiguous (pins the documented ambiguity) and the canonical
 //                                     check: "(1,2)" and "(01,)" must stay str keys
 //   UnrepresentableKeysAreInvariantViolations  writing a tuple key that decodes to
@@ -33,11 +35,13 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <iostream>
 #include <limits>
 #include <string>
 #include <vector>
@@ -240,6 +244,11 @@ TEST(PickleCodec, SymbolsDecodeAsStr) {
   const Value want = dict_value({{"torch.float32", Value("torch.bfloat16")},
                                  {"cls", Value("<class 'torch.optim.adamw.AdamW'>")}});
   same_tree(want, round_trip(Value(d)), "symbols");
+}
+
+TEST(PickleCodec, UndefinedTensorDecodesAsNone) {
+  const Value v = dict_value({{"data", Value(at::Tensor())}});
+  same_tree(dict_value({{"data", Value()}}), round_trip(v), "undefined");
 }
 
 TEST(PickleCodec, TupleReprLookingStrKeyIsAmbiguous) {

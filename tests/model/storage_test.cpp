@@ -19,7 +19,11 @@
 //   MissingDirectoryIsNotFound         list() of an absent directory returning ok and empty
 //   InvalidPathsAreRejected            validate_file_path accepting "..", ".", "", "/x",
 //                                      "a//b", a trailing '/', NUL, the reserved tmp prefix,
-//                                      or an over-long path (off-by-one at kPathLengthMax)
+//                                      or an over-long path (off-by-one at kPathLengthMax).
+//                                      With the validator broken, DirectoryStorage's own
+//                                      containment check throws before touching anything
+//                                      outside its root (and the root is one level below a
+//                                      directory the test owns, as a second guard).
 //   FileWhereDirectoryIsNeededIsIoError  MemoryStorage silently writing "a/b" under file "a"
 //   DirectoryWhereFileIsNeededIsIoError  reading or overwriting a directory as a file
 //   FileSizeLimit                      '>=' instead of '>' against file_bytes_max
