@@ -22,8 +22,9 @@
 //      has left, no data moves and every posted rank throws: PeerAborted naming the
 //      lowest-numbered rank that left with an error (or that error's own origin, if it was
 //      itself a PeerAborted), else CollectiveMismatch naming the lowest rank that returned
-//      normally. A rank's path up to a collective depends only on earlier collectives, so
-//      which ranks leave and which post is fixed by the inputs, and so are these outcomes.
+//      normally. A rank's path up to a collective depends only on earlier collectives (given
+//      no state shared between ranks outside the world), so which ranks leave and which post
+//      is fixed by the inputs, and so are these outcomes.
 //      LocalWorld::abort is the one timing-dependent exit, meant for a harness that stops a
 //      world from outside: every rank blocked in, or later entering, a collective throws
 //      PeerAborted at once.

@@ -9,16 +9,19 @@
 //   SumOverRanksIsExactForEveryDpSize   a non-dyadic scale (k / 1000 instead of k * 2^-16)
 //                                       [tried: caught]; a magnitude bound too large for
 //                                       2^24 (k up to 2^20) [tried: caught]; a rank skipping
-//                                       or double-counting samples.
+//                                       or double-counting samples. (The first two are also
+//                                       caught by the next test and by
+//                                       ValuesCoverTheGridSymmetrically.)
 //   LocalGradientIsItsRanksSamples      samples dealt to ranks in contiguous blocks instead of
-//                                       s % dp_size (sums over all ranks still agree); every
-//                                       rank starting at sample 0.
+//                                       s % dp_size (sums over all ranks still agree) [tried:
+//                                       caught, by this test only]; every rank starting at
+//                                       sample 0.
 //   SubrangeMatchesFullRange            the hash uses the offset i in `out` instead of the
 //                                       element index element_begin + i [tried: caught].
 //   SameInputsSameBits                  hidden state (a counter or cache) in the source.
 //   EveryInputChangesTheValue           an input left out of the hash; inputs combined
-//                                       symmetrically (xor/sum), so swapped step and param
-//                                       collide [tried: caught].
+//                                       symmetrically (xor), so swapped step and param collide
+//                                       [tried: caught, by this test only].
 //   ValuesCoverTheGridSymmetrically     k drawn from [0, 2K] (no negatives) or from 2K buckets
 //                                       (off by one: K never reached); zero too frequent.
 //   PreconditionsAreChecked             a missing REQUIRES check.

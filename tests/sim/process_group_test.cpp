@@ -8,21 +8,30 @@
 //
 // Mutations each test catches (deliberately broken variants of process_group.cpp):
 //   ReduceScatterSum / AllReduceSum   sum in arrival order instead of rank order [tried:
-//                                     caught]; wrong slice given to a rank.
+//                                     caught at world sizes 3, 5, 8; sizes 1 and 2 cannot see
+//                                     it, fp32 addition of two terms commutes]; wrong slice
+//                                     given to a rank.
 //   AllGather / AllGatherObject       concatenation in arrival order; missing rank.
 //   BroadcastObject                   root ignored (rank 0's bytes broadcast).
 //   AliasedOutputs                    accumulating straight into the outputs instead of
-//                                     scratch (Megatron's in-place bucket views) [tried: caught].
+//                                     scratch (Megatron's in-place bucket views) [tried: caught,
+//                                     also by AllReduceSum, which is in place by nature].
 //   FailedRankWakesBlockedRanks       a failing rank's departure does not resolve the pending
-//                                     rendezvous / wake waiters (hang guard fires) [tried:
-//                                     caught]; PeerAborted names the wrong rank.
+//                                     rendezvous / wake waiters [tried: caught, the hang guard
+//                                     fired]; PeerAborted names the wrong rank.
 //   FailureSeenOnEntry                a rank entering after a peer failed waits forever.
 //   FailureNamesLowestFailingRank     first failure wins (timing-dependent report) instead of
 //                                     the lowest failing rank [tried: caught].
-//   ExternalAbortWakesBlockedRanks    abort() does not notify waiters (hang guard fires).
-//   ExternalAbortFailsEveryRank       no abort check on entry: the last arriver completes the
-//                                     collective although the world is aborted.
-//   MismatchedOps                     ops not compared: barrier and all_gather silently mixed.
+//   ExternalAbortWakesBlockedRanks    abort() does not notify waiters (hang guard fires); a
+//                                     departure after an abort still resolving the rendezvous
+//                                     (peers report CollectiveMismatch, not the abort) [found
+//                                     during development: this test caught it].
+//   ExternalAbortFailsEveryRank       a collective completing in an aborted world (neither the
+//                                     entry check nor the resolve guard looks at the abort).
+//   MismatchedOps                     a barrier meeting an all_gather not reported (or the
+//                                     message not naming both calls).
+//   MismatchedOpsOfEqualSize          ops not compared: all_reduce_sum and all_gather of
+//                                     the same size silently mixed [tried: caught].
 //   MismatchedSizes                   byte sizes not compared [tried: caught]; outputs written
 //                                     before the check.
 //   MismatchedSequenceNumbers         sequence numbers not compared.
@@ -35,7 +44,6 @@
 //   RethrowRootCause                  PeerAborted reported instead of the original error.
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <bit>
 #include <chrono>
 #include <cstdio>
@@ -460,6 +468,22 @@ TEST(ProcessGroupMismatch, MismatchedOps) {
   });
   expect_mismatch_everywhere(
       outcomes, {"rank 0 called barrier (sequence number 0", "rank 1 called all_gather (sequence number 0"});
+}
+
+// Same byte size on both sides: only the op tells them apart.
+TEST(ProcessGroupMismatch, MismatchedOpsOfEqualSize) {
+  LocalWorld world(2);
+  const auto outcomes = run_guarded(world, [](ProcessGroup& pg) {
+    if (pg.rank() == 0) {
+      std::vector<float> data(2);
+      pg.all_reduce_sum(data);
+    } else {
+      std::vector<std::byte> in(8), out(16);
+      pg.all_gather(in, out);
+    }
+  });
+  expect_mismatch_everywhere(outcomes, {"rank 0 called all_reduce_sum (sequence number 0, 8 bytes",
+                                        "rank 1 called all_gather (sequence number 0, 8 bytes"});
 }
 
 TEST(ProcessGroupMismatch, MismatchedOpsInLargerWorld) {
