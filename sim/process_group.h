@@ -9,9 +9,10 @@
 // LocalWorld owns the rendezvous state shared by N ranks; LocalProcessGroup is one rank's
 // view of it. A collective is a rendezvous: each rank posts a description of its call
 // (sequence number, op, checked byte size, root) and blocks; the last rank to arrive checks
-// that all descriptions agree, performs the whole collective for every rank, and wakes the
-// others. Nobody reads a peer's buffers after that peer has returned, because every peer is
-// blocked until the work is done.
+// that all descriptions agree, performs the whole collective for every rank (serially, under
+// the world's mutex: simulated buckets are small), and wakes the others. Nobody reads a
+// peer's buffers after that peer has returned, because every peer is blocked until the work
+// is done.
 //
 // Invariants:
 //   1. Results never depend on thread timing. Sums are evaluated left to right in rank
