@@ -1,0 +1,81 @@
+#include "sim/gradients.h"
+
+#include <fmt/format.h>
+
+#include "model/errors.h"
+
+namespace ckptsim::sim {
+
+namespace {
+
+// splitmix64's output function (Steele, Lea, Flood 2014): a bijection on 64 bits with good
+// avalanche, so consecutive counters give unrelated outputs.
+inline uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// One link of the counter chain: injective in `counter` for a fixed `state` (the odd gamma
+// makes counter -> counter*gamma a bijection), then mixed. Chaining links, rather than
+// xor-ing the inputs together, keeps (step=1, param=2) and (step=2, param=1) apart.
+inline uint64_t link(uint64_t state, int64_t counter) {
+  constexpr uint64_t kGamma = 0x9e3779b97f4a7c15ULL;
+  return mix64(state + (static_cast<uint64_t>(counter) + 1) * kGamma);
+}
+
+// Hash of (seed, step, param): computed once per local_gradient call.
+inline uint64_t param_step_hash(uint64_t seed, int64_t step, int64_t param_index) {
+  constexpr uint64_t kDomain = 0x636b707473696d67ULL;  // "ckptsimg": not shared with other streams
+  return link(link(mix64(seed ^ kDomain), step), param_index);
+}
+
+// k in [-kGradMagnitudeMax, kGradMagnitudeMax]: the top 32 bits scaled into 2K+1 buckets by
+// multiply-shift (bias below 2^-21, irrelevant here).
+inline int32_t units_of(uint64_t hash) {
+  constexpr uint64_t kBuckets = 2 * static_cast<uint64_t>(kGradMagnitudeMax) + 1;
+  return static_cast<int32_t>(((hash >> 32) * kBuckets) >> 32) - kGradMagnitudeMax;
+}
+
+void check_common(const GradientSpec& spec, int64_t step, int64_t param_index) {
+  CKPTSIM_CHECK(spec.samples_per_step >= 1 && spec.samples_per_step <= kSamplesPerStepMax,
+                fmt::format("samples_per_step {} outside [1, kSamplesPerStepMax={}]",
+                            spec.samples_per_step, kSamplesPerStepMax));
+  CKPTSIM_CHECK(step >= 1, fmt::format("gradient for step {}: steps are 1-based", step));
+  CKPTSIM_CHECK(param_index >= 0, fmt::format("gradient for param index {}", param_index));
+}
+
+}  // namespace
+
+float sample_gradient(const GradientSpec& spec, int64_t step, int64_t param_index,
+                      int64_t element, int64_t sample) {
+  check_common(spec, step, param_index);
+  CKPTSIM_CHECK(element >= 0, fmt::format("gradient for element {}", element));
+  CKPTSIM_CHECK(sample >= 0 && sample < spec.samples_per_step,
+                fmt::format("sample {} outside [0, samples_per_step={})", sample,
+                            spec.samples_per_step));
+  const uint64_t element_hash = link(param_step_hash(spec.seed, step, param_index), element);
+  return static_cast<float>(units_of(link(element_hash, sample))) * kGradUnit;
+}
+
+void local_gradient(const GradientSpec& spec, int64_t step, int64_t param_index,
+                    int64_t element_begin, int64_t dp_rank, int64_t dp_size,
+                    std::span<float> out) {
+  check_common(spec, step, param_index);
+  CKPTSIM_CHECK(element_begin >= 0, fmt::format("gradient from element {}", element_begin));
+  CKPTSIM_CHECK(dp_size >= 1 && dp_rank >= 0 && dp_rank < dp_size,
+                fmt::format("dp rank {} of dp size {}", dp_rank, dp_size));
+  const uint64_t prefix = param_step_hash(spec.seed, step, param_index);
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const uint64_t element_hash = link(prefix, element_begin + static_cast<int64_t>(i));
+    // Integer accumulation: |sum| <= kSamplesPerStepMax * kGradMagnitudeMax < 2^24 (header
+    // invariant 1), so the conversion below is exact and equals any fp32 summation order.
+    int32_t sum_units = 0;
+    for (int64_t s = dp_rank; s < spec.samples_per_step; s += dp_size) {
+      sum_units += units_of(link(element_hash, s));
+    }
+    out[i] = static_cast<float>(sum_units) * kGradUnit;
+  }
+}
+
+}  // namespace ckptsim::sim

@@ -1,0 +1,294 @@
+// Collectives for N simulated ranks that live in ONE process, one std::thread per rank, so
+// that the model code reads like upstream Python: a collective is a plain blocking call.
+//
+// ProcessGroup is the interface, modeled on PyTorch c10d Backend.hpp: every collective of the
+// base class throws CollectiveNotImplemented ("<op> is not implemented by backend <name>")
+// unless a backend overrides it, and every rank counts the collectives it issues (its
+// sequence number) so that ranks whose collectives are out of step are caught, not mixed.
+//
+// LocalWorld owns the rendezvous state shared by N ranks; LocalProcessGroup is one rank's
+// view of it. A collective is a rendezvous: each rank posts a description of its call
+// (sequence number, op, checked byte size, root) and blocks; the last rank to arrive checks
+// that all descriptions agree, performs the whole collective for every rank (serially, under
+// the world's mutex: simulated buckets are small), and wakes the others. Nobody reads a
+// peer's buffers after that peer has returned, because every peer is blocked until the work
+// is done.
+//
+// Invariants:
+//   1. Results never depend on thread timing. Sums are evaluated left to right in rank
+//      order, ((in_0 + in_1) + in_2) + ..., in fp32; gathers are concatenated in rank order.
+//   2. No collective hangs, and how a failure is reported does not depend on timing. A rank
+//      leaves the world when its function returns or throws (LocalWorld::depart; run() does
+//      it). A rendezvous resolves once every rank has either posted to it or left. If any rank
+//      has left, no data moves and every posted rank throws: PeerAborted naming the
+//      lowest-numbered rank that left with an error (or that error's own origin, if it was
+//      itself a PeerAborted), else CollectiveMismatch naming the lowest rank that returned
+//      normally. A rank's path up to a collective depends only on earlier collectives (given
+//      no state shared between ranks outside the world), so which ranks leave and which post
+//      is fixed by the inputs, and so are these outcomes.
+//      LocalWorld::abort is the one timing-dependent exit, meant for a harness that stops a
+//      world from outside: every rank blocked in, or later entering, a collective throws
+//      PeerAborted at once.
+//   3. Ranks never silently mix different collectives. If the ranks meeting at a rendezvous
+//      disagree on (sequence number, op, checked byte size, root), every one of them throws
+//      CollectiveMismatch naming the first disagreeing rank's call and rank 0's call, and no
+//      output buffer is written.
+//   4. Output buffers may alias the input buffer of the same rank (Megatron reduce-scatters
+//      a bucket into a view of itself and all-gathers a shard view into its bucket): each
+//      collective computes into world-owned scratch before writing any output.
+//   5. World size is in [1, kWorldSizeMax]; a collective's per-rank payload is at most
+//      kCollectiveBytesMax.
+//
+// Threading: a LocalWorld is shared by its ranks' threads; a LocalProcessGroup is used by
+// exactly one thread (its rank's). The LocalWorld must outlive every LocalProcessGroup on it.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace ckptsim::sim {
+
+inline constexpr int kWorldSizeMax = 1024;
+// Per rank, per collective. The simulator moves buckets of a few thousand elements; a payload
+// this large is a bug in a scenario generator, not a workload.
+inline constexpr std::size_t kCollectiveBytesMax = std::size_t{1} << 30;
+
+// The collectives, named as in the ProcessGroup methods (op_name gives the text).
+enum class CollectiveOp {
+  kReduceScatterSum,
+  kAllReduceSum,
+  kAllGather,
+  kAllGatherObject,
+  kBroadcastObject,
+  kBarrier,
+};
+const char* op_name(CollectiveOp op);
+
+// A backend does not implement a collective (the c10d base-class behavior). A bug in ckptsim.
+class CollectiveNotImplemented : public std::logic_error {
+ public:
+  CollectiveNotImplemented(CollectiveOp op, const std::string& backend_name);
+};
+
+// Another rank aborted the world; this rank's collective cannot complete.
+class PeerAborted : public std::runtime_error {
+ public:
+  PeerAborted(int aborting_rank, std::string reason, int observing_rank, CollectiveOp op,
+              uint64_t sequence_number);
+  int aborting_rank() const { return aborting_rank_; }
+  const std::string& reason() const { return reason_; }
+
+ private:
+  int aborting_rank_;
+  std::string reason_;
+};
+
+// Ranks met at a rendezvous with different calls, or a rank called a collective that a peer,
+// having already returned, can never join.
+class CollectiveMismatch : public std::runtime_error {
+ public:
+  explicit CollectiveMismatch(const std::string& message) : std::runtime_error(message) {}
+};
+
+// Mirrors the role of c10d Backend (torch/csrc/distributed/c10d/Backend.hpp).
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup();
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend_name() const = 0;
+
+  // Sum-reduces `input` over ranks and gives rank r the slice [r*n, (r+1)*n), n = output.size().
+  // REQUIRES: input.size() == size() * output.size(), the same on every rank.
+  virtual void reduce_scatter_sum(std::span<const float> input, std::span<float> output);
+
+  // Sum-reduces `data` over ranks, in place, on every rank.
+  // REQUIRES: data.size() is the same on every rank.
+  virtual void all_reduce_sum(std::span<float> data);
+
+  // Concatenates every rank's `input` in rank order into `output`.
+  // REQUIRES: input.size() is the same on every rank; output.size() == size() * input.size().
+  virtual void all_gather(std::span<const std::byte> input, std::span<std::byte> output);
+
+  // Every rank contributes bytes of any length; every rank gets all of them, in rank order.
+  virtual std::vector<std::vector<char>> all_gather_object(const std::vector<char>& bytes);
+
+  // Every rank gets `root`'s bytes; the bytes passed by other ranks are ignored.
+  // REQUIRES: 0 <= root < size(), the same root on every rank.
+  virtual std::vector<char> broadcast_object(const std::vector<char>& bytes, int root);
+
+  virtual void barrier();
+
+  // all_gather of trivially copyable elements (fp32, bf16 bit patterns, indices).
+  template <typename T>
+    requires std::is_trivially_copyable_v<T>
+  void all_gather_values(std::span<const T> input, std::span<T> output) {
+    all_gather(std::as_bytes(input), std::as_writable_bytes(output));
+  }
+
+  // Collectives issued so far by this rank, including ones that threw.
+  uint64_t sequence_number() const { return sequence_number_; }
+
+ protected:
+  // Backends call this once at the start of each collective; returns the call's number.
+  uint64_t next_sequence_number() { return sequence_number_++; }
+
+ private:
+  uint64_t sequence_number_ = 0;
+};
+
+// How one rank's function ended in LocalWorld::run.
+struct RankOutcome {
+  int rank = 0;
+  std::exception_ptr error;   // null when the function returned normally
+  std::string error_message;  // what() of the exception, or a note for a non-std exception
+
+  bool ok() const { return error == nullptr; }
+};
+
+struct AbortInfo {
+  int rank = 0;
+  std::string reason;
+};
+
+class LocalProcessGroup;
+
+class LocalWorld {
+ public:
+  // REQUIRES: 1 <= world_size <= kWorldSizeMax, else throws std::invalid_argument.
+  explicit LocalWorld(int world_size);
+  LocalWorld(const LocalWorld&) = delete;
+  LocalWorld& operator=(const LocalWorld&) = delete;
+
+  int size() const { return world_size_; }
+
+  // Runs f on every rank, one thread per rank (rank 0 on the calling thread), each with its
+  // own LocalProcessGroup, and departs each rank when its f returns or throws (with the
+  // exception's message as the error), so peers throw instead of hanging (invariant 2).
+  // Joins every thread before returning.
+  // Returns one outcome per rank, in rank order (outcomes[r].rank == r).
+  // REQUIRES: called at most once per world.
+  std::vector<RankOutcome> run(const std::function<void(ProcessGroup&)>& f);
+
+  // Aborts the world at once on behalf of `rank` (the first abort wins) and wakes every
+  // blocked rank. Timing-dependent by nature (invariant 2): for harnesses, not model code.
+  // REQUIRES: 0 <= rank < size(). Callable from any thread.
+  void abort(int rank, std::string reason);
+
+  // `rank` will issue no more collectives: its function returned (error == nullopt) or threw.
+  // REQUIRES: 0 <= rank < size(); rank has not departed; rank is not inside a collective.
+  void depart(int rank, std::optional<std::string> error = std::nullopt);
+
+  // The explicit abort, if any (not departures with an error).
+  std::optional<AbortInfo> abort_info() const;
+  // Ranks that have departed (returned or thrown).
+  int departed_count() const;
+  // Ranks currently blocked in a collective, waiting for peers (for tests that must reach a
+  // state where peers are blocked before failing a rank).
+  int blocked_count() const;
+
+ private:
+  friend class LocalProcessGroup;
+
+  // One rank's side of a rendezvous. Pointers refer to the caller's buffers, which stay
+  // valid because the caller is blocked until the rendezvous ends.
+  struct Call {
+    CollectiveOp op = CollectiveOp::kBarrier;
+    uint64_t sequence_number = 0;
+    std::size_t checked_bytes = 0;  // compared across ranks; 0 where sizes may differ
+    int root = -1;                  // broadcast only
+    std::span<const std::byte> input;
+    std::span<std::byte> output;
+    const std::vector<char>* object_input = nullptr;
+    std::vector<std::vector<char>>* objects_output = nullptr;  // all_gather_object
+    std::vector<char>* object_output = nullptr;                // broadcast_object
+  };
+
+  struct Departure {
+    bool with_error = false;
+    bool secondary = false;  // the error was a PeerAborted: origin_rank/reason are its origin
+    int origin_rank = 0;
+    std::string reason;
+    uint64_t collectives_posted = 0;
+  };
+
+  // How the latest resolved rendezvous ended, for every rank posted to it.
+  struct Resolution {
+    enum class Kind { kOk, kMismatch, kPeerFailed, kPeerReturned };
+    Kind kind = Kind::kOk;
+    std::string mismatch;         // kMismatch
+    int rank = 0;                 // kPeerFailed: origin of the error; kPeerReturned: that rank
+    std::string reason;           // kPeerFailed
+    uint64_t collectives = 0;     // kPeerReturned: collectives that rank had posted
+  };
+
+  // Posts `call` for `rank` and returns when the collective is complete for this rank.
+  // Throws PeerAborted or CollectiveMismatch (invariants 2, 3).
+  void rendezvous(int rank, const Call& call);
+
+  // REQUIRES (all *_locked): mu_ held.
+  void depart_locked(int rank, Departure departure);
+  // Resolves the pending rendezvous if every rank has posted or departed (invariant 2).
+  void resolve_if_complete_locked();
+  Resolution resolution_from_departures_locked() const;
+  void throw_resolution_locked(int rank, const Call& call) const;
+  std::string find_mismatch_locked() const;
+  void execute_locked();
+  std::string describe_locked(int rank) const;
+
+  const int world_size_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::optional<Call>> calls_;  // indexed by rank; set while the rank is posted
+  std::vector<std::optional<Departure>> departures_;  // indexed by rank
+  std::vector<uint64_t> posted_by_rank_;    // collectives each rank has posted
+  int posted_count_ = 0;
+  int departed_count_ = 0;
+  int blocked_count_ = 0;
+  uint64_t generation_ = 0;                 // rendezvous resolved so far
+  Resolution resolution_;                   // of the latest resolved rendezvous
+  std::optional<AbortInfo> abort_;
+  std::vector<float> scratch_floats_;
+  std::vector<std::byte> scratch_bytes_;
+  bool ran_ = false;
+};
+
+// One rank's handle on a LocalWorld.
+class LocalProcessGroup final : public ProcessGroup {
+ public:
+  // REQUIRES: 0 <= rank < world.size(); world outlives this object.
+  LocalProcessGroup(LocalWorld& world, int rank);
+
+  int rank() const override { return rank_; }
+  int size() const override { return world_.size(); }
+  std::string backend_name() const override { return "local"; }
+
+  void reduce_scatter_sum(std::span<const float> input, std::span<float> output) override;
+  void all_reduce_sum(std::span<float> data) override;
+  void all_gather(std::span<const std::byte> input, std::span<std::byte> output) override;
+  std::vector<std::vector<char>> all_gather_object(const std::vector<char>& bytes) override;
+  std::vector<char> broadcast_object(const std::vector<char>& bytes, int root) override;
+  void barrier() override;
+
+ private:
+  LocalWorld& world_;
+  int rank_;
+};
+
+// Rethrows the exception that explains a failed run: the first (in rank order) that is not
+// a PeerAborted, else the first one. Returns normally when every rank succeeded.
+void rethrow_root_cause(const std::vector<RankOutcome>& outcomes);
+
+}  // namespace ckptsim::sim
