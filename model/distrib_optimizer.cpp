@@ -418,7 +418,9 @@ Value DistributedOptimizer::state_dict() {
       step = steps[0];
     } else if (!(steps.empty() && switches_.pure_torch_state_dict_allows_empty_state)) {
       // `assert len(steps) == 1`: also fails on a fresh optimizer whose state is empty.
-      throw PyAssertionError("", site("state_dict()"));
+      throw PyAssertionError(fmt::format("assert len(steps) == 1 failed: {} distinct per-param steps{}", steps.size(),
+                                         steps.empty() ? " (the optimizer state is empty: nothing has stepped yet)" : ""),
+                             site("state_dict()"));
     }
   } else if (hdo() != nullptr) {
     step = hdo_step_for_state_dict();
@@ -522,7 +524,11 @@ void DistributedOptimizer::load_state_dict(const Value& state_dict) {
       if (std::none_of(steps.begin(), steps.end(), [&](const Value& s) { return py_equal(s, v); })) steps.push_back(v);
     }
     if (!(tolerant && steps.empty())) {
-      if (steps.size() != 1) throw PyAssertionError("", site("load_state_dict()"));
+      if (steps.size() != 1) {
+        throw PyAssertionError(fmt::format("assert len(steps) == 1 failed: {} distinct steps in the saved param groups",
+                                           steps.size()),
+                               site("load_state_dict()"));
+      }
       if (steps[0].is_none()) {
         throw UpstreamError("RuntimeError", "Could not infer dtype of NoneType", "torch.tensor()");
       }
@@ -552,7 +558,7 @@ void DistributedOptimizer::load_state_dict(const Value& state_dict) {
 
   if (const Value* param_state = sd.find("param_state")) {
     const Value* type = sd.find("param_state_sharding_type");
-    if (type == nullptr) throw PyAssertionError("dict_keys([...])", site("load_state_dict()"));
+    if (type == nullptr) throw PyAssertionError("assert 'param_state_sharding_type' in state_dict failed", site("load_state_dict()"));
     if (type->as_str() == "dp_reshardable") {
       load_parameter_state_from_dp_reshardable(*param_state);
     } else {
@@ -662,8 +668,14 @@ Value DistributedOptimizer::sharded_param_state_dp_reshardable(bool is_loading) 
         const ListPtr bucket_state = buckets.list()->at(bucket_idx).list();
         const int64_t unpadded = buffer.layout.buckets[bucket_idx].numel_unpadded;
         const int64_t numel = buffer.layout.buckets[bucket_idx].numel;
-        if (!(unpadded <= numel)) throw PyAssertionError("", site("sharded_param_state_dp_reshardable()"));
-        if (numel % dp_size != 0) throw PyAssertionError("", site("sharded_param_state_dp_reshardable()"));
+        if (!(unpadded <= numel)) {
+          throw PyAssertionError("assert gbuf_world_numel_unpadded <= gbuf_world_numel failed",
+                                 site("sharded_param_state_dp_reshardable()"));
+        }
+        if (numel % dp_size != 0) {
+          throw PyAssertionError("assert gbuf_world_numel % data_parallel_world_size == 0 failed",
+                                 site("sharded_param_state_dp_reshardable()"));
+        }
         const int64_t local_numel = numel / dp_size;
         const std::string sharded_bucket_key =
             fmt::format("optimizer.distributed.dp_group_idx_{}.gbuf_idx_{}.dtype_{}.bucket_idx_{}",

@@ -327,14 +327,14 @@ at::Tensor FusedAdam::get_unscaled_state(const at::Tensor& param, const std::str
   check_state_name(name, "fused_adam.py FusedAdam.get_unscaled_state()");
   const at::Tensor& t = state.at(param, "FusedAdam.state[param]")->at(name).tensor();
   if (t.scalar_type() != at::kFloat) {
-    throw PyAssertionError("", "fused_adam.py FusedAdam.get_unscaled_state()");
+    throw PyAssertionError("assert state[state_name].dtype == torch.float32 failed", "fused_adam.py FusedAdam.get_unscaled_state()");
   }
   return t;
 }
 
 void FusedAdam::set_scaled_state(const at::Tensor& param, const std::string& name, const at::Tensor& value) {
   if (value.scalar_type() != at::kFloat) {
-    throw PyAssertionError("", "fused_adam.py FusedAdam.set_scaled_state()");
+    throw PyAssertionError("assert unscaled_state.dtype == torch.float32 failed", "fused_adam.py FusedAdam.set_scaled_state()");
   }
   DictPtr& s = state.get_or_insert(param, [] { return Dict::make(); });
   if (!s->contains(name)) initialize_state(param, name, /*zero_buffer=*/false);

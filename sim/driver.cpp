@@ -111,9 +111,9 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, RankOut& out) {
     layout.pad_buckets_for_high_nccl_busbw = s.pad_buckets_for_high_nccl_busbw;
     model::DistributedDataParallel ddp(rt, s.params, layout, pg);
     for (size_t i = 0; i < s.params.size(); ++i) {
-      std::vector<float> init(static_cast<size_t>(s.params[i].numel));
-      for (int64_t e = 0; e < s.params[i].numel; ++e) init[static_cast<size_t>(e)] = initial_value(s.seed, i, e);
-      at::Tensor src = at::from_blob(init.data(), {s.params[i].numel}, at::TensorOptions().dtype(at::kFloat));
+      at::Tensor src = at::empty({s.params[i].numel}, at::TensorOptions().dtype(at::kFloat));
+      float* init = src.data_ptr<float>();
+      for (int64_t e = 0; e < s.params[i].numel; ++e) init[e] = initial_value(s.seed, i, e);
       at::Tensor p = ddp.param(i);
       p.copy_(src);
     }

@@ -6,6 +6,7 @@
 // keeping positions (ExtractCompactsLists).
 #include <gtest/gtest.h>
 
+#include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/zeros.h>
 
 #include "model/dict_utils.h"

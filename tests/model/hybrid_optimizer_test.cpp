@@ -88,9 +88,14 @@ TEST(HybridDeviceOptimizer, LoadRebuildsSubOptimizersAndReAliases) {
   Fixture f(0.5, at::kBFloat16);
   f.grads();
   f.hdo->step();
-  const Optimizer* old_gpu = f.hdo->gpu_optimizer.get();
+  std::vector<at::Tensor> old_inner;  // held, so no new clone can reuse an old address
+  for (const auto& p : f.params) old_inner.push_back(*f.hdo->param_to_inner_param.find(p));
   f.hdo->load_state_dict(f.hdo->state_dict());
-  EXPECT_NE(f.hdo->gpu_optimizer.get(), old_gpu);
+  for (size_t i = 0; i < f.params.size(); ++i) {
+    EXPECT_FALSE(f.hdo->param_to_inner_param.find(f.params[i])->is_same(old_inner[i])) << "brand-new inner clones";
+    EXPECT_TRUE(f.hdo->param_to_inner_param.find(f.params[i])->equal(old_inner[i]));
+  }
+  EXPECT_FALSE(f.hdo->gpu_optimizer->param_groups->at(0).dict()->contains("step")) << "a new FusedAdam has no step";
   for (const auto& p : f.params) {
     const at::Tensor inner = *f.hdo->param_to_inner_param.find(p);
     bool aliased = false;

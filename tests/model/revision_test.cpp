@@ -7,6 +7,7 @@
 #include "model/revision.h"
 
 using namespace ckptsim::model;
+using ckptsim::Status;
 
 TEST(Revision, EmbeddedProfilesResolve) {
   auto reg = RevisionRegistry::load_embedded();

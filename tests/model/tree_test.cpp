@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ops/ones.h>
+#include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/zeros.h>
 
 #include "model/errors.h"
