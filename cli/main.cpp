@@ -2,7 +2,8 @@
 //
 // Exit codes (every command): 0 all properties hold (or, with --expect, every scenario gave
 // the verdicts its "expect" block names); 1 a property failed (or a verdict was not the
-// expected one); 2 invalid input (a message names the file and the field).
+// expected one); 2 invalid input (a message names the file and the field); 3 an internal
+// error of ckptsim itself (an invariant of ours broke: a bug to report, never a verdict).
 #include <CLI/CLI.hpp>
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
@@ -25,6 +26,7 @@ using namespace ckptsim;
 constexpr int kExitOk = 0;
 constexpr int kExitFail = 1;
 constexpr int kExitInvalid = 2;
+constexpr int kExitInternal = 3;
 
 int invalid(const std::string& message) {
   std::cerr << "ckptsim: " << message << "\n";
@@ -223,7 +225,12 @@ int main(int argc, char** argv) {
     const int code = app.exit(e);
     return code == 0 ? kExitOk : kExitInvalid;
   }
-  if (*run) return cmd_run(run_flags);
-  if (*revisions) return cmd_revisions(rev_json, rev_profiles);
+  try {
+    if (*run) return cmd_run(run_flags);
+    if (*revisions) return cmd_revisions(rev_json, rev_profiles);
+  } catch (const std::exception& e) {
+    std::cerr << "ckptsim: internal error (a bug in ckptsim, not a verdict on the scenario): " << e.what() << "\n";
+    return kExitInternal;
+  }
   return kExitInvalid;
 }

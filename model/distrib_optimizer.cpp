@@ -873,52 +873,54 @@ std::vector<ShardSnapshot> DistributedOptimizer::snapshot() {
     out.assign(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
     return out;
   };
+  // Ground truth, not the index maps: walk the params the inner optimizer actually updates
+  // (so a B8 group_order mix-up shows as wrong data, not as a wrong snapshot).
   std::vector<ShardSnapshot> out;
-  for (size_t p = 0; p < ddp_.num_params(); ++p) {
-    if (!model_param_group_index_map_[p].has_value()) continue;
-    ShardSnapshot snap;
-    snap.model_param = p;
-    snap.param_range = range_map(p).param;
-    const at::Tensor x = optimizer_param(p);
-    Optimizer* owner = optimizer_.get();
-    at::Tensor master = x;
-    const Dict* group = nullptr;
-    if (HybridDeviceOptimizer* h = hdo()) {
-      master = h->param_to_inner_param.at(x, "param_to_inner_param");
-      owner = nullptr;
-      for (Optimizer* sub : h->sub_optimizers()) {
-        for (const Value& gv : *sub->param_groups) {
-          for (const at::Tensor& q : group_params(*gv.dict())) {
-            if (q.is_same(master)) {
-              owner = sub;
-              group = gv.dict().get();
+  for (const Value& gv : *optimizer_->param_groups) {
+    for (const at::Tensor& x : group_params(*gv.dict())) {
+      const size_t* owner_param = shard_owner_.find(x);
+      CKPTSIM_CHECK(owner_param != nullptr, "an optimizer param that is no shard of a model param");
+      ShardSnapshot snap;
+      snap.model_param = *owner_param;
+      snap.param_range = range_map(*owner_param).param;
+      Optimizer* owner = optimizer_.get();
+      at::Tensor master = x;
+      const Dict* group = gv.dict().get();
+      if (HybridDeviceOptimizer* h = hdo()) {
+        master = h->param_to_inner_param.at(x, "param_to_inner_param");
+        owner = nullptr;
+        for (Optimizer* sub : h->sub_optimizers()) {
+          for (const Value& sg : *sub->param_groups) {
+            for (const at::Tensor& q : group_params(*sg.dict())) {
+              if (q.is_same(master)) {
+                owner = sub;
+                group = sg.dict().get();
+              }
             }
           }
         }
+        CKPTSIM_CHECK(owner != nullptr, "HDO inner param owned by no sub-optimizer");
+        snap.part = dynamic_cast<TorchAdamW*>(owner) ? "HDO cpu AdamW" : "HDO gpu FusedAdam";
+      } else {
+        snap.part = dynamic_cast<TorchAdamW*>(owner) ? "AdamW" : "FusedAdam";
       }
-      CKPTSIM_CHECK(owner != nullptr, "HDO inner param owned by no sub-optimizer");
-      snap.part = dynamic_cast<TorchAdamW*>(owner) ? "HDO cpu AdamW" : "HDO gpu FusedAdam";
-    } else {
-      const auto& [g, o] = *model_param_group_index_map_[p];
-      group = optimizer_->param_groups->at(g).dict().get();
-      snap.part = dynamic_cast<TorchAdamW*>(owner) ? "AdamW" : "FusedAdam";
-    }
-    snap.kernel = dynamic_cast<TorchAdamW*>(owner) ? KernelKind::kTorchAdamW : KernelKind::kFusedAdam;
-    const Value master_value(master);
-    snap.master = to_vec(&master_value);
-    if (const DictPtr* s = owner->state.find(master)) {
-      snap.exp_avg = to_vec((*s)->find("exp_avg"));
-      snap.exp_avg_sq = to_vec((*s)->find("exp_avg_sq"));
-      if (snap.kernel == KernelKind::kTorchAdamW) {
-        if (const Value* st = (*s)->find("step"); st != nullptr && st->is_tensor() && st->tensor().numel() == 1) {
-          snap.step = py_item(st->tensor());
+      snap.kernel = dynamic_cast<TorchAdamW*>(owner) ? KernelKind::kTorchAdamW : KernelKind::kFusedAdam;
+      const Value master_value(master);
+      snap.master = to_vec(&master_value);
+      if (const DictPtr* st = owner->state.find(master)) {
+        snap.exp_avg = to_vec((*st)->find("exp_avg"));
+        snap.exp_avg_sq = to_vec((*st)->find("exp_avg_sq"));
+        if (snap.kernel == KernelKind::kTorchAdamW) {
+          if (const Value* v = (*st)->find("step"); v != nullptr && v->is_tensor() && v->tensor().numel() == 1) {
+            snap.step = py_item(v->tensor());
+          }
         }
       }
+      if (snap.kernel == KernelKind::kFusedAdam) {
+        if (const Value* v = group->find("step"); v != nullptr && !v->is_none()) snap.step = v->as_float();
+      }
+      out.push_back(std::move(snap));
     }
-    if (snap.kernel == KernelKind::kFusedAdam && group != nullptr) {
-      if (const Value* st = group->find("step"); st != nullptr && !st->is_none()) snap.step = st->as_float();
-    }
-    out.push_back(std::move(snap));
   }
   return out;
 }

@@ -10,6 +10,17 @@ namespace ckptsim::model {
 
 namespace {
 
+// torch's elementwise ops reject operands of different sizes; so do the fused kernels.
+void check_same_size(const at::Tensor& a, const at::Tensor& b, const char* site) {
+  if (a.defined() && b.defined() && a.numel() != b.numel()) {
+    throw UpstreamError("RuntimeError",
+                        fmt::format("The size of tensor a ({}) must match the size of tensor b ({}) at non-singleton "
+                                    "dimension 0",
+                                    a.numel(), b.numel()),
+                        site);
+  }
+}
+
 std::span<float> fp32_span(const at::Tensor& t, const char* what) {
   CKPTSIM_CHECK(t.defined() && t.scalar_type() == at::kFloat && t.dim() <= 1 && t.is_contiguous(),
                 std::string(what) + " must be a defined, contiguous, fp32, at most 1-D tensor");
@@ -284,6 +295,8 @@ void TorchAdamW::step() {
       const at::Tensor& p = params[i];
       const DictPtr& s = *state.find(p);
       const float t = steps[i].data_ptr<float>()[0];
+      for (const char* k : {"exp_avg", "exp_avg_sq"}) check_same_size(p, s->at(k).tensor(), "torch.optim.AdamW.step()");
+      check_same_size(p, rt_.grad(p), "torch.optim.AdamW.step()");
       torch_adamw_update(fp32_span(p, "AdamW param"), fp32_span(rt_.grad(p), "AdamW grad"),
                          fp32_span(s->at("exp_avg").tensor(), "exp_avg"),
                          fp32_span(s->at("exp_avg_sq").tensor(), "exp_avg_sq"), hyper, t);
@@ -412,6 +425,8 @@ void FusedAdam::step() {
       }
       const at::Tensor g = rt_.grad(p);
       if (!g.defined()) continue;
+      check_same_size(p, g, "fused_adam.py FusedAdam.step()");
+      for (const char* k : {"exp_avg", "exp_avg_sq"}) check_same_size(p, s->at(k).tensor(), "fused_adam.py FusedAdam.step()");
       fused_adam_update(fp32_span(p, "FusedAdam param"), fp32_span(g, "FusedAdam grad"),
                         fp32_span(get_unscaled_state(p, "exp_avg"), "exp_avg"),
                         fp32_span(get_unscaled_state(p, "exp_avg_sq"), "exp_avg_sq"), hyper, t);

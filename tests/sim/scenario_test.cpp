@@ -1,0 +1,81 @@
+// Scenario files are a user interface: every error names the file and the field path with the
+// expected and observed value. Mutations caught: unknown fields ignored
+// (UnknownFieldIsAnError), limits unchecked (LimitsAreErrors), to_json dropping a field
+// (JsonRoundTrip).
+#include <gtest/gtest.h>
+
+#include "tests/testing.h"
+
+using namespace ckptsim;
+
+namespace {
+
+std::string error_of(const std::string& json) {
+  auto s = sim::parse_scenario(json, "bug.json", test::registry());
+  EXPECT_FALSE(s.is_ok()) << "accepted: " << json;
+  return s.is_ok() ? std::string() : s.status().message();
+}
+
+const char* kGood = R"({"seed": 1, "params": [{"name": "w", "numel": 10, "dtype": "bf16"}],
+  "optimizer": {"kind": "fused_adam", "lr": 0.01, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1},
+  "phases": [{"dp": 2, "revision": "upstream-2874", "steps": 1}]})";
+
+std::string with(const std::string& from, const std::string& to) {
+  std::string s = kGood;
+  const auto at = s.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  return s.replace(at, from.size(), to);
+}
+
+}  // namespace
+
+TEST(Scenario, GoodScenarioParsesWithDefaults) {
+  auto s = sim::parse_scenario(kGood, "good.json", test::registry());
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_FALSE(s.value().bucket_size.has_value());
+  EXPECT_EQ(s.value().samples_per_step, 8);
+  EXPECT_EQ(s.value().sharding_type, "dp_reshardable");
+  EXPECT_TRUE(s.value().phases[0].save);
+}
+
+TEST(Scenario, ErrorsNameFileFieldAndValues) {
+  EXPECT_EQ(error_of(with("\"dp\": 2", "\"dp\": 0")),
+            "bug.json: field 'phases[0].dp': must be an integer in [1, 512], got 0");
+  EXPECT_NE(error_of(with("\"bf16\"", "\"fp16\"")).find("field 'params[0].dtype': must be \"bf16\" or \"fp32\", got \"fp16\""),
+            std::string::npos);
+  EXPECT_NE(error_of(with("upstream-2874", "upstream-9999")).find("field 'phases[0].revision': unknown revision 'upstream-9999'"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("\"fused_adam\"", "\"adam\"")).find("field 'optimizer.kind'"), std::string::npos);
+  EXPECT_NE(error_of(with("\"fused_adam\"", "\"hybrid\"")).find("field 'optimizer.offload_fraction': is required"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("[0.9, 0.95]", "[0.9]")).find("field 'optimizer.betas'"), std::string::npos);
+  EXPECT_NE(error_of(with("\"seed\": 1,", "\"seed\": 1, \"samples_per_step\": 6,")).find("power of two"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("\"seed\": 1,", "\"seed\": 1, \"sharding_type\": \"fully_reshardable\",")).find("only \"dp_reshardable\""),
+            std::string::npos);
+  EXPECT_NE(error_of("[1, 2]").find("bug.json"), std::string::npos);
+  EXPECT_NE(error_of("{not json").find("not valid JSON"), std::string::npos);
+}
+
+TEST(Scenario, UnknownFieldIsAnError) {
+  EXPECT_NE(error_of(with("\"seed\": 1,", "\"seed\": 1, \"bucketsize\": 10,")).find("field 'bucketsize': unknown field"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("\"steps\": 1", "\"steps\": 1, \"revison\": \"x\"")).find("field 'phases[0].revison'"),
+            std::string::npos);
+}
+
+TEST(Scenario, LimitsAreErrors) {
+  EXPECT_NE(error_of(with("\"numel\": 10", "\"numel\": 2000000")).find("params[0].numel"), std::string::npos);
+  EXPECT_NE(error_of(with("\"steps\": 1", "\"steps\": 20000")).find("phases[0].steps"), std::string::npos);
+  EXPECT_NE(error_of(with("\"seed\": 1,", "\"seed\": 1, \"faults\": [\"nope\"],")).find("unknown fault site"),
+            std::string::npos);
+}
+
+TEST(Scenario, JsonRoundTrip) {
+  const auto s = test::scenario_file("scenarios/spec17-H-lno-skip-offload-half.json");
+  const auto again = sim::parse_scenario(sim::scenario_to_json(s).dump(), "round.json", test::registry());
+  ASSERT_TRUE(again.is_ok()) << again.status().to_string();
+  EXPECT_EQ(sim::scenario_to_json(again.value()), sim::scenario_to_json(s));
+  EXPECT_EQ(again.value().optimizer.offload_fraction, 0.5);
+  EXPECT_EQ(again.value().phases.size(), 2u);
+}
