@@ -56,7 +56,7 @@ std::string identity_repr(const std::vector<Value>& t) { return Value::tuple(t).
 
 std::string size_repr(const at::Tensor& t) {
   std::string out = "torch.Size([";
-  for (int64_t i = 0; i < t.dim(); ++i) out += (i ? ", " : "") + std::to_string(t.size(i));
+  for (int64_t i = 0; i < t.dim(); ++i) { if (i) out += ", "; out += std::to_string(t.size(i)); }
   return out + "])";
 }
 

@@ -15,7 +15,7 @@ bool is_main_replica(const ReplicaId& replica_id) {
 
 std::string shape_repr(const Shape& s) {
   std::string out = "(";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  for (size_t i = 0; i < s.size(); ++i) { if (i) out += ", "; out += std::to_string(s[i]); }
   return out + (s.size() == 1 ? ",)" : ")");
 }
 
@@ -100,7 +100,7 @@ ShardedObjectPtr ShardedObject::make(ShardedObject f) {
 std::string ShardedObject::unique_key() const {
   auto join = [](const Shape& s) {
     std::string out;
-    for (size_t i = 0; i < s.size(); ++i) out += (i ? "." : "") + std::to_string(s[i]);
+    for (size_t i = 0; i < s.size(); ++i) { if (i) out += "."; out += std::to_string(s[i]); }
     return out;
   };
   return key + "/shard_" + join(global_offset) + "_" + join(global_shape);

@@ -46,7 +46,7 @@ std::string tensor_repr(const at::Tensor& t) {
     const int64_t n = t.numel();
     std::string body;
     if (n <= 6) {
-      for (int64_t i = 0; i < n; ++i) body += (i ? ", " : "") + elem(i);
+      for (int64_t i = 0; i < n; ++i) { if (i) body += ", "; body += elem(i); }
     } else {
       body = elem(0) + ", " + elem(1) + ", " + elem(2) + ",  ..., " + elem(n - 3) + ", " +
              elem(n - 2) + ", " + elem(n - 1);
@@ -54,7 +54,7 @@ std::string tensor_repr(const at::Tensor& t) {
     return "tensor([" + body + "]" + dtype_suffix + ")";
   }
   std::string shape;
-  for (int64_t i = 0; i < t.dim(); ++i) shape += (i ? ", " : "") + std::to_string(t.size(i));
+  for (int64_t i = 0; i < t.dim(); ++i) { if (i) shape += ", "; shape += std::to_string(t.size(i)); }
   return "tensor(<shape [" + shape + "]>" + dtype_suffix + ")";
 }
 
@@ -171,7 +171,7 @@ std::string Value::repr() const {
     case Kind::kTuple: {
       const auto& items = as_tuple();
       std::string out = "(";
-      for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + items[i].repr();
+      for (size_t i = 0; i < items.size(); ++i) { if (i) out += ", "; out += items[i].repr(); }
       return out + (items.size() == 1 ? ",)" : ")");
     }
     case Kind::kTensor: return tensor_repr(tensor());
@@ -179,7 +179,7 @@ std::string Value::repr() const {
       std::string out = "{";
       bool first = true;
       for (const auto& [k, v] : *dict()) {
-        out += (first ? "" : ", ") + k.repr() + ": " + v.repr();
+        { if (!first) out += ", "; out += k.repr() + ": " + v.repr(); }
         first = false;
       }
       return out + "}";
@@ -188,7 +188,7 @@ std::string Value::repr() const {
       std::string out = "[";
       bool first = true;
       for (const auto& v : *list()) {
-        out += (first ? "" : ", ") + v.repr();
+        { if (!first) out += ", "; out += v.repr(); }
         first = false;
       }
       return out + "]";

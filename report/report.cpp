@@ -96,7 +96,7 @@ std::string step_table(const sim::RunResult& run, size_t rows_max) {
       break;
     }
     std::string shards;
-    for (size_t i = 0; i < r.shards.size() && i < 4; ++i) shards += (i ? ", " : "") + r.shards[i];
+    for (size_t i = 0; i < r.shards.size() && i < 4; ++i) { if (i) shards += ", "; shards += r.shards[i]; }
     if (r.shards.size() > 4) shards += fmt::format(", +{}", r.shards.size() - 4);
     const bool mismatch = r.observed != r.expected;
     out += fmt::format("| {} | {} | {}{}{} | {} | {} |\n", r.when, r.part, mismatch ? "**" : "", r.observed,
@@ -132,10 +132,11 @@ std::string scenario_section(const ScenarioReport& r) {
   out += "\n**Timeline** (each phase after the first resumes from the previous phase's checkpoint):\n\n";
   out += "| phase | dp | revision | global steps | outcome |\n|---|---|---|---|---|\n";
   for (const auto& p : run.phases) {
-    out += fmt::format("| {} | {} | {} | {} | {} |\n", p.index, p.spec.dp, p.spec.revision,
-                       p.ran ? fmt::format("{} → {}", p.start_step, p.start_step + static_cast<int64_t>(p.after_step.size()))
-                             : "—",
-                       phase_outcome(p));
+    std::string steps = "—";
+    if (p.ran && (p.index == 0 || p.after_load.has_value())) {
+      steps = fmt::format("{} → {}", p.start_step, p.start_step + static_cast<int64_t>(p.after_step.size()));
+    }
+    out += fmt::format("| {} | {} | {} | {} | {} |\n", p.index, p.spec.dp, p.spec.revision, steps, phase_outcome(p));
   }
   out += fmt::format("\nUninterrupted reference run: dp={}, {} steps.\n\n", s.phases.front().dp, s.total_steps());
   out += "**Verdicts:**\n\n| property | verdict | detail |\n|---|---|---|\n";
