@@ -10,11 +10,14 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
+#include "model/faults.h"
 #include "model/revision.h"
 #include "properties/properties.h"
+#include "properties/search.h"
 #include "report/report.h"
 #include "sim/driver.h"
 #include "sim/scenario.h"
@@ -192,6 +195,323 @@ int cmd_revisions(bool json, const std::vector<std::string>& profiles) {
   return kExitOk;
 }
 
+
+struct SearchFlags {
+  uint64_t seed = 1;
+  int64_t cases = 500;
+  double time_budget = 0;
+  std::string out_dir = "ckptsim-found";
+  std::string junit;
+  bool json = false;
+  bool keep_going = true;
+  bool quiet = false;
+  std::vector<std::string> properties;
+  std::vector<std::string> kinds;
+  std::vector<std::string> faults;
+  std::vector<std::string> profiles;
+  int64_t dp_max = 32;
+  int params_max = 6;
+  int phases_max = 4;
+};
+
+Status fill_generator(const SearchFlags& f, model::RevisionRegistry& registry, properties::GeneratorConfig& g) {
+  g.dp_max = f.dp_max;
+  g.params_max = f.params_max;
+  g.phases_max = f.phases_max;
+  if (g.dp_max < 1 || g.dp_max > sim::Scenario::kDpMax) return Status::invalid_input("--dp-max must be in [1, 512]");
+  if (g.params_max < 1 || g.params_max > 64) return Status::invalid_input("--params-max must be in [1, 64]");
+  if (g.phases_max < 1 || g.phases_max > 16) return Status::invalid_input("--phases-max must be in [1, 16]");
+  if (!f.kinds.empty()) {
+    g.kinds.clear();
+    for (const auto& k : f.kinds) {
+      if (k == "fused_adam") {
+        g.kinds.push_back(model::OptimizerKind::kFusedAdam);
+      } else if (k == "torch_adamw") {
+        g.kinds.push_back(model::OptimizerKind::kTorchAdamW);
+      } else if (k == "hybrid") {
+        g.kinds.push_back(model::OptimizerKind::kHybrid);
+      } else {
+        return Status::invalid_input("--kind must be fused_adam, torch_adamw or hybrid, got " + k);
+      }
+    }
+  }
+  for (const auto& fault : f.faults) {
+    if (!model::is_fault_site(fault)) return Status::invalid_input("--fault: unknown fault site " + fault);
+  }
+  g.faults = f.faults;
+  for (const auto& p : f.properties) {
+    if (properties::find_property(p) == nullptr) return Status::invalid_input("--property: unknown property " + p);
+  }
+  for (const auto& r : g.revisions) {
+    auto p = registry.get(r);
+    if (!p.is_ok()) return Status::invalid_input("revision: " + p.status().message());
+  }
+  return Status::ok();
+}
+
+// Writes a found scenario and returns its path.
+Result<std::string> write_found(const std::string& dir, const properties::Failure& failure, uint64_t seed,
+                                const std::string& how, const std::string& tag = "") {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Status::io_error(dir + ": cannot create: " + ec.message());
+  const nlohmann::json j = properties::found_scenario_json(failure, seed, how, tag);
+  const std::string path = dir + "/" + j["name"].get<std::string>() + ".json";
+  std::ofstream out(path);
+  if (!out) return Status::io_error(path + ": cannot write");
+  out << j.dump(2) << "\n";
+  return path;
+}
+
+struct Reported {
+  properties::Failure failure;
+  std::string file;
+  std::string classification;  // gate: "new" / "pre-existing"; check: ""
+};
+
+nlohmann::json failure_json(const Reported& r) {
+  int64_t dp_max = 0;
+  for (const auto& p : r.failure.minimal.phases) dp_max = std::max(dp_max, p.dp);
+  nlohmann::json j{{"property", r.failure.finding.property},
+                   {"signature", r.failure.finding.signature},
+                   {"detail", r.failure.finding.detail},
+                   {"scenario_file", r.file},
+                   {"case", r.failure.case_index},
+                   {"shrink_steps", r.failure.shrink_steps},
+                   {"params", r.failure.minimal.params.size()},
+                   {"phases", r.failure.minimal.phases.size()},
+                   {"dp_max", dp_max}};
+  if (!r.classification.empty()) j["classification"] = r.classification;
+  return j;
+}
+
+int cmd_check(const SearchFlags& f, const std::string& revision) {
+  auto registry = load_registry(f.profiles);
+  if (!registry.is_ok()) return invalid(registry.status().message());
+  properties::SearchOptions options;
+  options.generator.revisions = {revision};
+  Status s = fill_generator(f, registry.value(), options.generator);
+  if (!s.is_ok()) return invalid(s.message());
+  if (f.cases < 0 || f.cases > properties::SearchOptions::kCasesMax) return invalid("--cases out of range");
+  options.seed = f.seed;
+  options.cases = f.cases;
+  options.time_budget_s = f.time_budget;
+  options.keep_going = f.keep_going;
+  const bool talk = !f.quiet && !f.json;
+  options.progress = [&](const std::string& line) {
+    if (talk) std::cerr << "check: " << line << std::endl;
+  };
+  if (talk) {
+    std::cout << fmt::format("seed={} revision={} cases={} time_budget={}s{}", f.seed, revision, f.cases, f.time_budget,
+                             f.keep_going ? " keep_going" : "")
+              << std::endl;
+  }
+  const auto judge = properties::property_judge(registry.value(), f.properties);
+  const properties::SearchResult result = properties::search(options, judge);
+  std::vector<Reported> reported;
+  const std::string how = fmt::format("ckptsim check --revision {} --seed {}", revision, f.seed);
+  for (const auto& failure : result.failures) {
+    auto path = write_found(f.out_dir, failure, f.seed, how);
+    if (!path.is_ok()) return invalid(path.status().message());
+    reported.push_back({failure, path.value(), ""});
+  }
+  const std::string repeat = fmt::format("ckptsim check --revision {} --seed {} --cases {}{}", revision, f.seed,
+                                         f.cases, f.keep_going ? "" : " --first");
+  if (talk) {
+    std::cout << fmt::format("{} cases ({} simulator runs){}: {} failure(s)", result.cases_run, result.judge_runs,
+                             result.stopped_by_time ? ", stopped by the time budget" : "", reported.size())
+              << std::endl;
+    for (const auto& r : reported) {
+      std::cout << fmt::format("  FAIL {} [{}]\n    {}\n    minimal scenario: {} ({} params, {} phases)\n    replay: "
+                               "ckptsim run {}\n",
+                               r.failure.finding.property, r.failure.finding.signature, r.failure.finding.detail, r.file,
+                               r.failure.minimal.params.size(), r.failure.minimal.phases.size(), r.file);
+    }
+    std::cout << "  repeat the search: " << repeat << std::endl;
+  }
+  std::vector<properties::JunitCase> cases;
+  for (const auto& p : properties::all_properties()) {
+    properties::JunitCase c{"ckptsim.check." + revision, p.name, false, "", ""};
+    for (const auto& r : reported) {
+      if (r.failure.finding.property != p.name) continue;
+      c.failed = true;
+      c.message = r.failure.finding.detail;
+      c.text += fmt::format("{}\nminimal scenario: {}\nreplay: ckptsim run {}\nrepeat: {}\n\n", r.failure.finding.detail,
+                            r.file, r.file, repeat);
+    }
+    cases.push_back(c);
+  }
+  if (!f.junit.empty()) {
+    std::ofstream out(f.junit);
+    if (!out) return invalid(f.junit + ": cannot write the JUnit file");
+    out << properties::junit_xml("ckptsim check " + revision, cases);
+  }
+  if (f.json) {
+    nlohmann::json j{{"ok", reported.empty()},
+                     {"seed", f.seed},
+                     {"revision", revision},
+                     {"cases", result.cases_run},
+                     {"simulator_runs", result.judge_runs},
+                     {"stopped_by_time", result.stopped_by_time},
+                     {"repeat", repeat},
+                     {"failures", nlohmann::json::array()},
+                     {"properties", nlohmann::json::array()}};
+    for (const auto& r : reported) j["failures"].push_back(failure_json(r));
+    for (const auto& c : cases) j["properties"].push_back({{"name", c.name}, {"ok", !c.failed}, {"detail", c.message}});
+    std::cout << j.dump(2) << std::endl;
+  }
+  return reported.empty() ? kExitOk : kExitFail;
+}
+
+// The gate's judge: a failure of the candidate-involving scenario is "new" unless the same
+// scenario with every phase on the baseline fails the same property too.
+properties::Judge gate_judge(model::RevisionRegistry& registry, const std::string& baseline) {
+  auto plain = properties::property_judge(registry);
+  return [&registry, plain, baseline](const sim::Scenario& s) -> std::optional<properties::Finding> {
+    auto finding = plain(s);
+    if (!finding) return std::nullopt;
+    sim::Scenario base = s;
+    for (auto& p : base.phases) p.revision = baseline;
+    auto run = sim::run_scenario(base, registry);
+    CKPTSIM_CHECK(run.is_ok(), run.status().to_string());
+    // Pre-existing only when the baseline fails the same way (same property and cause).
+    const auto* prop = properties::find_property(finding->property);
+    const properties::PropertyResult base_result = prop->check(run.value());
+    const bool baseline_fails = base_result.verdict == properties::Verdict::kFail &&
+                                (base_result.signature.empty() ? base_result.name : base_result.signature) ==
+                                    finding->signature;
+    finding->signature = (baseline_fails ? "pre-existing:" : "new:") + finding->signature;
+    return finding;
+  };
+}
+
+int cmd_gate(const SearchFlags& f, const std::string& baseline, const std::string& candidate) {
+  auto registry = load_registry(f.profiles);
+  if (!registry.is_ok()) return invalid(registry.status().message());
+  if (f.out_dir.empty()) return invalid("--out is required");
+  properties::SearchOptions base_options;
+  base_options.generator.revisions = {baseline, candidate};
+  Status s = fill_generator(f, registry.value(), base_options.generator);
+  if (!s.is_ok()) return invalid(s.message());
+  base_options.seed = f.seed;
+  base_options.cases = f.cases;
+  base_options.time_budget_s = f.time_budget > 0 ? f.time_budget / 2 : 0;
+  base_options.keep_going = true;
+  const bool talk = !f.quiet && !f.json;
+  if (talk) {
+    std::cout << fmt::format("seed={} baseline={} candidate={} cases={} per search", f.seed, baseline, candidate, f.cases)
+              << std::endl;
+  }
+  const auto judge = gate_judge(registry.value(), baseline);
+  struct Part {
+    std::string name;
+    properties::SearchOptions options;
+    properties::SearchResult result;
+  };
+  std::vector<Part> parts;
+  // 1. The search on the candidate alone.
+  parts.push_back({"candidate", base_options, {}});
+  parts.back().options.generator.revisions = {candidate};
+  // 2. Cross-revision loads: checkpoints saved by one, resumed by the other, both ways.
+  parts.push_back({"cross-revision", base_options, {}});
+  parts.back().options.generator.require_revision_change = true;
+  parts.back().options.seed = model::mix_seed(f.seed, 2);
+  std::vector<Reported> reported;
+  for (auto& part : parts) {
+    part.options.progress = [&](const std::string& line) {
+      if (talk) std::cerr << "gate " << part.name << ": " << line << std::endl;
+    };
+    part.result = properties::search(part.options, judge);
+    for (const auto& failure : part.result.failures) {
+      const bool is_new = failure.finding.signature.rfind("new:", 0) == 0;
+      auto path = write_found(f.out_dir, failure, f.seed,
+                              fmt::format("ckptsim gate --baseline {} --candidate {} --seed {} ({})", baseline, candidate,
+                                          f.seed, part.name),
+                              part.name);
+      if (!path.is_ok()) return invalid(path.status().message());
+      reported.push_back({failure, path.value(), is_new ? "new" : "pre-existing"});
+    }
+  }
+  const bool introduced = std::any_of(reported.begin(), reported.end(), [](const Reported& r) { return r.classification == "new"; });
+  const std::string repeat = fmt::format("ckptsim gate --baseline {} --candidate {} --out {} --seed {} --cases {}", baseline,
+                                         candidate, f.out_dir, f.seed, f.cases);
+
+  // Markdown report.
+  std::string md = fmt::format("# ckptsim gate: {} → {}\n\n", baseline, candidate);
+  md += fmt::format("Verdict: **{}**.\n\n", introduced ? "the candidate introduces failures" : "no new failure found");
+  md += fmt::format("Repeat: `{}`\n\n", repeat);
+  md += "| search | cases | simulator runs | findings |\n|---|---|---|---|\n";
+  for (const auto& part : parts) {
+    md += fmt::format("| {} | {}{} | {} | {} |\n", part.name, part.result.cases_run,
+                      part.result.stopped_by_time ? " (time budget)" : "", part.result.judge_runs,
+                      part.result.failures.size());
+  }
+  md += "\n| class | property | minimal scenario | params | phases | detail |\n|---|---|---|---|---|---|\n";
+  for (const auto& r : reported) {
+    std::string detail = r.failure.finding.detail;
+    for (auto& c : detail) {
+      if (c == '|') c = '/';
+    }
+    md += fmt::format("| {} | {} | `{}` | {} | {} | {} |\n", r.classification == "new" ? "**new**" : "pre-existing",
+                      r.failure.finding.property, r.file, r.failure.minimal.params.size(),
+                      r.failure.minimal.phases.size(), detail);
+  }
+  if (reported.empty()) md += "| — | — | — | — | — | no failure found |\n";
+  md += "\n\"new\": the candidate (or a load across the two revisions) fails a property that the same scenario run "
+        "entirely on the baseline keeps. \"pre-existing\": the baseline fails it too. Replay any finding with "
+        "`ckptsim run <file>`.\n";
+  std::error_code ec;
+  std::filesystem::create_directories(f.out_dir, ec);
+  {
+    std::ofstream out(f.out_dir + "/gate-report.md");
+    if (!out) return invalid(f.out_dir + "/gate-report.md: cannot write");
+    out << md;
+  }
+  std::vector<properties::JunitCase> cases;
+  for (const auto& r : reported) {
+    cases.push_back({"ckptsim.gate." + r.classification, r.failure.finding.property + " (" + r.file + ")",
+                     r.classification == "new", r.failure.finding.detail,
+                     fmt::format("{}\nreplay: ckptsim run {}\nrepeat: {}\n", r.failure.finding.detail, r.file, repeat)});
+  }
+  if (cases.empty()) cases.push_back({"ckptsim.gate", "no new failure", false, "", ""});
+  {
+    std::ofstream out(f.out_dir + "/junit.xml");
+    if (!out) return invalid(f.out_dir + "/junit.xml: cannot write");
+    out << properties::junit_xml(fmt::format("ckptsim gate {} -> {}", baseline, candidate), cases);
+  }
+  if (talk) {
+    for (const auto& r : reported) {
+      std::cout << fmt::format("  {} {} [{}]\n    {}\n    minimal scenario: {} ({} params, {} phases)\n",
+                               r.classification == "new" ? "NEW" : "pre-existing", r.failure.finding.property,
+                               r.failure.finding.signature, r.failure.finding.detail, r.file,
+                               r.failure.minimal.params.size(), r.failure.minimal.phases.size());
+    }
+    std::cout << "report: " << f.out_dir << "/gate-report.md, " << f.out_dir << "/junit.xml" << std::endl;
+  }
+  if (f.json) {
+    nlohmann::json j{{"ok", !introduced}, {"baseline", baseline}, {"candidate", candidate}, {"seed", f.seed},
+                     {"repeat", repeat}, {"findings", nlohmann::json::array()}};
+    for (const auto& r : reported) j["findings"].push_back(failure_json(r));
+    std::cout << j.dump(2) << std::endl;
+  }
+  return introduced ? kExitFail : kExitOk;
+}
+
+void add_search_flags(CLI::App* cmd, SearchFlags& f) {
+  cmd->add_option("--seed", f.seed, "Root seed of the search (default 1)");
+  cmd->add_option("--cases", f.cases, "Number of generated cases (per search for gate)");
+  cmd->add_option("--time-budget", f.time_budget, "Stop after this many seconds (0: no limit)");
+  cmd->add_option("--json", f.json, "Print one JSON object")->expected(0)->default_val(false);
+  cmd->add_option("--property", f.properties, "Only these properties count (check)");
+  cmd->add_option("--kind", f.kinds, "Only these optimizer kinds: fused_adam, torch_adamw, hybrid");
+  cmd->add_option("--fault", f.faults, "Enable a fault site in every case (mutation control)");
+  cmd->add_option("--profile", f.profiles, "Extra revision profile JSON files");
+  cmd->add_option("--dp-max", f.dp_max, "Largest DP size drawn (default 32)");
+  cmd->add_option("--params-max", f.params_max, "Most params drawn (default 6)");
+  cmd->add_option("--phases-max", f.phases_max, "Most phases drawn (default 4)");
+  cmd->add_flag("--quiet", f.quiet, "Print nothing but errors (and --json output)");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -219,6 +539,28 @@ int main(int argc, char** argv) {
   revisions->add_flag("--json", rev_json, "Print JSON");
   revisions->add_option("--profile", rev_profiles, "Extra revision profile JSON files");
 
+  SearchFlags check_flags;
+  std::string check_revision = "upstream-2874";
+  auto* check = app.add_subcommand("check", "Search generated scenarios for a property failure and shrink it");
+  check->add_option("--revision", check_revision, "Revision profile every phase runs (default upstream-2874)");
+  check->add_option("--junit", check_flags.junit, "Write JUnit XML to this file");
+  check->add_option("--out", check_flags.out_dir, "Directory for the minimal scenarios found (default ckptsim-found)");
+  bool check_first = false;
+  check->add_flag("--first", check_first,
+                  "Stop at the first failure (default: keep searching, one minimal case per cause)");
+  add_search_flags(check, check_flags);
+
+  SearchFlags gate_flags;
+  gate_flags.cases = 300;
+  gate_flags.out_dir.clear();
+  std::string baseline;
+  std::string candidate;
+  auto* gate = app.add_subcommand("gate", "Judge a candidate revision against a baseline (new failures exit 1)");
+  gate->add_option("--baseline", baseline, "The revision in use today")->required();
+  gate->add_option("--candidate", candidate, "The revision under review")->required();
+  gate->add_option("--out", gate_flags.out_dir, "Directory for the report, JUnit XML and minimal scenarios")->required();
+  add_search_flags(gate, gate_flags);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -228,6 +570,11 @@ int main(int argc, char** argv) {
   try {
     if (*run) return cmd_run(run_flags);
     if (*revisions) return cmd_revisions(rev_json, rev_profiles);
+    if (*check) {
+      check_flags.keep_going = !check_first;
+      return cmd_check(check_flags, check_revision);
+    }
+    if (*gate) return cmd_gate(gate_flags, baseline, candidate);
   } catch (const std::exception& e) {
     std::cerr << "ckptsim: internal error (a bug in ckptsim, not a verdict on the scenario): " << e.what() << "\n";
     return kExitInternal;

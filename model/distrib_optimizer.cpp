@@ -523,7 +523,13 @@ void DistributedOptimizer::load_state_dict(const Value& state_dict) {
       const Value& v = g.at("step", "distrib_optimizer.py load_state_dict() g['step']");
       if (std::none_of(steps.begin(), steps.end(), [&](const Value& s) { return py_equal(s, v); })) steps.push_back(v);
     }
-    if (!(tolerant && steps.empty())) {
+    if (tolerant && steps.empty()) {
+      // No step saved (nothing had stepped): every entry gets a fresh step of 0, as AdamW's
+      // own state initialization would give it.
+      for (auto& [k, s] : *state_dict_state.dict()) {
+        if (!s.dict()->contains("step")) s.dict()->set("step", Value(rt_.scalar_tensor(0.0, at::kFloat, Device::kCpu)));
+      }
+    } else {
       if (steps.size() != 1) {
         throw PyAssertionError(fmt::format("assert len(steps) == 1 failed: {} distinct steps in the saved param groups",
                                            steps.size()),
@@ -599,6 +605,7 @@ void DistributedOptimizer::set_main_param_and_optimizer_states(size_t model_para
     for (const auto& [k, v] : tensors) {
       // Revision switch set_skips_non_tensors (HEAD; POST assigns 'padding': False, B13).
       if (switches_.set_skips_non_tensors && !v.is_tensor()) continue;
+      if (switches_.set_skips_step && k == Key("step")) continue;
       // Assignment, not a copy: the request's objects become the live state (spec §6).
       s->set(k == Key("param") ? Key("master_param") : k, v);
     }
@@ -608,6 +615,7 @@ void DistributedOptimizer::set_main_param_and_optimizer_states(size_t model_para
   std::vector<std::pair<Key, Value>> dst = {{Key("param"), Value(x)}};
   for (const auto& [k, v] : *s) dst.emplace_back(k, v);
   for (const auto& [key, d] : dst) {
+    if (switches_.set_skips_step && key == Key("step")) continue;
     const Value* src = tensors.find(key);
     if (src == nullptr) throw PyKeyError(key.repr(), site("_set_main_param_and_optimizer_states()"));
     if (switches_.set_skips_non_tensors && !src->is_tensor()) continue;
@@ -687,16 +695,17 @@ Value DistributedOptimizer::sharded_param_state_dp_reshardable(bool is_loading) 
           if (!switches_.allow_empty_bucket) {
             throw PyAssertionError("empty bucket encountered", site("sharded_param_state_dp_reshardable()"));
           }
-          if (dp_rank * local_numel < unpadded) {
-            auto pad = Dict::make();
-            for (const char* k : {"param", "exp_avg", "exp_avg_sq"}) {
-              pad->set(k, Value(rt_.empty({local_numel}, at::kFloat, Device::kCuda)));
-            }
-            pad->set("gbuf_local_start", Value(int64_t{0}));
-            pad->set("gbuf_local_end", Value(local_numel));
-            pad->set("padding", Value(true));
-            bucket_state->append(Value(pad));
+          // Always one entry, so that no rank's bucket list is empty: an empty list would be
+          // compacted away by extract_matching_values and shift every later bucket's position.
+          const int64_t in_range = std::clamp<int64_t>(unpadded - dp_rank * local_numel, 0, local_numel);
+          auto pad = Dict::make();
+          for (const char* k : {"param", "exp_avg", "exp_avg_sq"}) {
+            pad->set(k, Value(rt_.empty({in_range}, at::kFloat, Device::kCuda)));
           }
+          pad->set("gbuf_local_start", Value(int64_t{0}));
+          pad->set("gbuf_local_end", Value(in_range));
+          pad->set("padding", Value(true));
+          bucket_state->append(Value(pad));
         }
 
         // Padding between (and around) params so the pieces tile the shard up to U.
@@ -767,6 +776,8 @@ Value DistributedOptimizer::sharded_param_state_dp_reshardable(bool is_loading) 
             st.local_shape = {t.size(0)};
             st.global_shape = {unpadded};
             st.global_offset = {dp_rank * local_numel + gbuf_local_start};
+            // Under allow_empty_bucket a zero-length pad of a rank past numel_unpadded sits at its end.
+            if (switches_.allow_empty_bucket) st.global_offset[0] = std::min(st.global_offset[0], unpadded);
             st.axis_fragmentations = std::nullopt;
             st.replica_id = {distributed_optimizer_instance_id_, 0, 0};
             value = Value(ShardedTensor::make(std::move(st)));
@@ -836,9 +847,38 @@ void DistributedOptimizer::load_parameter_state_from_dp_reshardable(const Value&
   }
 }
 
+// Revision switch init_empty_state_before_save: Megatron's init_state_fn applied to every
+// param that has no optimizer state yet (and, for HDO, through its sub-optimizers).
+void DistributedOptimizer::init_empty_state() {
+  auto init_adam = [&](Optimizer& opt, const at::Tensor& p) {
+    DictPtr& s = opt.state.get_or_insert(p, [] { return Dict::make(); });
+    if (!s->empty()) return;
+    if (dynamic_cast<TorchAdamW*>(&opt) != nullptr) {
+      const Dict& g = *opt.param_groups->at(0).dict();
+      const bool fused = g.get("fused", Value(false)).is_bool() && g.get("fused", Value(false)).as_bool();
+      s->set("step", Value(fused ? rt_.zeros({}, at::kFloat, rt_.device_of(p)) : rt_.scalar_tensor(0.0, at::kFloat, Device::kCpu)));
+    }
+    s->set("exp_avg", Value(rt_.zeros_like(p)));
+    s->set("exp_avg_sq", Value(rt_.zeros_like(p)));
+  };
+  if (HybridDeviceOptimizer* h = hdo()) {
+    for (Optimizer* sub : h->sub_optimizers()) {
+      for (const Value& gv : *sub->param_groups) {
+        for (const at::Tensor& p : group_params(*gv.dict())) init_adam(*sub, p);
+      }
+    }
+    h->sync_sub_optimizers_state_to_hdo();
+    return;
+  }
+  for (const Value& gv : *optimizer_->param_groups) {
+    for (const at::Tensor& p : group_params(*gv.dict())) init_adam(*optimizer_, p);
+  }
+}
+
 Value DistributedOptimizer::sharded_state_dict(const Value& model_sharded_state_dict, bool is_loading,
                                                const std::string& sharding_type) {
   (void)model_sharded_state_dict;
+  if (!is_loading && switches_.init_empty_state_before_save) init_empty_state();
   Value sd = state_dict();
   // dp_reshardable is not a fully reshardable format: each top-level value becomes a
   // ShardedObject whose main replica is DP rank 0.
@@ -876,6 +916,7 @@ std::vector<ShardSnapshot> DistributedOptimizer::snapshot() {
   // Ground truth, not the index maps: walk the params the inner optimizer actually updates
   // (so a B8 group_order mix-up shows as wrong data, not as a wrong snapshot).
   std::vector<ShardSnapshot> out;
+  std::vector<const void*> step_objects;  // per snapshot entry, the step tensor's identity
   for (const Value& gv : *optimizer_->param_groups) {
     for (const at::Tensor& x : group_params(*gv.dict())) {
       const size_t* owner_param = shard_owner_.find(x);
@@ -907,19 +948,29 @@ std::vector<ShardSnapshot> DistributedOptimizer::snapshot() {
       snap.kernel = dynamic_cast<TorchAdamW*>(owner) ? KernelKind::kTorchAdamW : KernelKind::kFusedAdam;
       const Value master_value(master);
       snap.master = to_vec(&master_value);
+      const void* step_object = nullptr;
       if (const DictPtr* st = owner->state.find(master)) {
         snap.exp_avg = to_vec((*st)->find("exp_avg"));
         snap.exp_avg_sq = to_vec((*st)->find("exp_avg_sq"));
         if (snap.kernel == KernelKind::kTorchAdamW) {
           if (const Value* v = (*st)->find("step"); v != nullptr && v->is_tensor() && v->tensor().numel() == 1) {
             snap.step = py_item(v->tensor());
+            step_object = v->tensor().unsafeGetTensorImpl();
           }
         }
       }
       if (snap.kernel == KernelKind::kFusedAdam) {
         if (const Value* v = group->find("step"); v != nullptr && !v->is_none()) snap.step = v->as_float();
       }
+      step_objects.push_back(step_object);
       out.push_back(std::move(snap));
+    }
+  }
+  // Identity comparison only (never ordered by address).
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (step_objects[i] == nullptr) continue;
+    for (size_t j = 0; j < out.size(); ++j) {
+      if (i != j && step_objects[j] == step_objects[i]) ++out[i].step_aliases;
     }
   }
   return out;

@@ -73,6 +73,9 @@ struct ShardSnapshot {
   std::vector<float> exp_avg;     // empty if the state does not exist yet
   std::vector<float> exp_avg_sq;
   std::optional<double> step;     // the step counter the next update will advance from
+  // How many other shards on this rank hold the very same step tensor object (torch AdamW
+  // steps are per-param objects; >0 is B9's aliasing).
+  int step_aliases = 0;
 };
 
 class DistributedOptimizer {
@@ -123,6 +126,7 @@ class DistributedOptimizer {
   at::Tensor optimizer_param(size_t model_param);  // param_groups[g]['params'][o]
   std::optional<double> hdo_step_for_state_dict();
   void record_step_uses();
+  void init_empty_state();
 
   Runtime& rt_;
   DistributedDataParallel& ddp_;

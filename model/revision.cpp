@@ -78,6 +78,10 @@ const std::vector<SwitchDef>& switch_defs() {
       bool_switch("dp_reshardable_load_syncs_hdo",
                   "B11: the dp_reshardable loader calls HDO._sync_hdo_state_to_sub_optimizers()",
                   &RevisionSwitches::dp_reshardable_load_syncs_hdo),
+      bool_switch("set_skips_step",
+                  "Fix A at the _set site: _set_main_param_and_optimizer_states neither assigns nor copies "
+                  "'step' (also right for torch AdamW's copy path)",
+                  &RevisionSwitches::set_skips_step),
       bool_switch("set_skips_non_tensors",
                   "_set_main_param_and_optimizer_states skips non-tensor values (HEAD; B13 fix)",
                   &RevisionSwitches::set_skips_non_tensors),
@@ -96,7 +100,7 @@ const std::vector<SwitchDef>& switch_defs() {
                   &RevisionSwitches::state_dict_drops_none_step),
       bool_switch("pure_torch_state_dict_allows_empty_state",
                   "pure-torch state_dict() saves no step on an empty optimizer state instead of "
-                  "asserting",
+                  "asserting, and load_state_dict() then starts every param at step 0",
                   &RevisionSwitches::pure_torch_state_dict_allows_empty_state),
       bool_switch("pure_torch_load_clones_step",
                   "B9 fix: pure-torch load_state_dict gives each param its own step tensor",
@@ -104,6 +108,10 @@ const std::vector<SwitchDef>& switch_defs() {
       bool_switch("group_index_map_installed_order",
                   "B8 fix (#5835): group_order indexes the installed [fp32..., bf16...] list",
                   &RevisionSwitches::group_index_map_installed_order),
+      bool_switch("init_empty_state_before_save",
+                  "sharded_state_dict() initializes missing optimizer state before saving (a save before "
+                  "the first step)",
+                  &RevisionSwitches::init_empty_state_before_save),
       bool_switch("hdo_group_sync_skips_step",
                   "B5 fix: HDO does not push its groups' 'step' into the sub-optimizers",
                   &RevisionSwitches::hdo_group_sync_skips_step),

@@ -46,8 +46,9 @@ struct RevisionSwitches {
   ShardedStepMode sharded_step = ShardedStepMode::kNonpersistent;
   // Fix B (spec §12): leave 'step' out of the entries when is_loading (kept when saving).
   bool omit_step_when_loading = false;
-  // B12 fix: a rank that owns no param element of a bucket saves/loads its padding instead
-  // of asserting 'empty bucket encountered'.
+  // B12 fix: a rank that owns no param element of a bucket saves/loads one padding entry (its
+  // in-range padding, or a zero-length piece) instead of asserting 'empty bucket encountered',
+  // so that no rank's bucket list is ever empty (an empty list would be compacted away).
   bool allow_empty_bucket = false;
 
   // --- distrib_optimizer.py load_parameter_state_from_dp_reshardable --------------------------
@@ -58,6 +59,10 @@ struct RevisionSwitches {
   bool dp_reshardable_load_syncs_hdo = false;
 
   // --- distrib_optimizer.py _get/_set_main_param_and_optimizer_states -------------------------
+  // Fix A at the `_set` site: 'step' is neither assigned (HDO) nor copied (the copy path). Unlike
+  // dropping it in the loader, this also works for torch AdamW, whose live state has a 'step'
+  // that the copy loop would otherwise look up in the incoming tensors (KeyError 'step').
+  bool set_skips_step = false;
   // POST and RX-MILES assign every value (B13: 'padding': False leaks into HDO.state);
   // HEAD/RX-0819 skip non-tensors.
   bool set_skips_non_tensors = false;
@@ -69,13 +74,20 @@ struct RevisionSwitches {
   // RX-MILES 714-715: delete a param group's 'step' when it is None.
   bool state_dict_drops_none_step = false;
   // Pure-torch (no TE/apex) state_dict(): upstream asserts exactly one distinct step, which
-  // fails on a fresh optimizer (empty state) at load time; the fix saves no step then.
+  // fails on a fresh optimizer (empty state) at load time; the fix saves no step then, and
+  // load_state_dict() gives every param a fresh step 0 when no group carries one.
   bool pure_torch_state_dict_allows_empty_state = false;
   // B9 fix: the pure-torch load gives every param its own step tensor instead of one shared.
   bool pure_torch_load_clones_step = false;
   // B8 fix (upstream dev #5835): model_param_group_index_map records the position in the
   // installed group list [fp32..., bf16...] instead of the gbuf iteration order.
   bool group_index_map_installed_order = false;
+  // Fix for saving before the first step: sharded_state_dict() (when saving) first gives every
+  // param without optimizer state its initial state, as Megatron's init_state_fn does for the
+  // other optimizers (exp_avg/exp_avg_sq zeros; AdamW step 0; HDO master_param = inner param).
+  // Without it an HDO save raises KeyError 'master_param' and a FusedAdam save writes no
+  // moments, which the next load then requests (KeyError ... not in state dict).
+  bool init_empty_state_before_save = false;
 
   // --- hybrid_optimizer.py --------------------------------------------------------------------
   // B5 fix: _sync_hdo_param_groups_to_sub_optimizers does not push 'step' into sub-groups.

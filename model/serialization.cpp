@@ -96,7 +96,14 @@ void diff_values(const Value& a, const Value& b, KeyPath& path, std::vector<std:
     return;
   }
   bool equal = false;
-  if (a.is_tensor() && b.is_tensor()) {
+  auto scalar_text = [](const Value& v) {
+    // A symbol comes back from a pickle as its name string.
+    return v.kind() == Value::Kind::kSymbol ? py_str_repr(v.as_symbol().name) : v.repr();
+  };
+  if ((a.kind() == Value::Kind::kSymbol) != (b.kind() == Value::Kind::kSymbol)) {
+    equal = !a.is_container() && !b.is_container() && !a.is_tensor() && !b.is_tensor() &&
+            scalar_text(a) == scalar_text(b);
+  } else if (a.is_tensor() && b.is_tensor()) {
     const at::Tensor& x = a.tensor();
     const at::Tensor& y = b.tensor();
     equal = x.scalar_type() == y.scalar_type() && x.sizes() == y.sizes() &&
@@ -105,12 +112,6 @@ void diff_values(const Value& a, const Value& b, KeyPath& path, std::vector<std:
     equal = py_equal(a, b);
   }
   if (!equal) out.push_back("values differ: " + repr(path));
-}
-
-Value round_trip(const Value& v) {
-  auto r = unpickle_value(pickle_value(v));
-  CKPTSIM_CHECK(r.is_ok(), "pickle round trip failed: " + r.status().to_string());
-  return r.value();
 }
 
 // Strips 'param_state' subtrees below any 'optimizer' key (LoadOptions.strip_common_param_state).
@@ -134,13 +135,13 @@ SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup&
   auto [sharded_part, common] = extract_sharded_base(persistent);
 
   // validate_sharding_integrity(common): rank 0's common state against every rank's.
-  const std::vector<char> rank0_common =
-      group.broadcast_object(rank == 0 ? pickle_value(common) : std::vector<char>{}, 0);
+  const std::vector<char> common_bytes = rank == 0 ? pickle_value(common) : std::vector<char>{};
+  const std::vector<char> rank0_common = group.broadcast_object(common_bytes, 0);
   {
     auto decoded = unpickle_value(rank0_common);
     CKPTSIM_CHECK(decoded.is_ok(), "rank 0 common state does not decode");
     KeyPath path;
-    diff_values(decoded.value(), round_trip(common), path, report.common_state_differences);
+    diff_values(decoded.value(), common, path, report.common_state_differences);
   }
 
   // Sharded objects: main replicas unique per unique_key (checked on rank 0 after gathering).
@@ -174,7 +175,7 @@ SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup&
     blob.insert(blob.end(), bytes, bytes + data.numel() * data.element_size());
     local_pieces.push_back(std::move(p));
   }
-  if (rank == 0) throw_if_error(storage.write_file(kCommonFile, pickle_value(common)));
+  if (rank == 0) throw_if_error(storage.write_file(kCommonFile, common_bytes));
   if (!local_pieces.empty()) throw_if_error(storage.write_file(rank_file(rank), blob));
 
   // Gather every rank's pieces and objects; rank 0 validates and writes the metadata.

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "model/key.h"
+#include "model/layout.h"
 
 namespace ckptsim::properties {
 
@@ -41,6 +42,22 @@ const ShardRecord* shard_at(const ModelState& st, size_t p, int64_t e) {
   return nullptr;
 }
 
+// The step counter a shard will advance from; none (no step yet) counts as 0, as a fresh
+// Adam starts from 0.
+double counter_value(const std::optional<double>& c) { return c.value_or(0.0); }
+
+// Moments as Adam sees them: state that does not exist yet is zeros.
+std::vector<std::vector<float>> effective_moments(const std::vector<std::vector<float>>& m,
+                                                  const std::vector<std::vector<uint8_t>>& present) {
+  std::vector<std::vector<float>> out = m;
+  for (size_t p = 0; p < out.size() && p < present.size(); ++p) {
+    for (size_t e = 0; e < out[p].size() && e < present[p].size(); ++e) {
+      if (present[p][e] == 0) out[p][e] = 0.0F;
+    }
+  }
+  return out;
+}
+
 bool any_primary_error(const PhaseRecord& p) {
   for (const auto& e : p.errors) {
     if (!e.secondary) return true;
@@ -58,7 +75,7 @@ const sim::RankError* first_primary(const std::vector<sim::RankError>& errors) {
 // ---------------------------------------------------------------------------------------------
 
 PropertyResult no_duplicate_leaves(const RunResult& run) {
-  PropertyResult r{"no_duplicate_leaves", Verdict::kPass, ""};
+  PropertyResult r{"no_duplicate_leaves", Verdict::kPass, "", ""};
   int loads = 0;
   for (const auto& p : run.phases) {
     if (!p.ran || p.index == 0) continue;
@@ -71,6 +88,7 @@ PropertyResult no_duplicate_leaves(const RunResult& run) {
       r.detail = fmt::format("{} load, rank {}: merge() met {} at path {}; expected no overlap between the "
                              "checkpoint's common state and the load request; observed {}: {}",
                              phase_label(run, p), e.rank, what, model::repr(e.merge_path), e.py_type, e.message);
+      r.signature = std::string("no_duplicate_leaves:") + what;
       return r;
     }
   }
@@ -79,10 +97,11 @@ PropertyResult no_duplicate_leaves(const RunResult& run) {
 }
 
 PropertyResult resume_completes(const RunResult& run) {
-  PropertyResult r{"resume_completes", Verdict::kPass, ""};
+  PropertyResult r{"resume_completes", Verdict::kPass, "", ""};
   if (const auto* e = first_primary(run.reference_errors)) {
     r.verdict = Verdict::kFail;
     r.detail = "the uninterrupted reference run failed: " + e->summary();
+    r.signature = "resume_completes:reference:" + e->py_type + "@" + e->site;
     return r;
   }
   int saves = 0;
@@ -91,9 +110,10 @@ PropertyResult resume_completes(const RunResult& run) {
     if (!p.ran) continue;
     if (any_primary_error(p)) {
       r.verdict = Verdict::kFail;
+      const auto* e = first_primary(p.errors);
       r.detail = fmt::format("{}: expected every rank to {} without error; observed {}", phase_label(run, p),
-                             p.index == 0 ? "train and save" : "load, train and save",
-                             first_primary(p.errors)->summary());
+                             p.index == 0 ? "train and save" : "load, train and save", e->summary());
+      r.signature = "resume_completes:" + e->stage + ":" + e->py_type + "@" + e->site;
       return r;
     }
     saves += p.spec.save ? 1 : 0;
@@ -104,11 +124,12 @@ PropertyResult resume_completes(const RunResult& run) {
 }
 
 PropertyResult step_matches_uninterrupted(const RunResult& run) {
-  PropertyResult r{"step_matches_uninterrupted", Verdict::kPass, ""};
+  PropertyResult r{"step_matches_uninterrupted", Verdict::kPass, "", ""};
   int resumes = 0;
   int64_t checks = 0;
   std::string not_evaluated;
   std::vector<std::string> failures;
+  std::string signature;
   for (const auto& p : run.phases) {
     if (!p.ran || p.index == 0) continue;
     if (!p.after_load.has_value()) {
@@ -129,16 +150,16 @@ PropertyResult step_matches_uninterrupted(const RunResult& run) {
     }
     for (const auto& s : p.after_load->shards) {
       const ShardRecord* rs = shard_at(*ref, s.param, s.range.start);
-      const double expected = rs != nullptr && rs->counter ? *rs->counter : std::nan("");
-      const double observed = s.counter ? *s.counter : std::nan("");
+      const double expected = rs != nullptr ? counter_value(rs->counter) : 0.0;
+      const double observed = counter_value(s.counter);
       ++checks;
-      const bool same = (std::isnan(expected) && std::isnan(observed)) || expected == observed;
-      if (!same) {
+      if (expected != observed) {
+        if (signature.empty()) signature = "step_matches_uninterrupted:after_load:" + s.part;
         failures.push_back(fmt::format(
             "{}, after the load at global step {}: the step counter of {} is {} (expected {}, as in the uninterrupted "
             "run){}",
-            phase_label(run, p), p.start_step, shard_label(run, s), num(observed), num(expected),
-            std::isnan(observed) ? ": no step was restored, so bias correction restarts at t=1" : ""));
+            phase_label(run, p), p.start_step, shard_label(run, s), s.counter ? num(observed) : "none", num(expected),
+            !s.counter ? ": no step was restored, so bias correction restarts at t=1" : ""));
       }
     }
     for (const auto& st : p.after_step) {
@@ -150,6 +171,7 @@ PropertyResult step_matches_uninterrupted(const RunResult& run) {
         const double expected = rs != nullptr && rs->step_used ? *rs->step_used : std::nan("");
         ++checks;
         if (*s.step_used != expected) {
+          if (signature.empty()) signature = "step_matches_uninterrupted:training:" + s.part;
           failures.push_back(fmt::format("{}, global step {}: {} used bias-correction step t={} (uninterrupted run: t={})",
                                          phase_label(run, p), st.global_step, shard_label(run, s), num(*s.step_used),
                                          num(expected)));
@@ -159,6 +181,7 @@ PropertyResult step_matches_uninterrupted(const RunResult& run) {
   }
   if (!failures.empty()) {
     r.verdict = Verdict::kFail;
+    r.signature = signature;
     r.detail = failures.front();
     if (failures.size() > 1) r.detail += fmt::format(" (+{} more mismatches; first ones: ", failures.size() - 1);
     for (size_t i = 1; i < failures.size() && i < 4; ++i) r.detail += (i > 1 ? "; " : "") + failures[i];
@@ -197,7 +220,7 @@ bool within_tolerance(float observed, float expected, bool bf16) {
 }
 
 PropertyResult trajectory_matches_uninterrupted(const RunResult& run) {
-  PropertyResult r{"trajectory_matches_uninterrupted", Verdict::kPass, ""};
+  PropertyResult r{"trajectory_matches_uninterrupted", Verdict::kPass, "", ""};
   const auto& params = run.scenario.params;
   // Per element: has a reshard ever put it under a different kernel kind than the reference?
   std::vector<std::vector<uint8_t>> moved(params.size());
@@ -223,9 +246,13 @@ PropertyResult trajectory_matches_uninterrupted(const RunResult& run) {
       const std::vector<std::vector<float>>* obs;
       const std::vector<std::vector<float>>* exp;
     };
+    const auto st_m = effective_moments(st.exp_avg, st.moments_present);
+    const auto st_v = effective_moments(st.exp_avg_sq, st.moments_present);
+    const auto ref_m = effective_moments(ref.exp_avg, ref.moments_present);
+    const auto ref_v = effective_moments(ref.exp_avg_sq, ref.moments_present);
     const Field fields[] = {{"master param", &st.master, &ref.master},
-                            {"exp_avg", &st.exp_avg, &ref.exp_avg},
-                            {"exp_avg_sq", &st.exp_avg_sq, &ref.exp_avg_sq},
+                            {"exp_avg", &st_m, &ref_m},
+                            {"exp_avg_sq", &st_v, &ref_v},
                             {"model param", &st.param, &ref.param}};
     for (const Field& f : fields) {
       if (f.obs->empty() || f.exp->empty()) continue;
@@ -251,6 +278,7 @@ PropertyResult trajectory_matches_uninterrupted(const RunResult& run) {
         }
         if (differing == 0) continue;
         const ShardRecord* s = shard_at(st, p, first);
+        r.signature = std::string("trajectory_matches_uninterrupted:") + f.name;
         return fmt::format(
             "{}, {} global step {}: {} of {}[{}] is {} (uninterrupted run: {}); comparison {}; {} of {} elements of {} "
             "differ, max |diff| {:.3g}{}",
@@ -303,8 +331,16 @@ PropertyResult trajectory_matches_uninterrupted(const RunResult& run) {
   return r;
 }
 
+PropertyResult shards_tile_buckets_impl(const RunResult& run);
+
 PropertyResult shards_tile_buckets(const RunResult& run) {
-  PropertyResult r{"shards_tile_buckets", Verdict::kPass, ""};
+  PropertyResult r = shards_tile_buckets_impl(run);
+  if (!r.ok()) r.signature = "shards_tile_buckets";
+  return r;
+}
+
+PropertyResult shards_tile_buckets_impl(const RunResult& run) {
+  PropertyResult r{"shards_tile_buckets", Verdict::kPass, "", ""};
   int checkpoints = 0;
   int keys_checked = 0;
   for (const auto& p : run.phases) {
@@ -376,7 +412,7 @@ PropertyResult shards_tile_buckets(const RunResult& run) {
 }
 
 PropertyResult common_state_rank_independent(const RunResult& run) {
-  PropertyResult r{"common_state_rank_independent", Verdict::kPass, ""};
+  PropertyResult r{"common_state_rank_independent", Verdict::kPass, "", ""};
   int saves = 0;
   for (const auto& p : run.phases) {
     if (!p.ran || p.common_differences.empty()) continue;
@@ -384,6 +420,7 @@ PropertyResult common_state_rank_independent(const RunResult& run) {
     for (size_t rank = 0; rank < p.common_differences.size(); ++rank) {
       if (p.common_differences[rank].empty()) continue;
       r.verdict = Verdict::kFail;
+      r.signature = "common_state_rank_independent";
       r.detail = fmt::format("{} save: rank {}'s common state differs from rank 0's (only rank 0's is persisted): {}{}",
                              phase_label(run, p), rank, p.common_differences[rank].front(),
                              p.common_differences[rank].size() > 1
@@ -393,6 +430,213 @@ PropertyResult common_state_rank_independent(const RunResult& run) {
     }
   }
   r.detail = fmt::format("{} save(s): every rank's common state equals rank 0's", saves);
+  return r;
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// Invariants of spec §15 beyond the foundation's four.
+
+PropertyResult layout_invariants(const RunResult& run) {
+  PropertyResult r{"layout_invariants", Verdict::kPass, "", ""};
+  int layouts = 0;
+  // I4: per (buffer, bucket), numel_unpadded of the first phase that ran.
+  std::map<std::pair<size_t, size_t>, std::pair<int64_t, size_t>> unpadded;
+  for (const auto& p : run.phases) {
+    if (!p.ran) continue;
+    for (size_t g = 0; g < p.layouts.size(); ++g) {
+      ++layouts;
+      const model::BufferLayout& layout = p.layouts[g];
+      Status s = model::check_layout_invariants(layout, p.layout_options);
+      for (size_t b = 0; s.is_ok() && b < layout.buckets.size(); ++b) {
+        const auto shards = model::build_bucket_shards(layout, b, p.layout_options.dp_size);
+        s = model::check_bucket_shards(layout, b, p.layout_options.dp_size, shards);
+      }
+      if (!s.is_ok()) {
+        r.verdict = Verdict::kFail;
+        r.signature = "layout_invariants";
+        r.detail = fmt::format("{} buffer {} ({}): {}", phase_label(run, p), g,
+                               g < p.buffers.size() ? p.buffers[g].dtype_key : "?", s.message());
+        return r;
+      }
+      for (size_t b = 0; b < layout.buckets.size(); ++b) {
+        auto [it, inserted] = unpadded.try_emplace({g, b}, layout.buckets[b].numel_unpadded, p.index);
+        if (!inserted && it->second.first != layout.buckets[b].numel_unpadded) {
+          r.verdict = Verdict::kFail;
+          r.signature = "layout_invariants:I4";
+          r.detail = fmt::format("{} buffer {} bucket {}: numel_unpadded {} differs from {} in phase {} (I4: the "
+                                 "checkpoint tensor's global shape must not depend on the DP size)",
+                                 phase_label(run, p), g, b, layout.buckets[b].numel_unpadded, it->second.first,
+                                 it->second.second);
+          return r;
+        }
+      }
+    }
+  }
+  r.detail = fmt::format("{} buffer layout(s) keep I1, I2 and I4", layouts);
+  return r;
+}
+
+// Per element, the step counter of the shard that holds it (none counts as 0).
+std::vector<double> element_counters(const ModelState& st, size_t p, int64_t numel) {
+  std::vector<double> out(static_cast<size_t>(numel), 0.0);
+  for (const auto& s : st.shards) {
+    if (s.param != p) continue;
+    for (int64_t e = s.range.start; e < s.range.end && e < numel; ++e) out[static_cast<size_t>(e)] = counter_value(s.counter);
+  }
+  return out;
+}
+
+PropertyResult round_trip_identity(const RunResult& run) {
+  PropertyResult r{"round_trip_identity", Verdict::kPass, "", ""};
+  int loads = 0;
+  std::string not_evaluated;
+  for (const auto& p : run.phases) {
+    if (!p.ran || p.index == 0) continue;
+    const auto& prev = run.phases[p.index - 1];
+    const ModelState* saved = prev.at_save.has_value() ? &*prev.at_save : nullptr;
+    if (!p.after_load.has_value() || saved == nullptr) {
+      if (not_evaluated.empty()) not_evaluated = phase_label(run, p) + ": the load did not complete";
+      continue;
+    }
+    ++loads;
+    const ModelState& loaded = *p.after_load;
+    auto fail = [&](const std::string& sig, const std::string& detail) {
+      r.verdict = Verdict::kFail;
+      r.signature = "round_trip_identity:" + sig;
+      r.detail = fmt::format("{}: the load did not give back what phase {} saved at global step {}: {}",
+                             phase_label(run, p), p.index - 1, saved->global_step, detail);
+    };
+    struct Field {
+      const char* name;
+      const std::vector<std::vector<float>>* a;
+      const std::vector<std::vector<float>>* b;
+    };
+    const auto loaded_m = effective_moments(loaded.exp_avg, loaded.moments_present);
+    const auto loaded_v = effective_moments(loaded.exp_avg_sq, loaded.moments_present);
+    const auto saved_m = effective_moments(saved->exp_avg, saved->moments_present);
+    const auto saved_v = effective_moments(saved->exp_avg_sq, saved->moments_present);
+    const Field fields[] = {{"master param", &loaded.master, &saved->master},
+                            {"exp_avg", &loaded_m, &saved_m},
+                            {"exp_avg_sq", &loaded_v, &saved_v},
+                            {"model param", &loaded.param, &saved->param}};
+    for (const Field& f : fields) {
+      for (size_t q = 0; q < run.scenario.params.size() && q < f.a->size() && q < f.b->size(); ++q) {
+        for (size_t e = 0; e < (*f.a)[q].size(); ++e) {
+          if (!bitwise_equal((*f.a)[q][e], (*f.b)[q][e])) {
+            fail(f.name, fmt::format("{} of {}[{}] is {} after the load, {} when saved", f.name,
+                                     param_name(run, q), e, num((*f.a)[q][e]), num((*f.b)[q][e])));
+            return r;
+          }
+        }
+      }
+    }
+    for (size_t q = 0; q < run.scenario.params.size(); ++q) {
+      const int64_t n = run.scenario.params[q].numel;
+      const auto a = element_counters(loaded, q, n);
+      const auto b = element_counters(*saved, q, n);
+      for (size_t e = 0; e < a.size(); ++e) {
+        if (a[e] != b[e]) {
+          const ShardRecord* s = shard_at(loaded, q, static_cast<int64_t>(e));
+          fail("step", fmt::format("the step counter of {} is {} after the load, {} when saved",
+                                   s != nullptr ? shard_label(run, *s) : param_name(run, q), num(a[e]), num(b[e])));
+          return r;
+        }
+      }
+    }
+    if (loaded.param_groups != saved->param_groups) {
+      fail("param_groups", fmt::format("param groups after the load {} ; when saved {}", loaded.param_groups,
+                                       saved->param_groups));
+      return r;
+    }
+  }
+  if (!not_evaluated.empty() && loads == 0) {
+    r.verdict = Verdict::kNotEvaluated;
+    r.detail = "not evaluated: " + not_evaluated;
+    return r;
+  }
+  r.detail = fmt::format("{} load(s) gave back the saved master params, moments, model params, step counters and "
+                         "param groups exactly",
+                         loads);
+  return r;
+}
+
+// (gbuf, bucket) of an optimizer key "optimizer.distributed.dp_group_idx_G.gbuf_idx_g.dtype_(...).bucket_idx_b.k".
+std::optional<std::pair<size_t, size_t>> key_bucket(const std::string& key) {
+  const auto g = key.find(".gbuf_idx_");
+  const auto b = key.rfind(".bucket_idx_");
+  if (g == std::string::npos || b == std::string::npos) return std::nullopt;
+  return std::make_pair(std::stoul(key.substr(g + 10)), std::stoul(key.substr(b + 12)));
+}
+
+PropertyResult reshard_round_trip_bytes(const RunResult& run) {
+  PropertyResult r{"reshard_round_trip_bytes", Verdict::kPass, "", ""};
+  int compared = 0;
+  for (const auto& p : run.phases) {
+    if (!p.ran || p.index == 0 || p.spec.steps != 0 || p.checkpoint_values.empty()) continue;
+    const auto& before = run.phases[p.index - 1].checkpoint_values;
+    if (before.empty()) continue;
+    ++compared;
+    for (const auto& [key, old_values] : before) {
+      auto it = p.checkpoint_values.find(key);
+      if (it == p.checkpoint_values.end()) {
+        r.verdict = Verdict::kFail;
+        r.signature = "reshard_round_trip_bytes:missing_key";
+        r.detail = fmt::format("{} saved again without a step, but key {} of phase {}'s checkpoint is missing",
+                               phase_label(run, p), key, p.index - 1);
+        return r;
+      }
+      const auto gb = key_bucket(key);
+      if (!gb || gb->first >= p.layouts.size() || gb->second >= p.layouts[gb->first].buckets.size()) continue;
+      const model::BufferLayout& layout = p.layouts[gb->first];
+      const model::BucketLayout& bucket = layout.buckets[gb->second];
+      for (size_t local : bucket.params) {
+        const model::ParamIndex& pi = layout.param_index_map[local];
+        for (int64_t e = pi.start - bucket.offset; e < pi.end - bucket.offset; ++e) {
+          const auto i = static_cast<size_t>(e);
+          if (i >= old_values.size() || i >= it->second.size()) continue;
+          if (!bitwise_equal(old_values[i], it->second[i])) {
+            r.verdict = Verdict::kFail;
+            r.signature = "reshard_round_trip_bytes";
+            r.detail = fmt::format("{} saved again without a step (dp {} -> {}): {}[{}] (a param element) is {}, "
+                                   "was {} in phase {}'s checkpoint",
+                                   phase_label(run, p), run.phases[p.index - 1].spec.dp, p.spec.dp, key, e,
+                                   num(it->second[i]), num(old_values[i]), p.index - 1);
+            return r;
+          }
+        }
+      }
+    }
+  }
+  r.detail = fmt::format("{} save-after-load pair(s) with no step between wrote identical param-region bytes",
+                         compared);
+  return r;
+}
+
+PropertyResult step_tensors_not_aliased(const RunResult& run) {
+  PropertyResult r{"step_tensors_not_aliased", Verdict::kPass, "", ""};
+  int64_t checked = 0;
+  auto scan = [&](const PhaseRecord& p, const ModelState& st, const std::string& when) {
+    for (const auto& s : st.shards) {
+      ++checked;
+      if (s.step_aliases == 0) continue;
+      r.verdict = Verdict::kFail;
+      r.signature = "step_tensors_not_aliased:" + s.part;
+      r.detail = fmt::format("{} {}: the step tensor of {} is the same object as {} other param(s)' (each step() "
+                             "then advances it {} times)",
+                             phase_label(run, p), when, shard_label(run, s), s.step_aliases, s.step_aliases + 1);
+      return true;
+    }
+    return false;
+  };
+  for (const auto& p : run.phases) {
+    if (!p.ran) continue;
+    if (p.after_load && scan(p, *p.after_load, fmt::format("after the load at global step {}", p.start_step))) return r;
+    for (const auto& st : p.after_step) {
+      if (scan(p, st, fmt::format("after global step {}", st.global_step))) return r;
+    }
+  }
+  r.detail = fmt::format("{} shard states: every param has its own step tensor", checked);
   return r;
 }
 
@@ -422,6 +666,11 @@ const std::vector<Property>& all_properties() {
        shards_tile_buckets},
       {"common_state_rank_independent", "every rank's common state equals rank 0's, the only one persisted",
        common_state_rank_independent},
+      {"layout_invariants", "buffer layouts and DP shards keep I1, I2 and I4", layout_invariants},
+      {"round_trip_identity", "a load gives back exactly what the previous phase saved (I13)", round_trip_identity},
+      {"reshard_round_trip_bytes", "resume then save with no step writes the same param-region bytes (I5)",
+       reshard_round_trip_bytes},
+      {"step_tensors_not_aliased", "no two params share one step tensor object (I14)", step_tensors_not_aliased},
   };
   return props;
 }

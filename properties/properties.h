@@ -22,6 +22,17 @@
 //                                     numel_unpadded) of every bucket and key exactly once (I3, I4)
 //   common_state_rank_independent     every rank's common state equals rank 0's, the only one
 //                                     persisted (I8)
+//   layout_invariants                 every buffer layout and DP shard keeps I1 (bucket sizes,
+//                                     padding, 64-alignment), I2 (disjoint sorted shards that
+//                                     partition every param) and I4 (numel_unpadded of a bucket
+//                                     does not change with the DP size)
+//   round_trip_identity               a load gives back exactly what the previous phase saved:
+//                                     master params, moments, model params, step counters and
+//                                     param groups (incl. 'step') — no reference run needed (I13)
+//   reshard_round_trip_bytes          a phase that resumes and saves again without a step writes
+//                                     the same bytes in every param region (not alignment gaps)
+//                                     as the checkpoint it loaded, at any DP size (I5)
+//   step_tensors_not_aliased          no two params share one step tensor object (I14; B9)
 //
 // A verdict is pass, fail, or not_evaluated (the run never reached what the property
 // judges, e.g. a resume whose load crashed); only pass counts as ok.
@@ -50,6 +61,10 @@ struct PropertyResult {
   std::string name;
   Verdict verdict = Verdict::kPass;
   std::string detail;
+  // A failure's coarse cause (e.g. "resume_completes:AssertionError@distrib_optimizer.py
+  // sharded_param_state_dp_reshardable()"): the search keeps one minimal case per signature
+  // and shrinks only toward cases with the same one. Empty unless the verdict is fail.
+  std::string signature;
   bool ok() const { return verdict == Verdict::kPass; }
 };
 

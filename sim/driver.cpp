@@ -8,6 +8,7 @@
 
 #include "model/faults.h"
 #include "model/mapping.h"
+#include "model/pickle_codec.h"
 #include "sim/gradients.h"
 #include "sim/process_group.h"
 
@@ -38,6 +39,7 @@ struct StepOut {
   std::vector<model::StepUse> uses;
   std::vector<model::ShardSnapshot> snapshot;
   std::vector<std::vector<float>> params;  // rank 0 only
+  std::string groups;                      // rank 0 only
 };
 
 struct RankOut {
@@ -48,12 +50,52 @@ struct RankOut {
   int64_t start_step = 0;
   std::vector<StepOut> steps;
   std::optional<model::SaveReport> save;
+  std::vector<model::ShardSnapshot> at_save_snapshot;
+  std::vector<std::vector<float>> at_save_params;
+  std::string at_save_groups;
   model::LoadReport load;
   std::vector<std::pair<std::string, int64_t>> firings;
   std::vector<BufferInfo> buffers;
   std::vector<std::vector<float>> initial_params;  // rank 0, before any step
   std::vector<model::ShardSnapshot> initial_snapshot;
+  std::string initial_groups;
+  std::string after_load_groups;
+  std::vector<model::BufferLayout> layouts;
 };
+
+// Python repr of a value as a checkpoint would give it back: pickling writes a symbol (a class
+// object) as its name string, so symbols print as strings here.
+std::string checkpoint_repr(const Value& v) {
+  switch (v.kind()) {
+    case Value::Kind::kSymbol: return model::py_str_repr(v.as_symbol().name);
+    case Value::Kind::kDict: {
+      std::string out = "{";
+      for (const auto& [k, item] : *v.dict()) {
+        if (out.size() > 1) out += ", ";
+        out += k.repr() + ": " + checkpoint_repr(item);
+      }
+      return out + "}";
+    }
+    case Value::Kind::kList: {
+      std::string out = "[";
+      for (const auto& item : *v.list()) {
+        if (out.size() > 1) out += ", ";
+        out += checkpoint_repr(item);
+      }
+      return out + "]";
+    }
+    default: return v.repr();
+  }
+}
+
+// Rank 0's state_dict() param groups as a checkpoint would hold them.
+std::string groups_text(model::DistributedOptimizer& opt) {
+  try {
+    return checkpoint_repr(opt.state_dict().dict()->at("optimizer").dict()->at("param_groups"));
+  } catch (const model::UpstreamError& e) {
+    return std::string("<state_dict() raised ") + e.what() + ">";
+  }
+}
 
 struct PhaseJob {
   const Scenario* scenario = nullptr;
@@ -118,6 +160,7 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, RankOut& out) {
       p.copy_(src);
     }
     for (const auto& buffer : ddp.buffers()) {
+      out.layouts.push_back(buffer.layout);
       BufferInfo info;
       info.dtype_key = buffer.dtype_key().repr();
       for (const auto& b : buffer.layout.buckets) info.numel_unpadded.push_back(b.numel_unpadded);
@@ -133,6 +176,7 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, RankOut& out) {
     };
     out.initial_snapshot = opt.snapshot();
     out.initial_params = model_params();
+    if (rank == 0 && job.phase_id == 0) out.initial_groups = groups_text(opt);
 
     int64_t iteration = 0;
     if (job.load_from != nullptr) {
@@ -149,6 +193,7 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, RankOut& out) {
       iteration = loaded.dict()->at("iteration").as_int();
       out.after_load = opt.snapshot();
       out.after_load_params = model_params();
+      if (rank == 0) out.after_load_groups = groups_text(opt);
       out.trace.push_back(fmt::format("load phase={} rank={} iteration={} state={:016x}", job.phase_id, rank, iteration,
                                       snapshot_hash(*out.after_load, out.after_load_params)));
     }
@@ -171,7 +216,9 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, RankOut& out) {
       opt.step();
       ddp.start_param_sync();
       iteration = global_step;
-      StepOut step_out{opt.last_step_uses(), opt.snapshot(), model_params()};
+      // Param groups only where a checker reads them: the state a phase ends (and saves) in.
+      const bool last = k + 1 == job.steps && job.phase_id != kReferencePhaseId;
+      StepOut step_out{opt.last_step_uses(), opt.snapshot(), model_params(), rank == 0 && last ? groups_text(opt) : ""};
       out.trace.push_back(fmt::format("step phase={} global={} rank={} state={:016x}", job.phase_id, global_step, rank,
                                       snapshot_hash(step_out.snapshot, step_out.params)));
       out.steps.push_back(std::move(step_out));
@@ -181,6 +228,9 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, RankOut& out) {
       stage = "save";
       const Value sd = generate_state_dict(ddp, opt, iteration, /*is_loading=*/false, rt, rank);
       out.save = model::save(sd, *job.save_to, pg);
+      out.at_save_snapshot = opt.snapshot();
+      out.at_save_params = model_params();
+      if (rank == 0) out.at_save_groups = groups_text(opt);
       out.trace.push_back(fmt::format("save phase={} rank={} iteration={} pieces={}", job.phase_id, rank, iteration,
                                       out.save->pieces.size()));
     }
@@ -229,14 +279,16 @@ std::vector<RankOut> run_world(const PhaseJob& job) {
 
 ModelState gather_state(const Scenario& s, int64_t global_step, const std::vector<const std::vector<model::ShardSnapshot>*>& snaps,
                         const std::vector<const std::vector<model::StepUse>*>& uses,
-                        const std::vector<std::vector<float>>& params) {
+                        const std::vector<std::vector<float>>& params, std::string groups) {
   ModelState st;
   st.global_step = global_step;
+  st.param_groups = std::move(groups);
   for (const auto& p : s.params) {
     const auto n = static_cast<size_t>(p.numel);
     st.master.emplace_back(n, kNaN);
     st.exp_avg.emplace_back(n, kNaN);
     st.exp_avg_sq.emplace_back(n, kNaN);
+    st.moments_present.emplace_back(n, 0);
   }
   st.param = params;
   for (size_t r = 0; r < snaps.size(); ++r) {
@@ -252,10 +304,15 @@ ModelState gather_state(const Scenario& s, int64_t global_step, const std::vecto
       put(st.master[shard.model_param], shard.master);
       put(st.exp_avg[shard.model_param], shard.exp_avg);
       put(st.exp_avg_sq[shard.model_param], shard.exp_avg_sq);
+      if (shard.exp_avg.size() == static_cast<size_t>(shard.param_range.size())) {
+        std::fill_n(st.moments_present[shard.model_param].begin() + static_cast<std::ptrdiff_t>(begin),
+                    shard.param_range.size(), uint8_t{1});
+      }
       ShardRecord rec;
       rec.param = shard.model_param;
       rec.range = shard.param_range;
       rec.rank = static_cast<int>(r);
+      rec.step_aliases = shard.step_aliases;
       rec.part = shard.part;
       rec.kernel = shard.kernel;
       rec.counter = shard.step;
@@ -268,6 +325,35 @@ ModelState gather_state(const Scenario& s, int64_t global_step, const std::vecto
     }
   }
   return st;
+}
+
+// Every optimizer key of a checkpoint as one global tensor (floats), read back from storage.
+std::map<std::string, std::vector<float>> assemble_checkpoint(const model::Storage& storage,
+                                                              const std::vector<model::SavedPiece>& pieces) {
+  std::map<std::string, std::vector<float>> out;
+  std::map<std::string, std::vector<char>> files;
+  for (const auto& p : pieces) {
+    if (p.key.rfind("optimizer.distributed.", 0) != 0) continue;
+    auto& values = out[p.key];
+    if (values.empty()) values.assign(static_cast<size_t>(p.global_numel), kNaN);
+    auto it = files.find(p.file);
+    if (it == files.end()) {
+      auto bytes = storage.read_file(p.file);
+      CKPTSIM_CHECK(bytes.is_ok(), "a saved piece's file cannot be read back: " + bytes.status().to_string());
+      it = files.emplace(p.file, std::move(bytes.value())).first;
+    }
+    at::ScalarType dtype = at::kFloat;
+    for (at::ScalarType t : {at::kFloat, at::kBFloat16, at::kHalf, at::kDouble}) {
+      if (model::torch_dtype_name(t) == p.dtype) dtype = t;
+    }
+    at::Tensor src = at::empty({p.numel}, at::TensorOptions().dtype(dtype));
+    const size_t bytes = static_cast<size_t>(p.numel) * src.element_size();
+    CKPTSIM_CHECK(static_cast<size_t>(p.byte_offset) + bytes <= it->second.size(), "piece beyond its file");
+    std::memcpy(src.data_ptr(), it->second.data() + p.byte_offset, bytes);
+    const at::Tensor f = src.to(at::kFloat);
+    std::copy(f.data_ptr<float>(), f.data_ptr<float>() + p.numel, values.begin() + p.global_offset);
+  }
+  return out;
 }
 
 void collect_errors(const std::vector<RankOut>& outs, std::vector<RankError>& errors) {
@@ -305,6 +391,13 @@ std::string RankError::summary() const {
   std::string out = fmt::format("rank {} {}: {}: {}", rank, stage, py_type, message);
   if (!site.empty()) out += " [" + site + "]";
   return out;
+}
+
+const ModelState* PhaseRecord::final_state() const {
+  if (!after_step.empty()) return &after_step.back();
+  if (after_load.has_value()) return &*after_load;
+  if (index > 0) return nullptr;  // the load failed: the phase never had a state to save
+  return initial.has_value() ? &*initial : nullptr;
 }
 
 const ModelState* RunResult::reference_at(int64_t global_step) const {
@@ -366,7 +459,7 @@ Result<RunResult> run_scenario(const Scenario& scenario, model::RevisionRegistry
     collect_errors(outs, result.reference_errors);
     std::vector<const std::vector<model::ShardSnapshot>*> snaps;
     for (const auto& o : outs) snaps.push_back(&o.initial_snapshot);
-    result.reference_initial = gather_state(scenario, 0, snaps, {}, outs.front().initial_params);
+    result.reference_initial = gather_state(scenario, 0, snaps, {}, outs.front().initial_params, outs.front().initial_groups);
     const size_t steps_done = result.reference_errors.empty() ? static_cast<size_t>(job.steps) : 0;
     for (size_t k = 0; k < steps_done; ++k) {
       std::vector<const std::vector<model::ShardSnapshot>*> step_snaps;
@@ -375,8 +468,8 @@ Result<RunResult> run_scenario(const Scenario& scenario, model::RevisionRegistry
         step_snaps.push_back(&o.steps.at(k).snapshot);
         step_uses.push_back(&o.steps.at(k).uses);
       }
-      result.reference.push_back(
-          gather_state(scenario, static_cast<int64_t>(k) + 1, step_snaps, step_uses, outs.front().steps.at(k).params));
+      result.reference.push_back(gather_state(scenario, static_cast<int64_t>(k) + 1, step_snaps, step_uses,
+                                              outs.front().steps.at(k).params, outs.front().steps.at(k).groups));
     }
     for (const auto& e : result.reference_errors) result.trace.push_back("reference error " + e.summary());
     result.trace.push_back(fmt::format("reference dp={} steps={} final={:016x}", job.dp, job.steps,
@@ -418,6 +511,15 @@ Result<RunResult> run_scenario(const Scenario& scenario, model::RevisionRegistry
     rec.completed = rec.errors.empty();
     rec.start_step = outs.front().start_step;
     rec.buffers = outs.front().buffers;
+    rec.layouts = outs.front().layouts;
+    rec.layout_options.dp_size = spec.dp;
+    rec.layout_options.bucket_size = scenario.bucket_size;
+    rec.layout_options.pad_buckets_for_high_nccl_busbw = scenario.pad_buckets_for_high_nccl_busbw;
+    if (i == 0 && !outs.front().layouts.empty()) {
+      std::vector<const std::vector<model::ShardSnapshot>*> init;
+      for (const auto& o : outs) init.push_back(&o.initial_snapshot);
+      rec.initial = gather_state(scenario, 0, init, {}, outs.front().initial_params, outs.front().initial_groups);
+    }
     for (const auto& o : outs) {
       for (const auto& f : o.firings) {
         auto it = std::find_if(rec.fault_firings.begin(), rec.fault_firings.end(),
@@ -436,7 +538,8 @@ Result<RunResult> run_scenario(const Scenario& scenario, model::RevisionRegistry
     if (i > 0 && std::all_of(outs.begin(), outs.end(), [](const RankOut& o) { return o.after_load.has_value(); })) {
       std::vector<const std::vector<model::ShardSnapshot>*> snaps;
       for (const auto& o : outs) snaps.push_back(&*o.after_load);
-      rec.after_load = gather_state(scenario, rec.start_step, snaps, {}, outs.front().after_load_params);
+      rec.after_load =
+          gather_state(scenario, rec.start_step, snaps, {}, outs.front().after_load_params, outs.front().after_load_groups);
     }
     size_t steps_everywhere = std::numeric_limits<size_t>::max();
     for (const auto& o : outs) steps_everywhere = std::min(steps_everywhere, o.steps.size());
@@ -448,11 +551,16 @@ Result<RunResult> run_scenario(const Scenario& scenario, model::RevisionRegistry
         uses.push_back(&o.steps[k].uses);
       }
       rec.after_step.push_back(gather_state(scenario, rec.start_step + static_cast<int64_t>(k) + 1, snaps, uses,
-                                            outs.front().steps[k].params));
+                                            outs.front().steps[k].params, outs.front().steps[k].groups));
     }
     if (std::all_of(outs.begin(), outs.end(), [](const RankOut& o) { return o.save.has_value(); })) {
       rec.saved_pieces = outs.front().save->pieces;
       for (const auto& o : outs) rec.common_differences.push_back(o.save->common_state_differences);
+      rec.checkpoint_values = assemble_checkpoint(*stores.back(), rec.saved_pieces);
+      std::vector<const std::vector<model::ShardSnapshot>*> snaps;
+      for (const auto& o : outs) snaps.push_back(&o.at_save_snapshot);
+      rec.at_save = gather_state(scenario, rec.start_step + static_cast<int64_t>(rec.after_step.size()), snaps, {},
+                                 outs.front().at_save_params, outs.front().at_save_groups);
     }
     for (const auto& e : rec.errors) {
       if (!e.secondary) result.trace.push_back("error " + e.summary());

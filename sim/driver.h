@@ -18,11 +18,14 @@
 #pragma once
 
 #include <cmath>
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "model/distrib_optimizer.h"
+#include "model/layout.h"
 #include "model/errors.h"
 #include "model/serialization.h"
 #include "model/storage.h"
@@ -53,6 +56,7 @@ struct ShardRecord {
   model::KernelKind kernel = model::KernelKind::kFusedAdam;
   std::optional<double> counter;    // step counter the next update advances from
   std::optional<double> step_used;  // t the kernel used in the step just taken
+  int step_aliases = 0;             // other shards on the rank sharing this step tensor object
 };
 
 // The whole model's optimizer state, gathered over ranks, after a global step (or a load).
@@ -63,7 +67,13 @@ struct ModelState {
   std::vector<std::vector<float>> exp_avg;
   std::vector<std::vector<float>> exp_avg_sq;
   std::vector<std::vector<float>> param;  // the model (bf16/fp32) param after the all-gather
+  // Per element: does optimizer state (exp_avg/exp_avg_sq) exist yet? Adam creates it lazily,
+  // as zeros, so an element without state is equivalent to one whose moments are zero.
+  std::vector<std::vector<uint8_t>> moments_present;
   std::vector<ShardRecord> shards;
+  // Rank 0's DistributedOptimizer.state_dict() param groups after a pickle round trip (what a
+  // checkpoint would hold), as text; or what state_dict() raised.
+  std::string param_groups;
   uint64_t hash() const;
 };
 
@@ -85,7 +95,20 @@ struct PhaseRecord {
   std::vector<std::vector<std::string>> common_differences;  // per rank, vs rank 0
   std::vector<std::string> load_uncovered;
   std::vector<BufferInfo> buffers;
+  model::LayoutOptions layout_options;
+  std::vector<model::BufferLayout> layouts;  // rank 0's DDP buffers, in gbuf order
+  std::optional<ModelState> initial;         // before any load or step (a fresh job)
+  // Right after the save (a save may initialize state, e.g. init_empty_state_before_save):
+  // what the checkpoint holds, as the optimizer sees it.
+  std::optional<ModelState> at_save;
+  // The saved checkpoint, assembled: optimizer key -> global tensor as floats (NaN where no
+  // piece was saved). Empty when the save did not complete.
+  std::map<std::string, std::vector<float>> checkpoint_values;
   std::vector<std::pair<std::string, int64_t>> fault_firings;
+
+  // The state this phase ended in (and saved): after its last step, else after its load, else
+  // its initial state.
+  const ModelState* final_state() const;
 };
 
 struct RunResult {

@@ -1,0 +1,50 @@
+// RapidCheck generators over the scenario space: what breaks real checkpoint code, not the
+// easy middle. Each generator mixes realistic values with edge cases (weightedOneOf) and
+// shrinks toward fewer params, smaller sizes, fewer phases, smaller DP and fewer steps.
+//
+// What a generated scenario covers (issue: property-based search):
+//   params     1..max_params; numel tiny (1..64), at multiples of 64 and 128 (and ±1), medium,
+//              large; bf16 and fp32 (both in one param group too); wd_mult 1 or 0 (several
+//              groups; a group can be empty on a rank)
+//   layout     one bucket or many (bucket_size from 64 up to the total), with and without the
+//              65536 padding option
+//   optimizer  FusedAdam, torch AdamW, hybrid with offload 0, 1 and between (and the
+//              one-AdamW-per-param variant)
+//   phases     1..max_phases; DP sizes that do not divide each other (3 -> 5, 16 -> 24), DP 1,
+//              DP large enough that a rank owns only padding; steps 0, 1 or many (0 after a
+//              resume = a back-to-back save); revisions drawn per phase from the config (old
+//              checkpoint, new code when several are given)
+//
+// Invariants:
+//   1. Every generated scenario passes sim::parse_scenario's validation (a test checks that
+//      scenario_to_json round-trips through it), so a found case replays with `ckptsim run`.
+//   2. Generation is a pure function of (rc::Random, size): the same seed gives the same case.
+#pragma once
+
+#include <rapidcheck.h>
+
+#include <string>
+#include <vector>
+
+#include "sim/scenario.h"
+
+namespace ckptsim::properties {
+
+struct GeneratorConfig {
+  // Phase revisions are drawn from these (one entry: every phase uses it).
+  std::vector<std::string> revisions = {"upstream-2874"};
+  // With two or more revisions: at least one phase differs from the previous phase's revision
+  // (a checkpoint saved by one revision, resumed by another).
+  bool require_revision_change = false;
+  std::vector<model::OptimizerKind> kinds = {model::OptimizerKind::kFusedAdam, model::OptimizerKind::kTorchAdamW,
+                                             model::OptimizerKind::kHybrid};
+  std::vector<std::string> faults;  // copied into every scenario (mutation controls)
+  int params_max = 6;
+  int phases_max = 4;
+  int64_t dp_max = 32;
+  int64_t steps_max = 6;
+};
+
+rc::Gen<sim::Scenario> gen_scenario(const GeneratorConfig& config);
+
+}  // namespace ckptsim::properties
