@@ -374,13 +374,20 @@ properties::Judge gate_judge(model::RevisionRegistry& registry, const std::strin
     for (auto& p : base.phases) p.revision = baseline;
     auto run = sim::run_scenario(base, registry);
     CKPTSIM_CHECK(run.is_ok(), run.status().to_string());
-    // Pre-existing only when the baseline fails the same way (same property and cause).
+    // Candidate code failing: pre-existing only when the all-baseline run fails the same way
+    // (same property and cause). Baseline code failing on a checkpoint the candidate wrote:
+    // pre-existing when the all-baseline run fails that property at all (the baseline's own
+    // bug), else new — the baseline can no longer resume from the candidate's checkpoint.
     const auto* prop = properties::find_property(finding->property);
     const properties::PropertyResult base_result = prop->check(run.value());
-    const bool baseline_fails = base_result.verdict == properties::Verdict::kFail &&
-                                (base_result.signature.empty() ? base_result.name : base_result.signature) ==
-                                    finding->signature;
-    finding->signature = (baseline_fails ? "pre-existing:" : "new:") + finding->signature;
+    const bool base_fails = base_result.verdict == properties::Verdict::kFail;
+    const bool same_cause = (base_result.signature.empty() ? base_result.name : base_result.signature) == finding->signature;
+    const bool in_baseline_code = finding->phase_revision == baseline;
+    const bool pre_existing = base_fails && (same_cause || in_baseline_code);
+    std::string cls = pre_existing ? "pre-existing:" : (in_baseline_code ? "new-compat:" : "new:");
+    // Baseline code failing where the all-baseline run never got that far: cannot be attributed.
+    if (in_baseline_code && base_result.verdict == properties::Verdict::kNotEvaluated) cls = "unresolved:";
+    finding->signature = cls + finding->signature;
     return finding;
   };
 }
@@ -423,16 +430,21 @@ int cmd_gate(const SearchFlags& f, const std::string& baseline, const std::strin
     };
     part.result = properties::search(part.options, judge);
     for (const auto& failure : part.result.failures) {
-      const bool is_new = failure.finding.signature.rfind("new:", 0) == 0;
+      const bool is_new = failure.finding.signature.rfind("new", 0) == 0;
       auto path = write_found(f.out_dir, failure, f.seed,
                               fmt::format("ckptsim gate --baseline {} --candidate {} --seed {} ({})", baseline, candidate,
                                           f.seed, part.name),
                               part.name);
       if (!path.is_ok()) return invalid(path.status().message());
-      reported.push_back({failure, path.value(), is_new ? "new" : "pre-existing"});
+      const bool compat = failure.finding.signature.rfind("new-compat:", 0) == 0;
+      const bool unresolved = failure.finding.signature.rfind("unresolved:", 0) == 0;
+      reported.push_back({failure, path.value(),
+                          unresolved ? "unresolved"
+                                     : is_new ? (compat ? "new (the baseline cannot resume from it)" : "new") : "pre-existing"});
     }
   }
-  const bool introduced = std::any_of(reported.begin(), reported.end(), [](const Reported& r) { return r.classification == "new"; });
+  const bool introduced = std::any_of(reported.begin(), reported.end(),
+                                      [](const Reported& r) { return r.classification.rfind("new", 0) == 0; });
   const std::string repeat = fmt::format("ckptsim gate --baseline {} --candidate {} --out {} --seed {} --cases {}", baseline,
                                          candidate, f.out_dir, f.seed, f.cases);
 
@@ -452,14 +464,17 @@ int cmd_gate(const SearchFlags& f, const std::string& baseline, const std::strin
     for (auto& c : detail) {
       if (c == '|') c = '/';
     }
-    md += fmt::format("| {} | {} | `{}` | {} | {} | {} |\n", r.classification == "new" ? "**new**" : "pre-existing",
+    md += fmt::format("| {} | {} | `{}` | {} | {} | {} |\n",
+                      r.classification.rfind("new", 0) == 0 ? "**" + r.classification + "**" : r.classification,
                       r.failure.finding.property, r.file, r.failure.minimal.params.size(),
                       r.failure.minimal.phases.size(), detail);
   }
   if (reported.empty()) md += "| — | — | — | — | — | no failure found |\n";
-  md += "\n\"new\": the candidate (or a load across the two revisions) fails a property that the same scenario run "
-        "entirely on the baseline keeps. \"pre-existing\": the baseline fails it too. Replay any finding with "
-        "`ckptsim run <file>`.\n";
+  md += "\n\"new\": the candidate fails a property that the same scenario run entirely on the baseline keeps (or "
+        "fails differently). \"new (the baseline cannot resume from it)\": a phase running the baseline fails on a "
+        "checkpoint the candidate wrote, while the all-baseline run keeps the property. \"pre-existing\": the "
+        "baseline fails it too. \"unresolved\": a phase running the baseline fails, but the all-baseline run stops "
+        "before it can be judged (not counted as new). Replay any finding with `ckptsim run <file>`.\n";
   std::error_code ec;
   std::filesystem::create_directories(f.out_dir, ec);
   {
@@ -469,8 +484,9 @@ int cmd_gate(const SearchFlags& f, const std::string& baseline, const std::strin
   }
   std::vector<properties::JunitCase> cases;
   for (const auto& r : reported) {
-    cases.push_back({"ckptsim.gate." + r.classification, r.failure.finding.property + " (" + r.file + ")",
-                     r.classification == "new", r.failure.finding.detail,
+    cases.push_back({"ckptsim.gate." + r.classification.substr(0, r.classification.find(' ')),
+                     r.failure.finding.property + " (" + r.file + ")", r.classification.rfind("new", 0) == 0,
+                     r.failure.finding.detail,
                      fmt::format("{}\nreplay: ckptsim run {}\nrepeat: {}\n", r.failure.finding.detail, r.file, repeat)});
   }
   if (cases.empty()) cases.push_back({"ckptsim.gate", "no new failure", false, "", ""});
@@ -482,7 +498,7 @@ int cmd_gate(const SearchFlags& f, const std::string& baseline, const std::strin
   if (talk) {
     for (const auto& r : reported) {
       std::cout << fmt::format("  {} {} [{}]\n    {}\n    minimal scenario: {} ({} params, {} phases)\n",
-                               r.classification == "new" ? "NEW" : "pre-existing", r.failure.finding.property,
+                               r.classification.rfind("new", 0) == 0 ? "NEW" : "pre-existing", r.failure.finding.property,
                                r.failure.finding.signature, r.failure.finding.detail, r.file,
                                r.failure.minimal.params.size(), r.failure.minimal.phases.size());
     }

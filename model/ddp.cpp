@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "model/errors.h"
+#include "model/faults.h"
 #include "model/mapping.h"
 
 namespace ckptsim::model {
@@ -42,6 +43,27 @@ DistributedDataParallel::DistributedDataParallel(Runtime& rt, std::vector<ParamS
     std::vector<int64_t> numels;
     for (size_t i : buffer.params) numels.push_back(specs_[i].numel);
     buffer.layout = build_buffer_layout(numels, layout);
+    // Fault site layout.misalign_param_start: shift one param that has room after it by one.
+    if (rt_.fault(fault::kMisalignParamStart)) {
+      for (BucketLayout& bucket : buffer.layout.buckets) {
+        bool moved = false;
+        for (size_t local : bucket.params) {
+          ParamIndex& pi = buffer.layout.param_index_map[local];
+          int64_t next_start = bucket.offset + bucket.numel;
+          for (size_t other : bucket.params) {
+            const ParamIndex& o = buffer.layout.param_index_map[other];
+            if (o.start >= pi.end) next_start = std::min(next_start, o.start);
+          }
+          if (pi.end < next_start) {
+            ++pi.start;
+            ++pi.end;
+            moved = true;
+            break;
+          }
+        }
+        if (moved) break;
+      }
+    }
     buffer.param_data = rt_.zeros({buffer.layout.numel}, buffer.param_dtype, Device::kCuda);
     buffer.grad_data = rt_.zeros({buffer.layout.numel}, buffer.grad_dtype, Device::kCuda);
     for (size_t k = 0; k < buffer.params.size(); ++k) {

@@ -12,6 +12,10 @@ const std::vector<FaultSite>& fault_sites() {
        "load_parameter_state_from_dp_reshardable adds one ulp to the first exp_avg element it restores on "
        "DP rank 0",
        "trajectory_matches_uninterrupted"},
+      {fault::kMisalignParamStart,
+       "the DDP buffer layout moves one param that has room after it one element up, breaking the 64-element "
+       "alignment of its start",
+       "layout_invariants"},
       {fault::kRankDependentCommon,
        "the saved training state carries a rank-dependent common leaf ('ckptsim_rank')",
        "common_state_rank_independent"},

@@ -25,6 +25,7 @@ namespace fault {
 inline constexpr const char* kDropEndPadding = "dp_reshardable.drop_end_padding";
 inline constexpr const char* kPerturbLoadedExpAvg = "load.perturb_exp_avg";
 inline constexpr const char* kRankDependentCommon = "save.rank_dependent_common";
+inline constexpr const char* kMisalignParamStart = "layout.misalign_param_start";
 }  // namespace fault
 
 }  // namespace ckptsim::model

@@ -46,6 +46,21 @@ const ShardRecord* shard_at(const ModelState& st, size_t p, int64_t e) {
 // Adam starts from 0.
 double counter_value(const std::optional<double>& c) { return c.value_or(0.0); }
 
+// An error message with its numbers blanked and cut short, so that two failures of one cause
+// at different sizes share a signature and two causes at one site do not.
+std::string message_shape(const std::string& m) {
+  std::string out;
+  for (char c : m) {
+    if (out.size() >= 48) break;
+    if (std::isdigit(static_cast<unsigned char>(c))) {
+      if (out.empty() || out.back() != '#') out.push_back('#');
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
 // Moments as Adam sees them: state that does not exist yet is zeros.
 std::vector<std::vector<float>> effective_moments(const std::vector<std::vector<float>>& m,
                                                   const std::vector<std::vector<uint8_t>>& present) {
@@ -83,6 +98,7 @@ PropertyResult no_duplicate_leaves(const RunResult& run) {
     for (const auto& e : p.errors) {
       if (!e.merge_kind.has_value()) continue;
       r.verdict = Verdict::kFail;
+      r.phase = static_cast<int>(p.index);
       const char* what = *e.merge_kind == model::MergeError::Kind::kDuplicateLeaf ? "duplicate leaf"
                                                                                  : "lists of different lengths";
       r.detail = fmt::format("{} load, rank {}: merge() met {} at path {}; expected no overlap between the "
@@ -110,10 +126,11 @@ PropertyResult resume_completes(const RunResult& run) {
     if (!p.ran) continue;
     if (any_primary_error(p)) {
       r.verdict = Verdict::kFail;
+      r.phase = static_cast<int>(p.index);
       const auto* e = first_primary(p.errors);
       r.detail = fmt::format("{}: expected every rank to {} without error; observed {}", phase_label(run, p),
                              p.index == 0 ? "train and save" : "load, train and save", e->summary());
-      r.signature = "resume_completes:" + e->stage + ":" + e->py_type + "@" + e->site;
+      r.signature = "resume_completes:" + e->stage + ":" + e->py_type + "@" + e->site + ":" + message_shape(e->message);
       return r;
     }
     saves += p.spec.save ? 1 : 0;
@@ -130,6 +147,7 @@ PropertyResult step_matches_uninterrupted(const RunResult& run) {
   std::string not_evaluated;
   std::vector<std::string> failures;
   std::string signature;
+  int first_phase = -1;
   for (const auto& p : run.phases) {
     if (!p.ran || p.index == 0) continue;
     if (!p.after_load.has_value()) {
@@ -155,6 +173,7 @@ PropertyResult step_matches_uninterrupted(const RunResult& run) {
       ++checks;
       if (expected != observed) {
         if (signature.empty()) signature = "step_matches_uninterrupted:after_load:" + s.part;
+        if (first_phase < 0) first_phase = static_cast<int>(p.index);
         failures.push_back(fmt::format(
             "{}, after the load at global step {}: the step counter of {} is {} (expected {}, as in the uninterrupted "
             "run){}",
@@ -172,6 +191,7 @@ PropertyResult step_matches_uninterrupted(const RunResult& run) {
         ++checks;
         if (*s.step_used != expected) {
           if (signature.empty()) signature = "step_matches_uninterrupted:training:" + s.part;
+          if (first_phase < 0) first_phase = static_cast<int>(p.index);
           failures.push_back(fmt::format("{}, global step {}: {} used bias-correction step t={} (uninterrupted run: t={})",
                                          phase_label(run, p), st.global_step, shard_label(run, s), num(*s.step_used),
                                          num(expected)));
@@ -182,6 +202,7 @@ PropertyResult step_matches_uninterrupted(const RunResult& run) {
   if (!failures.empty()) {
     r.verdict = Verdict::kFail;
     r.signature = signature;
+    r.phase = first_phase;
     r.detail = failures.front();
     if (failures.size() > 1) r.detail += fmt::format(" (+{} more mismatches; first ones: ", failures.size() - 1);
     for (size_t i = 1; i < failures.size() && i < 4; ++i) r.detail += (i > 1 ? "; " : "") + failures[i];
@@ -279,6 +300,7 @@ PropertyResult trajectory_matches_uninterrupted(const RunResult& run) {
         if (differing == 0) continue;
         const ShardRecord* s = shard_at(st, p, first);
         r.signature = std::string("trajectory_matches_uninterrupted:") + f.name;
+        r.phase = static_cast<int>(phase.index);
         return fmt::format(
             "{}, {} global step {}: {} of {}[{}] is {} (uninterrupted run: {}); comparison {}; {} of {} elements of {} "
             "differ, max |diff| {:.3g}{}",
@@ -363,6 +385,7 @@ PropertyResult shards_tile_buckets_impl(const RunResult& run) {
           found = true;
           if (pieces.front()->global_numel != p.buffers[g].numel_unpadded[b]) {
             r.verdict = Verdict::kFail;
+            r.phase = static_cast<int>(p.index);
             r.detail = fmt::format("{} checkpoint: key {} has global shape ({},), expected numel_unpadded {}",
                                    phase_label(run, p), key, pieces.front()->global_numel, p.buffers[g].numel_unpadded[b]);
             return r;
@@ -370,6 +393,7 @@ PropertyResult shards_tile_buckets_impl(const RunResult& run) {
         }
         if (!found) {
           r.verdict = Verdict::kFail;
+          r.phase = static_cast<int>(p.index);
           r.detail = fmt::format("{} checkpoint: bucket {} of buffer {} {} has no saved optimizer state", phase_label(run, p),
                                  b, g, p.buffers[g].dtype_key);
           return r;
@@ -386,12 +410,14 @@ PropertyResult shards_tile_buckets_impl(const RunResult& run) {
       for (const auto& [b, e] : ranges) {
         if (b > cursor) {
           r.verdict = Verdict::kFail;
+          r.phase = static_cast<int>(p.index);
           r.detail = fmt::format("{} checkpoint: key {}: elements [{}, {}) of [0, {}) were saved by no rank (a gap)",
                                  phase_label(run, p), key, cursor, b, total);
           return r;
         }
         if (b < cursor) {
           r.verdict = Verdict::kFail;
+          r.phase = static_cast<int>(p.index);
           r.detail = fmt::format("{} checkpoint: key {}: elements [{}, {}) of [0, {}) were saved twice (an overlap)",
                                  phase_label(run, p), key, b, std::min(cursor, e), total);
           return r;
@@ -400,6 +426,7 @@ PropertyResult shards_tile_buckets_impl(const RunResult& run) {
       }
       if (cursor != total) {
         r.verdict = Verdict::kFail;
+        r.phase = static_cast<int>(p.index);
         r.detail = fmt::format("{} checkpoint: key {}: pieces end at {}, expected exactly numel_unpadded {} ({})",
                                phase_label(run, p), key, cursor, total, cursor < total ? "a gap at the end" : "past the end");
         return r;
@@ -420,6 +447,7 @@ PropertyResult common_state_rank_independent(const RunResult& run) {
     for (size_t rank = 0; rank < p.common_differences.size(); ++rank) {
       if (p.common_differences[rank].empty()) continue;
       r.verdict = Verdict::kFail;
+      r.phase = static_cast<int>(p.index);
       r.signature = "common_state_rank_independent";
       r.detail = fmt::format("{} save: rank {}'s common state differs from rank 0's (only rank 0's is persisted): {}{}",
                              phase_label(run, p), rank, p.common_differences[rank].front(),
@@ -454,6 +482,7 @@ PropertyResult layout_invariants(const RunResult& run) {
       }
       if (!s.is_ok()) {
         r.verdict = Verdict::kFail;
+        r.phase = static_cast<int>(p.index);
         r.signature = "layout_invariants";
         r.detail = fmt::format("{} buffer {} ({}): {}", phase_label(run, p), g,
                                g < p.buffers.size() ? p.buffers[g].dtype_key : "?", s.message());
@@ -463,6 +492,7 @@ PropertyResult layout_invariants(const RunResult& run) {
         auto [it, inserted] = unpadded.try_emplace({g, b}, layout.buckets[b].numel_unpadded, p.index);
         if (!inserted && it->second.first != layout.buckets[b].numel_unpadded) {
           r.verdict = Verdict::kFail;
+          r.phase = static_cast<int>(p.index);
           r.signature = "layout_invariants:I4";
           r.detail = fmt::format("{} buffer {} bucket {}: numel_unpadded {} differs from {} in phase {} (I4: the "
                                  "checkpoint tensor's global shape must not depend on the DP size)",
@@ -503,6 +533,8 @@ PropertyResult round_trip_identity(const RunResult& run) {
     const ModelState& loaded = *p.after_load;
     auto fail = [&](const std::string& sig, const std::string& detail) {
       r.verdict = Verdict::kFail;
+      r.phase = static_cast<int>(p.index);
+      r.phase = static_cast<int>(p.index);
       r.signature = "round_trip_identity:" + sig;
       r.detail = fmt::format("{}: the load did not give back what phase {} saved at global step {}: {}",
                              phase_label(run, p), p.index - 1, saved->global_step, detail);
@@ -581,6 +613,7 @@ PropertyResult reshard_round_trip_bytes(const RunResult& run) {
       auto it = p.checkpoint_values.find(key);
       if (it == p.checkpoint_values.end()) {
         r.verdict = Verdict::kFail;
+        r.phase = static_cast<int>(p.index);
         r.signature = "reshard_round_trip_bytes:missing_key";
         r.detail = fmt::format("{} saved again without a step, but key {} of phase {}'s checkpoint is missing",
                                phase_label(run, p), key, p.index - 1);
@@ -597,6 +630,7 @@ PropertyResult reshard_round_trip_bytes(const RunResult& run) {
           if (i >= old_values.size() || i >= it->second.size()) continue;
           if (!bitwise_equal(old_values[i], it->second[i])) {
             r.verdict = Verdict::kFail;
+            r.phase = static_cast<int>(p.index);
             r.signature = "reshard_round_trip_bytes";
             r.detail = fmt::format("{} saved again without a step (dp {} -> {}): {}[{}] (a param element) is {}, "
                                    "was {} in phase {}'s checkpoint",
@@ -621,6 +655,7 @@ PropertyResult step_tensors_not_aliased(const RunResult& run) {
       ++checked;
       if (s.step_aliases == 0) continue;
       r.verdict = Verdict::kFail;
+      r.phase = static_cast<int>(p.index);
       r.signature = "step_tensors_not_aliased:" + s.part;
       r.detail = fmt::format("{} {}: the step tensor of {} is the same object as {} other param(s)' (each step() "
                              "then advances it {} times)",

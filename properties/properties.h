@@ -65,6 +65,7 @@ struct PropertyResult {
   // sharded_param_state_dp_reshardable()"): the search keeps one minimal case per signature
   // and shrinks only toward cases with the same one. Empty unless the verdict is fail.
   std::string signature;
+  int phase = -1;  // the phase where the failure was seen (-1: the reference run or none)
   bool ok() const { return verdict == Verdict::kPass; }
 };
 

@@ -141,7 +141,11 @@ Judge property_judge(model::RevisionRegistry& registry, std::vector<std::string>
     for (const auto& p : all_properties()) {
       if (!only.empty() && std::find(only.begin(), only.end(), p.name) == only.end()) continue;
       const PropertyResult r = p.check(run.value());
-      if (r.verdict == Verdict::kFail) return Finding{r.name, r.signature.empty() ? r.name : r.signature, r.detail};
+      if (r.verdict == Verdict::kFail) {
+        const std::string revision =
+            r.phase >= 0 && static_cast<size_t>(r.phase) < s.phases.size() ? s.phases[r.phase].revision : "";
+        return Finding{r.name, r.signature.empty() ? r.name : r.signature, r.detail, revision};
+      }
     }
     return std::nullopt;
   };

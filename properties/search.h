@@ -37,6 +37,7 @@ struct Finding {
   std::string property;
   std::string signature;
   std::string detail;
+  std::string phase_revision;  // the revision of the phase where it was seen ("" if none)
 };
 
 using Judge = std::function<std::optional<Finding>(const sim::Scenario&)>;

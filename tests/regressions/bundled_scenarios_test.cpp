@@ -10,10 +10,16 @@
 
 namespace {
 
+// scenarios/*.json (the curated reproductions) and scenarios/found/*.json (the regression
+// corpus: minimal scenarios the search found and we keep), as paths below scenarios/.
 std::vector<std::string> bundled() {
   std::vector<std::string> out;
-  for (const auto& e : std::filesystem::directory_iterator(ckptsim::test::source_path("scenarios"))) {
-    if (e.path().extension() == ".json") out.push_back(e.path().filename().string());
+  for (const char* dir : {"scenarios", "scenarios/found"}) {
+    for (const auto& e : std::filesystem::directory_iterator(ckptsim::test::source_path(dir))) {
+      if (e.path().extension() != ".json") continue;
+      const std::string sub = std::string(dir) == "scenarios" ? "" : "found/";
+      out.push_back(sub + e.path().filename().string());
+    }
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -33,6 +39,34 @@ TEST_P(BundledScenario, GivesItsExpectedVerdicts) {
 INSTANTIATE_TEST_SUITE_P(Scenarios, BundledScenario, ::testing::ValuesIn(bundled()),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name = info.param.substr(0, info.param.size() - 5);
+                           for (char& c : name) {
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           }
+                           return name;
+                         });
+
+class FoundScenario : public ::testing::TestWithParam<std::string> {};
+
+// fix-complete fixes everything the search found: each corpus scenario, every phase replayed
+// under fix-complete, keeps every property.
+TEST_P(FoundScenario, PassesUnderFixComplete) {
+  auto s = ckptsim::test::scenario_file("scenarios/" + GetParam());
+  for (auto& p : s.phases) p.revision = "fix-complete";
+  const auto run = ckptsim::test::run(s);
+  for (const auto& r : ckptsim::properties::check_all(run)) EXPECT_TRUE(r.ok()) << GetParam() << ": " << r.name << ": " << r.detail;
+}
+
+std::vector<std::string> found_only() {
+  std::vector<std::string> out;
+  for (const auto& f : bundled()) {
+    if (f.rfind("found/", 0) == 0) out.push_back(f);
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Corpus, FoundScenario, ::testing::ValuesIn(found_only()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name = info.param.substr(6, info.param.size() - 11);
                            for (char& c : name) {
                              if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
                            }
