@@ -14,9 +14,9 @@ std::string clean(const std::string& extra = "") {
   return test::two_phase_json("hybrid", 1.0, 2, 4, "fix-recommended", "fix-recommended", extra);
 }
 
-void expect_only_failure(const sim::RunResult& run, const std::string& property) {
+void expect_only_failures(const sim::RunResult& run, const std::vector<std::string>& failing) {
   for (const auto& r : properties::check_all(run)) {
-    if (r.name == property) {
+    if (std::find(failing.begin(), failing.end(), r.name) != failing.end()) {
       EXPECT_EQ(r.verdict, properties::Verdict::kFail) << r.name << ": " << r.detail;
     } else {
       EXPECT_TRUE(r.ok()) << r.name << " should hold here: " << r.detail;
@@ -54,7 +54,8 @@ TEST(PropertyCanary, StepMatchesCatchesTheSkeletonStep) {
 TEST(PropertyCanary, TrajectoryCatchesOneUlpInOneRestoredMoment) {
   // Steps are right (fix-recommended); only exp_avg[0] on rank 0 is off by one ulp after the load.
   const auto run = test::run(test::scenario_from_json(clean(R"(, "faults": ["load.perturb_exp_avg"])")));
-  expect_only_failure(run, "trajectory_matches_uninterrupted");
+  // The load no longer gives back what was saved: round_trip_identity sees it too.
+  expect_only_failures(run, {"trajectory_matches_uninterrupted", "round_trip_identity"});
   const auto r = test::verdict(run, "trajectory_matches_uninterrupted");
   EXPECT_NE(r.detail.find("exp_avg"), std::string::npos) << r.detail;
   EXPECT_NE(r.detail.find("after the load"), std::string::npos) << r.detail;
@@ -83,11 +84,63 @@ TEST(PropertyCanary, CommonStateCatchesRankDependentLeaf) {
   EXPECT_NE(r.detail.find("ckptsim_rank"), std::string::npos) << r.detail;
 }
 
+TEST(PropertyCanary, LayoutInvariantsCatchAMisalignedParam) {
+  const auto run = test::run(test::scenario_from_json(clean(R"(, "faults": ["layout.misalign_param_start"])")));
+  const auto r = test::verdict(run, "layout_invariants");
+  EXPECT_EQ(r.verdict, properties::Verdict::kFail);
+  EXPECT_NE(r.detail.find("not a multiple of 64"), std::string::npos) << r.detail;
+  EXPECT_TRUE(test::verdict(test::run(test::scenario_from_json(clean())), "layout_invariants").ok());
+}
+
+TEST(PropertyCanary, RoundTripIdentityCatchesTheSkeletonStep) {
+  // Bug 2: the load gives back step 1 where 3 was saved — without consulting the reference run.
+  const auto run = test::run(test::scenario_from_json(
+      test::two_phase_json("hybrid", 1.0, 2, 4, "upstream-2874", "upstream-2874")));
+  const auto r = test::verdict(run, "round_trip_identity");
+  EXPECT_EQ(r.verdict, properties::Verdict::kFail);
+  EXPECT_NE(r.detail.find("is 1 after the load, 3 when saved"), std::string::npos) << r.detail;
+}
+
+TEST(PropertyCanary, ReshardRoundTripBytesCatchesAChangedMomentAfterAZeroStepResume) {
+  // dp 2 -> 3 with no step, then save: one ulp in a restored moment changes the saved bytes.
+  std::string json = test::two_phase_json("hybrid", 1.0, 2, 3, "fix-complete", "fix-complete",
+                                          R"(, "faults": ["load.perturb_exp_avg"])");
+  json.replace(json.find("\"steps\": 2"), 10, "\"steps\": 0");
+  const auto run = test::run(test::scenario_from_json(json));
+  const auto r = test::verdict(run, "reshard_round_trip_bytes");
+  EXPECT_EQ(r.verdict, properties::Verdict::kFail);
+  EXPECT_NE(r.detail.find("exp_avg"), std::string::npos) << r.detail;
+  std::string clean_json = test::two_phase_json("hybrid", 1.0, 2, 3, "fix-complete", "fix-complete");
+  clean_json.replace(clean_json.find("\"steps\": 2"), 10, "\"steps\": 0");
+  EXPECT_TRUE(test::verdict(test::run(test::scenario_from_json(clean_json)), "reshard_round_trip_bytes").ok());
+}
+
+TEST(PropertyCanary, StepTensorsNotAliasedCatchesB9) {
+  auto& reg = test::registry();
+  if (!reg.get("test-b9-canary").is_ok()) {
+    ASSERT_TRUE(reg.add(R"({"name": "test-b9-canary", "extends": "fix-complete",
+                           "switches": {"pure_torch_load_clones_step": false}})", "canary_test.cpp").is_ok());
+  }
+  const auto run = test::run(test::scenario_from_json(
+      test::two_phase_json("torch_adamw", 0, 1, 1, "test-b9-canary", "test-b9-canary")));
+  const auto r = test::verdict(run, "step_tensors_not_aliased");
+  EXPECT_EQ(r.verdict, properties::Verdict::kFail);
+  EXPECT_NE(r.detail.find("same object"), std::string::npos) << r.detail;
+  // B9's other symptom: the shared step advances once per param each step.
+  EXPECT_EQ(test::verdict(run, "step_matches_uninterrupted").verdict, properties::Verdict::kFail);
+  EXPECT_TRUE(test::verdict(test::run(test::scenario_from_json(test::two_phase_json(
+                                "torch_adamw", 0, 1, 1, "fix-complete", "fix-complete"))),
+                            "step_tensors_not_aliased")
+                  .ok());
+}
+
 TEST(PropertyCanary, EveryPropertyHasACanaryHere) {
   // Keeps this file in step with the property list.
   const std::vector<std::string> covered = {"no_duplicate_leaves", "resume_completes", "step_matches_uninterrupted",
                                             "trajectory_matches_uninterrupted", "shards_tile_buckets",
-                                            "common_state_rank_independent"};
+                                            "common_state_rank_independent", "layout_invariants",
+                                            "round_trip_identity", "reshard_round_trip_bytes",
+                                            "step_tensors_not_aliased"};
   for (const auto& p : properties::all_properties()) {
     EXPECT_NE(std::find(covered.begin(), covered.end(), p.name), covered.end()) << p.name << " has no canary";
   }
