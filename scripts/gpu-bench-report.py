@@ -16,6 +16,9 @@ import sys
 
 
 def git_commit(repo):
+    # The device tool copies the working tree without .git: the caller can name the commit.
+    if os.environ.get("CKPTSIM_COMMIT"):
+        return os.environ["CKPTSIM_COMMIT"] + " (CKPTSIM_COMMIT)"
     try:
         sha = subprocess.run(["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True,
                              text=True, check=True).stdout.strip()

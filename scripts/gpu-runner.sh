@@ -12,12 +12,13 @@
 #      cannot be configured against, or the torch-using GPU targets do not build, it falls back
 #      to CKPTSIM_KERNELS_ONLY=ON (kernel, kernel-vs-CPU tests and benchmark, no torch), so
 #      one run on the device still yields the kernel's correctness and bandwidth;
-#   4. builds the GPU targets (everything with CKPTSIM_GPU_BUILD_ALL=1), runs `ctest -L gpu`,
+#   4. builds the GPU targets (and with CKPTSIM_GPU_BUILD_ALL=1 everything else, then runs
+#      `ctest -L cpu`: the simulator against this libtorch), runs `ctest -L gpu`,
 #      records what the binary holds for the GPU (cuobjdump), runs the benchmark with JSON
 #      output, and writes reports/gpu-fused-adam.md (scripts/gpu-bench-report.py).
 # Outputs go to $OUT when set (the device tool brings back what is under it; at most 8 files,
 # so there are 5: runner.log, ctest-gpu.log, kernel-cuobjdump.txt, gpu-fused-adam.json,
-# gpu-fused-adam.md), else to $CKPTSIM_GPU_BUILD_DIR/out.
+# gpu-fused-adam.md; 6 with ctest-cpu.log), else to $CKPTSIM_GPU_BUILD_DIR/out.
 #
 # fmt: the PyTorch wheel ships fmt 12 headers in torch/include/fmt, and Debian's fmt is 9.
 # Two fmt versions can live in one process (each sits in its own inline namespace,
@@ -28,7 +29,9 @@
 # every <fmt/...> of ours is fmt 9. The GPU targets themselves use no fmt at all.
 #
 # Environment: CKPTSIM_DEBS, CKPTSIM_DEPS_PREFIX, CKPTSIM_GPU_BUILD_DIR (default build-gpu),
-# CKPTSIM_GPU_BUILD_ALL=1 (also build and run the CPU suite), PYTHON (default python3),
+# CKPTSIM_COMMIT (the commit to name in the report where the tree has no .git),
+# CKPTSIM_GPU_BUILD_ALL=1 (also build everything against this libtorch and run ctest -L cpu;
+# its outcome is reported, not part of the exit status), PYTHON (default python3),
 # OUT. Exit status: 0 when every GPU test passed (skips count as passes only where no GPU is
 # visible: on a machine with nvidia-smi a skipped kernel test is a failure) and the benchmark
 # ran; 1 otherwise.
@@ -53,7 +56,7 @@ nvcc="$(command -v nvcc || true)"
 [ -z "$nvcc" ] && [ -x /usr/local/cuda/bin/nvcc ] && nvcc=/usr/local/cuda/bin/nvcc
 [ -n "$nvcc" ] || die "no nvcc on PATH or in /usr/local/cuda/bin"
 export PATH="$(dirname "$nvcc"):$PATH"
-say "commit $(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)"
+say "commit ${CKPTSIM_COMMIT:-$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)}"
 say "$(uname -srm); $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME"); $(nproc) CPUs"
 say "cmake: $(cmake --version | head -1); ninja: $(ninja --version 2>/dev/null || echo none)"
 say "c++: $(c++ --version | head -1)"
@@ -96,6 +99,7 @@ export CMAKE_POLICY_VERSION_MINIMUM=3.5
 
 common=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DCKPTSIM_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc"
         -DCKPTSIM_FMT_HEADER_ONLY=ON -DCKPTSIM_CUDA_PTXAS_VERBOSE=ON
+        -DPYTHON_EXECUTABLE="$(command -v "$python")"  # libtorch's CUDA CMake hashes nvrtc with it
         "-DCMAKE_PREFIX_PATH=$prefix/usr${torch_prefix:+;$torch_prefix}")
 targets=(ckptsim_gpu_tests ckptsim_gpu_bench ckptsim_kernel_ptx)
 
@@ -132,6 +136,20 @@ ctest --test-dir "$build" -R cuda_kernel_ptx_rounding --output-on-failure \
 say "$(grep -E 'ELF file|PTX file' "$out/kernel-cuobjdump.txt" | tr '\n' ' ')"
 say "$(grep -E 'REG:|STACK:' "$out/kernel-cuobjdump.txt" | head -2 | tr '\n' ' ')"
 
+# ---- optionally, everything else (the simulator against this libtorch) ----------------------
+all_rc=skipped
+if [ "${CKPTSIM_GPU_BUILD_ALL:-0}" = 1 ] && [ "$mode" = full ]; then
+  say "CKPTSIM_GPU_BUILD_ALL=1: building everything and running ctest -L cpu"
+  if cmake --build "$build" -- -j"$(nproc)"; then
+    ctest --test-dir "$build" -L cpu -j"$(nproc)" > "$out/ctest-cpu.log" 2>&1
+    all_rc=$?
+    grep -E "tests passed|tests failed" "$out/ctest-cpu.log" || true
+  else
+    all_rc=build-failed
+  fi
+  say "full build and CPU suite: $all_rc (does not change the exit status)"
+fi
+
 # ---- GPU tests ------------------------------------------------------------------------------
 ctest --test-dir "$build" -L gpu --output-on-failure 2>&1 | tee "$out/ctest-gpu.log"
 tests_rc=${PIPESTATUS[0]}
@@ -154,7 +172,7 @@ if [ "$bench_rc" = 0 ]; then
 fi
 
 echo
-say "summary: mode=$mode tests_rc=$tests_rc bench_rc=$bench_rc"
+say "summary: mode=$mode tests_rc=$tests_rc bench_rc=$bench_rc all=$all_rc"
 grep -E "tests passed|tests failed" "$out/ctest-gpu.log" || true
 grep -E "^\| " "$out/gpu-fused-adam.md" 2>/dev/null || true
 [ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ]
@@ -164,10 +182,8 @@ configure_and_build() {  # $1: build dir, rest: extra cmake arguments
   local dir="$1"; shift
   say "configure $dir $*"
   cmake -S "$root" -B "$dir" "${common[@]}" "$@" || return 1
-  local t=("${targets[@]}")
-  [ "${CKPTSIM_GPU_BUILD_ALL:-0}" = 1 ] && [ "$*" = "" ] && t=(all)
-  say "build ${t[*]}"
-  cmake --build "$dir" --target "${t[@]}" -- -j"$(nproc)" || return 1
+  say "build ${targets[*]}"
+  cmake --build "$dir" --target "${targets[@]}" -- -j"$(nproc)" || return 1
 }
 
 # Everything goes to the terminal and to runner.log; the pipeline ends before the script
