@@ -181,8 +181,8 @@ struct StateSet {
     for (int64_t j = 0; j < tensors; ++j) {
       const int64_t begin = j * each;
       const int64_t n = j == tensors - 1 ? elements - begin : each;
-      list.push_back({arrays[0].data() + begin, arrays[1].data() + begin,
-                      arrays[2].data() + begin, arrays[3].data() + begin, n});
+      list.push_back({arrays[0].data() + begin, arrays[1].data() + begin, arrays[2].data() + begin,
+                      arrays[3].data() + begin, n});
     }
   }
 };
@@ -243,8 +243,7 @@ double torch_median_ms(const std::vector<StateSet>& sets) {
       for (int role = 0; role < 4; ++role) {
         at::Tensor dev = at::empty({x.numel}, options);
         check(cudaMemcpy(dev.data_ptr<float>(), sources[role],
-                         static_cast<size_t>(x.numel) * sizeof(float),
-                         cudaMemcpyDeviceToDevice),
+                         static_cast<size_t>(x.numel) * sizeof(float), cudaMemcpyDeviceToDevice),
               "cudaMemcpy(DeviceToDevice)");
         lists[role]->push_back(dev);
       }
@@ -265,8 +264,8 @@ double torch_median_ms(const std::vector<StateSet>& sets) {
     // torch launches on its current stream, the legacy default stream unless a caller set
     // another, so the events go there.
     const double elapsed = timer.time_ms(nullptr, [&] {
-      at::_fused_adamw_(t.p, t.g, t.m, t.v, {}, t.steps, h.lr, h.beta1, h.beta2,
-                        h.weight_decay, h.eps, /*amsgrad=*/false, /*maximize=*/false);
+      at::_fused_adamw_(t.p, t.g, t.m, t.v, {}, t.steps, h.lr, h.beta1, h.beta2, h.weight_decay,
+                        h.eps, /*amsgrad=*/false, /*maximize=*/false);
     });
     if (rep >= kWarmup) ms.push_back(elapsed);
   }
@@ -294,9 +293,8 @@ void BM_FusedAdam(benchmark::State& state) {
   size_t k = 0;
   for (auto _ : state) {
     const StateSet& s = sets[k++ % sets.size()];
-    const double ms = timer.time_ms(stream.get(), [&] {
-      ckptsim::model::cuda_fused_adam(s.list, h, kStep, stream.get());
-    });
+    const double ms = timer.time_ms(
+        stream.get(), [&] { ckptsim::model::cuda_fused_adam(s.list, h, kStep, stream.get()); });
     state.SetIterationTime(ms * 1e-3);
     kernel_ms.push_back(ms);
   }
@@ -362,7 +360,8 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("cuda_driver", std::to_string(driver));
 #if defined(CKPTSIM_TORCH_FUSED_ADAMW)
   benchmark::AddCustomContext("torch_version", TORCH_VERSION);
-  benchmark::AddCustomContext("torch_fused_adamw", at::hasCUDA() ? "yes" : "no: libtorch sees no CUDA device");
+  benchmark::AddCustomContext("torch_fused_adamw",
+                              at::hasCUDA() ? "yes" : "no: libtorch sees no CUDA device");
 #else
   benchmark::AddCustomContext("torch_fused_adamw",
                               "no: this build's libtorch has no CUDA at::_fused_adamw_");

@@ -88,8 +88,7 @@ inline std::string describe(const AdamHyper& h, int64_t step) {
   std::ostringstream os;
   os.precision(17);
   os << "lr=" << h.lr << " beta1=" << h.beta1 << " beta2=" << h.beta2 << " eps=" << h.eps
-     << " wd=" << h.weight_decay << " bias_correction=" << h.bias_correction
-     << " step=" << step;
+     << " wd=" << h.weight_decay << " bias_correction=" << h.bias_correction << " step=" << step;
   return os.str();
 }
 
@@ -145,7 +144,7 @@ struct CaseShape {
   int64_t numel_min = 1;
   int64_t numel_max = 1;
   double equal_alignment = 0.7;  // chance that a tensor's four arrays share alignment (float4)
-  int64_t common_offset = -1;     // 0..3: their shared offset mod 4 floats; -1: random
+  int64_t common_offset = -1;    // 0..3: their shared offset mod 4 floats; -1: random
   bool special_values = false;   // sprinkle inf, NaN, denormals, signed zeros, huge values
 };
 
@@ -275,9 +274,8 @@ inline ::testing::AssertionResult same_arenas(const Case& expected,
         } else {
           os << " (a guard outside every tensor)";
         }
-        os << ": expected " << a << " (0x" << std::hex << std::bit_cast<uint32_t>(a)
-           << "), got " << std::dec << b << " (0x" << std::hex << std::bit_cast<uint32_t>(b)
-           << ")" << std::dec;
+        os << ": expected " << a << " (0x" << std::hex << std::bit_cast<uint32_t>(a) << "), got "
+           << std::dec << b << " (0x" << std::hex << std::bit_cast<uint32_t>(b) << ")" << std::dec;
         auto failure = ::testing::AssertionFailure() << os.str();
         return failure;
       }

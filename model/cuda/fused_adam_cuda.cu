@@ -88,8 +88,8 @@ int64_t resident_blocks() {
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
         "cudaDeviceGetAttribute(MultiProcessorCount)");
   int per_sm = 0;
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fused_adam_kernel,
-                                                      kThreadsPerBlock, 0),
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fused_adam_kernel, kThreadsPerBlock,
+                                                      0),
         "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
   CKPTSIM_CHECK(sms >= 1 && per_sm >= 1,
                 "cuda_fused_adam: the device must not report 0 SMs or 0 resident blocks");
@@ -133,8 +133,8 @@ std::string cuda_device_description() {
   cudaDeviceProp prop{};
   cuda_detail::check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
   return std::string(prop.name) + " (sm_" + std::to_string(prop.major) +
-         std::to_string(prop.minor) + ", " + std::to_string(prop.multiProcessorCount) +
-         " SMs, " + std::to_string(prop.l2CacheSize >> 20) + " MiB L2)";
+         std::to_string(prop.minor) + ", " + std::to_string(prop.multiProcessorCount) + " SMs, " +
+         std::to_string(prop.l2CacheSize >> 20) + " MiB L2)";
 }
 
 // ---- CudaFloatBuffer -----------------------------------------------------------------------
@@ -143,8 +143,7 @@ CudaFloatBuffer::CudaFloatBuffer(int64_t count) {
   CKPTSIM_CHECK(count >= 0, "CudaFloatBuffer: count must not be negative");
   if (count == 0) return;
   void* p = nullptr;
-  cuda_detail::check(cudaMalloc(&p, static_cast<size_t>(count) * sizeof(float)),
-                     "cudaMalloc");
+  cuda_detail::check(cudaMalloc(&p, static_cast<size_t>(count) * sizeof(float)), "cudaMalloc");
   data_ = static_cast<float*>(p);
   size_ = count;
 }
@@ -171,18 +170,18 @@ void CudaFloatBuffer::upload(std::span<const float> src, int64_t offset) {
   CKPTSIM_CHECK(offset >= 0 && offset + static_cast<int64_t>(src.size()) <= size_,
                 "CudaFloatBuffer::upload: the range must not leave the buffer");
   if (src.empty()) return;
-  cuda_detail::check(cudaMemcpy(data_ + offset, src.data(), src.size_bytes(),
-                                cudaMemcpyHostToDevice),
-                     "cudaMemcpy(HostToDevice)");
+  cuda_detail::check(
+      cudaMemcpy(data_ + offset, src.data(), src.size_bytes(), cudaMemcpyHostToDevice),
+      "cudaMemcpy(HostToDevice)");
 }
 
 void CudaFloatBuffer::download(std::span<float> dst, int64_t offset) const {
   CKPTSIM_CHECK(offset >= 0 && offset + static_cast<int64_t>(dst.size()) <= size_,
                 "CudaFloatBuffer::download: the range must not leave the buffer");
   if (dst.empty()) return;
-  cuda_detail::check(cudaMemcpy(dst.data(), data_ + offset, dst.size_bytes(),
-                                cudaMemcpyDeviceToHost),
-                     "cudaMemcpy(DeviceToHost)");
+  cuda_detail::check(
+      cudaMemcpy(dst.data(), data_ + offset, dst.size_bytes(), cudaMemcpyDeviceToHost),
+      "cudaMemcpy(DeviceToHost)");
 }
 
 // ---- CudaStream ----------------------------------------------------------------------------

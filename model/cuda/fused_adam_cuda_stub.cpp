@@ -8,7 +8,8 @@
 namespace ckptsim::model {
 namespace {
 
-constexpr const char* kReason = "built without CUDA (no nvcc at configure time, or CKPTSIM_CUDA=OFF)";
+constexpr const char* kReason =
+    "built without CUDA (no nvcc at configure time, or CKPTSIM_CUDA=OFF)";
 
 [[noreturn]] void unavailable(const char* what) {
   throw InvariantViolation(std::string(what) + ": must not be called in a build without CUDA (" +
@@ -21,8 +22,8 @@ bool cuda_fused_adam_available() { return false; }
 
 std::string cuda_unavailable_reason() { return kReason; }
 
-void cuda_fused_adam(std::span<const FusedAdamTensors> /*list*/, const AdamHyper& h,
-                     int64_t step, void* /*stream*/) {
+void cuda_fused_adam(std::span<const FusedAdamTensors> /*list*/, const AdamHyper& h, int64_t step,
+                     void* /*stream*/) {
   te_adam_scalars(h, step);  // the same argument errors as the CUDA build, first
   unavailable("cuda_fused_adam");
 }

@@ -71,7 +71,7 @@ static_assert(sizeof(LaunchArgs) <= kKernelParamBytesMax,
               "LaunchArgs is passed by value as the kernel's parameter");
 
 struct PlanLimits {
-  int64_t resident_blocks = 1;   // blocks the device runs at once (SMs × blocks per SM)
+  int64_t resident_blocks = 1;  // blocks the device runs at once (SMs × blocks per SM)
   int32_t threads_per_block = 1;
   int64_t chunk_elems_max = 65536;
   int32_t tensors_per_launch_max = kTensorsPerLaunchMax;
@@ -143,8 +143,8 @@ CKPTSIM_HD void te_adam_element(float& p, float g, float& m, float& v, const TeA
   m = add_rn(mul_rn(s.beta1, m), mul_rn(s.one_minus_beta1, g));
   v = add_rn(mul_rn(s.beta2, v), mul_rn(mul_rn(s.one_minus_beta2, g), g));
   const float denom = add_rn(sqrt_rn(div_rn(v, s.bias_correction2)), s.eps);
-  const float update = add_rn(div_rn(div_rn(m, s.bias_correction1), denom),
-                              mul_rn(s.weight_decay, p));
+  const float update =
+      add_rn(div_rn(div_rn(m, s.bias_correction1), denom), mul_rn(s.weight_decay, p));
   p = sub_rn(p, mul_rn(s.lr, update));
 }
 
@@ -245,8 +245,8 @@ CKPTSIM_HD void run_block(const LaunchArgs& a, int64_t block, int64_t grid, int3
   for (int64_t c = block; c < a.chunk_count; c += grid) {
     while (c >= a.slot[t].chunk_end) ++t;  // c only grows, so the cursor only moves forward
     const int64_t first = t == 0 ? 0 : a.slot[t - 1].chunk_end;
-    run_chunk(a.slot[t], a.scalars, a.chunk_elems, c - first, a.slot[t].chunk_end - first,
-              thread, threads);
+    run_chunk(a.slot[t], a.scalars, a.chunk_elems, c - first, a.slot[t].chunk_end - first, thread,
+              threads);
   }
 }
 

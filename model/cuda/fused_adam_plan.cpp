@@ -18,16 +18,15 @@ uintptr_t address(const float* p) { return reinterpret_cast<uintptr_t>(p); }
 
 void check_tensor(const FusedAdamTensors& t, size_t index) {
   const std::string where = "cuda_fused_adam: tensor " + std::to_string(index) + ": ";
-  CKPTSIM_CHECK(t.numel >= 0, where + "numel must not be negative (got " +
-                                  std::to_string(t.numel) + ")");
+  CKPTSIM_CHECK(t.numel >= 0,
+                where + "numel must not be negative (got " + std::to_string(t.numel) + ")");
   if (t.numel == 0) return;
-  CKPTSIM_CHECK(t.param != nullptr && t.grad != nullptr && t.exp_avg != nullptr &&
-                    t.exp_avg_sq != nullptr,
-                where + "a pointer must not be null when numel > 0");
-  const bool floats_aligned = address(t.param) % alignof(float) == 0 &&
-                              address(t.grad) % alignof(float) == 0 &&
-                              address(t.exp_avg) % alignof(float) == 0 &&
-                              address(t.exp_avg_sq) % alignof(float) == 0;
+  CKPTSIM_CHECK(
+      t.param != nullptr && t.grad != nullptr && t.exp_avg != nullptr && t.exp_avg_sq != nullptr,
+      where + "a pointer must not be null when numel > 0");
+  const bool floats_aligned =
+      address(t.param) % alignof(float) == 0 && address(t.grad) % alignof(float) == 0 &&
+      address(t.exp_avg) % alignof(float) == 0 && address(t.exp_avg_sq) % alignof(float) == 0;
   CKPTSIM_CHECK(floats_aligned, where + "a pointer must not be misaligned for float");
 }
 

@@ -24,6 +24,8 @@
 //      BadArgumentsThrowAndLaunchNothing (the first tensor would have been updated)
 // Not caught, by design: cuda_fused_adam(stream = nullptr) returning before the kernel ends;
 // our downloads are cudaMemcpy on the legacy default stream, ordered after the kernel anyway.
+#include "model/fused_adam_cuda.h"
+
 #include <gtest/gtest.h>
 
 #include <array>
@@ -33,7 +35,6 @@
 
 #include "model/adam_math.h"
 #include "model/errors.h"
-#include "model/fused_adam_cuda.h"
 #include "tests/adam_cases.h"
 
 namespace ckptsim::model {
@@ -94,9 +95,10 @@ TEST_F(CudaFusedAdam, SingleTensorsAtEveryAlignment) {
   const uint64_t seed = base_seed() + 10;
   std::cout << "[ seed ] " << seed << "\n";
   Rng r(seed);
-  const int64_t sizes[] = {1,    2,    3,    4,    5,    7,        8,         15,
-                           16,   17,   1023, 1024, 1025, 2047,     2048,      2049,
-                           4103, 65539, 65536 * 3 + 1, (1 << 20) + 5};
+  // clang-format off
+  const int64_t sizes[] = {1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 1023, 1024, 1025, 2047, 2048, 2049,
+                           4096 + 7, 65536 + 3, 65536 * 3 + 1, (1 << 20) + 5};
+  // clang-format on
   for (int64_t n : sizes) {
     // Placements 0-3: all four arrays at offset 0..3 mod 4 floats (float4 path with a head of
     // 0, 3, 2, 1 elements); 4: offsets chosen independently (almost always the scalar path).

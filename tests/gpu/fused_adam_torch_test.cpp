@@ -61,7 +61,8 @@ using namespace adam_cases;
 #if defined(CKPTSIM_TORCH_FUSED_ADAMW)
 
 at::Tensor to_cuda(const std::vector<float>& host) {
-  at::Tensor cpu = at::empty({static_cast<int64_t>(host.size())}, at::TensorOptions().dtype(at::kFloat));
+  at::Tensor cpu =
+      at::empty({static_cast<int64_t>(host.size())}, at::TensorOptions().dtype(at::kFloat));
   std::copy(host.begin(), host.end(), cpu.data_ptr<float>());
   at::Tensor dev = at::empty({static_cast<int64_t>(host.size())},
                              at::TensorOptions().dtype(at::kFloat).device(at::kCUDA));
@@ -168,8 +169,8 @@ TEST(TorchFusedAdamW, AgreesWithOurKernelWithinRoundingModel) {
         }
         // Python's torch.optim.AdamW(fused=True) increments the step tensors first; we pass
         // the already-incremented value t, as TE gets t.
-        at::_fused_adamw_(tp, tg, tm, tv, {}, steps, h.lr, h.beta1, h.beta2, h.weight_decay,
-                          h.eps, /*amsgrad=*/false, /*maximize=*/false);
+        at::_fused_adamw_(tp, tg, tm, tv, {}, steps, h.lr, h.beta1, h.beta2, h.weight_decay, h.eps,
+                          /*amsgrad=*/false, /*maximize=*/false);
         for (size_t j = 0; j < start.size(); ++j) {
           const State& s0 = start[j];
           const State ours = run_ours(s0, h, t);
@@ -190,17 +191,18 @@ TEST(TorchFusedAdamW, AgreesWithOurKernelWithinRoundingModel) {
             const double dp_te = double{ours.p[i]} - s0.p[i];
             const double dp_th = double{th_p[i]} - s0.p[i];
             const double m_terms = h.beta1 * std::abs(s0.m[i]) + (1 - h.beta1) * std::abs(g);
-            const double v_hat = (h.beta2 * s0.v[i] + (1 - h.beta2) * g * g) /
-                                 (1 - std::pow(h.beta2, double(t)));
-            const double scale = h.lr * m_terms / (1 - std::pow(h.beta1, double(t))) /
-                                 (std::sqrt(v_hat) + h.eps);
+            const double v_hat =
+                (h.beta2 * s0.v[i] + (1 - h.beta2) * g * g) / (1 - std::pow(h.beta2, double(t)));
+            const double scale =
+                h.lr * m_terms / (1 - std::pow(h.beta1, double(t))) / (std::sqrt(v_hat) + h.eps);
             const double tol = rel * (std::abs(dp_th) + scale) + 2.0 * ulp_of(th_p[i]);
-            ASSERT_LE(std::abs(dp_te - dp_th), tol)
-                << "dp_te=" << dp_te << " dp_torch=" << dp_th;
+            ASSERT_LE(std::abs(dp_te - dp_th), tol) << "dp_te=" << dp_te << " dp_torch=" << dp_th;
             worst = std::max(worst, std::abs(dp_te - dp_th) / tol);
 
-            const double m_big = std::max({std::abs(double{s0.m[i]}), std::abs(g), std::abs(double{th_m[i]})});
-            const double tol_m = 2 * d1 * (std::abs(s0.m[i]) + std::abs(g)) + 4 * ulp_of(static_cast<float>(m_big));
+            const double m_big =
+                std::max({std::abs(double{s0.m[i]}), std::abs(g), std::abs(double{th_m[i]})});
+            const double tol_m =
+                2 * d1 * (std::abs(s0.m[i]) + std::abs(g)) + 4 * ulp_of(static_cast<float>(m_big));
             ASSERT_LE(std::abs(double{ours.m[i]} - th_m[i]), tol_m)
                 << "m_te=" << ours.m[i] << " m_torch=" << th_m[i];
             const double v_big = std::max({double{s0.v[i]}, g * g, double{th_v[i]}});

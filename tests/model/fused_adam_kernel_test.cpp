@@ -27,6 +27,8 @@
 //      float subtraction 1 - float(β2)
 //      -> TeAdamScalars.ByHand, AdamMath.FusedAdamHandStep1And2,
 //         AdamMath.FusedAdamMatchesScalarReferenceBitwise
+#include "model/cuda/fused_adam_kernel.h"
+
 #include <gtest/gtest.h>
 
 #include <array>
@@ -35,7 +37,6 @@
 #include <vector>
 
 #include "model/adam_math.h"
-#include "model/cuda/fused_adam_kernel.h"
 #include "model/errors.h"
 #include "model/fused_adam_cuda.h"
 #include "tests/adam_cases.h"
@@ -216,7 +217,8 @@ TEST(FusedAdamPlan, BadTensorsThrowBeforeAnyLaunch) {
   alignas(16) static float a[4][16];
   const TeAdamScalars s{};
   const PlanLimits limits;
-  std::vector<FusedAdamTensors> list = {{a[0], a[1], a[2], a[3], 16}, {a[0], nullptr, a[2], a[3], 4}};
+  std::vector<FusedAdamTensors> list = {{a[0], a[1], a[2], a[3], 16},
+                                        {a[0], nullptr, a[2], a[3], 4}};
   EXPECT_THROW(cuda_detail::plan_fused_adam(list, s, limits), InvariantViolation);
   list[1] = {a[0], a[1], a[2], a[3], -1};
   EXPECT_THROW(cuda_detail::plan_fused_adam(list, s, limits), InvariantViolation);
