@@ -45,35 +45,47 @@ Eigen::Index as_index(size_t n) { return static_cast<Eigen::Index>(n); }
 
 }  // namespace
 
-void fused_adam_update(std::span<float> param, std::span<const float> grad,
-                       std::span<float> exp_avg, std::span<float> exp_avg_sq,
-                       const AdamHyper& h, int64_t step) {
-  check_lengths(param, grad, exp_avg, exp_avg_sq, "fused_adam_update");
+TeAdamScalars te_adam_scalars(const AdamHyper& h, int64_t step) {
   CKPTSIM_CHECK(step >= 1 && step <= std::numeric_limits<int32_t>::max(),
-                "fused_adam_update: step must not be < 1 or exceed a C int (got " +
+                "te_adam_scalars: step must not be < 1 or exceed a C int (got " +
                     std::to_string(step) + ")");
-
+  TeAdamScalars s;
   // The binding's parameter types: float scalars, int step.
-  const float lr = static_cast<float>(h.lr);
-  const float beta1 = static_cast<float>(h.beta1);
-  const float beta2 = static_cast<float>(h.beta2);
-  const float eps = static_cast<float>(h.eps);
-  const float decay = static_cast<float>(h.weight_decay);
+  s.lr = static_cast<float>(h.lr);
+  s.beta1 = static_cast<float>(h.beta1);
+  s.beta2 = static_cast<float>(h.beta2);
+  s.eps = static_cast<float>(h.eps);
+  s.weight_decay = static_cast<float>(h.weight_decay);
   const int step_int = static_cast<int>(step);
 
   // Host: pow(float, int) is promoted to pow(double, double); the difference is rounded to
   // float when stored into the float bias-correction variables.
-  float bias_correction1 = 1.0f;
-  float bias_correction2 = 1.0f;
   if (h.bias_correction) {
-    bias_correction1 =
-        static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step_int)));
-    bias_correction2 =
-        static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step_int)));
+    s.bias_correction1 = static_cast<float>(
+        1.0 - std::pow(static_cast<double>(s.beta1), static_cast<double>(step_int)));
+    s.bias_correction2 = static_cast<float>(
+        1.0 - std::pow(static_cast<double>(s.beta2), static_cast<double>(step_int)));
   }
   // In the kernel `1 - beta` is an int-to-float conversion and a float subtraction.
-  const float one_minus_beta1 = 1.0f - beta1;
-  const float one_minus_beta2 = 1.0f - beta2;
+  s.one_minus_beta1 = 1.0f - s.beta1;
+  s.one_minus_beta2 = 1.0f - s.beta2;
+  return s;
+}
+
+void fused_adam_update(std::span<float> param, std::span<const float> grad,
+                       std::span<float> exp_avg, std::span<float> exp_avg_sq,
+                       const AdamHyper& h, int64_t step) {
+  check_lengths(param, grad, exp_avg, exp_avg_sq, "fused_adam_update");
+  const TeAdamScalars s = te_adam_scalars(h, step);
+  const float lr = s.lr;
+  const float beta1 = s.beta1;
+  const float beta2 = s.beta2;
+  const float eps = s.eps;
+  const float decay = s.weight_decay;
+  const float bias_correction1 = s.bias_correction1;
+  const float bias_correction2 = s.bias_correction2;
+  const float one_minus_beta1 = s.one_minus_beta1;
+  const float one_minus_beta2 = s.one_minus_beta2;
 
   const Eigen::Index n = as_index(param.size());
   ArrayMap p(param.data(), n);

@@ -38,20 +38,43 @@ struct AdamHyper {
   bool bias_correction = true;  // TE only; torch AdamW always corrects
 };
 
+// The host-side scalars of one TE FusedAdam step (ADAM_MODE_1), each in the precision that
+// transformer_engine/common/multi_tensor/adam.cu multi_tensor_adam_cuda() gives it. The one
+// place they are computed: fused_adam_update (CPU) and cuda_fused_adam (model/fused_adam_cuda.h)
+// both take them from te_adam_scalars, so the two kernels cannot round a scalar differently
+// and stay bitwise equal (the CUDA kernel's tests compare them bit for bit).
+struct TeAdamScalars {
+  float lr = 0.0f;
+  float beta1 = 0.0f;
+  float beta2 = 0.0f;
+  float eps = 0.0f;
+  float weight_decay = 0.0f;
+  float bias_correction1 = 1.0f;  // 1 - float(β1)^t, or 1 without bias correction
+  float bias_correction2 = 1.0f;  // 1 - float(β2)^t, or 1 without bias correction
+  float one_minus_beta1 = 0.0f;   // 1 - float(β1), a float subtraction as in the kernel
+  float one_minus_beta2 = 0.0f;   // 1 - float(β2)
+};
+
+// Host: lr, β1, β2, ε, wd are rounded to float (the pybind signature takes float) and t to a
+// C int; bc = 1 − std::pow(float β, int t) is evaluated in double (C++ promotes pow(float,
+// int) to double) and rounded to float. So β2 = 0.999 enters the bias correction as
+// 0.99900001287…, not 0.999.
+// REQUIRES: 1 <= step <= INT32_MAX (pybind11 rejects a larger Python int for a C int
+// parameter); throws InvariantViolation otherwise.
+TeAdamScalars te_adam_scalars(const AdamHyper& h, int64_t step);
+
 // Mirrors transformer_engine/common/multi_tensor/adam.cu multi_tensor_adam_cuda() (host) and
 // adam_update() / AdamFunctor (kernel) with mode ADAM_MODE_1, as called from
 // transformer_engine/pytorch/optimizers/fused_adam.py FusedAdam.step() with fp32 params,
 // grads and moments and no master weights.
 //
-// Host side: lr, β1, β2, ε, wd are rounded to float (the pybind signature takes float) and
-// t to a C int; bc = 1 − std::pow(float β, int t) is evaluated in double (C++ promotes
-// pow(float, int) to double) and rounded to float. So β2 = 0.999 enters the bias correction
-// as 0.99900001287…, not 0.999.
+// Host side: te_adam_scalars(h, step).
 // Kernel, all float: m = β1·m + (1−β1)·g; v = β2·v + ((1−β2)·g)·g; (1−β) is itself a float
 // subtraction; update = (m/bc1)/(sqrt(v/bc2) + ε) + wd·p; p = p − lr·update.
 // Differs upstream: nvcc contracts the a·b + c forms into FMAs by default (--fmad=true), so
 // GPU results may differ from ours by an ulp or so per operation; we model the uncontracted
-// order.
+// order. Our own CUDA kernel (model/fused_adam_cuda.h) computes exactly this order and is
+// bitwise equal to this function.
 // REQUIRES: all four spans have the same length; 1 <= step <= INT32_MAX (pybind11 rejects a
 // larger Python int for a C int parameter).
 void fused_adam_update(std::span<float> param, std::span<const float> grad,
