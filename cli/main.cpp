@@ -62,6 +62,7 @@ struct RunFlags {
   std::string checkpoint_root = "ckptsim-checkpoints";
   std::string trace;
   std::vector<std::string> profiles;
+  std::string device = "auto";
 };
 
 int cmd_run(const RunFlags& f) {
@@ -86,8 +87,17 @@ int cmd_run(const RunFlags& f) {
   auto say = [&](const std::string& line) {
     if (!f.quiet && !f.json) std::cout << line << std::endl;
   };
+  sim::DeviceChoice device = sim::DeviceChoice::kAuto;
+  if (f.device == "cpu") {
+    device = sim::DeviceChoice::kCpu;
+  } else if (f.device == "cuda") {
+    device = sim::DeviceChoice::kCuda;
+  } else if (f.device != "auto") {
+    return invalid("--device must be auto, cpu or cuda, got " + f.device);
+  }
   for (const auto& s : scenarios) {
     sim::RunOptions options;
+    options.device = device;
     if (!f.memory) options.checkpoint_dir = f.checkpoint_root + "/" + sanitize(s.name.empty() ? s.source : s.name);
     options.progress = [&](const std::string& line) { say("  " + line); };
     say(fmt::format("seed={} revision={} scenario={}", s.seed,
@@ -123,7 +133,8 @@ int cmd_run(const RunFlags& f) {
         for (const auto& m : rep.expectation_mismatches) say("  expect: UNEXPECTED " + m);
       }
     }
-    say(fmt::format("  checkpoints: {}; trace hash {:016x}", r.checkpoint_location, r.trace_hash));
+    say(fmt::format("  checkpoints: {}; device state on {}; trace hash {:016x}", r.checkpoint_location,
+                    r.gpu_resident ? "the GPU (CUDA FusedAdam kernel)" : "the CPU (simulated 'cuda')", r.trace_hash));
     reports.push_back(std::move(rep));
   }
   if (!f.report.empty()) {
@@ -145,6 +156,7 @@ int cmd_run(const RunFlags& f) {
       j["seed"] = r.scenario.seed;
       j["trace_hash"] = fmt::format("{:016x}", r.trace_hash);
       j["checkpoints"] = r.checkpoint_location;
+      j["gpu_resident"] = r.gpu_resident;
       if (rep.has_expectations) j["as_expected"] = rep.expectation_mismatches.empty();
       return j;
     };
@@ -548,6 +560,8 @@ int main(int argc, char** argv) {
   run->add_option("--trace", run_flags.trace, "Write the trace (one line per event) to this file");
   run->add_option("--profile", run_flags.profiles, "Extra revision profile JSON files");
   run->add_flag("--quiet", run_flags.quiet, "Print nothing but errors (and --json output)");
+  run->add_option("--device", run_flags.device,
+                  "Where 'cuda' state lives: auto (the GPU when one can hold it), cpu (simulated), cuda");
 
   bool rev_json = false;
   std::vector<std::string> rev_profiles;

@@ -1,5 +1,6 @@
 #include "model/ddp.h"
 
+#include <ATen/ops/empty.h>
 #include <fmt/format.h>
 
 #include <cstring>
@@ -84,11 +85,14 @@ void DistributedDataParallel::finish_grad_sync() {
   for (auto& buffer : buffers_) {
     for (const BucketLayout& bucket : buffer.layout.buckets) {
       const int64_t local = bucket.numel / dp;
-      // The collective reads every rank's whole bucket; write the shard from a private copy.
-      const at::Tensor input = buffer.grad_data.narrow(0, bucket.offset, bucket.numel).clone();
+      // The collective reads every rank's whole bucket; write the shard from a private host
+      // copy (the in-process collectives move host memory; a GPU buffer is staged).
+      const at::Tensor input = buffer.grad_data.narrow(0, bucket.offset, bucket.numel).to(at::kCPU, false, true);
       at::Tensor shard = buffer.grad_data.narrow(0, bucket.offset + r * local, local);
+      at::Tensor host_shard = shard.is_cuda() ? at::empty({local}, at::TensorOptions().dtype(at::kFloat)) : shard;
       dp_group_.reduce_scatter_sum({input.data_ptr<float>(), static_cast<size_t>(input.numel())},
-                                   {shard.data_ptr<float>(), static_cast<size_t>(shard.numel())});
+                                   {host_shard.data_ptr<float>(), static_cast<size_t>(host_shard.numel())});
+      if (shard.is_cuda()) shard.copy_(host_shard);
     }
   }
 }
@@ -100,11 +104,13 @@ void DistributedDataParallel::start_param_sync() {
     const size_t elem = buffer.param_data.element_size();
     for (const BucketLayout& bucket : buffer.layout.buckets) {
       const int64_t local = bucket.numel / dp;
-      const at::Tensor shard = buffer.param_data.narrow(0, bucket.offset + r * local, local).clone();
+      const at::Tensor shard = buffer.param_data.narrow(0, bucket.offset + r * local, local).to(at::kCPU, false, true);
       at::Tensor whole = buffer.param_data.narrow(0, bucket.offset, bucket.numel);
+      at::Tensor host_whole = whole.is_cuda() ? at::empty({bucket.numel}, at::TensorOptions().dtype(whole.scalar_type())) : whole;
       dp_group_.all_gather(
           {static_cast<const std::byte*>(shard.data_ptr()), static_cast<size_t>(local) * elem},
-          {static_cast<std::byte*>(whole.data_ptr()), static_cast<size_t>(bucket.numel) * elem});
+          {static_cast<std::byte*>(host_whole.data_ptr()), static_cast<size_t>(bucket.numel) * elem});
+      if (whole.is_cuda()) whole.copy_(host_whole);
     }
   }
 }

@@ -835,8 +835,9 @@ void DistributedOptimizer::load_parameter_state_from_dp_reshardable(const Value&
       if (!model_param_group_index_map_[p].has_value()) continue;
       DictPtr tensors = get_main_param_and_optimizer_states(p);
       if (const Value* m = tensors->find("exp_avg"); m != nullptr && m->is_tensor() && m->tensor().numel() > 0) {
-        float* x = m->tensor().data_ptr<float>();
-        x[0] = std::nextafter(x[0], x[0] >= 0 ? 1.0F : -1.0F);
+        at::Tensor first = m->tensor().narrow(0, 0, 1);
+        const float x = first.item<float>();
+        first.fill_(std::nextafter(x, x >= 0 ? 1.0F : -1.0F));
         break;
       }
     }
@@ -909,7 +910,7 @@ std::vector<ShardSnapshot> DistributedOptimizer::snapshot() {
   auto to_vec = [](const Value* v) {
     std::vector<float> out;
     if (v == nullptr || !v->is_tensor()) return out;
-    at::Tensor t = v->tensor().to(at::kFloat).contiguous();
+    at::Tensor t = v->tensor().to(at::kFloat).to(at::kCPU).contiguous();
     out.assign(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
     return out;
   };

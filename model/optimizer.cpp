@@ -5,6 +5,7 @@
 #include <span>
 
 #include "model/errors.h"
+#include "model/fused_adam_cuda.h"
 
 namespace ckptsim::model {
 
@@ -289,17 +290,34 @@ void TorchAdamW::step() {
     for (at::Tensor& st : steps) {
       CKPTSIM_CHECK(st.numel() == 1 && st.scalar_type() == at::kFloat,
                     "AdamW step must be a one-element float32 tensor");
-      st.data_ptr<float>()[0] += 1.0F;
+      if (st.is_cuda()) {
+        st.add_(1.0);
+      } else {
+        st.data_ptr<float>()[0] += 1.0F;
+      }
     }
     for (size_t i = 0; i < params.size(); ++i) {
       const at::Tensor& p = params[i];
       const DictPtr& s = *state.find(p);
-      const float t = steps[i].data_ptr<float>()[0];
+      const float t = steps[i].is_cuda() ? steps[i].item<float>() : steps[i].data_ptr<float>()[0];
       for (const char* k : {"exp_avg", "exp_avg_sq"}) check_same_size(p, s->at(k).tensor(), "torch.optim.AdamW.step()");
       check_same_size(p, rt_.grad(p), "torch.optim.AdamW.step()");
-      torch_adamw_update(fp32_span(p, "AdamW param"), fp32_span(rt_.grad(p), "AdamW grad"),
-                         fp32_span(s->at("exp_avg").tensor(), "exp_avg"),
-                         fp32_span(s->at("exp_avg_sq").tensor(), "exp_avg_sq"), hyper, t);
+      at::Tensor m = s->at("exp_avg").tensor();
+      at::Tensor v = s->at("exp_avg_sq").tensor();
+      if (p.is_cuda() || m.is_cuda()) {
+        // torch AdamW's math has a CPU reference only: GPU-resident state goes through host
+        // copies (the same bits, since the update is elementwise and exact-order).
+        at::Tensor hp = p.cpu(), hg = rt_.grad(p).cpu(), hm = m.cpu(), hv = v.cpu();
+        torch_adamw_update(fp32_span(hp, "AdamW param"), fp32_span(hg, "AdamW grad"), fp32_span(hm, "exp_avg"),
+                           fp32_span(hv, "exp_avg_sq"), hyper, t);
+        at::Tensor pp = p;
+        pp.copy_(hp);
+        m.copy_(hm);
+        v.copy_(hv);
+      } else {
+        torch_adamw_update(fp32_span(p, "AdamW param"), fp32_span(rt_.grad(p), "AdamW grad"), fp32_span(m, "exp_avg"),
+                           fp32_span(v, "exp_avg_sq"), hyper, t);
+      }
       last_used_steps_.push_back({p, t});
     }
   }
@@ -417,6 +435,9 @@ void FusedAdam::step() {
     group.set("step", Value(t));
     last_used_steps_.push_back(t);
     const AdamHyper hyper = group_hyper(group);
+    // GPU-resident params go to the CUDA kernel in one multi-tensor apply per group.
+    std::vector<FusedAdamTensors> on_gpu;
+    std::vector<at::Tensor> keep_alive;
     for (const at::Tensor& p : params) {
       DictPtr& s = state.get_or_insert(p, [] { return Dict::make(); });
       if (s->empty()) {
@@ -427,10 +448,21 @@ void FusedAdam::step() {
       if (!g.defined()) continue;
       check_same_size(p, g, "fused_adam.py FusedAdam.step()");
       for (const char* k : {"exp_avg", "exp_avg_sq"}) check_same_size(p, s->at(k).tensor(), "fused_adam.py FusedAdam.step()");
-      fused_adam_update(fp32_span(p, "FusedAdam param"), fp32_span(g, "FusedAdam grad"),
-                        fp32_span(get_unscaled_state(p, "exp_avg"), "exp_avg"),
-                        fp32_span(get_unscaled_state(p, "exp_avg_sq"), "exp_avg_sq"), hyper, t);
+      const at::Tensor m = get_unscaled_state(p, "exp_avg");
+      const at::Tensor v = get_unscaled_state(p, "exp_avg_sq");
+      if (p.is_cuda()) {
+        CKPTSIM_CHECK(g.is_cuda() && m.is_cuda() && v.is_cuda() && p.is_contiguous() && g.is_contiguous() &&
+                          m.is_contiguous() && v.is_contiguous() && p.scalar_type() == at::kFloat &&
+                          g.scalar_type() == at::kFloat,
+                      "GPU FusedAdam operands must be contiguous fp32 CUDA tensors");
+        on_gpu.push_back({p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), p.numel()});
+        keep_alive.push_back(g);
+        continue;
+      }
+      fused_adam_update(fp32_span(p, "FusedAdam param"), fp32_span(g, "FusedAdam grad"), fp32_span(m, "exp_avg"),
+                        fp32_span(v, "exp_avg_sq"), hyper, t);
     }
+    if (!on_gpu.empty()) cuda_fused_adam(on_gpu, hyper, t);
   }
 }
 

@@ -18,6 +18,8 @@
 
 #include <fmt/format.h>
 
+#include <unordered_map>
+
 #include "model/errors.h"
 
 namespace ckptsim::model {
@@ -127,6 +129,7 @@ class Encoder {
   }
 
  private:
+  std::unordered_map<const void*, at::Tensor> host_copies_;  // lookup only
   c10::IValue encode_at(const Value& v, KeyPath& path) {
     CKPTSIM_CHECK(path.size() <= kPickleDepthMax,
                   fmt::format("pickle_value: nesting deeper than kPickleDepthMax={} at {}",
@@ -138,8 +141,16 @@ class Encoder {
       case Value::Kind::kFloat: return c10::IValue(v.as_float());
       case Value::Kind::kStr: return c10::IValue(v.as_str());
       case Value::Kind::kSymbol: return c10::IValue(v.as_symbol().name);
-      case Value::Kind::kTensor:
-        return v.tensor().defined() ? c10::IValue(v.tensor()) : c10::IValue();
+      case Value::Kind::kTensor: {
+        if (!v.tensor().defined()) return c10::IValue();
+        if (!v.tensor().is_cuda()) return c10::IValue(v.tensor());
+        // A GPU-resident tensor is written as its CPU copy, as a checkpoint read with
+        // map_location='cpu' gives it back; one copy per object keeps aliasing.
+        const void* id = v.tensor().unsafeGetTensorImpl();
+        auto it = host_copies_.find(id);
+        if (it == host_copies_.end()) it = host_copies_.emplace(id, v.tensor().cpu()).first;
+        return c10::IValue(it->second);
+      }
       case Value::Kind::kTuple:
         return memoized(&v.as_tuple(), path, [&] {
           std::vector<c10::IValue> items;

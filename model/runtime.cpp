@@ -4,10 +4,13 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/zeros.h>
+#include <ATen/Context.h>
 
 #include <cmath>
 #include <algorithm>
 #include <cstring>
+
+#include "model/fused_adam_cuda.h"
 
 namespace ckptsim::model {
 
@@ -39,18 +42,39 @@ constexpr uint64_t kGarbageStream = 1;
 constexpr uint64_t kRandnStream = 2;
 }  // namespace
 
-Runtime::Runtime(uint64_t root_seed, int64_t phase, int64_t rank)
+bool real_cuda_available(std::string* why) {
+  if (!at::hasCUDA()) {
+    if (why != nullptr) *why = "this libtorch has no CUDA";
+    return false;
+  }
+  if (!cuda_fused_adam_available()) {
+    if (why != nullptr) *why = cuda_unavailable_reason();
+    return false;
+  }
+  return true;
+}
+
+Runtime::Runtime(uint64_t root_seed, int64_t phase, int64_t rank, bool real_cuda)
     : rank_(rank),
+      real_cuda_(real_cuda),
       garbage_(mix_seed(mix_seed(mix_seed(root_seed, static_cast<uint64_t>(phase)), static_cast<uint64_t>(rank)), kGarbageStream)),
       randn_(mix_seed(mix_seed(mix_seed(root_seed, static_cast<uint64_t>(phase)), static_cast<uint64_t>(rank)), kRandnStream)) {}
 
+at::Tensor Runtime::on(at::Tensor t, Device d) {
+  if (real_cuda_ && d == Device::kCuda) return t.to(at::kCUDA);
+  place(t, d);
+  return t;
+}
+
 Device Runtime::device_of(const at::Tensor& t) const {
   CKPTSIM_CHECK(t.defined(), "device_of an undefined tensor");
+  if (real_cuda_) return t.is_cuda() ? Device::kCuda : Device::kCpu;
   auto it = devices_.find(t.storage().unsafeGetStorageImpl());
   return it == devices_.end() ? Device::kCpu : it->second.second;
 }
 
 void Runtime::place(const at::Tensor& t, Device d) {
+  if (real_cuda_) return;
   const void* id = t.storage().unsafeGetStorageImpl();
   if (d == Device::kCpu) {
     devices_.erase(id);
@@ -62,6 +86,10 @@ void Runtime::place(const at::Tensor& t, Device d) {
 at::Tensor Runtime::to(const at::Tensor& t, at::ScalarType dtype, Device device) {
   CKPTSIM_CHECK(t.defined(), "Runtime::to on an undefined tensor");
   if (t.scalar_type() == dtype && device_of(t) == device) return t;
+  if (real_cuda_) {
+    return t.to(at::TensorOptions().dtype(dtype).device(device == Device::kCuda ? at::kCUDA : at::kCPU),
+                /*non_blocking=*/false, /*copy=*/true);
+  }
   at::Tensor out = t.to(dtype, /*non_blocking=*/false, /*copy=*/true);
   place(out, device);
   return out;
@@ -79,15 +107,12 @@ void Runtime::fill_garbage(at::Tensor& t) {
 
 at::Tensor Runtime::empty(at::IntArrayRef shape, at::ScalarType dtype, Device device) {
   at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype));
-  fill_garbage(t);
-  place(t, device);
-  return t;
+  fill_garbage(t);  // on the host, so that a GPU run holds the very same garbage
+  return on(std::move(t), device);
 }
 
 at::Tensor Runtime::zeros(at::IntArrayRef shape, at::ScalarType dtype, Device device) {
-  at::Tensor t = at::zeros(shape, at::TensorOptions().dtype(dtype));
-  place(t, device);
-  return t;
+  return on(at::zeros(shape, at::TensorOptions().dtype(dtype)), device);
 }
 
 at::Tensor Runtime::empty_like(const at::Tensor& t, at::ScalarType dtype) {
@@ -100,14 +125,12 @@ at::Tensor Runtime::zeros_like(const at::Tensor& t) {
 
 at::Tensor Runtime::clone(const at::Tensor& t) {
   at::Tensor out = t.clone(at::MemoryFormat::Contiguous);
-  place(out, device_of(t));
+  if (!real_cuda_) place(out, device_of(t));
   return out;
 }
 
 at::Tensor Runtime::scalar_tensor(double value, at::ScalarType dtype, Device device) {
-  at::Tensor t = at::scalar_tensor(value, at::TensorOptions().dtype(dtype));
-  place(t, device);
-  return t;
+  return on(at::scalar_tensor(value, at::TensorOptions().dtype(dtype)), device);
 }
 
 at::Tensor Runtime::randn_like(const at::Tensor& t) {
@@ -115,8 +138,7 @@ at::Tensor Runtime::randn_like(const at::Tensor& t) {
   float* p = out.data_ptr<float>();
   for (int64_t i = 0; i < out.numel(); ++i) p[i] = randn_.next_normal();
   if (t.scalar_type() != at::kFloat) out = out.to(t.scalar_type());
-  place(out, device_of(t));
-  return out;
+  return on(std::move(out), device_of(t));
 }
 
 bool Runtime::fault(const char* site) {

@@ -8,7 +8,8 @@
 // object identity in HDO's load path (spec §10.2).
 //
 // Invariants:
-//   1. Simulated device is a property of the storage: views inherit it.
+//   1. Simulated device is a property of the storage: views inherit it. With real_cuda, the
+//      'cuda' device is the GPU and at::Tensor's own device is the truth.
 //   2. Nothing here reads a clock or random_device: empty() fills with garbage from the
 //      rank's `garbage` stream and randn_like() draws from the `randn` stream; both streams
 //      are derived from (root seed, phase, rank), separately, so that allocating more or less
@@ -44,9 +45,16 @@ class Rng {
 // Mixes values into a 64-bit seed (used to derive per-rank, per-stream seeds).
 uint64_t mix_seed(uint64_t a, uint64_t b);
 
+// Whether this build and machine can keep 'cuda' state on a real GPU: libtorch with CUDA and
+// a device that runs the ckptsim FusedAdam kernel. `why` (optional) says why not.
+bool real_cuda_available(std::string* why = nullptr);
+
 class Runtime {
  public:
-  Runtime(uint64_t root_seed, int64_t phase, int64_t rank);
+  // real_cuda: tensors placed on 'cuda' live on the real GPU (REQUIRES real_cuda_available());
+  // otherwise 'cuda' is a tag on CPU tensors.
+  Runtime(uint64_t root_seed, int64_t phase, int64_t rank, bool real_cuda = false);
+  bool real_cuda() const { return real_cuda_; }
 
   int64_t rank() const { return rank_; }
 
@@ -79,7 +87,10 @@ class Runtime {
   void place(const at::Tensor& t, Device d);
   void fill_garbage(at::Tensor& t);
 
+  at::Tensor on(at::Tensor t, Device d);  // real mode: move a fresh CPU tensor to d
+
   int64_t rank_;
+  bool real_cuda_ = false;
   Rng garbage_;
   Rng randn_;
   // Storage identity -> simulated device; the c10::Storage keeps the key alive (lookup only).

@@ -107,7 +107,8 @@ void diff_values(const Value& a, const Value& b, KeyPath& path, std::vector<std:
     const at::Tensor& x = a.tensor();
     const at::Tensor& y = b.tensor();
     equal = x.scalar_type() == y.scalar_type() && x.sizes() == y.sizes() &&
-            std::memcmp(x.contiguous().data_ptr(), y.contiguous().data_ptr(), x.numel() * x.element_size()) == 0;
+            std::memcmp(x.to(at::kCPU).contiguous().data_ptr(), y.to(at::kCPU).contiguous().data_ptr(),
+                        x.numel() * x.element_size()) == 0;
   } else if (!a.is_tensor() && !b.is_tensor() && !a.is_container() && !b.is_container()) {
     equal = py_equal(a, b);
   }
@@ -161,7 +162,7 @@ SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup&
     if (!is_main_replica(st.replica_id)) continue;
     CKPTSIM_CHECK(st.global_shape.size() == 1 && st.local_shape.size() == 1,
                   "only 1-D ShardedTensors are modeled: " + st.key);
-    const at::Tensor data = st.data.contiguous();
+    const at::Tensor data = st.data.to(at::kCPU).contiguous();
     SavedPiece p;
     p.key = st.key;
     p.dtype = torch_dtype_name(data.scalar_type());

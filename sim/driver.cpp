@@ -6,6 +6,8 @@
 #include <limits>
 #include <memory>
 
+#include <ATen/ops/empty.h>
+
 #include "model/faults.h"
 #include "model/mapping.h"
 #include "model/pickle_codec.h"
@@ -31,7 +33,7 @@ float initial_value(uint64_t seed, size_t param, int64_t element) {
 }
 
 std::vector<float> tensor_floats(const at::Tensor& t) {
-  const at::Tensor f = t.to(at::kFloat).contiguous();
+  const at::Tensor f = t.to(at::kFloat).to(at::kCPU).contiguous();
   return {f.data_ptr<float>(), f.data_ptr<float>() + f.numel()};
 }
 
@@ -105,6 +107,7 @@ struct PhaseJob {
   const model::RevisionSwitches* switches = nullptr;
   model::Storage* load_from = nullptr;  // null: fresh start
   model::Storage* save_to = nullptr;    // null: no save
+  bool real_cuda = false;
 };
 
 uint64_t snapshot_hash(const std::vector<model::ShardSnapshot>& snap, const std::vector<std::vector<float>>& params) {
@@ -143,7 +146,7 @@ RankError make_error(int rank, const std::string& stage) {
 void rank_main(const PhaseJob& job, model::ProcessGroup& pg, RankOut& out) {
   const Scenario& s = *job.scenario;
   const int rank = pg.rank();
-  model::Runtime rt(s.seed, job.phase_id, rank);
+  model::Runtime rt(s.seed, job.phase_id, rank, job.real_cuda);
   rt.enable_faults(s.faults);
   std::string stage = "init";
   try {
@@ -207,9 +210,11 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, RankOut& out) {
       ddp.zero_grad_buffer();
       for (size_t i = 0; i < s.params.size(); ++i) {
         at::Tensor g = ddp.main_grad(i);
-        std::span<float> span{g.data_ptr<float>(), static_cast<size_t>(g.numel())};
+        at::Tensor host = g.is_cuda() ? at::empty({g.numel()}, at::TensorOptions().dtype(at::kFloat)) : g;
+        std::span<float> span{host.data_ptr<float>(), static_cast<size_t>(host.numel())};
         local_gradient(grad_spec, global_step, static_cast<int64_t>(i), 0, rank, job.dp, span);
         for (float& x : span) x *= scale;
+        if (g.is_cuda()) g.copy_(host);
       }
       ddp.finish_grad_sync();
       opt.apply_schedule(s.optimizer.lr, s.optimizer.weight_decay);
@@ -419,6 +424,12 @@ Result<RunResult> run_scenario(const Scenario& scenario, model::RevisionRegistry
   }
   result.trace.push_back(fmt::format("seed={} revision={} scenario={}", scenario.seed, revisions,
                                      scenario.name.empty() ? scenario.source : scenario.name));
+  std::string why_not;
+  const bool have_gpu = model::real_cuda_available(&why_not);
+  if (options.device == DeviceChoice::kCuda && !have_gpu) {
+    return Status::invalid_input("--device cuda: no GPU can hold the state here (" + why_not + ")");
+  }
+  result.gpu_resident = options.device == DeviceChoice::kCuda || (options.device == DeviceChoice::kAuto && have_gpu);
   {
     std::string derived = fmt::format("options optimizer={} params={} total_numel={} bucket_size={} pad_65536={} "
                                       "samples_per_step={} phases=",
@@ -455,6 +466,7 @@ Result<RunResult> run_scenario(const Scenario& scenario, model::RevisionRegistry
     job.dp = scenario.phases.front().dp;
     job.steps = scenario.total_steps();
     job.switches = &profiles.front().switches;
+    job.real_cuda = result.gpu_resident;
     const auto outs = run_world(job);
     collect_errors(outs, result.reference_errors);
     std::vector<const std::vector<model::ShardSnapshot>*> snaps;
@@ -503,6 +515,7 @@ Result<RunResult> run_scenario(const Scenario& scenario, model::RevisionRegistry
     job.dp = spec.dp;
     job.steps = spec.steps;
     job.switches = &profiles[i].switches;
+    job.real_cuda = result.gpu_resident;
     job.load_from = i > 0 ? stores[stores.size() - 2].get() : nullptr;
     job.save_to = spec.save ? stores.back().get() : nullptr;
     const auto outs = run_world(job);

@@ -120,11 +120,17 @@ struct RunResult {
   std::vector<std::string> trace;
   uint64_t trace_hash = 0;
   std::string checkpoint_location;  // "memory" or the directory
+  bool gpu_resident = false;        // 'cuda' state lived on a real GPU
 
   const ModelState* reference_at(int64_t global_step) const;  // nullptr when out of range
 };
 
+enum class DeviceChoice { kAuto, kCpu, kCuda };
+
 struct RunOptions {
+  // Where 'cuda' state lives: kCpu simulates the device (CPU tensors, CPU kernels); kCuda keeps
+  // it on the real GPU (CUDA FusedAdam kernel); kAuto picks kCuda when real_cuda_available().
+  DeviceChoice device = DeviceChoice::kCpu;
   // Empty: an in-memory store. Otherwise a directory; phase i saves to <dir>/phase_<i>/.
   std::string checkpoint_dir;
   // Called with a one-line status after each phase (progress on long runs); may be empty.
