@@ -399,7 +399,7 @@ TEST(AdamMath, TorchAdamWAgreesWithLibtorchAdamW) {
     torch_adamw_update(p, g, m, v, h, static_cast<float>(k));
 
     auto& state = static_cast<torch::optim::AdamWParamState&>(
-        *opt.state().at(c10::guts::to_string(param.unsafeGetTensorImpl())));
+        *opt.state().at(c10::str(param.unsafeGetTensorImpl())));
     static_assert(std::is_same_v<std::remove_cvref_t<decltype(state.step())>, int64_t>);
     ASSERT_EQ(state.step(), k);
     const torch::Tensor lt_p = param.detach().contiguous();
