@@ -36,15 +36,44 @@ struct GeneratorConfig {
   // With two or more revisions: at least one phase differs from the previous phase's revision
   // (a checkpoint saved by one revision, resumed by another).
   bool require_revision_change = false;
-  std::vector<model::OptimizerKind> kinds = {model::OptimizerKind::kFusedAdam, model::OptimizerKind::kTorchAdamW,
+  std::vector<model::OptimizerKind> kinds = {model::OptimizerKind::kFusedAdam,
+                                             model::OptimizerKind::kTorchAdamW,
                                              model::OptimizerKind::kHybrid};
   std::vector<std::string> faults;  // copied into every scenario (mutation controls)
   int params_max = 6;
   int phases_max = 4;
   int64_t dp_max = 32;
   int64_t steps_max = 6;
+  // Draw the phases as a RapidCheck stateful command sequence (gen_scenario_stateful).
+  bool stateful = false;
 };
 
 rc::Gen<sim::Scenario> gen_scenario(const GeneratorConfig& config);
+
+// The save/resume cycles as a stateful command sequence, so that RapidCheck shrinks the
+// sequence itself (drops commands, then shrinks their arguments). Commands:
+//   Train(k)                  k more steps in the current phase;
+//   SaveResume(dp, revision)  save, then resume in a new job at `dp` with `revision`
+//                             (precondition: fewer than phases_max phases so far).
+// CycleModel is the model of the expected state: the phase in progress and the global step
+// each phase must resume at; `expected_start_steps` replays a scenario's commands through it.
+struct CycleModel {
+  int64_t dp = 1;
+  std::string revision;
+  int64_t steps_in_phase = 0;
+  int64_t total_steps = 0;
+  std::vector<int64_t> start_steps = {0};  // global step each phase starts at
+  // From the generator config.
+  std::vector<std::string> revisions;
+  int phases_max = 4;
+  int64_t dp_max = 32;
+  int64_t steps_max = 6;
+};
+rc::Gen<sim::Scenario> gen_scenario_stateful(const GeneratorConfig& config);
+// What the model predicts each phase of `s` resumes at (the sum of the earlier phases' steps).
+std::vector<int64_t> expected_start_steps(const sim::Scenario& s);
+
+// gen_scenario or gen_scenario_stateful, as the config says.
+rc::Gen<sim::Scenario> gen_for(const GeneratorConfig& config);
 
 }  // namespace ckptsim::properties

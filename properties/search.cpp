@@ -158,7 +158,7 @@ SearchResult search(const SearchOptions& options, const Judge& judge) {
   SearchResult result;
   const Clock clock;
   auto out_of_time = [&] { return options.time_budget_s > 0 && clock.seconds() >= options.time_budget_s; };
-  const rc::Gen<sim::Scenario> gen = gen_scenario(options.generator);
+  const rc::Gen<sim::Scenario> gen = gen_for(options.generator);
   double last_progress = 0;
   for (int64_t k = 0; k < options.cases; ++k) {
     if (out_of_time()) {

@@ -4,18 +4,21 @@
 // scenario. Mutations this file catches: a generator emitting an invalid scenario
 // (GeneratedScenariosReplay), shrinking that accepts another cause (ShrinkKeepsTheSignature),
 // a property that can never fail under search (MutationControls.*).
+#include "properties/search.h"
+
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
-#include "properties/search.h"
 #include "tests/testing.h"
 
 using namespace ckptsim;
 
 namespace {
 
-properties::SearchResult run_search(properties::GeneratorConfig g, const std::vector<std::string>& only,
-                                    int64_t cases, uint64_t seed = 1) {
+properties::SearchResult run_search(properties::GeneratorConfig g,
+                                    const std::vector<std::string>& only, int64_t cases,
+                                    uint64_t seed = 1) {
   properties::SearchOptions o;
   o.generator = std::move(g);
   o.seed = seed;
@@ -43,7 +46,8 @@ RC_GTEST_PROP(Generators, GeneratedScenariosReplay, ()) {
   properties::GeneratorConfig g;
   g.revisions = {"upstream-2874", "fix-complete"};
   const sim::Scenario s = *properties::gen_scenario(g);
-  auto parsed = sim::parse_scenario(sim::scenario_to_json(s).dump(), "generated.json", test::registry());
+  auto parsed =
+      sim::parse_scenario(sim::scenario_to_json(s).dump(), "generated.json", test::registry());
   RC_ASSERT(parsed.is_ok());
   RC_ASSERT(sim::scenario_to_json(parsed.value()) == sim::scenario_to_json(s));
   RC_ASSERT(s.params.size() >= 1u && s.params.size() <= 6u);
@@ -54,7 +58,8 @@ RC_GTEST_PROP(Generators, DomainShrinksAreValidAndSmaller, ()) {
   properties::GeneratorConfig g;
   const sim::Scenario s = *properties::gen_scenario(g);
   for (const auto& c : properties::domain_shrinks(s)) {
-    RC_ASSERT(sim::parse_scenario(sim::scenario_to_json(c).dump(), "shrunk.json", test::registry()).is_ok());
+    RC_ASSERT(sim::parse_scenario(sim::scenario_to_json(c).dump(), "shrunk.json", test::registry())
+                  .is_ok());
     RC_ASSERT(c.params.size() <= s.params.size());
     RC_ASSERT(c.phases.size() <= s.phases.size());
     RC_ASSERT(c.total_steps() <= s.total_steps());
@@ -74,6 +79,78 @@ RC_GTEST_PROP(PropertiesAsALibrary, FixCompleteKeepsEveryPropertyOnGeneratedScen
   }
 }
 
+// Every resumed shard's step counter against the command model: the step each phase resumes at
+// (CycleModel::start_steps). Empty when they agree; else the first disagreement.
+std::string counters_against_model(const sim::RunResult& run) {
+  const std::vector<int64_t> expected = properties::expected_start_steps(run.scenario);
+  for (const auto& ph : run.phases) {
+    if (ph.index == 0 || !ph.after_load) continue;
+    for (const auto& sh : ph.after_load->shards) {
+      if (sh.counter && *sh.counter != static_cast<double>(expected[ph.index])) {
+        return fmt::format("phase {} param {} rank {}: counter {} after load, model says {}",
+                           ph.index, sh.param, sh.rank, *sh.counter, expected[ph.index]);
+      }
+    }
+  }
+  return "";
+}
+
+RC_GTEST_PROP(Generators, StatefulScenariosReplayAndResumeWhereTheModelSays, ()) {
+  properties::GeneratorConfig g;
+  g.revisions = {"fix-complete"};
+  g.params_max = 3;
+  g.phases_max = 3;
+  g.dp_max = 8;
+  g.stateful = true;
+  const sim::Scenario s = *properties::gen_scenario_stateful(g);
+  RC_ASSERT(sim::parse_scenario(sim::scenario_to_json(s).dump(), "generated.json", test::registry())
+                .is_ok());
+  RC_ASSERT(s.phases.size() >= 1u && s.phases.size() <= 3u);
+  const auto run = test::run(s);
+  for (const auto& r : properties::check_all(run)) {
+    RC_ASSERT(r.verdict != properties::Verdict::kFail);
+  }
+  const std::string mismatch = counters_against_model(run);
+  RC_ASSERT_FALSE(!mismatch.empty());
+}
+
+TEST(Generators, ModelCountersSeeTheStepReset) {
+  // The control for the model check above: upstream-2874 resumes the offloaded AdamW at 1.
+  const auto bad = test::run(test::scenario_file("scenarios/bug2-step-reset-dp2-to-4.json"));
+  EXPECT_NE(counters_against_model(bad), "");
+  const auto good = test::run(test::scenario_file("scenarios/bug2-fixed-dp2-to-4.json"));
+  EXPECT_EQ(counters_against_model(good), "");
+}
+
+TEST(Generators, StatefulCrossRevisionScenariosChangeRevision) {
+  properties::GeneratorConfig g;
+  g.revisions = {"miles-main", "upstream-2874"};
+  g.require_revision_change = true;
+  g.stateful = true;
+  const auto gen = properties::gen_for(g);
+  for (int seed = 0; seed < 50; ++seed) {
+    const sim::Scenario s = gen(rc::Random(seed), 50).value();
+    bool changed = false;
+    for (size_t i = 1; i < s.phases.size(); ++i)
+      changed |= s.phases[i].revision != s.phases[i - 1].revision;
+    EXPECT_TRUE(changed) << sim::scenario_to_json(s).dump();
+  }
+}
+
+TEST(Search, StatefulSearchFindsTheStepResetSmall) {
+  properties::GeneratorConfig g;
+  g.revisions = {"upstream-2874"};
+  g.kinds = {model::OptimizerKind::kHybrid};
+  g.stateful = true;
+  const auto r = run_search(g, {"step_matches_uninterrupted"}, 300);
+  ASSERT_EQ(r.failures.size(), 1u);
+  const auto& m = r.failures.front().minimal;
+  EXPECT_LE(m.params.size(), 2u);
+  EXPECT_EQ(m.phases.size(), 2u);
+  EXPECT_EQ(test::verdict(test::run(m), "step_matches_uninterrupted").verdict,
+            properties::Verdict::kFail);
+}
+
 TEST(Search, FindsTheStepResetSmallAndReproducibly) {
   properties::GeneratorConfig g;
   g.revisions = {"upstream-2874"};
@@ -87,7 +164,8 @@ TEST(Search, FindsTheStepResetSmallAndReproducibly) {
   EXPECT_LE(dp_max(f.minimal), 2);
   // The minimal scenario replays to the same failure.
   const auto replay = test::run(f.minimal);
-  EXPECT_EQ(test::verdict(replay, "step_matches_uninterrupted").verdict, properties::Verdict::kFail);
+  EXPECT_EQ(test::verdict(replay, "step_matches_uninterrupted").verdict,
+            properties::Verdict::kFail);
   // Same seed, same search.
   const auto b = run_search(g, {"step_matches_uninterrupted"}, 300);
   ASSERT_EQ(b.failures.size(), 1u);
@@ -118,7 +196,8 @@ TEST(Search, FindsTheDuplicateLeafAcrossRevisionsSmall) {
   EXPECT_LE(m.params.size(), 2u);
   EXPECT_LE(m.phases.size(), 2u);
   EXPECT_LE(dp_max(m), 2);
-  EXPECT_NE(r.failures.front().finding.detail.find("'step')"), std::string::npos) << r.failures.front().finding.detail;
+  EXPECT_NE(r.failures.front().finding.detail.find("'step')"), std::string::npos)
+      << r.failures.front().finding.detail;
 }
 
 // ---- Mutation controls: every property fails under search on a broken variant. ---------------
@@ -134,7 +213,8 @@ struct Control {
 class MutationControls : public ::testing::TestWithParam<Control> {};
 
 TEST_P(MutationControls, SearchFindsTheBrokenVariant) {
-  ensure_profile("test-b9-aliased-steps", R"({"name": "test-b9-aliased-steps", "extends": "fix-complete",
+  ensure_profile("test-b9-aliased-steps",
+                 R"({"name": "test-b9-aliased-steps", "extends": "fix-complete",
       "description": "fix-complete with B9 put back", "switches": {"pure_torch_load_clones_step": false}})");
   const Control& c = GetParam();
   properties::GeneratorConfig g;
@@ -148,31 +228,44 @@ TEST_P(MutationControls, SearchFindsTheBrokenVariant) {
   // The same search on the unbroken variant finds nothing for this property (fault-based controls).
   if (!c.faults.empty()) {
     g.faults.clear();
-    EXPECT_TRUE(run_search(g, {c.property}, 100).failures.empty()) << c.property << " fails without the fault";
+    EXPECT_TRUE(run_search(g, {c.property}, 100).failures.empty())
+        << c.property << " fails without the fault";
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(
     EveryProperty, MutationControls,
     ::testing::Values(
-        Control{"no_duplicate_leaves", {"miles-main", "upstream-2874"}, {}, {model::OptimizerKind::kHybrid}, true},
+        Control{"no_duplicate_leaves",
+                {"miles-main", "upstream-2874"},
+                {},
+                {model::OptimizerKind::kHybrid},
+                true},
         Control{"resume_completes", {"upstream-pre-2874"}, {}, {model::OptimizerKind::kHybrid}},
-        Control{"step_matches_uninterrupted", {"upstream-2874"}, {}, {model::OptimizerKind::kHybrid}},
+        Control{
+            "step_matches_uninterrupted", {"upstream-2874"}, {}, {model::OptimizerKind::kHybrid}},
         Control{"trajectory_matches_uninterrupted", {"fix-complete"}, {"load.perturb_exp_avg"}, {}},
         Control{"shards_tile_buckets", {"fix-complete"}, {"dp_reshardable.drop_end_padding"}, {}},
-        Control{"common_state_rank_independent", {"fix-complete"}, {"save.rank_dependent_common"}, {}},
+        Control{
+            "common_state_rank_independent", {"fix-complete"}, {"save.rank_dependent_common"}, {}},
         Control{"layout_invariants", {"fix-complete"}, {"layout.misalign_param_start"}, {}},
         Control{"round_trip_identity", {"fix-complete"}, {"load.perturb_exp_avg"}, {}},
         Control{"reshard_round_trip_bytes", {"fix-complete"}, {"load.perturb_exp_avg"}, {}},
-        Control{"step_tensors_not_aliased", {"test-b9-aliased-steps"}, {}, {model::OptimizerKind::kTorchAdamW}}),
+        Control{"step_tensors_not_aliased",
+                {"test-b9-aliased-steps"},
+                {},
+                {model::OptimizerKind::kTorchAdamW}}),
     [](const ::testing::TestParamInfo<Control>& info) { return info.param.property; });
 
 TEST(MutationControls, CoverEveryProperty) {
-  std::vector<std::string> covered = {"no_duplicate_leaves", "resume_completes", "step_matches_uninterrupted",
-                                      "trajectory_matches_uninterrupted", "shards_tile_buckets",
-                                      "common_state_rank_independent", "layout_invariants", "round_trip_identity",
-                                      "reshard_round_trip_bytes", "step_tensors_not_aliased"};
+  std::vector<std::string> covered = {
+      "no_duplicate_leaves",        "resume_completes",
+      "step_matches_uninterrupted", "trajectory_matches_uninterrupted",
+      "shards_tile_buckets",        "common_state_rank_independent",
+      "layout_invariants",          "round_trip_identity",
+      "reshard_round_trip_bytes",   "step_tensors_not_aliased"};
   for (const auto& p : properties::all_properties()) {
-    EXPECT_NE(std::find(covered.begin(), covered.end(), p.name), covered.end()) << p.name << " has no search control";
+    EXPECT_NE(std::find(covered.begin(), covered.end(), p.name), covered.end())
+        << p.name << " has no search control";
   }
 }
