@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -25,7 +26,8 @@ std::string phase_label(const RunResult& run, const PhaseRecord& p) {
 std::string param_name(const RunResult& run, size_t p) { return run.scenario.params.at(p).name; }
 
 std::string shard_label(const RunResult& run, const ShardRecord& s) {
-  return fmt::format("{} on {}[{}:{}] (rank {})", s.part, param_name(run, s.param), s.range.start, s.range.end, s.rank);
+  return fmt::format("{} on {}[{}:{}] (rank {})", s.part, param_name(run, s.param), s.range.start,
+                     s.range.end, s.rank);
 }
 
 std::string num(double x) {
@@ -62,8 +64,8 @@ std::string message_shape(const std::string& m) {
 }
 
 // Moments as Adam sees them: state that does not exist yet is zeros.
-std::vector<std::vector<float>> effective_moments(const std::vector<std::vector<float>>& m,
-                                                  const std::vector<std::vector<uint8_t>>& present) {
+std::vector<std::vector<float>> effective_moments(
+    const std::vector<std::vector<float>>& m, const std::vector<std::vector<uint8_t>>& present) {
   std::vector<std::vector<float>> out = m;
   for (size_t p = 0; p < out.size() && p < present.size(); ++p) {
     for (size_t e = 0; e < out[p].size() && e < present[p].size(); ++e) {
@@ -72,6 +74,32 @@ std::vector<std::vector<float>> effective_moments(const std::vector<std::vector<
   }
   return out;
 }
+
+// The four arrays two states are compared on, moments normalized (absent state = zeros).
+class ComparedFields {
+ public:
+  struct Field {
+    const char* name;
+    const std::vector<std::vector<float>>* a;
+    const std::vector<std::vector<float>>* b;
+  };
+  ComparedFields(const ModelState& a, const ModelState& b)
+      : a_m_(effective_moments(a.exp_avg, a.moments_present)),
+        a_v_(effective_moments(a.exp_avg_sq, a.moments_present)),
+        b_m_(effective_moments(b.exp_avg, b.moments_present)),
+        b_v_(effective_moments(b.exp_avg_sq, b.moments_present)),
+        fields_{{{"master param", &a.master, &b.master},
+                 {"exp_avg", &a_m_, &b_m_},
+                 {"exp_avg_sq", &a_v_, &b_v_},
+                 {"model param", &a.param, &b.param}}} {}
+  ComparedFields(const ComparedFields&) = delete;  // fields_ points into this object
+  ComparedFields& operator=(const ComparedFields&) = delete;
+  const std::array<Field, 4>& fields() const { return fields_; }
+
+ private:
+  std::vector<std::vector<float>> a_m_, a_v_, b_m_, b_v_;
+  std::array<Field, 4> fields_;
+};
 
 bool any_primary_error(const PhaseRecord& p) {
   for (const auto& e : p.errors) {
@@ -99,16 +127,19 @@ PropertyResult no_duplicate_leaves(const RunResult& run) {
       if (!e.merge_kind.has_value()) continue;
       r.verdict = Verdict::kFail;
       r.phase = static_cast<int>(p.index);
-      const char* what = *e.merge_kind == model::MergeError::Kind::kDuplicateLeaf ? "duplicate leaf"
-                                                                                 : "lists of different lengths";
-      r.detail = fmt::format("{} load, rank {}: merge() met {} at path {}; expected no overlap between the "
-                             "checkpoint's common state and the load request; observed {}: {}",
-                             phase_label(run, p), e.rank, what, model::repr(e.merge_path), e.py_type, e.message);
+      const char* what = *e.merge_kind == model::MergeError::Kind::kDuplicateLeaf
+                             ? "duplicate leaf"
+                             : "lists of different lengths";
+      r.detail = fmt::format(
+          "{} load, rank {}: merge() met {} at path {}; expected no overlap between the "
+          "checkpoint's common state and the load request; observed {}: {}",
+          phase_label(run, p), e.rank, what, model::repr(e.merge_path), e.py_type, e.message);
       r.signature = std::string("no_duplicate_leaves:") + what;
       return r;
     }
   }
-  r.detail = fmt::format("{} load(s) merged common state, local objects and loaded shards without a collision", loads);
+  r.detail = fmt::format(
+      "{} load(s) merged common state, local objects and loaded shards without a collision", loads);
   return r;
 }
 
@@ -128,9 +159,11 @@ PropertyResult resume_completes(const RunResult& run) {
       r.verdict = Verdict::kFail;
       r.phase = static_cast<int>(p.index);
       const auto* e = first_primary(p.errors);
-      r.detail = fmt::format("{}: expected every rank to {} without error; observed {}", phase_label(run, p),
-                             p.index == 0 ? "train and save" : "load, train and save", e->summary());
-      r.signature = "resume_completes:" + e->stage + ":" + e->py_type + "@" + e->site + ":" + message_shape(e->message);
+      r.detail = fmt::format(
+          "{}: expected every rank to {} without error; observed {}", phase_label(run, p),
+          p.index == 0 ? "train and save" : "load, train and save", e->summary());
+      r.signature = "resume_completes:" + e->stage + ":" + e->py_type + "@" + e->site + ":" +
+                    message_shape(e->message);
       return r;
     }
     saves += p.spec.save ? 1 : 0;
@@ -162,8 +195,8 @@ PropertyResult step_matches_uninterrupted(const RunResult& run) {
     // Right after the load: the counter the next update advances from equals the reference's.
     const ModelState* ref = run.reference_at(p.start_step);
     if (ref == nullptr) {
-      failures.push_back(fmt::format("{}: resumed at global step {}, beyond the reference run", phase_label(run, p),
-                                     p.start_step));
+      failures.push_back(fmt::format("{}: resumed at global step {}, beyond the reference run",
+                                     phase_label(run, p), p.start_step));
       continue;
     }
     for (const auto& s : p.after_load->shards) {
@@ -175,9 +208,11 @@ PropertyResult step_matches_uninterrupted(const RunResult& run) {
         if (signature.empty()) signature = "step_matches_uninterrupted:after_load:" + s.part;
         if (first_phase < 0) first_phase = static_cast<int>(p.index);
         failures.push_back(fmt::format(
-            "{}, after the load at global step {}: the step counter of {} is {} (expected {}, as in the uninterrupted "
+            "{}, after the load at global step {}: the step counter of {} is {} (expected {}, as "
+            "in the uninterrupted "
             "run){}",
-            phase_label(run, p), p.start_step, shard_label(run, s), s.counter ? num(observed) : "none", num(expected),
+            phase_label(run, p), p.start_step, shard_label(run, s),
+            s.counter ? num(observed) : "none", num(expected),
             !s.counter ? ": no step was restored, so bias correction restarts at t=1" : ""));
       }
     }
@@ -192,9 +227,10 @@ PropertyResult step_matches_uninterrupted(const RunResult& run) {
         if (*s.step_used != expected) {
           if (signature.empty()) signature = "step_matches_uninterrupted:training:" + s.part;
           if (first_phase < 0) first_phase = static_cast<int>(p.index);
-          failures.push_back(fmt::format("{}, global step {}: {} used bias-correction step t={} (uninterrupted run: t={})",
-                                         phase_label(run, p), st.global_step, shard_label(run, s), num(*s.step_used),
-                                         num(expected)));
+          failures.push_back(fmt::format(
+              "{}, global step {}: {} used bias-correction step t={} (uninterrupted run: t={})",
+              phase_label(run, p), st.global_step, shard_label(run, s), num(*s.step_used),
+              num(expected)));
         }
       }
     }
@@ -204,8 +240,10 @@ PropertyResult step_matches_uninterrupted(const RunResult& run) {
     r.signature = signature;
     r.phase = first_phase;
     r.detail = failures.front();
-    if (failures.size() > 1) r.detail += fmt::format(" (+{} more mismatches; first ones: ", failures.size() - 1);
-    for (size_t i = 1; i < failures.size() && i < 4; ++i) r.detail += (i > 1 ? "; " : "") + failures[i];
+    if (failures.size() > 1)
+      r.detail += fmt::format(" (+{} more mismatches; first ones: ", failures.size() - 1);
+    for (size_t i = 1; i < failures.size() && i < 4; ++i)
+      r.detail += (i > 1 ? "; " : "") + failures[i];
     if (failures.size() > 1) r.detail += ")";
     return r;
   }
@@ -214,8 +252,9 @@ PropertyResult step_matches_uninterrupted(const RunResult& run) {
     r.detail = "not evaluated: " + not_evaluated;
     return r;
   }
-  r.detail = fmt::format("{} resume(s): {} step counters and bias-correction steps equal the uninterrupted run's",
-                         resumes, checks);
+  r.detail = fmt::format(
+      "{} resume(s): {} step counters and bias-correction steps equal the uninterrupted run's",
+      resumes, checks);
   return r;
 }
 
@@ -229,7 +268,8 @@ bool bitwise_equal(float a, float b) {
 }
 
 bool within_tolerance(float observed, float expected, bool bf16) {
-  if (std::isnan(observed) || std::isnan(expected)) return std::isnan(observed) && std::isnan(expected);
+  if (std::isnan(observed) || std::isnan(expected))
+    return std::isnan(observed) && std::isnan(expected);
   const double d = std::fabs(static_cast<double>(observed) - static_cast<double>(expected));
   if (bf16) {
     // One bf16 ulp at the expected value's magnitude (8 significand bits).
@@ -245,7 +285,8 @@ PropertyResult trajectory_matches_uninterrupted(const RunResult& run) {
   const auto& params = run.scenario.params;
   // Per element: has a reshard ever put it under a different kernel kind than the reference?
   std::vector<std::vector<uint8_t>> moved(params.size());
-  for (size_t p = 0; p < params.size(); ++p) moved[p].assign(static_cast<size_t>(params[p].numel), 0);
+  for (size_t p = 0; p < params.size(); ++p)
+    moved[p].assign(static_cast<size_t>(params[p].numel), 0);
   int64_t bitwise = 0;
   int64_t tolerant = 0;
   int64_t states = 0;
@@ -262,36 +303,26 @@ PropertyResult trajectory_matches_uninterrupted(const RunResult& run) {
   auto compare = [&](const PhaseRecord& phase, const ModelState& st, const ModelState& ref,
                      const char* when) -> std::string {
     ++states;
-    struct Field {
-      const char* name;
-      const std::vector<std::vector<float>>* obs;
-      const std::vector<std::vector<float>>* exp;
-    };
-    const auto st_m = effective_moments(st.exp_avg, st.moments_present);
-    const auto st_v = effective_moments(st.exp_avg_sq, st.moments_present);
-    const auto ref_m = effective_moments(ref.exp_avg, ref.moments_present);
-    const auto ref_v = effective_moments(ref.exp_avg_sq, ref.moments_present);
-    const Field fields[] = {{"master param", &st.master, &ref.master},
-                            {"exp_avg", &st_m, &ref_m},
-                            {"exp_avg_sq", &st_v, &ref_v},
-                            {"model param", &st.param, &ref.param}};
-    for (const Field& f : fields) {
-      if (f.obs->empty() || f.exp->empty()) continue;
+    const ComparedFields compared(st, ref);  // a: observed, b: expected
+    for (const auto& f : compared.fields()) {
+      if (f.a->empty() || f.b->empty()) continue;
       for (size_t p = 0; p < params.size(); ++p) {
-        const auto& o = (*f.obs)[p];
-        const auto& x = (*f.exp)[p];
+        const auto& o = (*f.a)[p];
+        const auto& x = (*f.b)[p];
         int64_t differing = 0;
         double max_diff = 0;
         int64_t first = -1;
         bool first_moved = false;
         for (size_t e = 0; e < o.size(); ++e) {
           const bool m = moved[p][e] != 0;
-          const bool bf16 = std::string(f.name) == "model param" && params[p].dtype == at::kBFloat16;
+          const bool bf16 =
+              std::string(f.name) == "model param" && params[p].dtype == at::kBFloat16;
           const bool ok = m ? within_tolerance(o[e], x[e], bf16) : bitwise_equal(o[e], x[e]);
           (m ? tolerant : bitwise)++;
           if (ok) continue;
           ++differing;
-          max_diff = std::max(max_diff, std::fabs(static_cast<double>(o[e]) - static_cast<double>(x[e])));
+          max_diff =
+              std::max(max_diff, std::fabs(static_cast<double>(o[e]) - static_cast<double>(x[e])));
           if (first < 0) {
             first = static_cast<int64_t>(e);
             first_moved = m;
@@ -302,14 +333,18 @@ PropertyResult trajectory_matches_uninterrupted(const RunResult& run) {
         r.signature = std::string("trajectory_matches_uninterrupted:") + f.name;
         r.phase = static_cast<int>(phase.index);
         return fmt::format(
-            "{}, {} global step {}: {} of {}[{}] is {} (uninterrupted run: {}); comparison {}; {} of {} elements of {} "
+            "{}, {} global step {}: {} of {}[{}] is {} (uninterrupted run: {}); comparison {}; {} "
+            "of {} elements of {} "
             "differ, max |diff| {:.3g}{}",
-            phase_label(run, phase), when, st.global_step, f.name, params[p].name, first, num(o[first]), num(x[first]),
-            first_moved ? fmt::format("within tolerance (rtol {:g}, atol {:g}; the reshard moved the element to another "
+            phase_label(run, phase), when, st.global_step, f.name, params[p].name, first,
+            num(o[first]), num(x[first]),
+            first_moved ? fmt::format("within tolerance (rtol {:g}, atol {:g}; the reshard moved "
+                                      "the element to another "
                                       "kernel kind)",
                                       kTrajectoryRtol, kTrajectoryAtol)
                         : "bitwise (the same kernel kind updated the element in both runs)",
-            differing, o.size(), params[p].name, max_diff, s != nullptr ? ", updated by " + shard_label(run, *s) : "");
+            differing, o.size(), params[p].name, max_diff,
+            s != nullptr ? ", updated by " + shard_label(run, *s) : "");
       }
     }
     return "";
@@ -318,7 +353,8 @@ PropertyResult trajectory_matches_uninterrupted(const RunResult& run) {
     if (!p.ran) continue;
     if (p.index > 0) {
       if (!p.after_load.has_value()) {
-        if (not_evaluated.empty()) not_evaluated = phase_label(run, p) + ": the load did not complete";
+        if (not_evaluated.empty())
+          not_evaluated = phase_label(run, p) + ": the load did not complete";
         continue;
       }
       const ModelState* ref = run.reference_at(p.after_load->global_step);
@@ -347,9 +383,10 @@ PropertyResult trajectory_matches_uninterrupted(const RunResult& run) {
     r.detail = "not evaluated: " + not_evaluated;
     return r;
   }
-  r.detail = fmt::format("{} states compared with the uninterrupted run: {} element values bit for bit, {} within "
-                         "tolerance (moved between kernel kinds)",
-                         states, bitwise, tolerant);
+  r.detail = fmt::format(
+      "{} states compared with the uninterrupted run: {} element values bit for bit, {} within "
+      "tolerance (moved between kernel kinds)",
+      states, bitwise, tolerant);
   return r;
 }
 
@@ -370,15 +407,17 @@ PropertyResult shards_tile_buckets_impl(const RunResult& run) {
     ++checkpoints;
     std::map<std::string, std::vector<const model::SavedPiece*>> by_key;
     for (const auto& piece : p.saved_pieces) {
-      if (piece.key.rfind("optimizer.distributed.", 0) == 0 && piece.key.find(".bucket_idx_") != std::string::npos) {
+      if (piece.key.rfind("optimizer.distributed.", 0) == 0 &&
+          piece.key.find(".bucket_idx_") != std::string::npos) {
         by_key[piece.key].push_back(&piece);
       }
     }
     // Every bucket of every buffer has its keys.
     for (size_t g = 0; g < p.buffers.size(); ++g) {
       for (size_t b = 0; b < p.buffers[g].numel_unpadded.size(); ++b) {
-        const std::string prefix = fmt::format("optimizer.distributed.dp_group_idx_0.gbuf_idx_{}.dtype_{}.bucket_idx_{}.",
-                                               g, p.buffers[g].dtype_key, b);
+        const std::string prefix =
+            fmt::format("optimizer.distributed.dp_group_idx_0.gbuf_idx_{}.dtype_{}.bucket_idx_{}.",
+                        g, p.buffers[g].dtype_key, b);
         bool found = false;
         for (const auto& [key, pieces] : by_key) {
           if (key.rfind(prefix, 0) != 0) continue;
@@ -386,16 +425,19 @@ PropertyResult shards_tile_buckets_impl(const RunResult& run) {
           if (pieces.front()->global_numel != p.buffers[g].numel_unpadded[b]) {
             r.verdict = Verdict::kFail;
             r.phase = static_cast<int>(p.index);
-            r.detail = fmt::format("{} checkpoint: key {} has global shape ({},), expected numel_unpadded {}",
-                                   phase_label(run, p), key, pieces.front()->global_numel, p.buffers[g].numel_unpadded[b]);
+            r.detail = fmt::format(
+                "{} checkpoint: key {} has global shape ({},), expected numel_unpadded {}",
+                phase_label(run, p), key, pieces.front()->global_numel,
+                p.buffers[g].numel_unpadded[b]);
             return r;
           }
         }
         if (!found) {
           r.verdict = Verdict::kFail;
           r.phase = static_cast<int>(p.index);
-          r.detail = fmt::format("{} checkpoint: bucket {} of buffer {} {} has no saved optimizer state", phase_label(run, p),
-                                 b, g, p.buffers[g].dtype_key);
+          r.detail =
+              fmt::format("{} checkpoint: bucket {} of buffer {} {} has no saved optimizer state",
+                          phase_label(run, p), b, g, p.buffers[g].dtype_key);
           return r;
         }
       }
@@ -403,7 +445,8 @@ PropertyResult shards_tile_buckets_impl(const RunResult& run) {
     for (auto& [key, pieces] : by_key) {
       ++keys_checked;
       std::vector<std::pair<int64_t, int64_t>> ranges;
-      for (const auto* piece : pieces) ranges.emplace_back(piece->global_offset, piece->global_offset + piece->numel);
+      for (const auto* piece : pieces)
+        ranges.emplace_back(piece->global_offset, piece->global_offset + piece->numel);
       std::sort(ranges.begin(), ranges.end());
       const int64_t total = pieces.front()->global_numel;
       int64_t cursor = 0;
@@ -411,15 +454,17 @@ PropertyResult shards_tile_buckets_impl(const RunResult& run) {
         if (b > cursor) {
           r.verdict = Verdict::kFail;
           r.phase = static_cast<int>(p.index);
-          r.detail = fmt::format("{} checkpoint: key {}: elements [{}, {}) of [0, {}) were saved by no rank (a gap)",
-                                 phase_label(run, p), key, cursor, b, total);
+          r.detail = fmt::format(
+              "{} checkpoint: key {}: elements [{}, {}) of [0, {}) were saved by no rank (a gap)",
+              phase_label(run, p), key, cursor, b, total);
           return r;
         }
         if (b < cursor) {
           r.verdict = Verdict::kFail;
           r.phase = static_cast<int>(p.index);
-          r.detail = fmt::format("{} checkpoint: key {}: elements [{}, {}) of [0, {}) were saved twice (an overlap)",
-                                 phase_label(run, p), key, b, std::min(cursor, e), total);
+          r.detail = fmt::format(
+              "{} checkpoint: key {}: elements [{}, {}) of [0, {}) were saved twice (an overlap)",
+              phase_label(run, p), key, b, std::min(cursor, e), total);
           return r;
         }
         cursor = e;
@@ -427,14 +472,17 @@ PropertyResult shards_tile_buckets_impl(const RunResult& run) {
       if (cursor != total) {
         r.verdict = Verdict::kFail;
         r.phase = static_cast<int>(p.index);
-        r.detail = fmt::format("{} checkpoint: key {}: pieces end at {}, expected exactly numel_unpadded {} ({})",
-                               phase_label(run, p), key, cursor, total, cursor < total ? "a gap at the end" : "past the end");
+        r.detail = fmt::format(
+            "{} checkpoint: key {}: pieces end at {}, expected exactly numel_unpadded {} ({})",
+            phase_label(run, p), key, cursor, total,
+            cursor < total ? "a gap at the end" : "past the end");
         return r;
       }
     }
   }
-  r.detail = fmt::format("{} checkpoint(s): {} optimizer keys tile [0, numel_unpadded) exactly once", checkpoints,
-                         keys_checked);
+  r.detail =
+      fmt::format("{} checkpoint(s): {} optimizer keys tile [0, numel_unpadded) exactly once",
+                  checkpoints, keys_checked);
   return r;
 }
 
@@ -449,18 +497,19 @@ PropertyResult common_state_rank_independent(const RunResult& run) {
       r.verdict = Verdict::kFail;
       r.phase = static_cast<int>(p.index);
       r.signature = "common_state_rank_independent";
-      r.detail = fmt::format("{} save: rank {}'s common state differs from rank 0's (only rank 0's is persisted): {}{}",
-                             phase_label(run, p), rank, p.common_differences[rank].front(),
-                             p.common_differences[rank].size() > 1
-                                 ? fmt::format(" (+{} more)", p.common_differences[rank].size() - 1)
-                                 : "");
+      r.detail = fmt::format(
+          "{} save: rank {}'s common state differs from rank 0's (only rank 0's is persisted): "
+          "{}{}",
+          phase_label(run, p), rank, p.common_differences[rank].front(),
+          p.common_differences[rank].size() > 1
+              ? fmt::format(" (+{} more)", p.common_differences[rank].size() - 1)
+              : "");
       return r;
     }
   }
   r.detail = fmt::format("{} save(s): every rank's common state equals rank 0's", saves);
   return r;
 }
-
 
 // ---------------------------------------------------------------------------------------------
 // Invariants of spec §15 beyond the foundation's four.
@@ -489,15 +538,17 @@ PropertyResult layout_invariants(const RunResult& run) {
         return r;
       }
       for (size_t b = 0; b < layout.buckets.size(); ++b) {
-        auto [it, inserted] = unpadded.try_emplace({g, b}, layout.buckets[b].numel_unpadded, p.index);
+        auto [it, inserted] =
+            unpadded.try_emplace({g, b}, layout.buckets[b].numel_unpadded, p.index);
         if (!inserted && it->second.first != layout.buckets[b].numel_unpadded) {
           r.verdict = Verdict::kFail;
           r.phase = static_cast<int>(p.index);
           r.signature = "layout_invariants:I4";
-          r.detail = fmt::format("{} buffer {} bucket {}: numel_unpadded {} differs from {} in phase {} (I4: the "
-                                 "checkpoint tensor's global shape must not depend on the DP size)",
-                                 phase_label(run, p), g, b, layout.buckets[b].numel_unpadded, it->second.first,
-                                 it->second.second);
+          r.detail = fmt::format(
+              "{} buffer {} bucket {}: numel_unpadded {} differs from {} in phase {} (I4: the "
+              "checkpoint tensor's global shape must not depend on the DP size)",
+              phase_label(run, p), g, b, layout.buckets[b].numel_unpadded, it->second.first,
+              it->second.second);
           return r;
         }
       }
@@ -512,7 +563,8 @@ std::vector<double> element_counters(const ModelState& st, size_t p, int64_t num
   std::vector<double> out(static_cast<size_t>(numel), 0.0);
   for (const auto& s : st.shards) {
     if (s.param != p) continue;
-    for (int64_t e = s.range.start; e < s.range.end && e < numel; ++e) out[static_cast<size_t>(e)] = counter_value(s.counter);
+    for (int64_t e = s.range.start; e < s.range.end && e < numel; ++e)
+      out[static_cast<size_t>(e)] = counter_value(s.counter);
   }
   return out;
 }
@@ -526,7 +578,8 @@ PropertyResult round_trip_identity(const RunResult& run) {
     const auto& prev = run.phases[p.index - 1];
     const ModelState* saved = prev.at_save.has_value() ? &*prev.at_save : nullptr;
     if (!p.after_load.has_value() || saved == nullptr) {
-      if (not_evaluated.empty()) not_evaluated = phase_label(run, p) + ": the load did not complete";
+      if (not_evaluated.empty())
+        not_evaluated = phase_label(run, p) + ": the load did not complete";
       continue;
     }
     ++loads;
@@ -536,24 +589,14 @@ PropertyResult round_trip_identity(const RunResult& run) {
       r.phase = static_cast<int>(p.index);
       r.phase = static_cast<int>(p.index);
       r.signature = "round_trip_identity:" + sig;
-      r.detail = fmt::format("{}: the load did not give back what phase {} saved at global step {}: {}",
-                             phase_label(run, p), p.index - 1, saved->global_step, detail);
+      r.detail =
+          fmt::format("{}: the load did not give back what phase {} saved at global step {}: {}",
+                      phase_label(run, p), p.index - 1, saved->global_step, detail);
     };
-    struct Field {
-      const char* name;
-      const std::vector<std::vector<float>>* a;
-      const std::vector<std::vector<float>>* b;
-    };
-    const auto loaded_m = effective_moments(loaded.exp_avg, loaded.moments_present);
-    const auto loaded_v = effective_moments(loaded.exp_avg_sq, loaded.moments_present);
-    const auto saved_m = effective_moments(saved->exp_avg, saved->moments_present);
-    const auto saved_v = effective_moments(saved->exp_avg_sq, saved->moments_present);
-    const Field fields[] = {{"master param", &loaded.master, &saved->master},
-                            {"exp_avg", &loaded_m, &saved_m},
-                            {"exp_avg_sq", &loaded_v, &saved_v},
-                            {"model param", &loaded.param, &saved->param}};
-    for (const Field& f : fields) {
-      for (size_t q = 0; q < run.scenario.params.size() && q < f.a->size() && q < f.b->size(); ++q) {
+    const ComparedFields compared(loaded, *saved);
+    for (const auto& f : compared.fields()) {
+      for (size_t q = 0; q < run.scenario.params.size() && q < f.a->size() && q < f.b->size();
+           ++q) {
         for (size_t e = 0; e < (*f.a)[q].size(); ++e) {
           if (!bitwise_equal((*f.a)[q][e], (*f.b)[q][e])) {
             fail(f.name, fmt::format("{} of {}[{}] is {} after the load, {} when saved", f.name,
@@ -571,14 +614,15 @@ PropertyResult round_trip_identity(const RunResult& run) {
         if (a[e] != b[e]) {
           const ShardRecord* s = shard_at(loaded, q, static_cast<int64_t>(e));
           fail("step", fmt::format("the step counter of {} is {} after the load, {} when saved",
-                                   s != nullptr ? shard_label(run, *s) : param_name(run, q), num(a[e]), num(b[e])));
+                                   s != nullptr ? shard_label(run, *s) : param_name(run, q),
+                                   num(a[e]), num(b[e])));
           return r;
         }
       }
     }
     if (loaded.param_groups != saved->param_groups) {
-      fail("param_groups", fmt::format("param groups after the load {} ; when saved {}", loaded.param_groups,
-                                       saved->param_groups));
+      fail("param_groups", fmt::format("param groups after the load {} ; when saved {}",
+                                       loaded.param_groups, saved->param_groups));
       return r;
     }
   }
@@ -587,13 +631,15 @@ PropertyResult round_trip_identity(const RunResult& run) {
     r.detail = "not evaluated: " + not_evaluated;
     return r;
   }
-  r.detail = fmt::format("{} load(s) gave back the saved master params, moments, model params, step counters and "
-                         "param groups exactly",
-                         loads);
+  r.detail = fmt::format(
+      "{} load(s) gave back the saved master params, moments, model params, step counters and "
+      "param groups exactly",
+      loads);
   return r;
 }
 
-// (gbuf, bucket) of an optimizer key "optimizer.distributed.dp_group_idx_G.gbuf_idx_g.dtype_(...).bucket_idx_b.k".
+// (gbuf, bucket) of an optimizer key
+// "optimizer.distributed.dp_group_idx_G.gbuf_idx_g.dtype_(...).bucket_idx_b.k".
 std::optional<std::pair<size_t, size_t>> key_bucket(const std::string& key) {
   const auto g = key.find(".gbuf_idx_");
   const auto b = key.rfind(".bucket_idx_");
@@ -615,12 +661,14 @@ PropertyResult reshard_round_trip_bytes(const RunResult& run) {
         r.verdict = Verdict::kFail;
         r.phase = static_cast<int>(p.index);
         r.signature = "reshard_round_trip_bytes:missing_key";
-        r.detail = fmt::format("{} saved again without a step, but key {} of phase {}'s checkpoint is missing",
-                               phase_label(run, p), key, p.index - 1);
+        r.detail = fmt::format(
+            "{} saved again without a step, but key {} of phase {}'s checkpoint is missing",
+            phase_label(run, p), key, p.index - 1);
         return r;
       }
       const auto gb = key_bucket(key);
-      if (!gb || gb->first >= p.layouts.size() || gb->second >= p.layouts[gb->first].buckets.size()) continue;
+      if (!gb || gb->first >= p.layouts.size() || gb->second >= p.layouts[gb->first].buckets.size())
+        continue;
       const model::BufferLayout& layout = p.layouts[gb->first];
       const model::BucketLayout& bucket = layout.buckets[gb->second];
       for (size_t local : bucket.params) {
@@ -632,18 +680,20 @@ PropertyResult reshard_round_trip_bytes(const RunResult& run) {
             r.verdict = Verdict::kFail;
             r.phase = static_cast<int>(p.index);
             r.signature = "reshard_round_trip_bytes";
-            r.detail = fmt::format("{} saved again without a step (dp {} -> {}): {}[{}] (a param element) is {}, "
-                                   "was {} in phase {}'s checkpoint",
-                                   phase_label(run, p), run.phases[p.index - 1].spec.dp, p.spec.dp, key, e,
-                                   num(it->second[i]), num(old_values[i]), p.index - 1);
+            r.detail = fmt::format(
+                "{} saved again without a step (dp {} -> {}): {}[{}] (a param element) is {}, "
+                "was {} in phase {}'s checkpoint",
+                phase_label(run, p), run.phases[p.index - 1].spec.dp, p.spec.dp, key, e,
+                num(it->second[i]), num(old_values[i]), p.index - 1);
             return r;
           }
         }
       }
     }
   }
-  r.detail = fmt::format("{} save-after-load pair(s) with no step between wrote identical param-region bytes",
-                         compared);
+  r.detail = fmt::format(
+      "{} save-after-load pair(s) with no step between wrote identical param-region bytes",
+      compared);
   return r;
 }
 
@@ -657,16 +707,19 @@ PropertyResult step_tensors_not_aliased(const RunResult& run) {
       r.verdict = Verdict::kFail;
       r.phase = static_cast<int>(p.index);
       r.signature = "step_tensors_not_aliased:" + s.part;
-      r.detail = fmt::format("{} {}: the step tensor of {} is the same object as {} other param(s)' (each step() "
-                             "then advances it {} times)",
-                             phase_label(run, p), when, shard_label(run, s), s.step_aliases, s.step_aliases + 1);
+      r.detail = fmt::format(
+          "{} {}: the step tensor of {} is the same object as {} other param(s)' (each step() "
+          "then advances it {} times)",
+          phase_label(run, p), when, shard_label(run, s), s.step_aliases, s.step_aliases + 1);
       return true;
     }
     return false;
   };
   for (const auto& p : run.phases) {
     if (!p.ran) continue;
-    if (p.after_load && scan(p, *p.after_load, fmt::format("after the load at global step {}", p.start_step))) return r;
+    if (p.after_load &&
+        scan(p, *p.after_load, fmt::format("after the load at global step {}", p.start_step)))
+      return r;
     for (const auto& st : p.after_step) {
       if (scan(p, st, fmt::format("after global step {}", st.global_step))) return r;
     }
@@ -679,33 +732,44 @@ PropertyResult step_tensors_not_aliased(const RunResult& run) {
 
 std::string verdict_name(Verdict v) {
   switch (v) {
-    case Verdict::kPass: return "pass";
-    case Verdict::kFail: return "fail";
-    case Verdict::kNotEvaluated: return "not_evaluated";
+    case Verdict::kPass:
+      return "pass";
+    case Verdict::kFail:
+      return "fail";
+    case Verdict::kNotEvaluated:
+      return "not_evaluated";
   }
   return "?";
 }
 
 const std::vector<Property>& all_properties() {
   static const std::vector<Property> props = {
-      {"no_duplicate_leaves", "no merge() in any load meets a duplicate leaf or lists of different lengths",
+      {"no_duplicate_leaves",
+       "no merge() in any load meets a duplicate leaf or lists of different lengths",
        no_duplicate_leaves},
       {"resume_completes", "every save and load runs to the end on every rank", resume_completes},
       {"step_matches_uninterrupted",
-       "after every resume every Adam part holds and uses the uninterrupted run's bias-correction step",
+       "after every resume every Adam part holds and uses the uninterrupted run's bias-correction "
+       "step",
        step_matches_uninterrupted},
       {"trajectory_matches_uninterrupted",
-       "master params, moments and model params equal the uninterrupted run (bitwise for the same kernel kind)",
+       "master params, moments and model params equal the uninterrupted run (bitwise for the same "
+       "kernel kind)",
        trajectory_matches_uninterrupted},
-      {"shards_tile_buckets", "saved optimizer pieces tile [0, numel_unpadded) of every bucket and key exactly once",
+      {"shards_tile_buckets",
+       "saved optimizer pieces tile [0, numel_unpadded) of every bucket and key exactly once",
        shards_tile_buckets},
-      {"common_state_rank_independent", "every rank's common state equals rank 0's, the only one persisted",
+      {"common_state_rank_independent",
+       "every rank's common state equals rank 0's, the only one persisted",
        common_state_rank_independent},
       {"layout_invariants", "buffer layouts and DP shards keep I1, I2 and I4", layout_invariants},
-      {"round_trip_identity", "a load gives back exactly what the previous phase saved (I13)", round_trip_identity},
-      {"reshard_round_trip_bytes", "resume then save with no step writes the same param-region bytes (I5)",
+      {"round_trip_identity", "a load gives back exactly what the previous phase saved (I13)",
+       round_trip_identity},
+      {"reshard_round_trip_bytes",
+       "resume then save with no step writes the same param-region bytes (I5)",
        reshard_round_trip_bytes},
-      {"step_tensors_not_aliased", "no two params share one step tensor object (I14)", step_tensors_not_aliased},
+      {"step_tensors_not_aliased", "no two params share one step tensor object (I14)",
+       step_tensors_not_aliased},
   };
   return props;
 }
@@ -724,10 +788,12 @@ std::vector<PropertyResult> check_all(const RunResult& run) {
 }
 
 bool all_ok(const std::vector<PropertyResult>& results) {
-  return std::all_of(results.begin(), results.end(), [](const PropertyResult& r) { return r.ok(); });
+  return std::all_of(results.begin(), results.end(),
+                     [](const PropertyResult& r) { return r.ok(); });
 }
 
-std::vector<std::string> expectation_mismatches(const nlohmann::json& expect, const std::vector<PropertyResult>& results) {
+std::vector<std::string> expectation_mismatches(const nlohmann::json& expect,
+                                                const std::vector<PropertyResult>& results) {
   std::vector<std::string> out;
   if (expect.is_null()) return out;
   auto find = [&](const std::string& name) -> const PropertyResult* {
@@ -737,7 +803,8 @@ std::vector<std::string> expectation_mismatches(const nlohmann::json& expect, co
     return nullptr;
   };
   if (expect.contains("ok") && expect["ok"].get<bool>() != all_ok(results)) {
-    out.push_back(fmt::format("expected overall ok={}, observed {}", expect["ok"].get<bool>(), all_ok(results)));
+    out.push_back(fmt::format("expected overall ok={}, observed {}", expect["ok"].get<bool>(),
+                              all_ok(results)));
   }
   if (expect.contains("properties")) {
     for (const auto& [name, want] : expect["properties"].items()) {
@@ -747,9 +814,11 @@ std::vector<std::string> expectation_mismatches(const nlohmann::json& expect, co
         continue;
       }
       const std::string observed = verdict_name(r->verdict);
-      const std::string expected = want.is_boolean() ? (want.get<bool>() ? "pass" : "fail") : want.get<std::string>();
+      const std::string expected =
+          want.is_boolean() ? (want.get<bool>() ? "pass" : "fail") : want.get<std::string>();
       if (expected != observed) {
-        out.push_back(fmt::format("{}: expected {}, observed {} ({})", name, expected, observed, r->detail));
+        out.push_back(
+            fmt::format("{}: expected {}, observed {} ({})", name, expected, observed, r->detail));
       }
     }
   }
@@ -757,8 +826,9 @@ std::vector<std::string> expectation_mismatches(const nlohmann::json& expect, co
     for (const auto& [name, text] : expect["detail_contains"].items()) {
       const PropertyResult* r = find(name);
       if (r == nullptr || r->detail.find(text.get<std::string>()) == std::string::npos) {
-        out.push_back(fmt::format("{}: expected the detail to contain \"{}\", observed \"{}\"", name,
-                                  text.get<std::string>(), r != nullptr ? r->detail : std::string("(no such property)")));
+        out.push_back(fmt::format("{}: expected the detail to contain \"{}\", observed \"{}\"",
+                                  name, text.get<std::string>(),
+                                  r != nullptr ? r->detail : std::string("(no such property)")));
       }
     }
   }
@@ -768,8 +838,10 @@ std::vector<std::string> expectation_mismatches(const nlohmann::json& expect, co
 nlohmann::json results_to_json(const std::vector<PropertyResult>& results) {
   nlohmann::json j{{"ok", all_ok(results)}, {"properties", nlohmann::json::array()}};
   for (const auto& r : results) {
-    j["properties"].push_back(
-        {{"name", r.name}, {"ok", r.ok()}, {"verdict", verdict_name(r.verdict)}, {"detail", r.detail}});
+    j["properties"].push_back({{"name", r.name},
+                               {"ok", r.ok()},
+                               {"verdict", verdict_name(r.verdict)},
+                               {"detail", r.detail}});
   }
   return j;
 }

@@ -23,19 +23,33 @@ class Reader {
     return Status::invalid_input(fmt::format("{}: field '{}': {}", source_, path, what));
   }
 
-  Status check_fields(const json& obj, const std::string& path, const std::set<std::string>& allowed) const {
+  Status check_fields(const json& obj, const std::string& path,
+                      const std::set<std::string>& allowed) const {
     for (const auto& [k, v] : obj.items()) {
       if (allowed.count(k) == 0) {
         std::string names;
         for (const auto& a : allowed) names += (names.empty() ? "" : ", ") + a;
-        return error(path.empty() ? k : path + "." + k, "unknown field (expected one of: " + names + ")");
+        return error(path.empty() ? k : path + "." + k,
+                     "unknown field (expected one of: " + names + ")");
       }
     }
     return Status::ok();
   }
 
-  Status integer(const json& obj, const std::string& key, const std::string& path, int64_t lo, int64_t hi,
-                 int64_t& out, std::optional<int64_t> fallback = std::nullopt) const {
+  Status integer(const json& obj, const std::string& key, const std::string& path, int64_t lo,
+                 int64_t hi, int64_t& out, std::optional<int64_t> fallback = std::nullopt) const {
+    return bounded(obj, key, path, lo, hi, out, fallback, "an integer", &json::is_number_integer);
+  }
+
+  Status number(const json& obj, const std::string& key, const std::string& path, double lo,
+                double hi, double& out, std::optional<double> fallback = std::nullopt) const {
+    return bounded(obj, key, path, lo, hi, out, fallback, "a number", &json::is_number);
+  }
+
+  template <typename T>
+  Status bounded(const json& obj, const std::string& key, const std::string& path, T lo, T hi,
+                 T& out, std::optional<T> fallback, const char* what,
+                 bool (json::*is_kind)() const noexcept) const {
     if (!obj.contains(key)) {
       if (fallback.has_value()) {
         out = *fallback;
@@ -44,36 +58,21 @@ class Reader {
       return error(path, "is required");
     }
     const json& v = obj.at(key);
-    if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
-      return error(path, fmt::format("must be an integer in [{}, {}], got {}", lo, hi, v.dump()));
+    if (!(v.*is_kind)() || v.get<T>() < lo || v.get<T>() > hi) {
+      return error(path, fmt::format("must be {} in [{}, {}], got {}", what, lo, hi, v.dump()));
     }
-    out = v.get<int64_t>();
+    out = v.get<T>();
     return Status::ok();
   }
 
-  Status number(const json& obj, const std::string& key, const std::string& path, double lo, double hi,
-                double& out, std::optional<double> fallback = std::nullopt) const {
-    if (!obj.contains(key)) {
-      if (fallback.has_value()) {
-        out = *fallback;
-        return Status::ok();
-      }
-      return error(path, "is required");
-    }
-    const json& v = obj.at(key);
-    if (!v.is_number() || v.get<double>() < lo || v.get<double>() > hi) {
-      return error(path, fmt::format("must be a number in [{}, {}], got {}", lo, hi, v.dump()));
-    }
-    out = v.get<double>();
-    return Status::ok();
-  }
-
-  Status boolean(const json& obj, const std::string& key, const std::string& path, bool& out, bool fallback) const {
+  Status boolean(const json& obj, const std::string& key, const std::string& path, bool& out,
+                 bool fallback) const {
     if (!obj.contains(key)) {
       out = fallback;
       return Status::ok();
     }
-    if (!obj.at(key).is_boolean()) return error(path, "must be true or false, got " + obj.at(key).dump());
+    if (!obj.at(key).is_boolean())
+      return error(path, "must be true or false, got " + obj.at(key).dump());
     out = obj.at(key).get<bool>();
     return Status::ok();
   }
@@ -96,10 +95,10 @@ class Reader {
   std::string source_;
 };
 
-#define CKPTSIM_TRY(expr)                \
-  do {                                   \
-    Status _s = (expr);                  \
-    if (!_s.is_ok()) return _s;          \
+#define CKPTSIM_TRY(expr)       \
+  do {                          \
+    Status _s = (expr);         \
+    if (!_s.is_ok()) return _s; \
   } while (0)
 
 }  // namespace
@@ -126,9 +125,10 @@ Result<Scenario> parse_scenario(const std::string& json_text, const std::string&
     return Status::invalid_input(source + ": not valid JSON: " + e.what());
   }
   if (!j.is_object()) return Status::invalid_input(source + ": a scenario must be a JSON object");
-  CKPTSIM_TRY(r.check_fields(j, "", {"seed", "name", "description", "params", "optimizer", "bucket_size",
-                                     "pad_buckets_for_high_nccl_busbw", "sharding_type", "samples_per_step",
-                                     "phases", "faults", "expect"}));
+  CKPTSIM_TRY(r.check_fields(j, "",
+                             {"seed", "name", "description", "params", "optimizer", "bucket_size",
+                              "pad_buckets_for_high_nccl_busbw", "sharding_type",
+                              "samples_per_step", "phases", "faults", "expect"}));
   Scenario s;
   s.source = source;
   int64_t seed = 0;
@@ -142,7 +142,8 @@ Result<Scenario> parse_scenario(const std::string& json_text, const std::string&
     return r.error("params", "must be a non-empty array of {name, numel, dtype}");
   }
   if (j["params"].size() > Scenario::kParamsMax) {
-    return r.error("params", fmt::format("at most {} params, got {}", Scenario::kParamsMax, j["params"].size()));
+    return r.error("params", fmt::format("at most {} params, got {}", Scenario::kParamsMax,
+                                         j["params"].size()));
   }
   std::set<std::string> names;
   for (size_t i = 0; i < j["params"].size(); ++i) {
@@ -153,7 +154,8 @@ Result<Scenario> parse_scenario(const std::string& json_text, const std::string&
     model::ParamSpec spec;
     CKPTSIM_TRY(r.string(p, "name", path + ".name", spec.name));
     if (spec.name.empty() || !names.insert(spec.name).second) {
-      return r.error(path + ".name", "must be a non-empty name used once, got \"" + spec.name + "\"");
+      return r.error(path + ".name",
+                     "must be a non-empty name used once, got \"" + spec.name + "\"");
     }
     CKPTSIM_TRY(r.integer(p, "numel", path + ".numel", 1, Scenario::kNumelMax, spec.numel));
     std::string dtype;
@@ -170,14 +172,17 @@ Result<Scenario> parse_scenario(const std::string& json_text, const std::string&
     s.params.push_back(spec);
   }
   if (s.total_numel() > Scenario::kTotalNumelMax) {
-    return r.error("params", fmt::format("total numel {} exceeds {}", s.total_numel(), Scenario::kTotalNumelMax));
+    return r.error("params", fmt::format("total numel {} exceeds {}", s.total_numel(),
+                                         Scenario::kTotalNumelMax));
   }
 
   // optimizer
-  if (!j.contains("optimizer") || !j["optimizer"].is_object()) return r.error("optimizer", "is required (an object)");
+  if (!j.contains("optimizer") || !j["optimizer"].is_object())
+    return r.error("optimizer", "is required (an object)");
   const json& o = j["optimizer"];
-  CKPTSIM_TRY(r.check_fields(o, "optimizer", {"kind", "offload_fraction", "lr", "betas", "eps", "weight_decay",
-                                              "overlap_cpu_optimizer_d2h_h2d"}));
+  CKPTSIM_TRY(r.check_fields(o, "optimizer",
+                             {"kind", "offload_fraction", "lr", "betas", "eps", "weight_decay",
+                              "overlap_cpu_optimizer_d2h_h2d"}));
   std::string kind;
   CKPTSIM_TRY(r.string(o, "kind", "optimizer.kind", kind));
   if (kind == "fused_adam") {
@@ -187,11 +192,14 @@ Result<Scenario> parse_scenario(const std::string& json_text, const std::string&
   } else if (kind == "hybrid") {
     s.optimizer.kind = model::OptimizerKind::kHybrid;
   } else {
-    return r.error("optimizer.kind", "must be one of fused_adam, torch_adamw, hybrid, got \"" + kind + "\"");
+    return r.error("optimizer.kind",
+                   "must be one of fused_adam, torch_adamw, hybrid, got \"" + kind + "\"");
   }
   if (s.optimizer.kind == model::OptimizerKind::kHybrid) {
-    CKPTSIM_TRY(r.number(o, "offload_fraction", "optimizer.offload_fraction", 0.0, 1.0, s.optimizer.offload_fraction));
-    CKPTSIM_TRY(r.boolean(o, "overlap_cpu_optimizer_d2h_h2d", "optimizer.overlap_cpu_optimizer_d2h_h2d",
+    CKPTSIM_TRY(r.number(o, "offload_fraction", "optimizer.offload_fraction", 0.0, 1.0,
+                         s.optimizer.offload_fraction));
+    CKPTSIM_TRY(r.boolean(o, "overlap_cpu_optimizer_d2h_h2d",
+                          "optimizer.overlap_cpu_optimizer_d2h_h2d",
                           s.optimizer.overlap_cpu_optimizer_d2h_h2d, false));
   } else {
     if (o.contains("offload_fraction")) {
@@ -202,18 +210,21 @@ Result<Scenario> parse_scenario(const std::string& json_text, const std::string&
     }
   }
   CKPTSIM_TRY(r.number(o, "lr", "optimizer.lr", 0.0, 10.0, s.optimizer.lr));
-  if (!o.contains("betas") || !o["betas"].is_array() || o["betas"].size() != 2 || !o["betas"][0].is_number() ||
-      !o["betas"][1].is_number()) {
-    return r.error("optimizer.betas", "must be two numbers [beta1, beta2], got " +
-                                          (o.contains("betas") ? o["betas"].dump() : std::string("nothing")));
+  if (!o.contains("betas") || !o["betas"].is_array() || o["betas"].size() != 2 ||
+      !o["betas"][0].is_number() || !o["betas"][1].is_number()) {
+    return r.error("optimizer.betas",
+                   "must be two numbers [beta1, beta2], got " +
+                       (o.contains("betas") ? o["betas"].dump() : std::string("nothing")));
   }
   s.optimizer.beta1 = o["betas"][0].get<double>();
   s.optimizer.beta2 = o["betas"][1].get<double>();
-  if (!(s.optimizer.beta1 >= 0 && s.optimizer.beta1 < 1 && s.optimizer.beta2 >= 0 && s.optimizer.beta2 < 1)) {
+  if (!(s.optimizer.beta1 >= 0 && s.optimizer.beta1 < 1 && s.optimizer.beta2 >= 0 &&
+        s.optimizer.beta2 < 1)) {
     return r.error("optimizer.betas", "each beta must be in [0, 1), got " + o["betas"].dump());
   }
   CKPTSIM_TRY(r.number(o, "eps", "optimizer.eps", 1e-30, 1.0, s.optimizer.eps));
-  CKPTSIM_TRY(r.number(o, "weight_decay", "optimizer.weight_decay", 0.0, 10.0, s.optimizer.weight_decay));
+  CKPTSIM_TRY(
+      r.number(o, "weight_decay", "optimizer.weight_decay", 0.0, 10.0, s.optimizer.weight_decay));
 
   // layout
   if (j.contains("bucket_size") && !j["bucket_size"].is_null()) {
@@ -223,16 +234,19 @@ Result<Scenario> parse_scenario(const std::string& json_text, const std::string&
   }
   CKPTSIM_TRY(r.boolean(j, "pad_buckets_for_high_nccl_busbw", "pad_buckets_for_high_nccl_busbw",
                         s.pad_buckets_for_high_nccl_busbw, false));
-  CKPTSIM_TRY(r.string(j, "sharding_type", "sharding_type", s.sharding_type, std::string("dp_reshardable")));
+  CKPTSIM_TRY(r.string(j, "sharding_type", "sharding_type", s.sharding_type,
+                       std::string("dp_reshardable")));
   if (s.sharding_type != "dp_reshardable") {
-    return r.error("sharding_type", "only \"dp_reshardable\" is modeled, got \"" + s.sharding_type + "\"");
+    return r.error("sharding_type",
+                   "only \"dp_reshardable\" is modeled, got \"" + s.sharding_type + "\"");
   }
   CKPTSIM_TRY(r.integer(j, "samples_per_step", "samples_per_step", 1, Scenario::kSamplesPerStepMax,
                         s.samples_per_step, 8));
   if ((s.samples_per_step & (s.samples_per_step - 1)) != 0) {
     // Gradients are averaged by multiplying with 1/samples_per_step before the reduce-scatter
     // (as DDP scales before reducing); only a power of two keeps that exact on every rank.
-    return r.error("samples_per_step", fmt::format("must be a power of two, got {}", s.samples_per_step));
+    return r.error("samples_per_step",
+                   fmt::format("must be a power of two, got {}", s.samples_per_step));
   }
 
   // phases
@@ -240,7 +254,8 @@ Result<Scenario> parse_scenario(const std::string& json_text, const std::string&
     return r.error("phases", "must be a non-empty array of {dp, revision, steps}");
   }
   if (j["phases"].size() > Scenario::kPhasesMax) {
-    return r.error("phases", fmt::format("at most {} phases, got {}", Scenario::kPhasesMax, j["phases"].size()));
+    return r.error("phases", fmt::format("at most {} phases, got {}", Scenario::kPhasesMax,
+                                         j["phases"].size()));
   }
   for (size_t i = 0; i < j["phases"].size(); ++i) {
     const json& p = j["phases"][i];
@@ -255,17 +270,22 @@ Result<Scenario> parse_scenario(const std::string& json_text, const std::string&
     CKPTSIM_TRY(r.integer(p, "steps", path + ".steps", 0, Scenario::kStepsMax, phase.steps));
     CKPTSIM_TRY(r.boolean(p, "save", path + ".save", phase.save, true));
     if (!phase.save && i + 1 < j["phases"].size()) {
-      return r.error(path + ".save", "must be true: the next phase resumes from this phase's checkpoint");
+      return r.error(path + ".save",
+                     "must be true: the next phase resumes from this phase's checkpoint");
     }
     s.phases.push_back(phase);
   }
   if (s.total_steps() > Scenario::kStepsMax) {
-    return r.error("phases", fmt::format("total steps {} exceed {}", s.total_steps(), Scenario::kStepsMax));
+    return r.error("phases",
+                   fmt::format("total steps {} exceed {}", s.total_steps(), Scenario::kStepsMax));
   }
-  if (s.total_numel() * std::max<int64_t>(1, s.total_steps() + static_cast<int64_t>(s.phases.size())) >
+  if (s.total_numel() *
+          std::max<int64_t>(1, s.total_steps() + static_cast<int64_t>(s.phases.size())) >
       Scenario::kStateElementsMax) {
-    return r.error("phases", fmt::format("total numel x steps exceeds {} (the recorded states would be too large)",
-                                         Scenario::kStateElementsMax));
+    return r.error(
+        "phases",
+        fmt::format("total numel x steps exceeds {} (the recorded states would be too large)",
+                    Scenario::kStateElementsMax));
   }
 
   if (j.contains("faults")) {
@@ -274,8 +294,10 @@ Result<Scenario> parse_scenario(const std::string& json_text, const std::string&
       const json& f = j["faults"][i];
       if (!f.is_string() || !model::is_fault_site(f.get<std::string>())) {
         std::string known;
-        for (const auto& site : model::fault_sites()) known += (known.empty() ? "" : ", ") + site.name;
-        return r.error(fmt::format("faults[{}]", i), "unknown fault site " + f.dump() + " (known: " + known + ")");
+        for (const auto& site : model::fault_sites())
+          known += (known.empty() ? "" : ", ") + site.name;
+        return r.error(fmt::format("faults[{}]", i),
+                       "unknown fault site " + f.dump() + " (known: " + known + ")");
       }
       s.faults.push_back(f.get<std::string>());
     }
@@ -304,7 +326,9 @@ json scenario_to_json(const Scenario& s) {
   if (!s.description.empty()) j["description"] = s.description;
   j["params"] = json::array();
   for (const auto& p : s.params) {
-    json pj{{"name", p.name}, {"numel", p.numel}, {"dtype", p.dtype == at::kBFloat16 ? "bf16" : "fp32"}};
+    json pj{{"name", p.name},
+            {"numel", p.numel},
+            {"dtype", p.dtype == at::kBFloat16 ? "bf16" : "fp32"}};
     if (p.wd_mult != 1.0) pj["wd_mult"] = p.wd_mult;
     if (p.lr_mult != 1.0) pj["lr_mult"] = p.lr_mult;
     j["params"].push_back(pj);
