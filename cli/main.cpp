@@ -12,7 +12,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "model/faults.h"
 #include "model/revision.h"
@@ -235,6 +237,7 @@ struct SearchFlags {
   int params_max = 6;
   int phases_max = 4;
   bool stateful = false;
+  int jobs = 0;  // gate: searches at once (0: two where there are two cores)
 };
 
 Status fill_generator(const SearchFlags& f, model::RevisionRegistry& registry,
@@ -442,7 +445,11 @@ int cmd_gate(const SearchFlags& f, const std::string& baseline, const std::strin
   if (!s.is_ok()) return invalid(s.message());
   base_options.seed = f.seed;
   base_options.cases = f.cases;
-  base_options.time_budget_s = f.time_budget > 0 ? f.time_budget / 2 : 0;
+  // The two searches run at once where there are two cores (each gets the whole budget), else
+  // one after the other (half each).
+  const bool concurrent = f.jobs == 0 ? std::thread::hardware_concurrency() >= 2 : f.jobs == 2;
+  base_options.time_budget_s =
+      f.time_budget > 0 ? (concurrent ? f.time_budget : f.time_budget / 2) : 0;
   base_options.keep_going = true;
   const bool talk = !f.quiet && !f.json;
   if (talk) {
@@ -464,12 +471,26 @@ int cmd_gate(const SearchFlags& f, const std::string& baseline, const std::strin
   parts.push_back({"cross-revision", base_options, {}});
   parts.back().options.generator.require_revision_change = true;
   parts.back().options.seed = model::mix_seed(f.seed, 2);
-  std::vector<Reported> reported;
+  std::mutex talk_mutex;
   for (auto& part : parts) {
     part.options.progress = [&](const std::string& line) {
-      if (talk) std::cerr << "gate " << part.name << ": " << line << std::endl;
+      if (!talk) return;
+      std::lock_guard lock(talk_mutex);
+      std::cerr << "gate " << part.name << ": " << line << std::endl;
     };
-    part.result = properties::search(part.options, judge);
+  }
+  if (concurrent) {
+    std::vector<std::thread> threads;
+    for (auto& part : parts) {
+      threads.emplace_back(
+          [&part, &judge] { part.result = properties::search(part.options, judge); });
+    }
+    for (auto& t : threads) t.join();
+  } else {
+    for (auto& part : parts) part.result = properties::search(part.options, judge);
+  }
+  std::vector<Reported> reported;
+  for (auto& part : parts) {
     for (const auto& failure : part.result.failures) {
       const bool is_new = failure.finding.signature.rfind("new", 0) == 0;
       auto path =
@@ -498,11 +519,15 @@ int cmd_gate(const SearchFlags& f, const std::string& baseline, const std::strin
   md += fmt::format("Verdict: **{}**.\n\n",
                     introduced ? "the candidate introduces failures" : "no new failure found");
   md += fmt::format("Repeat: `{}`\n\n", repeat);
-  md += "| search | cases | simulator runs | findings |\n|---|---|---|---|\n";
+  md += fmt::format(
+      "| search | cases | simulator runs | findings | seconds ({}) | of which shrinking |\n",
+      concurrent ? "the two at once" : "one after the other");
+  md += "|---|---|---|---|---|---|\n";
   for (const auto& part : parts) {
-    md += fmt::format("| {} | {}{} | {} | {} |\n", part.name, part.result.cases_run,
-                      part.result.stopped_by_time ? " (time budget)" : "", part.result.judge_runs,
-                      part.result.failures.size());
+    md +=
+        fmt::format("| {} | {}{} | {} | {} | {:.1f} | {:.1f} |\n", part.name, part.result.cases_run,
+                    part.result.stopped_by_time ? " (time budget)" : "", part.result.judge_runs,
+                    part.result.failures.size(), part.result.seconds, part.result.shrink_seconds);
   }
   md +=
       "\n| class | property | minimal scenario | params | phases | detail "
@@ -555,7 +580,8 @@ int cmd_gate(const SearchFlags& f, const std::string& baseline, const std::strin
     for (const auto& r : reported) {
       std::cout << fmt::format(
           "  {} {} [{}]\n    {}\n    minimal scenario: {} ({} params, {} phases)\n",
-          r.classification.rfind("new", 0) == 0 ? "NEW" : "pre-existing",
+          r.classification.rfind("new", 0) == 0 ? "NEW" + r.classification.substr(3)
+                                                : r.classification,
           r.failure.finding.property, r.failure.finding.signature, r.failure.finding.detail, r.file,
           r.failure.minimal.params.size(), r.failure.minimal.phases.size());
     }
@@ -652,6 +678,10 @@ int main(int argc, char** argv) {
                    "Directory for the report, JUnit XML and minimal scenarios")
       ->required();
   add_search_flags(gate, gate_flags);
+  gate->add_option("--jobs", gate_flags.jobs,
+                   "Run the two searches at once (2) or one after the other (1); default: 2 where "
+                   "there are two cores. The findings are the same either way")
+      ->check(CLI::Range(0, 2));
 
   try {
     app.parse(argc, argv);

@@ -12,11 +12,13 @@
 namespace ckptsim::model {
 
 Key ParamAndGradBuffer::dtype_key() const {
-  return Key::tuple({Key::symbol(torch_dtype_name(param_dtype)), Key::symbol(torch_dtype_name(grad_dtype))});
+  return Key::tuple(
+      {Key::symbol(torch_dtype_name(param_dtype)), Key::symbol(torch_dtype_name(grad_dtype))});
 }
 
 DistributedDataParallel::DistributedDataParallel(Runtime& rt, std::vector<ParamSpec> specs,
-                                                 const LayoutOptions& layout, ProcessGroup& dp_group)
+                                                 const LayoutOptions& layout,
+                                                 ProcessGroup& dp_group)
     : rt_(rt), dp_group_(dp_group), specs_(std::move(specs)) {
   CKPTSIM_CHECK(!specs_.empty(), "a model needs at least one param");
   CKPTSIM_CHECK(specs_.size() <= kParamsMax, fmt::format("more than {} params", kParamsMax));
@@ -26,8 +28,10 @@ DistributedDataParallel::DistributedDataParallel(Runtime& rt, std::vector<ParamS
   for (size_t i = 0; i < specs_.size(); ++i) {
     const ParamSpec& s = specs_[i];
     CKPTSIM_CHECK(s.numel >= 1, "param " + s.name + " must have numel >= 1");
-    CKPTSIM_CHECK(s.dtype == at::kBFloat16 || s.dtype == at::kFloat, "param " + s.name + " must be bf16 or fp32");
-    for (size_t j = 0; j < i; ++j) CKPTSIM_CHECK(specs_[j].name != s.name, "duplicate param name " + s.name);
+    CKPTSIM_CHECK(s.dtype == at::kBFloat16 || s.dtype == at::kFloat,
+                  "param " + s.name + " must be bf16 or fp32");
+    for (size_t j = 0; j < i; ++j)
+      CKPTSIM_CHECK(specs_[j].name != s.name, "duplicate param name " + s.name);
     size_t b = 0;
     while (b < buffers_.size() && buffers_[b].param_dtype != s.dtype) ++b;
     if (b == buffers_.size()) {
@@ -85,13 +89,17 @@ void DistributedDataParallel::finish_grad_sync() {
   for (auto& buffer : buffers_) {
     for (const BucketLayout& bucket : buffer.layout.buckets) {
       const int64_t local = bucket.numel / dp;
-      // The collective reads every rank's whole bucket; write the shard from a private host
-      // copy (the in-process collectives move host memory; a GPU buffer is staged).
-      const at::Tensor input = buffer.grad_data.narrow(0, bucket.offset, bucket.numel).to(at::kCPU, false, true);
+      // The shard is a view of the bucket, as upstream: the collectives allow an output to
+      // alias its rank's input (they sum into their own scratch first). The in-process
+      // collectives move host memory, so a GPU bucket is staged through a host copy.
+      const at::Tensor bucket_grad = buffer.grad_data.narrow(0, bucket.offset, bucket.numel);
+      const at::Tensor input = bucket_grad.is_cuda() ? bucket_grad.to(at::kCPU) : bucket_grad;
       at::Tensor shard = buffer.grad_data.narrow(0, bucket.offset + r * local, local);
-      at::Tensor host_shard = shard.is_cuda() ? at::empty({local}, at::TensorOptions().dtype(at::kFloat)) : shard;
-      dp_group_.reduce_scatter_sum({input.data_ptr<float>(), static_cast<size_t>(input.numel())},
-                                   {host_shard.data_ptr<float>(), static_cast<size_t>(host_shard.numel())});
+      at::Tensor host_shard =
+          shard.is_cuda() ? at::empty({local}, at::TensorOptions().dtype(at::kFloat)) : shard;
+      dp_group_.reduce_scatter_sum(
+          {input.data_ptr<float>(), static_cast<size_t>(input.numel())},
+          {host_shard.data_ptr<float>(), static_cast<size_t>(host_shard.numel())});
       if (shard.is_cuda()) shard.copy_(host_shard);
     }
   }
@@ -104,12 +112,17 @@ void DistributedDataParallel::start_param_sync() {
     const size_t elem = buffer.param_data.element_size();
     for (const BucketLayout& bucket : buffer.layout.buckets) {
       const int64_t local = bucket.numel / dp;
-      const at::Tensor shard = buffer.param_data.narrow(0, bucket.offset + r * local, local).to(at::kCPU, false, true);
+      const at::Tensor shard_view = buffer.param_data.narrow(0, bucket.offset + r * local, local);
+      const at::Tensor shard = shard_view.is_cuda() ? shard_view.to(at::kCPU) : shard_view;
       at::Tensor whole = buffer.param_data.narrow(0, bucket.offset, bucket.numel);
-      at::Tensor host_whole = whole.is_cuda() ? at::empty({bucket.numel}, at::TensorOptions().dtype(whole.scalar_type())) : whole;
+      at::Tensor host_whole =
+          whole.is_cuda()
+              ? at::empty({bucket.numel}, at::TensorOptions().dtype(whole.scalar_type()))
+              : whole;
       dp_group_.all_gather(
           {static_cast<const std::byte*>(shard.data_ptr()), static_cast<size_t>(local) * elem},
-          {static_cast<std::byte*>(host_whole.data_ptr()), static_cast<size_t>(bucket.numel) * elem});
+          {static_cast<std::byte*>(host_whole.data_ptr()),
+           static_cast<size_t>(bucket.numel) * elem});
       if (whole.is_cuda()) whole.copy_(host_whole);
     }
   }

@@ -57,6 +57,11 @@ rc::Gen<double> gen_offload() {
 
 }  // namespace
 
+int64_t phase_dp_max(const GeneratorConfig& config, const sim::Scenario& s) {
+  return s.pad_buckets_for_high_nccl_busbw ? std::min<int64_t>(config.dp_max, kPaddedDpMax)
+                                           : config.dp_max;
+}
+
 rc::Gen<sim::Scenario> gen_scenario(const GeneratorConfig& config) {
   return gen::exec([config] {
     // The case's size: gen::resize below bounds the container lengths, and would otherwise
@@ -88,9 +93,10 @@ rc::Gen<sim::Scenario> gen_scenario(const GeneratorConfig& config) {
     if (!one_bucket) s.bucket_size = *gen::inRange<int64_t>(64, total + 65);
     s.pad_buckets_for_high_nccl_busbw = *gen::weightedElement<bool>({{9, false}, {1, true}});
     s.samples_per_step = 8;
-    const auto phase_gen = gen::resize(size, gen::exec([config] {
+    const int64_t dp_max = phase_dp_max(config, s);
+    const auto phase_gen = gen::resize(size, gen::exec([config, dp_max] {
                                          sim::PhaseSpec p;
-                                         p.dp = *gen_dp(config.dp_max);
+                                         p.dp = *gen_dp(dp_max);
                                          p.steps = *gen_steps(config.steps_max);
                                          p.revision = *gen::elementOf(config.revisions);
                                          return p;
@@ -172,9 +178,9 @@ rc::Gen<sim::Scenario> gen_scenario_stateful(const GeneratorConfig& config) {
     CycleModel m0;
     m0.revisions = config.revisions;
     m0.phases_max = config.phases_max;
-    m0.dp_max = config.dp_max;
+    m0.dp_max = phase_dp_max(config, s);
     m0.steps_max = config.steps_max;
-    m0.dp = *gen_dp(config.dp_max);
+    m0.dp = *gen_dp(m0.dp_max);
     m0.revision = *gen::elementOf(config.revisions);
     // At most 8 commands: the step and phase counts stay small.
     const auto commands =

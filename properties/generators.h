@@ -50,6 +50,15 @@ struct GeneratorConfig {
 
 rc::Gen<sim::Scenario> gen_scenario(const GeneratorConfig& config);
 
+// With the 65536 padding option a bucket is padded to a multiple of lcm(dp, 128, 65536)
+// elements, and every simulated rank holds whole buckets: at DP 31 that is 2M elements a
+// bucket on each of 31 ranks, one case costing as much as a hundred others. A padded bucket
+// at a large DP is only larger, not different (at DP 3 already every rank owns mostly
+// padding, and non-powers of two already change the lcm), so padded cases draw DP up to
+// kPaddedDpMax; unpadded ones up to config.dp_max.
+inline constexpr int64_t kPaddedDpMax = 8;
+int64_t phase_dp_max(const GeneratorConfig& config, const sim::Scenario& s);
+
 // The save/resume cycles as a stateful command sequence, so that RapidCheck shrinks the
 // sequence itself (drops commands, then shrinks their arguments). Commands:
 //   Train(k)                  k more steps in the current phase;

@@ -18,11 +18,13 @@
 //      same signature as the case it shrinks.
 //   3. Every loop is bounded: cases_max, shrink_runs_max and an optional wall-clock budget
 //      (the only clock in the search; it decides when to stop, never what a case is).
+//   4. Searches may run concurrently on several threads (the gate runs two at once): RapidCheck
+//      keeps its generation context in process-wide stacks, so every call into a generator or
+//      a shrink sequence takes one process-wide lock; the judge runs outside it.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -49,17 +51,17 @@ struct SearchOptions {
   GeneratorConfig generator;
   uint64_t seed = 1;
   int64_t cases = 500;
-  double time_budget_s = 0;       // 0: none
-  int size_max = 100;             // RapidCheck size, cycled over cases
+  double time_budget_s = 0;        // 0: none
+  int size_max = 100;              // RapidCheck size, cycled over cases
   int64_t shrink_runs_max = 2000;  // judge runs spent shrinking one finding
-  bool keep_going = true;         // go on after a finding, keep one per signature
+  bool keep_going = true;          // go on after a finding, keep one per signature
   // Called every few cases and after each finding, for a progress line.
   std::function<void(const std::string&)> progress;
 };
 
 struct Failure {
-  Finding finding;          // on the minimal scenario
-  sim::Scenario original;   // as first drawn
+  Finding finding;         // on the minimal scenario
+  sim::Scenario original;  // as first drawn
   sim::Scenario minimal;
   int64_t case_index = 0;
   int64_t shrink_steps = 0;  // accepted shrinks
@@ -70,6 +72,8 @@ struct SearchResult {
   int64_t cases_run = 0;
   int64_t judge_runs = 0;
   bool stopped_by_time = false;
+  double seconds = 0;             // wall clock, the whole search
+  double shrink_seconds = 0;      // of which shrinking
   std::vector<Failure> failures;  // one per signature, in the order found
 };
 
@@ -87,7 +91,8 @@ SearchResult search(const SearchOptions& options, const Judge& judge);
 
 // A found scenario as a replayable file: named, described, with the search's seed and case.
 // `tag` (optional) names the search part, e.g. "cross-revision".
-nlohmann::json found_scenario_json(const Failure& f, uint64_t seed, const std::string& how, const std::string& tag = "");
+nlohmann::json found_scenario_json(const Failure& f, uint64_t seed, const std::string& how,
+                                   const std::string& tag = "");
 
 // JUnit XML with one <testcase> per property (or per finding name), for CI.
 struct JunitCase {

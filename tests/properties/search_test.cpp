@@ -54,6 +54,44 @@ RC_GTEST_PROP(Generators, GeneratedScenariosReplay, ()) {
   RC_ASSERT(s.phases.size() >= 1u && s.phases.size() <= 4u);
 }
 
+// Domain shrinks halve the distance still to go: a size that must stay at least `need` is
+// found in O(log n) accepted shrinks (n - 1 alone took one step per element).
+TEST(Generators, DomainShrinksConvergeInLogarithmicSteps) {
+  sim::Scenario s = test::scenario_file("scenarios/bug2-step-reset-dp2-to-4.json");
+  s.params.resize(1);
+  s.params[0].numel = 4000;
+  s.phases[0].dp = 31;
+  s.bucket_size.reset();
+  auto holds = [](const sim::Scenario& c) {
+    return c.params.size() == 1 && c.params[0].numel >= 65 && c.phases[0].dp >= 3;
+  };
+  ASSERT_TRUE(holds(s));
+  int steps = 0;
+  for (bool progressed = true; progressed && steps < 1000;) {
+    progressed = false;
+    for (const auto& c : properties::domain_shrinks(s)) {
+      if (holds(c)) {
+        s = c;
+        ++steps;
+        progressed = true;
+        break;
+      }
+    }
+  }
+  EXPECT_EQ(s.params[0].numel, 65);
+  EXPECT_EQ(s.phases[0].dp, 3);
+  EXPECT_LE(steps, 40);  // log2(4000) + log2(31) accepted shrinks, and then some
+}
+
+RC_GTEST_PROP(Generators, PaddedBucketsDrawSmallDp, ()) {
+  properties::GeneratorConfig g;
+  g.stateful = *rc::gen::arbitrary<bool>();
+  const sim::Scenario s = *properties::gen_for(g);
+  for (const auto& p : s.phases) {
+    RC_ASSERT(p.dp <= (s.pad_buckets_for_high_nccl_busbw ? properties::kPaddedDpMax : g.dp_max));
+  }
+}
+
 RC_GTEST_PROP(Generators, DomainShrinksAreValidAndSmaller, ()) {
   properties::GeneratorConfig g;
   const sim::Scenario s = *properties::gen_scenario(g);
