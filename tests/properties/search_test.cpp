@@ -104,12 +104,19 @@ RC_GTEST_PROP(Generators, DomainShrinksAreValidAndSmaller, ()) {
   }
 }
 
-RC_GTEST_PROP(PropertiesAsALibrary, FixCompleteKeepsEveryPropertyOnGeneratedScenarios, ()) {
+// Small fix-complete scenarios: every property must hold on them.
+static properties::GeneratorConfig small_fix_complete(bool stateful) {
   properties::GeneratorConfig g;
   g.revisions = {"fix-complete"};
   g.params_max = 3;
   g.phases_max = 3;
   g.dp_max = 8;
+  g.stateful = stateful;
+  return g;
+}
+
+RC_GTEST_PROP(PropertiesAsALibrary, FixCompleteKeepsEveryPropertyOnGeneratedScenarios, ()) {
+  const properties::GeneratorConfig g = small_fix_complete(false);
   const sim::Scenario s = *properties::gen_scenario(g);
   const auto run = test::run(s);
   for (const auto& r : properties::check_all(run)) {
@@ -119,7 +126,7 @@ RC_GTEST_PROP(PropertiesAsALibrary, FixCompleteKeepsEveryPropertyOnGeneratedScen
 
 // Every resumed shard's step counter against the command model: the step each phase resumes at
 // (CycleModel::start_steps). Empty when they agree; else the first disagreement.
-std::string counters_against_model(const sim::RunResult& run) {
+static std::string counters_against_model(const sim::RunResult& run) {
   const std::vector<int64_t> expected = properties::expected_start_steps(run.scenario);
   for (const auto& ph : run.phases) {
     if (ph.index == 0 || !ph.after_load) continue;
@@ -134,12 +141,7 @@ std::string counters_against_model(const sim::RunResult& run) {
 }
 
 RC_GTEST_PROP(Generators, StatefulScenariosReplayAndResumeWhereTheModelSays, ()) {
-  properties::GeneratorConfig g;
-  g.revisions = {"fix-complete"};
-  g.params_max = 3;
-  g.phases_max = 3;
-  g.dp_max = 8;
-  g.stateful = true;
+  const properties::GeneratorConfig g = small_fix_complete(true);
   const sim::Scenario s = *properties::gen_scenario_stateful(g);
   RC_ASSERT(sim::parse_scenario(sim::scenario_to_json(s).dump(), "generated.json", test::registry())
                 .is_ok());
