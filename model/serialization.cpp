@@ -49,6 +49,100 @@ Result<SavedPiece> piece_from_json(const json& j) {
 
 std::vector<char> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
+// What each rank sends rank 0 at the end of a save: its pieces and its sharded objects, as
+// flat bytes (a JSON text per rank, parsed by every rank, cost more than the rest of a small
+// save). Ranks of one world share a byte order, as c10d's object collectives assume too.
+struct RankEntries {
+  std::vector<SavedPiece> pieces;
+  std::vector<std::pair<std::string, bool>> objects;  // unique_key, is main replica
+};
+
+class EntryWriter {
+ public:
+  void i64(int64_t v) { put(&v, sizeof v); }
+  void str(const std::string& s) {
+    i64(static_cast<int64_t>(s.size()));
+    put(s.data(), s.size());
+  }
+  std::vector<char> take() { return std::move(out_); }
+
+ private:
+  void put(const void* p, size_t n) {
+    const auto* c = static_cast<const char*>(p);
+    out_.insert(out_.end(), c, c + n);
+  }
+  std::vector<char> out_;
+};
+
+class EntryReader {
+ public:
+  explicit EntryReader(const std::vector<char>& in) : in_(in) {}
+  int64_t i64() {
+    int64_t v = 0;
+    get(&v, sizeof v);
+    return v;
+  }
+  std::string str() {
+    const int64_t n = i64();
+    CKPTSIM_CHECK(n >= 0 && static_cast<size_t>(n) <= in_.size() - pos_, "save entries: bad string length");
+    std::string s(in_.data() + pos_, static_cast<size_t>(n));
+    pos_ += static_cast<size_t>(n);
+    return s;
+  }
+
+ private:
+  void get(void* p, size_t n) {
+    CKPTSIM_CHECK(n <= in_.size() - pos_, "save entries: truncated");
+    std::memcpy(p, in_.data() + pos_, n);
+    pos_ += n;
+  }
+  const std::vector<char>& in_;
+  size_t pos_ = 0;
+};
+
+std::vector<char> encode_entries(const RankEntries& e) {
+  EntryWriter w;
+  w.i64(static_cast<int64_t>(e.pieces.size()));
+  for (const auto& p : e.pieces) {
+    w.str(p.key);
+    w.str(p.dtype);
+    w.i64(p.global_numel);
+    w.i64(p.global_offset);
+    w.i64(p.numel);
+    w.i64(p.rank);
+    w.str(p.file);
+    w.i64(p.byte_offset);
+  }
+  w.i64(static_cast<int64_t>(e.objects.size()));
+  for (const auto& [k, main] : e.objects) {
+    w.str(k);
+    w.i64(main ? 1 : 0);
+  }
+  return w.take();
+}
+
+RankEntries decode_entries(const std::vector<char>& bytes) {
+  EntryReader r(bytes);
+  RankEntries e;
+  e.pieces.resize(static_cast<size_t>(r.i64()));
+  for (auto& p : e.pieces) {
+    p.key = r.str();
+    p.dtype = r.str();
+    p.global_numel = r.i64();
+    p.global_offset = r.i64();
+    p.numel = r.i64();
+    p.rank = static_cast<int>(r.i64());
+    p.file = r.str();
+    p.byte_offset = r.i64();
+  }
+  e.objects.resize(static_cast<size_t>(r.i64()));
+  for (auto& [k, main] : e.objects) {
+    k = r.str();
+    main = r.i64() != 0;
+  }
+  return e;
+}
+
 void throw_if_error(const Status& s) {
   if (!s.is_ok()) throw CheckpointingException(s.to_string(), "serialization.py (storage)");
 }
@@ -146,14 +240,13 @@ SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup&
   }
 
   // Sharded objects: main replicas unique per unique_key (checked on rank 0 after gathering).
-  std::vector<std::pair<std::string, bool>> local_objects;  // unique_key, is main replica
-  std::vector<SavedPiece> local_pieces;
+  RankEntries mine;
   std::vector<char> blob;
   for (const auto& [path, leaf] : nested_items(sharded_part)) {
     if (leaf.is_sharded_object()) {
       const ShardedObject& so = *leaf.sharded_object();
       const bool main = is_main_replica(so.replica_id);
-      local_objects.emplace_back(so.unique_key(), main);
+      mine.objects.emplace_back(so.unique_key(), main);
       if (main) throw_if_error(storage.write_file(object_file(so.unique_key()), pickle_value(so.data)));
       continue;
     }
@@ -174,30 +267,20 @@ SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup&
     p.byte_offset = static_cast<int64_t>(blob.size());
     const auto* bytes = static_cast<const char*>(data.data_ptr());
     blob.insert(blob.end(), bytes, bytes + data.numel() * data.element_size());
-    local_pieces.push_back(std::move(p));
+    mine.pieces.push_back(std::move(p));
   }
   if (rank == 0) throw_if_error(storage.write_file(kCommonFile, common_bytes));
-  if (!local_pieces.empty()) throw_if_error(storage.write_file(rank_file(rank), blob));
+  if (!mine.pieces.empty()) throw_if_error(storage.write_file(rank_file(rank), blob));
 
   // Gather every rank's pieces and objects; rank 0 validates and writes the metadata.
-  json mine = json::object();
-  mine["pieces"] = json::array();
-  for (const auto& p : local_pieces) mine["pieces"].push_back(piece_to_json(p));
-  mine["objects"] = json::array();
-  for (const auto& [k, main] : local_objects) mine["objects"].push_back(json{{"unique_key", k}, {"main", main}});
-  const auto all = group.all_gather_object(to_bytes(mine.dump()));
-  json meta = json{{"format", kFormat}, {"common", kCommonFile}, {"pieces", json::array()}, {"objects", json::array()}};
-  std::map<std::string, int> main_replicas;
+  const auto all = group.all_gather_object(encode_entries(mine));
+  std::map<std::string, int> main_replicas;  // unique_key -> main replicas, first-seen order below
+  std::vector<std::string> object_order;
   for (const auto& bytes : all) {
-    const json j = json::parse(std::string(bytes.begin(), bytes.end()));
-    for (const auto& p : j["pieces"]) {
-      meta["pieces"].push_back(p);
-      report.pieces.push_back(piece_from_json(p).value());
-    }
-    for (const auto& o : j["objects"]) {
-      if (!o["main"].get<bool>()) continue;
-      const std::string k = o["unique_key"].get<std::string>();
-      if (main_replicas[k]++ == 0) meta["objects"].push_back(json{{"unique_key", k}, {"file", object_file(k)}});
+    RankEntries theirs = decode_entries(bytes);
+    for (auto& p : theirs.pieces) report.pieces.push_back(std::move(p));
+    for (const auto& [k, main] : theirs.objects) {
+      if (main && main_replicas[k]++ == 0) object_order.push_back(k);
     }
   }
   for (const auto& [k, count] : main_replicas) {
@@ -205,6 +288,12 @@ SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup&
       throw CheckpointingException(fmt::format("Invalid access pattern for ShardedObject {}: {} main replicas", k, count),
                                    "validation.py validate_sharding_integrity()");
     }
+  }
+  json meta;
+  if (rank == 0) {
+    meta = json{{"format", kFormat}, {"common", kCommonFile}, {"pieces", json::array()}, {"objects", json::array()}};
+    for (const auto& p : report.pieces) meta["pieces"].push_back(piece_to_json(p));
+    for (const auto& k : object_order) meta["objects"].push_back(json{{"unique_key", k}, {"file", object_file(k)}});
   }
   if (rank == 0) throw_if_error(storage.write_file(kMetadataFile, to_bytes(meta.dump(1))));
   group.barrier();

@@ -109,3 +109,46 @@ TEST(Serialization, CommonLeafCollidingWithLnoRaisesDuplicateLeaf) {
     }
   });
 }
+
+namespace {
+
+Value object(const std::string& key, int64_t offset, int replica) {
+  ShardedObject so;
+  so.key = key;
+  so.data = Value(offset);
+  so.global_shape = {2};
+  so.global_offset = {offset};
+  so.replica_id = {replica};
+  return Value(ShardedObject::make(std::move(so)));
+}
+
+}  // namespace
+
+// The end-of-save exchange: every rank learns every piece (in rank order), rank 0 lists each
+// sharded object once with its main replica, and two main replicas of one object raise.
+// Mutations caught: a rank reporting only its own pieces; objects listed per replica.
+TEST(Serialization, EveryRankLearnsAllPiecesAndObjectsAreListedOnce) {
+  MemoryStorage store;
+  on_ranks(3, [&](int rank, ProcessGroup& pg) {
+    const Value sd = dict_value({{"t", piece("t", at::zeros({2}).add(rank), 6, 2 * rank)},
+                                 {"o", object("o", rank % 2, rank / 2)}});
+    const SaveReport report = save(sd, store, pg);
+    ASSERT_EQ(report.pieces.size(), 3u);
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_EQ(report.pieces[static_cast<size_t>(r)].rank, r);
+      EXPECT_EQ(report.pieces[static_cast<size_t>(r)].global_offset, 2 * r);
+    }
+  });
+  ASSERT_TRUE(store.read_file("objects/o/shard_0_2.pt").is_ok());
+  ASSERT_TRUE(store.read_file("objects/o/shard_1_2.pt").is_ok());
+  auto meta = store.read_file("metadata.json");
+  ASSERT_TRUE(meta.is_ok());
+  const std::string text(meta.value().begin(), meta.value().end());
+  size_t listed = 0;
+  for (size_t at = text.find("\"objects/o/"); at != std::string::npos; at = text.find("\"objects/o/", at + 1)) ++listed;
+  EXPECT_EQ(listed, 2u) << "two objects (offsets 0 and 1), each listed once: " << text;
+
+  MemoryStorage clash;
+  EXPECT_THROW(on_ranks(2, [&](int, ProcessGroup& pg) { save(dict_value({{"o", object("o", 0, 0)}}), clash, pg); }),
+               CheckpointingException);
+}
