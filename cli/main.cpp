@@ -533,10 +533,7 @@ int cmd_gate(const SearchFlags& f, const std::string& baseline, const std::strin
       "\n| class | property | minimal scenario | params | phases | detail "
       "|\n|---|---|---|---|---|---|\n";
   for (const auto& r : reported) {
-    std::string detail = r.failure.finding.detail;
-    for (auto& c : detail) {
-      if (c == '|') c = '/';
-    }
+    const std::string detail = report::md_escape(r.failure.finding.detail);
     md += fmt::format(
         "| {} | {} | `{}` | {} | {} | {} |\n",
         r.classification.rfind("new", 0) == 0 ? "**" + r.classification + "**" : r.classification,

@@ -1,5 +1,7 @@
 #include "model/errors.h"
 
+#include <c10/util/Exception.h>
+
 namespace ckptsim::model {
 
 UpstreamError::UpstreamError(std::string py_type, std::string message, std::string site)
@@ -21,5 +23,16 @@ PyAssertionError::PyAssertionError(std::string message, std::string site)
 
 CheckpointingException::CheckpointingException(std::string message, std::string site)
     : UpstreamError("CheckpointingException", std::move(message), std::move(site)) {}
+
+std::string exception_text(const std::exception& e) {
+  if (const auto* torch_error = dynamic_cast<const c10::Error*>(&e)) return torch_error->what_without_backtrace();
+  return e.what();
+}
+
+std::string exception_py_type(const std::exception& e) {
+  if (dynamic_cast<const InvariantViolation*>(&e) != nullptr) return "InvariantViolation";
+  if (dynamic_cast<const c10::Error*>(&e) != nullptr) return "RuntimeError";
+  return "Exception";
+}
 
 }  // namespace ckptsim::model

@@ -77,6 +77,14 @@ class InvariantViolation : public std::logic_error {
   explicit InvariantViolation(const std::string& what) : std::logic_error(what) {}
 };
 
+// An exception's text for a one-line report: torch's c10::Error (Python's RuntimeError)
+// without the C++ backtrace that its what() carries; anything else, what().
+std::string exception_text(const std::exception& e);
+
+// The Python exception class a caught exception surfaces as where no upstream site models
+// it: "InvariantViolation" for ckptsim's own bugs, "RuntimeError" for a torch error.
+std::string exception_py_type(const std::exception& e);
+
 // Always-on invariant check. `what` must say what must not happen.
 #define CKPTSIM_CHECK(cond, what)                                                         \
   do {                                                                                    \

@@ -9,20 +9,6 @@ namespace ckptsim::report {
 
 namespace {
 
-std::string md_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '|') {
-      out += "\\|";
-    } else if (c == '\n') {
-      out += ' ';
-    } else {
-      out.push_back(c);
-    }
-  }
-  return out;
-}
-
 std::string num(const std::optional<double>& x) {
   if (!x.has_value() || std::isnan(*x)) return "—";
   if (*x == std::floor(*x)) return fmt::format("{:.0f}", *x);
@@ -46,6 +32,20 @@ std::string phase_outcome(const sim::PhaseRecord& p) {
 }
 
 }  // namespace
+
+std::string md_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '|') {
+      out += "\\|";
+    } else if (c == '\n') {
+      out += ' ';
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
 
 std::string step_table(const sim::RunResult& run, size_t rows_max) {
   // One row per (phase, moment, part, counter in this run, counter uninterrupted); shards with

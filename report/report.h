@@ -26,6 +26,9 @@ std::string scenario_section(const ScenarioReport& r);
 // command that made it, the commit) go first.
 std::string render(const std::vector<ScenarioReport>& reports, const std::vector<std::string>& header);
 
+// Text for one Markdown table cell: '|' escaped, line breaks as spaces.
+std::string md_escape(const std::string& s);
+
 // The step-counter table (one row per resumed global step and part, both runs side by side).
 std::string step_table(const sim::RunResult& run, size_t rows_max = 40);
 

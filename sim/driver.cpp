@@ -268,8 +268,8 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, RankOut& out) {
   } catch (const std::exception& e) {
     // An InvariantViolation (a ckptsim bug) or a torch error outside the modeled sites.
     RankError err = make_error(rank, stage);
-    err.py_type = dynamic_cast<const model::InvariantViolation*>(&e) != nullptr ? "InvariantViolation" : "Exception";
-    err.message = e.what();
+    err.py_type = model::exception_py_type(e);
+    err.message = model::exception_text(e);
     out.error = err;
     throw;
   }

@@ -287,8 +287,8 @@ std::vector<RankOutcome> LocalWorld::run(const std::function<void(ProcessGroup&)
       departure = Departure{true, true, e.aborting_rank(), e.reason(), 0};
     } catch (const std::exception& e) {
       outcome.error = std::current_exception();
-      outcome.error_message = e.what();
-      departure = Departure{true, false, rank, e.what(), 0};
+      outcome.error_message = model::exception_text(e);
+      departure = Departure{true, false, rank, outcome.error_message, 0};
     } catch (...) {
       outcome.error = std::current_exception();
       outcome.error_message = "exception not derived from std::exception";

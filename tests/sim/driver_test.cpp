@@ -72,3 +72,26 @@ TEST(Driver, ResumedFusedAdamRunIsBitIdenticalAcrossDpSizes) {
   EXPECT_EQ(last.master, ref->master);
   EXPECT_EQ(last.param, ref->param);
 }
+
+// A torch error outside the modeled sites is reported as Python would show it: a RuntimeError
+// with torch's message and without the C++ backtrace that c10::Error::what() appends (it broke
+// the gate report's table). The case: miles-main loading a checkpoint that fix-complete saved
+// for a group mixing bf16 and fp32 params (B8's group order; the all-miles-main run fails at
+// its own save). Mutations caught: what() instead of what_without_backtrace(); "Exception" as
+// the type.
+TEST(Driver, TorchErrorsAreOneLineRuntimeErrors) {
+  const auto s = test::scenario_from_json(R"({"seed": 0,
+    "params": [{"name": "p0", "numel": 1, "dtype": "bf16"}, {"name": "p1", "numel": 2, "dtype": "fp32"},
+               {"name": "p2", "numel": 3, "dtype": "bf16"}],
+    "optimizer": {"kind": "fused_adam", "lr": 0.01, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1},
+    "phases": [{"dp": 1, "revision": "fix-complete", "steps": 0}, {"dp": 1, "revision": "miles-main", "steps": 0}]})");
+  const auto run = test::run(s);
+  const auto& resumed = run.phases.at(1);
+  ASSERT_FALSE(resumed.completed);
+  const auto& e = resumed.errors.front();
+  EXPECT_EQ(e.stage, "load");
+  EXPECT_EQ(e.py_type, "RuntimeError");
+  EXPECT_NE(e.message.find("must match the size of tensor"), std::string::npos) << e.message;
+  EXPECT_EQ(e.message.find('\n'), std::string::npos) << e.message;
+  EXPECT_EQ(e.message.find("Exception raised from"), std::string::npos) << e.message;
+}
