@@ -75,6 +75,8 @@ int cmd_run(const RunFlags& f) {
   for (const auto& file : f.files) {
     auto s = sim::load_scenario_file(file, registry.value());
     if (!s.is_ok()) return invalid(s.status().message());
+    Status e = properties::validate_expect(s.value().expect, file);
+    if (!e.is_ok()) return invalid(e.message());
     scenarios.push_back(std::move(s.value()));
   }
   std::vector<sim::RunResult> runs;
@@ -125,6 +127,9 @@ int cmd_run(const RunFlags& f) {
     rep.results = properties::check_all(r);
     rep.has_expectations = !s.expect.is_null();
     rep.expectation_mismatches = properties::expectation_mismatches(s.expect, rep.results);
+    // --expect on a scenario with no expect block: it is expected to keep every property.
+    if (f.expect && !rep.has_expectations && !properties::all_ok(rep.results))
+      rep.expectation_mismatches.push_back("no expect block, so every property must hold, and one failed");
     all_ok = all_ok && properties::all_ok(rep.results);
     all_expected = all_expected && rep.expectation_mismatches.empty();
     for (const auto& res : rep.results) {
@@ -132,8 +137,8 @@ int cmd_run(const RunFlags& f) {
                       res.detail));
     }
     if (f.expect) {
-      if (!rep.has_expectations) {
-        say("  expect: (this scenario has no expect block)");
+      if (!rep.has_expectations && rep.expectation_mismatches.empty()) {
+        say("  expect: no expect block; every property holds, as expected");
       } else if (rep.expectation_mismatches.empty()) {
         say("  expect: verdicts as expected");
       } else {
@@ -162,6 +167,8 @@ int cmd_run(const RunFlags& f) {
       j["scenario"] = r.scenario.name.empty() ? r.scenario.source : r.scenario.name;
       j["file"] = r.scenario.source;
       j["seed"] = r.scenario.seed;
+      j["revisions"] = nlohmann::json::array();
+      for (const auto& p : r.scenario.phases) j["revisions"].push_back(p.revision);
       j["trace_hash"] = fmt::format("{:016x}", r.trace_hash);
       j["checkpoints"] = r.checkpoint_location;
       j["gpu_resident"] = r.gpu_resident;
@@ -275,10 +282,46 @@ Status fill_generator(const SearchFlags& f, model::RevisionRegistry& registry,
     if (properties::find_property(p) == nullptr)
       return Status::invalid_input("--property: unknown property " + p);
   }
-  for (const auto& r : g.revisions) {
-    auto p = registry.get(r);
-    if (!p.is_ok()) return Status::invalid_input("revision: " + p.status().message());
+  (void)registry;
+  if (f.cases < 0 || f.cases > properties::SearchOptions::kCasesMax) {
+    return Status::invalid_input(
+        fmt::format("--cases must be in [0, {}], got {}", properties::SearchOptions::kCasesMax, f.cases));
   }
+  if (!(f.time_budget >= 0)) return Status::invalid_input("--time-budget must be >= 0 seconds (0: no limit)");
+  return Status::ok();
+}
+
+// A revision flag's value must name a known profile (or a profile file).
+Status check_revision_flag(model::RevisionRegistry& registry, const std::string& flag,
+                           const std::string& revision) {
+  auto p = registry.get(revision);
+  if (!p.is_ok()) return Status::invalid_input(flag + ": " + p.status().message());
+  return Status::ok();
+}
+
+// The flags that decide what a search draws and judges, as a command line tail: the repeat
+// line must run the same search.
+std::string search_repeat_flags(const SearchFlags& f) {
+  const SearchFlags defaults;
+  std::string out = fmt::format(" --seed {} --cases {}", f.seed, f.cases);
+  if (f.time_budget > 0) out += fmt::format(" --time-budget {}", f.time_budget);
+  for (const auto& p : f.properties) out += " --property " + p;
+  for (const auto& k : f.kinds) out += " --kind " + k;
+  for (const auto& x : f.faults) out += " --fault " + x;
+  for (const auto& x : f.profiles) out += " --profile " + x;
+  if (f.dp_max != defaults.dp_max) out += fmt::format(" --dp-max {}", f.dp_max);
+  if (f.params_max != defaults.params_max) out += fmt::format(" --params-max {}", f.params_max);
+  if (f.phases_max != defaults.phases_max) out += fmt::format(" --phases-max {}", f.phases_max);
+  if (f.stateful) out += " --stateful";
+  return out;
+}
+
+// Output locations are checked before a search that may take minutes, not after it.
+Status prepare_out_dir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec || !std::filesystem::is_directory(dir, ec))
+    return Status::io_error(dir + ": cannot create the output directory" + (ec ? ": " + ec.message() : ""));
   return Status::ok();
 }
 
@@ -325,9 +368,14 @@ int cmd_check(const SearchFlags& f, const std::string& revision) {
   properties::SearchOptions options;
   options.generator.revisions = {revision};
   Status s = fill_generator(f, registry.value(), options.generator);
+  if (s.is_ok()) s = check_revision_flag(registry.value(), "--revision", revision);
+  if (s.is_ok()) s = prepare_out_dir(f.out_dir);
   if (!s.is_ok()) return invalid(s.message());
-  if (f.cases < 0 || f.cases > properties::SearchOptions::kCasesMax)
-    return invalid("--cases out of range");
+  std::ofstream junit_out;
+  if (!f.junit.empty()) {
+    junit_out.open(f.junit);
+    if (!junit_out) return invalid(f.junit + ": cannot write the JUnit file");
+  }
   options.seed = f.seed;
   options.cases = f.cases;
   options.time_budget_s = f.time_budget;
@@ -344,14 +392,14 @@ int cmd_check(const SearchFlags& f, const std::string& revision) {
   const auto judge = properties::property_judge(registry.value(), f.properties);
   const properties::SearchResult result = properties::search(options, judge);
   std::vector<Reported> reported;
-  const std::string how = fmt::format("ckptsim check --revision {} --seed {}", revision, f.seed);
+  const std::string repeat = fmt::format("ckptsim check --revision {}{}{}", revision,
+                                         search_repeat_flags(f), f.keep_going ? "" : " --first");
+  const std::string& how = repeat;
   for (const auto& failure : result.failures) {
     auto path = write_found(f.out_dir, failure, f.seed, how);
     if (!path.is_ok()) return invalid(path.status().message());
     reported.push_back({failure, path.value(), ""});
   }
-  const std::string repeat = fmt::format("ckptsim check --revision {} --seed {} --cases {}{}",
-                                         revision, f.seed, f.cases, f.keep_going ? "" : " --first");
   if (talk) {
     std::cout << fmt::format("{} cases ({} simulator runs){}: {} failure(s)", result.cases_run,
                              result.judge_runs,
@@ -379,11 +427,7 @@ int cmd_check(const SearchFlags& f, const std::string& revision) {
     }
     cases.push_back(c);
   }
-  if (!f.junit.empty()) {
-    std::ofstream out(f.junit);
-    if (!out) return invalid(f.junit + ": cannot write the JUnit file");
-    out << properties::junit_xml("ckptsim check " + revision, cases);
-  }
+  if (junit_out) junit_out << properties::junit_xml("ckptsim check " + revision, cases);
   if (f.json) {
     nlohmann::json j{{"ok", reported.empty()},
                      {"seed", f.seed},
@@ -404,8 +448,9 @@ int cmd_check(const SearchFlags& f, const std::string& revision) {
 
 // The gate's judge: a failure of the candidate-involving scenario is "new" unless the same
 // scenario with every phase on the baseline fails the same property too.
-properties::Judge gate_judge(model::RevisionRegistry& registry, const std::string& baseline) {
-  auto plain = properties::property_judge(registry);
+properties::Judge gate_judge(model::RevisionRegistry& registry, const std::string& baseline,
+                             const std::vector<std::string>& only) {
+  auto plain = properties::property_judge(registry, only);
   return [&registry, plain,
           baseline](const sim::Scenario& s) -> std::optional<properties::Finding> {
     auto finding = plain(s);
@@ -427,9 +472,9 @@ properties::Judge gate_judge(model::RevisionRegistry& registry, const std::strin
     const bool in_baseline_code = finding->phase_revision == baseline;
     const bool pre_existing = base_fails && (same_cause || in_baseline_code);
     std::string cls = pre_existing ? "pre-existing:" : (in_baseline_code ? "new-compat:" : "new:");
-    // Baseline code failing where the all-baseline run never got that far: cannot be attributed.
-    if (in_baseline_code && base_result.verdict == properties::Verdict::kNotEvaluated)
-      cls = "unresolved:";
+    // The all-baseline run never got far enough to judge the property (it failed earlier, e.g.
+    // at a load the candidate gets through): new or not cannot be told.
+    if (base_result.verdict == properties::Verdict::kNotEvaluated) cls = "unresolved:";
     finding->signature = cls + finding->signature;
     return finding;
   };
@@ -442,6 +487,9 @@ int cmd_gate(const SearchFlags& f, const std::string& baseline, const std::strin
   properties::SearchOptions base_options;
   base_options.generator.revisions = {baseline, candidate};
   Status s = fill_generator(f, registry.value(), base_options.generator);
+  if (s.is_ok()) s = check_revision_flag(registry.value(), "--baseline", baseline);
+  if (s.is_ok()) s = check_revision_flag(registry.value(), "--candidate", candidate);
+  if (s.is_ok()) s = prepare_out_dir(f.out_dir);
   if (!s.is_ok()) return invalid(s.message());
   base_options.seed = f.seed;
   base_options.cases = f.cases;
@@ -457,7 +505,7 @@ int cmd_gate(const SearchFlags& f, const std::string& baseline, const std::strin
                              baseline, candidate, f.cases)
               << std::endl;
   }
-  const auto judge = gate_judge(registry.value(), baseline);
+  const auto judge = gate_judge(registry.value(), baseline, f.properties);
   struct Part {
     std::string name;
     properties::SearchOptions options;
@@ -489,14 +537,15 @@ int cmd_gate(const SearchFlags& f, const std::string& baseline, const std::strin
   } else {
     for (auto& part : parts) part.result = properties::search(part.options, judge);
   }
+  const std::string repeat = fmt::format("ckptsim gate --baseline {} --candidate {} --out {}{}",
+                                         baseline, candidate, f.out_dir, search_repeat_flags(f));
   std::vector<Reported> reported;
   for (auto& part : parts) {
     for (const auto& failure : part.result.failures) {
       const bool is_new = failure.finding.signature.rfind("new", 0) == 0;
       auto path =
           write_found(f.out_dir, failure, f.seed,
-                      fmt::format("ckptsim gate --baseline {} --candidate {} --seed {} ({})",
-                                  baseline, candidate, f.seed, part.name),
+                      fmt::format("{} ({})", repeat, part.name),
                       part.name);
       if (!path.is_ok()) return invalid(path.status().message());
       const bool compat = failure.finding.signature.rfind("new-compat:", 0) == 0;
@@ -510,9 +559,6 @@ int cmd_gate(const SearchFlags& f, const std::string& baseline, const std::strin
   const bool introduced = std::any_of(reported.begin(), reported.end(), [](const Reported& r) {
     return r.classification.rfind("new", 0) == 0;
   });
-  const std::string repeat =
-      fmt::format("ckptsim gate --baseline {} --candidate {} --out {} --seed {} --cases {}",
-                  baseline, candidate, f.out_dir, f.seed, f.cases);
 
   // Markdown report.
   std::string md = fmt::format("# ckptsim gate: {} → {}\n\n", baseline, candidate);
@@ -595,12 +641,26 @@ int cmd_gate(const SearchFlags& f, const std::string& baseline, const std::strin
   return introduced ? kExitFail : kExitOk;
 }
 
+// CLI::NonNegativeNumber's message prints the largest double; this one says what is wrong.
+const CLI::Validator kNotNegative(
+    [](std::string& in) -> std::string {
+      const size_t first = in.find_first_not_of(" \t");
+      return first != std::string::npos && in[first] == '-' ? "must not be negative, got " + in
+                                                            : std::string();
+    },
+    "NONNEGATIVE");
+
 void add_search_flags(CLI::App* cmd, SearchFlags& f) {
-  cmd->add_option("--seed", f.seed, "Root seed of the search (default 1)");
-  cmd->add_option("--cases", f.cases, "Number of generated cases (per search for gate)");
-  cmd->add_option("--time-budget", f.time_budget, "Stop after this many seconds (0: no limit)");
-  cmd->add_option("--json", f.json, "Print one JSON object")->expected(0)->default_val(false);
-  cmd->add_option("--property", f.properties, "Only these properties count (check)");
+  cmd->add_option("--seed", f.seed, "Root seed of the search")
+      ->check(kNotNegative)
+      ->capture_default_str();
+  cmd->add_option("--cases", f.cases, "Number of generated cases (per search for gate)")
+      ->capture_default_str();
+  cmd->add_option("--time-budget", f.time_budget, "Stop after this many seconds (0: no limit)")
+      ->check(kNotNegative)
+      ->capture_default_str();
+  cmd->add_flag("--json", f.json, "Print one JSON object");
+  cmd->add_option("--property", f.properties, "Only these properties count");
   cmd->add_option("--kind", f.kinds, "Only these optimizer kinds: fused_adam, torch_adamw, hybrid");
   cmd->add_option("--fault", f.faults, "Enable a fault site in every case (mutation control)");
   cmd->add_option("--profile", f.profiles, "Extra revision profile JSON files");

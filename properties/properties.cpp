@@ -792,6 +792,31 @@ bool all_ok(const std::vector<PropertyResult>& results) {
                      [](const PropertyResult& r) { return r.ok(); });
 }
 
+Status validate_expect(const nlohmann::json& expect, const std::string& source) {
+  auto error = [&](const std::string& field, const std::string& what) {
+    return Status::invalid_input(fmt::format("{}: field 'expect.{}': {}", source, field, what));
+  };
+  if (expect.is_null()) return Status::ok();
+  std::string known;
+  for (const auto& p : all_properties()) known += (known.empty() ? "" : ", ") + p.name;
+  if (expect.contains("ok") && !expect["ok"].is_boolean()) return error("ok", "must be true or false");
+  for (const char* field : {"properties", "detail_contains"}) {
+    if (!expect.contains(field)) continue;
+    const nlohmann::json& m = expect[field];
+    if (!m.is_object()) return error(field, "must be an object from property names");
+    for (const auto& [name, want] : m.items()) {
+      const std::string path = std::string(field) + "." + name;
+      if (find_property(name) == nullptr) return error(path, "unknown property (known: " + known + ")");
+      const bool verdict_text = want.is_string() && (want == "pass" || want == "fail" || want == "not_evaluated");
+      if (std::string(field) == "properties" && !want.is_boolean() && !verdict_text)
+        return error(path, "must be true, false, \"pass\", \"fail\" or \"not_evaluated\", got " + want.dump());
+      if (std::string(field) == "detail_contains" && !want.is_string())
+        return error(path, "must be a string, got " + want.dump());
+    }
+  }
+  return Status::ok();
+}
+
 std::vector<std::string> expectation_mismatches(const nlohmann::json& expect,
                                                 const std::vector<PropertyResult>& results) {
   std::vector<std::string> out;

@@ -80,6 +80,12 @@ const Property* find_property(const std::string& name);
 std::vector<PropertyResult> check_all(const sim::RunResult& run);
 bool all_ok(const std::vector<PropertyResult>& results);
 
+// Checks a scenario's "expect" block (already known to be an object with only the fields
+// ok, properties, detail_contains): "ok" a bool, "properties" an object from known property
+// names to true, false or a verdict name, "detail_contains" an object from known property
+// names to strings. The message names the file and the field.
+Status validate_expect(const nlohmann::json& expect, const std::string& source);
+
 // A bundled scenario's "expect" block against the verdicts. Empty when they agree; otherwise
 // one line per disagreement.
 std::vector<std::string> expectation_mismatches(const nlohmann::json& expect,

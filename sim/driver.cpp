@@ -590,8 +590,7 @@ Result<RunResult> run_scenario(const Scenario& scenario, model::RevisionRegistry
           break;
         }
       }
-      options.progress(fmt::format("phase {}/{} dp={} revision={}: {}", i + 1, scenario.phases.size(), spec.dp,
-                                   profiles[i].name, status));
+      options.progress(fmt::format("phase {} (dp={}, {}): {}", i, spec.dp, profiles[i].name, status));
     }
     result.phases.push_back(std::move(rec));
   }

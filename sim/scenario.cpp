@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -135,6 +136,9 @@ Result<Scenario> parse_scenario(const std::string& json_text, const std::string&
   CKPTSIM_TRY(r.integer(j, "seed", "seed", 0, std::numeric_limits<int64_t>::max(), seed));
   s.seed = static_cast<uint64_t>(seed);
   CKPTSIM_TRY(r.string(j, "name", "name", s.name, std::string()));
+  // Unnamed: the file's stem, so that the trace (and its hash) does not depend on how the
+  // path was spelled.
+  if (s.name.empty()) s.name = std::filesystem::path(source).stem().string();
   CKPTSIM_TRY(r.string(j, "description", "description", s.description, std::string()));
 
   // params
@@ -265,6 +269,15 @@ Result<Scenario> parse_scenario(const std::string& json_text, const std::string&
     PhaseSpec phase;
     CKPTSIM_TRY(r.integer(p, "dp", path + ".dp", 1, Scenario::kDpMax, phase.dp));
     CKPTSIM_TRY(r.string(p, "revision", path + ".revision", phase.revision));
+    // A profile file named by a relative path: next to the scenario file if it is there (a bug
+    // report ships the two together), else relative to the current directory.
+    if (phase.revision.size() > 5 && phase.revision.ends_with(".json") &&
+        std::filesystem::path(phase.revision).is_relative()) {
+      const auto beside = std::filesystem::path(source).parent_path() / phase.revision;
+      std::error_code ec;
+      if (!std::filesystem::path(source).parent_path().empty() && std::filesystem::is_regular_file(beside, ec))
+        phase.revision = beside.string();
+    }
     auto profile = registry.get(phase.revision);
     if (!profile.is_ok()) return r.error(path + ".revision", profile.status().message());
     CKPTSIM_TRY(r.integer(p, "steps", path + ".steps", 0, Scenario::kStepsMax, phase.steps));
@@ -312,6 +325,9 @@ Result<Scenario> parse_scenario(const std::string& json_text, const std::string&
 }
 
 Result<Scenario> load_scenario_file(const std::string& path, model::RevisionRegistry& registry) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    return Status::invalid_input(path + ": is a directory, not a scenario file");
   std::ifstream in(path);
   if (!in) return Status::not_found(path + ": cannot open scenario file");
   std::stringstream ss;
