@@ -594,10 +594,9 @@ int cmd_gate(const SearchFlags& f, const std::string& baseline, const std::strin
       "baseline fails on a "
       "checkpoint the candidate wrote, while the all-baseline run keeps the property. "
       "\"pre-existing\": the "
-      "baseline fails it too. \"unresolved\": a phase running the baseline fails, but the "
-      "all-baseline run stops "
-      "before it can be judged (not counted as new). Replay any finding with `ckptsim run "
-      "<file>`.\n";
+      "baseline fails it too. \"unresolved\": the all-baseline run stops before it can judge "
+      "that property (e.g. its own load fails), so new or not cannot be told (not counted as "
+      "new). Replay any finding with `ckptsim run <file>`.\n";
   std::error_code ec;
   std::filesystem::create_directories(f.out_dir, ec);
   {
