@@ -19,6 +19,13 @@ using sim::PhaseRecord;
 using sim::RunResult;
 using sim::ShardRecord;
 
+// The verdict of a property whose run never reached what it judges; `why` names the phase.
+PropertyResult mark_not_evaluated(PropertyResult r, const std::string& why) {
+  r.verdict = Verdict::kNotEvaluated;
+  r.detail = "not evaluated: " + why;
+  return r;
+}
+
 std::string phase_label(const RunResult& run, const PhaseRecord& p) {
   return fmt::format("phase {} (dp={}, {})", p.index, p.spec.dp, p.spec.revision);
 }
@@ -248,9 +255,7 @@ PropertyResult step_matches_uninterrupted(const RunResult& run) {
     return r;
   }
   if (!not_evaluated.empty()) {
-    r.verdict = Verdict::kNotEvaluated;
-    r.detail = "not evaluated: " + not_evaluated;
-    return r;
+    return mark_not_evaluated(std::move(r), not_evaluated);
   }
   r.detail = fmt::format(
       "{} resume(s): {} step counters and bias-correction steps equal the uninterrupted run's",
@@ -379,9 +384,7 @@ PropertyResult trajectory_matches_uninterrupted(const RunResult& run) {
     }
   }
   if (!not_evaluated.empty()) {
-    r.verdict = Verdict::kNotEvaluated;
-    r.detail = "not evaluated: " + not_evaluated;
-    return r;
+    return mark_not_evaluated(std::move(r), not_evaluated);
   }
   r.detail = fmt::format(
       "{} states compared with the uninterrupted run: {} element values bit for bit, {} within "
@@ -627,9 +630,7 @@ PropertyResult round_trip_identity(const RunResult& run) {
     }
   }
   if (!not_evaluated.empty() && loads == 0) {
-    r.verdict = Verdict::kNotEvaluated;
-    r.detail = "not evaluated: " + not_evaluated;
-    return r;
+    return mark_not_evaluated(std::move(r), not_evaluated);
   }
   r.detail = fmt::format(
       "{} load(s) gave back the saved master params, moments, model params, step counters and "
