@@ -22,18 +22,27 @@ void BM_SearchCase(benchmark::State& state, const char* revision) {
   int64_t k = 0;
   int64_t failing = 0;
   for (auto _ : state) {
-    const sim::Scenario s = gen(rc::Random(model::mix_seed(1, static_cast<uint64_t>(k))), static_cast<int>(k % 101)).value();
+    const sim::Scenario s =
+        gen(rc::Random(model::mix_seed(1, static_cast<uint64_t>(k))), static_cast<int>(k % 101))
+            .value();
     const auto finding = judge(s);
     failing += finding.has_value() ? 1 : 0;
     benchmark::DoNotOptimize(finding);
     ++k;
   }
   state.SetItemsProcessed(k);
-  state.counters["failing_fraction"] = k > 0 ? static_cast<double>(failing) / static_cast<double>(k) : 0.0;
+  state.counters["failing_fraction"] =
+      k > 0 ? static_cast<double>(failing) / static_cast<double>(k) : 0.0;
 }
 
-BENCHMARK_CAPTURE(BM_SearchCase, upstream_2874, "upstream-2874")->Unit(benchmark::kMillisecond)->MinTime(10.0)->UseRealTime();
-BENCHMARK_CAPTURE(BM_SearchCase, fix_complete, "fix-complete")->Unit(benchmark::kMillisecond)->MinTime(10.0)->UseRealTime();
+BENCHMARK_CAPTURE(BM_SearchCase, upstream_2874, "upstream-2874")
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(10.0)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_SearchCase, fix_complete, "fix-complete")
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(10.0)
+    ->UseRealTime();
 
 }  // namespace
 

@@ -129,7 +129,8 @@ int cmd_run(const RunFlags& f) {
     rep.expectation_mismatches = properties::expectation_mismatches(s.expect, rep.results);
     // --expect on a scenario with no expect block: it is expected to keep every property.
     if (f.expect && !rep.has_expectations && !properties::all_ok(rep.results))
-      rep.expectation_mismatches.push_back("no expect block, so every property must hold, and one failed");
+      rep.expectation_mismatches.push_back(
+          "no expect block, so every property must hold, and one failed");
     all_ok = all_ok && properties::all_ok(rep.results);
     all_expected = all_expected && rep.expectation_mismatches.empty();
     for (const auto& res : rep.results) {
@@ -284,10 +285,11 @@ Status fill_generator(const SearchFlags& f, model::RevisionRegistry& registry,
   }
   (void)registry;
   if (f.cases < 0 || f.cases > properties::SearchOptions::kCasesMax) {
-    return Status::invalid_input(
-        fmt::format("--cases must be in [0, {}], got {}", properties::SearchOptions::kCasesMax, f.cases));
+    return Status::invalid_input(fmt::format("--cases must be in [0, {}], got {}",
+                                             properties::SearchOptions::kCasesMax, f.cases));
   }
-  if (!(f.time_budget >= 0)) return Status::invalid_input("--time-budget must be >= 0 seconds (0: no limit)");
+  if (!(f.time_budget >= 0))
+    return Status::invalid_input("--time-budget must be >= 0 seconds (0: no limit)");
   return Status::ok();
 }
 
@@ -321,7 +323,8 @@ Status prepare_out_dir(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec || !std::filesystem::is_directory(dir, ec))
-    return Status::io_error(dir + ": cannot create the output directory" + (ec ? ": " + ec.message() : ""));
+    return Status::io_error(dir + ": cannot create the output directory" +
+                            (ec ? ": " + ec.message() : ""));
   return Status::ok();
 }
 
@@ -543,10 +546,8 @@ int cmd_gate(const SearchFlags& f, const std::string& baseline, const std::strin
   for (auto& part : parts) {
     for (const auto& failure : part.result.failures) {
       const bool is_new = failure.finding.signature.rfind("new", 0) == 0;
-      auto path =
-          write_found(f.out_dir, failure, f.seed,
-                      fmt::format("{} ({})", repeat, part.name),
-                      part.name);
+      auto path = write_found(f.out_dir, failure, f.seed, fmt::format("{} ({})", repeat, part.name),
+                              part.name);
       if (!path.is_ok()) return invalid(path.status().message());
       const bool compat = failure.finding.signature.rfind("new-compat:", 0) == 0;
       const bool unresolved = failure.finding.signature.rfind("unresolved:", 0) == 0;

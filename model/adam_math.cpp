@@ -31,14 +31,16 @@ struct ExactSqrt {
   float operator()(float x) const { return std::sqrt(x); }
 };
 
-void check_lengths(std::span<float> param, std::span<const float> grad,
-                   std::span<float> exp_avg, std::span<float> exp_avg_sq, const char* who) {
+void check_lengths(std::span<float> param, std::span<const float> grad, std::span<float> exp_avg,
+                   std::span<float> exp_avg_sq, const char* who) {
   CKPTSIM_CHECK(grad.size() == param.size() && exp_avg.size() == param.size() &&
                     exp_avg_sq.size() == param.size(),
-                std::string(who) + ": param, grad, exp_avg and exp_avg_sq must not differ in "
-                    "length (got " + std::to_string(param.size()) + ", " +
-                    std::to_string(grad.size()) + ", " + std::to_string(exp_avg.size()) + ", " +
-                    std::to_string(exp_avg_sq.size()) + ")");
+                std::string(who) +
+                    ": param, grad, exp_avg and exp_avg_sq must not differ in "
+                    "length (got " +
+                    std::to_string(param.size()) + ", " + std::to_string(grad.size()) + ", " +
+                    std::to_string(exp_avg.size()) + ", " + std::to_string(exp_avg_sq.size()) +
+                    ")");
 }
 
 Eigen::Index as_index(size_t n) { return static_cast<Eigen::Index>(n); }
@@ -46,9 +48,9 @@ Eigen::Index as_index(size_t n) { return static_cast<Eigen::Index>(n); }
 }  // namespace
 
 TeAdamScalars te_adam_scalars(const AdamHyper& h, int64_t step) {
-  CKPTSIM_CHECK(step >= 1 && step <= std::numeric_limits<int32_t>::max(),
-                "te_adam_scalars: step must not be < 1 or exceed a C int (got " +
-                    std::to_string(step) + ")");
+  CKPTSIM_CHECK(
+      step >= 1 && step <= std::numeric_limits<int32_t>::max(),
+      "te_adam_scalars: step must not be < 1 or exceed a C int (got " + std::to_string(step) + ")");
   TeAdamScalars s;
   // The binding's parameter types: float scalars, int step.
   s.lr = static_cast<float>(h.lr);
@@ -73,8 +75,8 @@ TeAdamScalars te_adam_scalars(const AdamHyper& h, int64_t step) {
 }
 
 void fused_adam_update(std::span<float> param, std::span<const float> grad,
-                       std::span<float> exp_avg, std::span<float> exp_avg_sq,
-                       const AdamHyper& h, int64_t step) {
+                       std::span<float> exp_avg, std::span<float> exp_avg_sq, const AdamHyper& h,
+                       int64_t step) {
   check_lengths(param, grad, exp_avg, exp_avg_sq, "fused_adam_update");
   const TeAdamScalars s = te_adam_scalars(h, step);
   const float lr = s.lr;
@@ -101,8 +103,8 @@ void fused_adam_update(std::span<float> param, std::span<const float> grad,
 }
 
 void torch_adamw_update(std::span<float> param, std::span<const float> grad,
-                        std::span<float> exp_avg, std::span<float> exp_avg_sq,
-                        const AdamHyper& h, float step) {
+                        std::span<float> exp_avg, std::span<float> exp_avg_sq, const AdamHyper& h,
+                        float step) {
   check_lengths(param, grad, exp_avg, exp_avg_sq, "torch_adamw_update");
   // Any step value is accepted, as torch accepts it: a restored step tensor can hold garbage
   // (B3: a padding entry's torch.empty step), and the resulting inf/NaN update is the

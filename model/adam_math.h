@@ -78,8 +78,8 @@ TeAdamScalars te_adam_scalars(const AdamHyper& h, int64_t step);
 // REQUIRES: all four spans have the same length; 1 <= step <= INT32_MAX (pybind11 rejects a
 // larger Python int for a C int parameter).
 void fused_adam_update(std::span<float> param, std::span<const float> grad,
-                       std::span<float> exp_avg, std::span<float> exp_avg_sq,
-                       const AdamHyper& h, int64_t step);
+                       std::span<float> exp_avg, std::span<float> exp_avg_sq, const AdamHyper& h,
+                       int64_t step);
 
 // Mirrors aten/src/ATen/native/cpu/FusedAdamKernel.cpp adam_fused_step_impl() and the float
 // adam_math() with ADAM_MODE::ADAMW: what torch.optim.AdamW(fused=True) runs on CPU (the
@@ -105,8 +105,8 @@ void fused_adam_update(std::span<float> param, std::span<const float> grad,
 // tensor; any value is accepted as torch accepts it (a garbage step restored from a padding
 // entry gives an inf/NaN update upstream too); an fp32 counter stops growing at 2^24.
 void torch_adamw_update(std::span<float> param, std::span<const float> grad,
-                        std::span<float> exp_avg, std::span<float> exp_avg_sq,
-                        const AdamHyper& h, float step);
+                        std::span<float> exp_avg, std::span<float> exp_avg_sq, const AdamHyper& h,
+                        float step);
 
 // Distance between two floats in units in the last place: the number of representable floats
 // strictly between them, plus one (0 when equal; +0 and -0 are equal). INT64_MAX if either is

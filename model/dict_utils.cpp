@@ -61,8 +61,8 @@ Value merge(Value x1, const Value& x2, const MergeOptions& options, const KeyPat
     return x1;
   }
   throw MergeError(MergeError::Kind::kDuplicateLeaf, key,
-                   "Duplicate non-dict and non-list values encountered: `" + x1.repr() +
-                       "` and `" + x2.repr() + "` (at level " + repr(key) + ")");
+                   "Duplicate non-dict and non-list values encountered: `" + x1.repr() + "` and `" +
+                       x2.repr() + "` (at level " + repr(key) + ")");
 }
 
 std::pair<Value, Value> extract_matching_values(const Value& x,
@@ -107,7 +107,8 @@ std::pair<Value, Value> extract_matching_values(const Value& x,
     }
     return {matching, nonmatching};
   }
-  throw UpstreamError("ValueError", "Unexpected top-level object type: <class '" + x.type_name() + "'>",
+  throw UpstreamError("ValueError",
+                      "Unexpected top-level object type: <class '" + x.type_name() + "'>",
                       "dict_utils.py extract_matching_values()");
 }
 

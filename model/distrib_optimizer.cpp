@@ -56,7 +56,10 @@ std::string identity_repr(const std::vector<Value>& t) { return Value::tuple(t).
 
 std::string size_repr(const at::Tensor& t) {
   std::string out = "torch.Size([";
-  for (int64_t i = 0; i < t.dim(); ++i) { if (i) out += ", "; out += std::to_string(t.size(i)); }
+  for (int64_t i = 0; i < t.dim(); ++i) {
+    if (i) out += ", ";
+    out += std::to_string(t.size(i));
+  }
   return out + "])";
 }
 
@@ -64,9 +67,12 @@ std::string size_repr(const at::Tensor& t) {
 
 std::string optimizer_kind_name(OptimizerKind k) {
   switch (k) {
-    case OptimizerKind::kFusedAdam: return "fused_adam";
-    case OptimizerKind::kTorchAdamW: return "torch_adamw";
-    case OptimizerKind::kHybrid: return "hybrid";
+    case OptimizerKind::kFusedAdam:
+      return "fused_adam";
+    case OptimizerKind::kTorchAdamW:
+      return "torch_adamw";
+    case OptimizerKind::kHybrid:
+      return "hybrid";
   }
   return "?";
 }
@@ -77,9 +83,10 @@ std::string kernel_kind_name(KernelKind k) {
 
 double py_item(const at::Tensor& t) {
   if (t.numel() != 1) {
-    throw UpstreamError("RuntimeError",
-                        fmt::format("a Tensor with {} elements cannot be converted to Scalar", t.numel()),
-                        "Tensor.item()");
+    throw UpstreamError(
+        "RuntimeError",
+        fmt::format("a Tensor with {} elements cannot be converted to Scalar", t.numel()),
+        "Tensor.item()");
   }
   return t.reshape({}).item<double>();
 }
@@ -166,7 +173,8 @@ void DistributedOptimizer::build_optimizer_group_ranges() {
       }
     }
   }
-  for (size_t g = 0; g < opt_group_ranges_.size(); ++g) opt_group_ranges_[g].orig_group = param_groups_[g];
+  for (size_t g = 0; g < opt_group_ranges_.size(); ++g)
+    opt_group_ranges_[g].orig_group = param_groups_[g];
 }
 
 const ParamRangeMap& DistributedOptimizer::range_map(size_t model_param) const {
@@ -210,7 +218,8 @@ void DistributedOptimizer::build_model_and_main_param_groups() {
     // Revision switch group_index_map_installed_order (B8 fix, upstream dev #5835): record
     // each param's position in the installed [fp32..., bf16...] list instead of gbuf order.
     if (switches_.group_index_map_installed_order) {
-      for (size_t i = 0; i < model_fp32.size(); ++i) model_param_group_index_map_[model_fp32[i]]->second = i;
+      for (size_t i = 0; i < model_fp32.size(); ++i)
+        model_param_group_index_map_[model_fp32[i]]->second = i;
       for (size_t i = 0; i < model_float16.size(); ++i) {
         model_param_group_index_map_[model_float16[i]]->second = model_fp32.size() + i;
       }
@@ -230,18 +239,22 @@ void DistributedOptimizer::create_inner_optimizer() {
   switch (config_.kind) {
     case OptimizerKind::kFusedAdam: {
       // get_megatron_optimizer: TE Adam(params, lr, weight_decay, betas, eps, adam_w_mode=True).
-      optimizer_ = std::make_unique<FusedAdam>(
-          rt_, groups,
-          Dict::make({{"lr", Value(config_.lr)}, {"weight_decay", Value(config_.weight_decay)},
-                      {"betas", betas}, {"eps", Value(config_.eps)}}));
+      optimizer_ =
+          std::make_unique<FusedAdam>(rt_, groups,
+                                      Dict::make({{"lr", Value(config_.lr)},
+                                                  {"weight_decay", Value(config_.weight_decay)},
+                                                  {"betas", betas},
+                                                  {"eps", Value(config_.eps)}}));
       optimizer_->load_state_dict(optimizer_->state_dict());
       break;
     }
     case OptimizerKind::kTorchAdamW: {
-      optimizer_ = std::make_unique<TorchAdamW>(
-          rt_, groups,
-          Dict::make({{"lr", Value(config_.lr)}, {"weight_decay", Value(config_.weight_decay)},
-                      {"betas", betas}, {"eps", Value(config_.eps)}}));
+      optimizer_ =
+          std::make_unique<TorchAdamW>(rt_, groups,
+                                       Dict::make({{"lr", Value(config_.lr)},
+                                                   {"weight_decay", Value(config_.weight_decay)},
+                                                   {"betas", betas},
+                                                   {"eps", Value(config_.eps)}}));
       optimizer_->load_state_dict(optimizer_->state_dict());
       break;
     }
@@ -335,7 +348,8 @@ void DistributedOptimizer::record_step_uses() {
   if (auto* h = hdo()) {
     for (const auto& cpu : h->cpu_optimizers) {
       for (const auto& u : cpu->last_used_steps()) {
-        const at::Tensor& orig = h->inner_param_to_orig_param.at(u.param, "inner_param_to_orig_param");
+        const at::Tensor& orig =
+            h->inner_param_to_orig_param.at(u.param, "inner_param_to_orig_param");
         last_step_uses_.push_back({owner(orig), "HDO cpu AdamW", KernelKind::kTorchAdamW, u.step});
       }
     }
@@ -346,7 +360,8 @@ void DistributedOptimizer::record_step_uses() {
         if (params.empty()) continue;
         const double t = static_cast<double>(h->gpu_optimizer->last_used_steps().at(used++));
         for (const at::Tensor& inner : params) {
-          const at::Tensor& orig = h->inner_param_to_orig_param.at(inner, "inner_param_to_orig_param");
+          const at::Tensor& orig =
+              h->inner_param_to_orig_param.at(inner, "inner_param_to_orig_param");
           last_step_uses_.push_back({owner(orig), "HDO gpu FusedAdam", KernelKind::kFusedAdam, t});
         }
       }
@@ -365,7 +380,8 @@ void DistributedOptimizer::record_step_uses() {
     const auto params = group_params(*gv.dict());
     if (params.empty()) continue;
     const double t = static_cast<double>(fused->last_used_steps().at(used++));
-    for (const at::Tensor& p : params) last_step_uses_.push_back({owner(p), "FusedAdam", KernelKind::kFusedAdam, t});
+    for (const at::Tensor& p : params)
+      last_step_uses_.push_back({owner(p), "FusedAdam", KernelKind::kFusedAdam, t});
   }
 }
 
@@ -383,7 +399,8 @@ std::optional<double> DistributedOptimizer::hdo_step_for_state_dict() {
       if (std::find(steps.begin(), steps.end(), v) == steps.end()) steps.push_back(v);
     }
     if (steps.size() != 1) {
-      throw PyAssertionError(fmt::format("steps: {} distinct values", steps.size()), site("state_dict()"));
+      throw PyAssertionError(fmt::format("steps: {} distinct values", steps.size()),
+                             site("state_dict()"));
     }
     return steps[0];
   }
@@ -398,7 +415,8 @@ std::optional<double> DistributedOptimizer::hdo_step_for_state_dict() {
       if (std::find(steps.begin(), steps.end(), v) == steps.end()) steps.push_back(v);
     }
     if (steps.size() > 1) {
-      throw PyAssertionError(fmt::format("steps: {} distinct values", steps.size()), site("state_dict()"));
+      throw PyAssertionError(fmt::format("steps: {} distinct values", steps.size()),
+                             site("state_dict()"));
     }
     if (steps.size() == 1) return static_cast<double>(steps[0]);
   }
@@ -418,9 +436,11 @@ Value DistributedOptimizer::state_dict() {
       step = steps[0];
     } else if (!(steps.empty() && switches_.pure_torch_state_dict_allows_empty_state)) {
       // `assert len(steps) == 1`: also fails on a fresh optimizer whose state is empty.
-      throw PyAssertionError(fmt::format("assert len(steps) == 1 failed: {} distinct per-param steps{}", steps.size(),
-                                         steps.empty() ? " (the optimizer state is empty: nothing has stepped yet)" : ""),
-                             site("state_dict()"));
+      throw PyAssertionError(
+          fmt::format(
+              "assert len(steps) == 1 failed: {} distinct per-param steps{}", steps.size(),
+              steps.empty() ? " (the optimizer state is empty: nothing has stepped yet)" : ""),
+          site("state_dict()"));
     }
   } else if (hdo() != nullptr) {
     step = hdo_step_for_state_dict();
@@ -432,7 +452,8 @@ Value DistributedOptimizer::state_dict() {
       const int64_t v = g.at("step").as_int();
       if (std::find(steps.begin(), steps.end(), v) == steps.end()) steps.push_back(v);
     }
-    if (steps.size() > 1) throw PyAssertionError(fmt::format("steps: {} values", steps.size()), site("state_dict()"));
+    if (steps.size() > 1)
+      throw PyAssertionError(fmt::format("steps: {} values", steps.size()), site("state_dict()"));
     if (steps.size() == 1) step = static_cast<double>(steps[0]);
   }
 
@@ -480,7 +501,8 @@ void DistributedOptimizer::load_state_dict(const Value& state_dict) {
     const auto needed = make_needed_groups(*gv.dict());
     auto it = std::find_if(param_groups_map.begin(), param_groups_map.end(),
                            [&](const auto& e) { return same_identity(e.first, needed); });
-    if (it == param_groups_map.end()) throw PyKeyError(identity_repr(needed), site("load_state_dict()"));
+    if (it == param_groups_map.end())
+      throw PyKeyError(identity_repr(needed), site("load_state_dict()"));
     DictPtr g = it->second->copy();
     g->set("params", gv.dict()->at("params"));
     state_dict_param_groups->append(Value(g));
@@ -495,17 +517,27 @@ void DistributedOptimizer::load_state_dict(const Value& state_dict) {
         for (const auto& [local_index, rm] : shard.param_map) {
           const size_t p = ddp_.buffers()[b].params.at(local_index);
           const auto& [g, o] = *model_param_group_index_map_.at(p);
-          const int64_t state_order = inner_state_dict.dict()->at("param_groups").list()->at(g).dict()
-                                          ->at("params").list()->at(o).as_int();
+          const int64_t state_order = inner_state_dict.dict()
+                                          ->at("param_groups")
+                                          .list()
+                                          ->at(g)
+                                          .dict()
+                                          ->at("params")
+                                          .list()
+                                          ->at(o)
+                                          .as_int();
           const int64_t numel = rm.gbuf_world.size();
-          auto tensors = Dict::make({{"exp_avg", Value(rt_.empty({numel}, at::kFloat, Device::kCuda))},
-                                     {"exp_avg_sq", Value(rt_.empty({numel}, at::kFloat, Device::kCuda))}});
-          if (precision_aware()) tensors->set("master_param", Value(rt_.empty({numel}, at::kFloat, Device::kCuda)));
+          auto tensors =
+              Dict::make({{"exp_avg", Value(rt_.empty({numel}, at::kFloat, Device::kCuda))},
+                          {"exp_avg_sq", Value(rt_.empty({numel}, at::kFloat, Device::kCuda))}});
+          if (precision_aware())
+            tensors->set("master_param", Value(rt_.empty({numel}, at::kFloat, Device::kCuda)));
           entries.emplace_back(state_order, tensors);
         }
       }
     }
-    std::stable_sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::stable_sort(entries.begin(), entries.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
     auto d = Dict::make();
     for (const auto& [order, tensors] : entries) d->set(order, Value(tensors));
     state_dict_state = Value(d);
@@ -521,19 +553,23 @@ void DistributedOptimizer::load_state_dict(const Value& state_dict) {
       const Dict& g = *gv.dict();
       if (tolerant && (!g.contains("step") || g.at("step").is_none())) continue;
       const Value& v = g.at("step", "distrib_optimizer.py load_state_dict() g['step']");
-      if (std::none_of(steps.begin(), steps.end(), [&](const Value& s) { return py_equal(s, v); })) steps.push_back(v);
+      if (std::none_of(steps.begin(), steps.end(), [&](const Value& s) { return py_equal(s, v); }))
+        steps.push_back(v);
     }
     if (tolerant && steps.empty()) {
       // No step saved (nothing had stepped): every entry gets a fresh step of 0, as AdamW's
       // own state initialization would give it.
       for (auto& [k, s] : *state_dict_state.dict()) {
-        if (!s.dict()->contains("step")) s.dict()->set("step", Value(rt_.scalar_tensor(0.0, at::kFloat, Device::kCpu)));
+        if (!s.dict()->contains("step"))
+          s.dict()->set("step", Value(rt_.scalar_tensor(0.0, at::kFloat, Device::kCpu)));
       }
     } else {
       if (steps.size() != 1) {
-        throw PyAssertionError(fmt::format("assert len(steps) == 1 failed: {} distinct steps in the saved param groups",
-                                           steps.size()),
-                               site("load_state_dict()"));
+        throw PyAssertionError(
+            fmt::format(
+                "assert len(steps) == 1 failed: {} distinct steps in the saved param groups",
+                steps.size()),
+            site("load_state_dict()"));
       }
       if (steps[0].is_none()) {
         throw UpstreamError("RuntimeError", "Could not infer dtype of NoneType", "torch.tensor()");
@@ -541,7 +577,8 @@ void DistributedOptimizer::load_state_dict(const Value& state_dict) {
       const at::Tensor step = rt_.scalar_tensor(steps[0].as_float(), at::kFloat, Device::kCpu);
       for (auto& [k, s] : *state_dict_state.dict()) {
         // Revision switch pure_torch_load_clones_step (B9 fix).
-        s.dict()->set("step", Value(switches_.pure_torch_load_clones_step ? rt_.clone(step) : step));
+        s.dict()->set("step",
+                      Value(switches_.pure_torch_load_clones_step ? rt_.clone(step) : step));
       }
     }
   } else if (HybridDeviceOptimizer* h = hdo()) {
@@ -550,27 +587,33 @@ void DistributedOptimizer::load_state_dict(const Value& state_dict) {
       const Dict& g = *gv.dict();
       if (!g.contains("step")) continue;
       const Value& v = g.at("step");
-      if (std::none_of(steps.begin(), steps.end(), [&](const Value& s) { return py_equal(s, v); })) steps.push_back(v);
+      if (std::none_of(steps.begin(), steps.end(), [&](const Value& s) { return py_equal(s, v); }))
+        steps.push_back(v);
     }
     if (!steps.empty()) {
-      if (steps.size() != 1) throw PyAssertionError(fmt::format("steps: {} values", steps.size()), site("load_state_dict()"));
+      if (steps.size() != 1)
+        throw PyAssertionError(fmt::format("steps: {} values", steps.size()),
+                               site("load_state_dict()"));
       const at::Tensor step = rt_.scalar_tensor(steps[0].as_float(), at::kFloat, Device::kCpu);
       for (auto& [p, v] : h->state) v->set("step", Value(rt_.clone(step)));
     }
   }
 
-  optimizer_->load_state_dict(dict_value({{"state", state_dict_state},
-                                          {"param_groups", Value(state_dict_param_groups)}}));
+  optimizer_->load_state_dict(
+      dict_value({{"state", state_dict_state}, {"param_groups", Value(state_dict_param_groups)}}));
 
   if (const Value* param_state = sd.find("param_state")) {
     const Value* type = sd.find("param_state_sharding_type");
-    if (type == nullptr) throw PyAssertionError("assert 'param_state_sharding_type' in state_dict failed", site("load_state_dict()"));
+    if (type == nullptr)
+      throw PyAssertionError("assert 'param_state_sharding_type' in state_dict failed",
+                             site("load_state_dict()"));
     if (type->as_str() == "dp_reshardable") {
       load_parameter_state_from_dp_reshardable(*param_state);
     } else {
-      throw UpstreamError("NotImplementedError",
-                          "Unknown sharding_type: " + type->as_str() + " (only dp_reshardable is modeled)",
-                          site("load_state_dict()"));
+      throw UpstreamError(
+          "NotImplementedError",
+          "Unknown sharding_type: " + type->as_str() + " (only dp_reshardable is modeled)",
+          site("load_state_dict()"));
     }
   }
 }
@@ -589,7 +632,9 @@ DictPtr DistributedOptimizer::get_main_param_and_optimizer_states(size_t model_p
       if (switches_.get_drops_non_tensors && !v.is_tensor()) continue;
       tensors->set(k, v);
     }
-    tensors->set("param", tensors->pop("master_param", "distrib_optimizer.py _get_main_param_and_optimizer_states()"));
+    tensors->set("param",
+                 tensors->pop("master_param",
+                              "distrib_optimizer.py _get_main_param_and_optimizer_states()"));
     return tensors;
   }
   tensors->set("param", Value(x));
@@ -598,7 +643,8 @@ DictPtr DistributedOptimizer::get_main_param_and_optimizer_states(size_t model_p
   return tensors;
 }
 
-void DistributedOptimizer::set_main_param_and_optimizer_states(size_t model_param, const Dict& tensors) {
+void DistributedOptimizer::set_main_param_and_optimizer_states(size_t model_param,
+                                                               const Dict& tensors) {
   const at::Tensor x = optimizer_param(model_param);
   if (precision_aware()) {
     DictPtr& s = optimizer_->state.get_or_insert(x, [] { return Dict::make(); });
@@ -617,14 +663,17 @@ void DistributedOptimizer::set_main_param_and_optimizer_states(size_t model_para
   for (const auto& [key, d] : dst) {
     if (switches_.set_skips_step && key == Key("step")) continue;
     const Value* src = tensors.find(key);
-    if (src == nullptr) throw PyKeyError(key.repr(), site("_set_main_param_and_optimizer_states()"));
+    if (src == nullptr)
+      throw PyKeyError(key.repr(), site("_set_main_param_and_optimizer_states()"));
     if (switches_.set_skips_non_tensors && !src->is_tensor()) continue;
     if (!d.is_tensor()) {
-      throw UpstreamError("AttributeError", "'" + d.type_name() + "' object has no attribute 'copy_'",
+      throw UpstreamError("AttributeError",
+                          "'" + d.type_name() + "' object has no attribute 'copy_'",
                           site("_set_main_param_and_optimizer_states()"));
     }
     if (!src->is_tensor()) {
-      throw UpstreamError("TypeError", "copy_(): argument 'src' must be Tensor, not " + src->type_name(),
+      throw UpstreamError("TypeError",
+                          "copy_(): argument 'src' must be Tensor, not " + src->type_name(),
                           site("_set_main_param_and_optimizer_states()"));
     }
     py_copy_(d.tensor(), src->tensor());
@@ -661,7 +710,8 @@ Value DistributedOptimizer::sharded_param_state_dp_reshardable(bool is_loading) 
   Value state = get_parameter_state_dp_reshardable();
   for (const char* per_bucket_key : {"per_bucket_numel", "per_bucket_numel_unpadded"}) {
     ShardedObject so;
-    so.key = fmt::format("optimizer.distributed.dp_group_idx_{}.{}", data_parallel_group_idx_, per_bucket_key);
+    so.key = fmt::format("optimizer.distributed.dp_group_idx_{}.{}", data_parallel_group_idx_,
+                         per_bucket_key);
     so.data = state.dict()->at(per_bucket_key);
     so.global_shape = {1};
     so.global_offset = {0};
@@ -693,11 +743,13 @@ Value DistributedOptimizer::sharded_param_state_dp_reshardable(bool is_loading) 
           // Revision switch allow_empty_bucket (B12 fix): a rank whose shard holds no param
           // element writes its in-range padding (if any) instead of asserting.
           if (!switches_.allow_empty_bucket) {
-            throw PyAssertionError("empty bucket encountered", site("sharded_param_state_dp_reshardable()"));
+            throw PyAssertionError("empty bucket encountered",
+                                   site("sharded_param_state_dp_reshardable()"));
           }
           // Always one entry, so that no rank's bucket list is empty: an empty list would be
           // compacted away by extract_matching_values and shift every later bucket's position.
-          const int64_t in_range = std::clamp<int64_t>(unpadded - dp_rank * local_numel, 0, local_numel);
+          const int64_t in_range =
+              std::clamp<int64_t>(unpadded - dp_rank * local_numel, 0, local_numel);
           auto pad = Dict::make();
           for (const char* k : {"param", "exp_avg", "exp_avg_sq"}) {
             pad->set(k, Value(rt_.empty({in_range}, at::kFloat, Device::kCuda)));
@@ -712,11 +764,15 @@ Value DistributedOptimizer::sharded_param_state_dp_reshardable(bool is_loading) 
         std::vector<std::pair<size_t, DictPtr>> all_pad_tensors;
         const auto n = static_cast<int64_t>(bucket_state->size());
         for (int64_t i = -1; i < n && n > 0; ++i) {
-          const int64_t next_param_start =
-              i == n - 1 ? local_numel
-                         : bucket_state->at(static_cast<size_t>(i + 1)).dict()->at("gbuf_local_start").as_int();
+          const int64_t next_param_start = i == n - 1 ? local_numel
+                                                      : bucket_state->at(static_cast<size_t>(i + 1))
+                                                            .dict()
+                                                            ->at("gbuf_local_start")
+                                                            .as_int();
           const int64_t cur_param_end =
-              i == -1 ? 0 : bucket_state->at(static_cast<size_t>(i)).dict()->at("gbuf_local_end").as_int();
+              i == -1
+                  ? 0
+                  : bucket_state->at(static_cast<size_t>(i)).dict()->at("gbuf_local_end").as_int();
           const int64_t world_param_end = dp_rank * local_numel + cur_param_end;
           // Fault site dp_reshardable.drop_end_padding: lose the pad after the last param.
           if (i == n - 1 && rt_.fault(fault::kDropEndPadding)) continue;
@@ -726,8 +782,8 @@ Value DistributedOptimizer::sharded_param_state_dp_reshardable(bool is_loading) 
             auto pad = Dict::make();
             for (const auto& [k, v] : templ) {
               if (!v.is_tensor()) continue;
-              pad->set(k, Value(rt_.empty({next_param_start - cur_param_end}, v.tensor().scalar_type(),
-                                          rt_.device_of(v.tensor()))));
+              pad->set(k, Value(rt_.empty({next_param_start - cur_param_end},
+                                          v.tensor().scalar_type(), rt_.device_of(v.tensor()))));
             }
             pad->set("gbuf_local_start", Value(cur_param_end));
             pad->set("gbuf_local_end", Value(next_param_start));
@@ -760,7 +816,8 @@ Value DistributedOptimizer::sharded_param_state_dp_reshardable(bool is_loading) 
               if (switches_.sharded_step == ShardedStepMode::kRawLeaf) continue;
             }
             if (!value.is_tensor()) {
-              throw UpstreamError("AttributeError", "'" + value.type_name() + "' object has no attribute 'shape'",
+              throw UpstreamError("AttributeError",
+                                  "'" + value.type_name() + "' object has no attribute 'shape'",
                                   site("sharded_param_state_dp_reshardable()"));
             }
             const at::Tensor& t = value.tensor();
@@ -776,8 +833,10 @@ Value DistributedOptimizer::sharded_param_state_dp_reshardable(bool is_loading) 
             st.local_shape = {t.size(0)};
             st.global_shape = {unpadded};
             st.global_offset = {dp_rank * local_numel + gbuf_local_start};
-            // Under allow_empty_bucket a zero-length pad of a rank past numel_unpadded sits at its end.
-            if (switches_.allow_empty_bucket) st.global_offset[0] = std::min(st.global_offset[0], unpadded);
+            // Under allow_empty_bucket a zero-length pad of a rank past numel_unpadded sits at its
+            // end.
+            if (switches_.allow_empty_bucket)
+              st.global_offset[0] = std::min(st.global_offset[0], unpadded);
             st.axis_fragmentations = std::nullopt;
             st.replica_id = {distributed_optimizer_instance_id_, 0, 0};
             value = Value(ShardedTensor::make(std::move(st)));
@@ -795,9 +854,10 @@ void DistributedOptimizer::load_parameter_state_from_dp_reshardable(const Value&
   if (const Value* ckpt = sd.find("per_bucket_numel_unpadded")) {
     if (!py_equal(per_bucket_numel_unpadded_, *ckpt)) {
       throw PyAssertionError(
-          fmt::format("Number of unpadded elements in each bucket need to be the same in current run "
-                      "({}) and checkpoint ({})",
-                      per_bucket_numel_unpadded_.repr(), ckpt->repr()),
+          fmt::format(
+              "Number of unpadded elements in each bucket need to be the same in current run "
+              "({}) and checkpoint ({})",
+              per_bucket_numel_unpadded_.repr(), ckpt->repr()),
           kSite);
     }
   }
@@ -812,7 +872,8 @@ void DistributedOptimizer::load_parameter_state_from_dp_reshardable(const Value&
         if (!e.dict()->at("padding", kSite.c_str()).as_bool()) entries.push_back(e.dict());
       }
       if (entries.size() != shard.param_map.size()) {
-        throw PyAssertionError(fmt::format("({}, {})", entries.size(), shard.param_map.size()), kSite);
+        throw PyAssertionError(fmt::format("({}, {})", entries.size(), shard.param_map.size()),
+                               kSite);
       }
       for (size_t i = 0; i < entries.size(); ++i) {
         const size_t p = buffer.params.at(shard.param_map[i].first);
@@ -834,7 +895,8 @@ void DistributedOptimizer::load_parameter_state_from_dp_reshardable(const Value&
     for (size_t p = 0; p < ddp_.num_params(); ++p) {
       if (!model_param_group_index_map_[p].has_value()) continue;
       DictPtr tensors = get_main_param_and_optimizer_states(p);
-      if (const Value* m = tensors->find("exp_avg"); m != nullptr && m->is_tensor() && m->tensor().numel() > 0) {
+      if (const Value* m = tensors->find("exp_avg");
+          m != nullptr && m->is_tensor() && m->tensor().numel() > 0) {
         at::Tensor first = m->tensor().narrow(0, 0, 1);
         const float x = first.item<float>();
         first.fill_(std::nextafter(x, x >= 0 ? 1.0F : -1.0F));
@@ -856,8 +918,10 @@ void DistributedOptimizer::init_empty_state() {
     if (!s->empty()) return;
     if (dynamic_cast<TorchAdamW*>(&opt) != nullptr) {
       const Dict& g = *opt.param_groups->at(0).dict();
-      const bool fused = g.get("fused", Value(false)).is_bool() && g.get("fused", Value(false)).as_bool();
-      s->set("step", Value(fused ? rt_.zeros({}, at::kFloat, rt_.device_of(p)) : rt_.scalar_tensor(0.0, at::kFloat, Device::kCpu)));
+      const bool fused =
+          g.get("fused", Value(false)).is_bool() && g.get("fused", Value(false)).as_bool();
+      s->set("step", Value(fused ? rt_.zeros({}, at::kFloat, rt_.device_of(p))
+                                 : rt_.scalar_tensor(0.0, at::kFloat, Device::kCpu)));
     }
     s->set("exp_avg", Value(rt_.zeros_like(p)));
     s->set("exp_avg_sq", Value(rt_.zeros_like(p)));
@@ -876,8 +940,8 @@ void DistributedOptimizer::init_empty_state() {
   }
 }
 
-Value DistributedOptimizer::sharded_state_dict(const Value& model_sharded_state_dict, bool is_loading,
-                                               const std::string& sharding_type) {
+Value DistributedOptimizer::sharded_state_dict(const Value& model_sharded_state_dict,
+                                               bool is_loading, const std::string& sharding_type) {
   (void)model_sharded_state_dict;
   if (!is_loading && switches_.init_empty_state_before_save) init_empty_state();
   Value sd = state_dict();
@@ -885,7 +949,8 @@ Value DistributedOptimizer::sharded_state_dict(const Value& model_sharded_state_
   // ShardedObject whose main replica is DP rank 0.
   for (auto& [k, v] : *sd.dict()) {
     ShardedObject so;
-    so.key = fmt::format("optimizer.distributed.dp_group_idx_{}.{}", data_parallel_group_idx_, k.str());
+    so.key =
+        fmt::format("optimizer.distributed.dp_group_idx_{}.{}", data_parallel_group_idx_, k.str());
     so.data = v;
     so.global_shape = {1};
     so.global_offset = {0};
@@ -894,9 +959,10 @@ Value DistributedOptimizer::sharded_state_dict(const Value& model_sharded_state_
   }
   if (is_loading) load_state_dict(state_dict());
   if (sharding_type != "dp_reshardable") {
-    throw UpstreamError("NotImplementedError",
-                        "Unknown sharding_type: " + sharding_type + " (only dp_reshardable is modeled)",
-                        site("sharded_state_dict()"));
+    throw UpstreamError(
+        "NotImplementedError",
+        "Unknown sharding_type: " + sharding_type + " (only dp_reshardable is modeled)",
+        site("sharded_state_dict()"));
   }
   sd.dict()->set("param_state", sharded_param_state_dp_reshardable(is_loading));
   sd.dict()->set("param_state_sharding_type", Value(sharding_type));
@@ -946,7 +1012,8 @@ std::vector<ShardSnapshot> DistributedOptimizer::snapshot() {
       } else {
         snap.part = dynamic_cast<TorchAdamW*>(owner) ? "AdamW" : "FusedAdam";
       }
-      snap.kernel = dynamic_cast<TorchAdamW*>(owner) ? KernelKind::kTorchAdamW : KernelKind::kFusedAdam;
+      snap.kernel =
+          dynamic_cast<TorchAdamW*>(owner) ? KernelKind::kTorchAdamW : KernelKind::kFusedAdam;
       const Value master_value(master);
       snap.master = to_vec(&master_value);
       const void* step_object = nullptr;
@@ -954,14 +1021,16 @@ std::vector<ShardSnapshot> DistributedOptimizer::snapshot() {
         snap.exp_avg = to_vec((*st)->find("exp_avg"));
         snap.exp_avg_sq = to_vec((*st)->find("exp_avg_sq"));
         if (snap.kernel == KernelKind::kTorchAdamW) {
-          if (const Value* v = (*st)->find("step"); v != nullptr && v->is_tensor() && v->tensor().numel() == 1) {
+          if (const Value* v = (*st)->find("step");
+              v != nullptr && v->is_tensor() && v->tensor().numel() == 1) {
             snap.step = py_item(v->tensor());
             step_object = v->tensor().unsafeGetTensorImpl();
           }
         }
       }
       if (snap.kernel == KernelKind::kFusedAdam) {
-        if (const Value* v = group->find("step"); v != nullptr && !v->is_none()) snap.step = v->as_float();
+        if (const Value* v = group->find("step"); v != nullptr && !v->is_none())
+          snap.step = v->as_float();
       }
       step_objects.push_back(step_object);
       out.push_back(std::move(snap));

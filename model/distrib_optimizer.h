@@ -48,7 +48,7 @@ struct OptimizerConfig {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.0;
-  double offload_fraction = 0.0;              // hybrid only
+  double offload_fraction = 0.0;               // hybrid only
   bool overlap_cpu_optimizer_d2h_h2d = false;  // hybrid only: one CPU AdamW per param
 };
 
@@ -57,22 +57,22 @@ enum class KernelKind { kTorchAdamW, kFusedAdam };
 std::string kernel_kind_name(KernelKind k);
 
 struct StepUse {
-  size_t model_param = 0;   // index into the model's params
-  std::string part;         // "FusedAdam", "AdamW", "HDO cpu AdamW", "HDO gpu FusedAdam"
+  size_t model_param = 0;  // index into the model's params
+  std::string part;        // "FusedAdam", "AdamW", "HDO cpu AdamW", "HDO gpu FusedAdam"
   KernelKind kernel = KernelKind::kFusedAdam;
-  double step = 0;          // the t the kernel used
+  double step = 0;  // the t the kernel used
 };
 
 // The optimizer state of one model param's shard on this rank, as the kernels see it.
 struct ShardSnapshot {
   size_t model_param = 0;
-  Range param_range;         // sub-range of the flattened model param
+  Range param_range;  // sub-range of the flattened model param
   KernelKind kernel = KernelKind::kFusedAdam;
   std::string part;
-  std::vector<float> master;      // fp32 master (main param / HDO inner param)
-  std::vector<float> exp_avg;     // empty if the state does not exist yet
+  std::vector<float> master;   // fp32 master (main param / HDO inner param)
+  std::vector<float> exp_avg;  // empty if the state does not exist yet
   std::vector<float> exp_avg_sq;
-  std::optional<double> step;     // the step counter the next update will advance from
+  std::optional<double> step;  // the step counter the next update will advance from
   // How many other shards on this rank hold the very same step tensor object (torch AdamW
   // steps are per-param objects; >0 is B9's aliasing).
   int step_aliases = 0;
@@ -137,8 +137,8 @@ class DistributedOptimizer {
   int64_t distributed_optimizer_instance_id_ = 0;
 
   std::unique_ptr<Optimizer> optimizer_;
-  std::vector<DictPtr> param_groups_;             // _get_param_groups() result
-  std::vector<size_t> world_param_group_map_;     // model param -> group index
+  std::vector<DictPtr> param_groups_;                  // _get_param_groups() result
+  std::vector<size_t> world_param_group_map_;          // model param -> group index
   std::vector<std::vector<BucketShard>> gbuf_ranges_;  // [gbuf][bucket], this rank
   Value per_bucket_numel_;
   Value per_bucket_numel_unpadded_;

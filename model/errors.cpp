@@ -25,7 +25,8 @@ CheckpointingException::CheckpointingException(std::string message, std::string 
     : UpstreamError("CheckpointingException", std::move(message), std::move(site)) {}
 
 std::string exception_text(const std::exception& e) {
-  if (const auto* torch_error = dynamic_cast<const c10::Error*>(&e)) return torch_error->what_without_backtrace();
+  if (const auto* torch_error = dynamic_cast<const c10::Error*>(&e))
+    return torch_error->what_without_backtrace();
   return e.what();
 }
 

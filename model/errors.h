@@ -86,12 +86,12 @@ std::string exception_text(const std::exception& e);
 std::string exception_py_type(const std::exception& e);
 
 // Always-on invariant check. `what` must say what must not happen.
-#define CKPTSIM_CHECK(cond, what)                                                         \
-  do {                                                                                    \
-    if (!(cond)) {                                                                        \
-      throw ::ckptsim::model::InvariantViolation(std::string(__FILE__) + ":" +            \
+#define CKPTSIM_CHECK(cond, what)                                                           \
+  do {                                                                                      \
+    if (!(cond)) {                                                                          \
+      throw ::ckptsim::model::InvariantViolation(std::string(__FILE__) + ":" +              \
                                                  std::to_string(__LINE__) + ": " + (what)); \
-    }                                                                                     \
+    }                                                                                       \
   } while (0)
 
 }  // namespace ckptsim::model

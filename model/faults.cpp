@@ -9,11 +9,13 @@ const std::vector<FaultSite>& fault_sites() {
        "so the saved pieces no longer tile [0, numel_unpadded)",
        "shards_tile_buckets"},
       {fault::kPerturbLoadedExpAvg,
-       "load_parameter_state_from_dp_reshardable adds one ulp to the first exp_avg element it restores on "
+       "load_parameter_state_from_dp_reshardable adds one ulp to the first exp_avg element it "
+       "restores on "
        "DP rank 0",
        "trajectory_matches_uninterrupted"},
       {fault::kMisalignParamStart,
-       "the DDP buffer layout moves one param that has room after it one element up, breaking the 64-element "
+       "the DDP buffer layout moves one param that has room after it one element up, breaking the "
+       "64-element "
        "alignment of its start",
        "layout_invariants"},
       {fault::kRankDependentCommon,

@@ -115,7 +115,8 @@ void HybridDeviceOptimizer::init_sub_optimizers() {
       }
     }
   } else if (!groups.cpu_param_groups.empty()) {
-    cpu_optimizers.push_back(std::make_unique<TorchAdamW>(rt_, to_group_vector(groups.cpu_param_groups)));
+    cpu_optimizers.push_back(
+        std::make_unique<TorchAdamW>(rt_, to_group_vector(groups.cpu_param_groups)));
   }
   gpu_optimizer.reset();
   if (!groups.gpu_param_groups.empty()) {
@@ -130,13 +131,15 @@ void HybridDeviceOptimizer::set_sub_optimizer_grads() {
     for (const auto& [param, fp32_param] : param_to_fp32_param) {
       if (gpu_params_map_cpu_copy.contains(param)) continue;
       const at::Tensor grad = rt_.grad(param);
-      if (grad.defined()) rt_.set_grad(fp32_param, rt_.to(grad, fp32_param.scalar_type(), rt_.device_of(grad)));
+      if (grad.defined())
+        rt_.set_grad(fp32_param, rt_.to(grad, fp32_param.scalar_type(), rt_.device_of(grad)));
     }
   }
   for (const auto& optimizer : cpu_optimizers) {
     for (const Value& gv : *optimizer->param_groups) {
       for (const at::Tensor& param : group_params(*gv.dict())) {
-        const at::Tensor& gpu_param = cpu_copys_map_gpu_param.at(param, "cpu_copys_map_gpu_param[param]");
+        const at::Tensor& gpu_param =
+            cpu_copys_map_gpu_param.at(param, "cpu_copys_map_gpu_param[param]");
         const at::Tensor grad = rt_.grad(gpu_param);
         if (!grad.defined()) continue;
         if (!cpu_copy_map_grad.contains(param)) {
@@ -189,7 +192,8 @@ void HybridDeviceOptimizer::sync_sub_optimizers_state_to_hdo() {
   ParamState new_state;
   for (Optimizer* optimizer : sub_optimizers()) {
     for (const auto& [param, s] : optimizer->state) {
-      const at::Tensor& orig = inner_param_to_orig_param.at(param, "inner_param_to_orig_param[param]");
+      const at::Tensor& orig =
+          inner_param_to_orig_param.at(param, "inner_param_to_orig_param[param]");
       new_state.set(orig, s);
       if (param_update_in_fp32_) s->set("master_param", Value(param));
     }
@@ -202,7 +206,8 @@ void HybridDeviceOptimizer::sync_hdo_state_to_sub_optimizers() {
     ParamState new_state;
     for (const Value& gv : *optimizer->param_groups) {
       for (const at::Tensor& param : group_params(*gv.dict())) {
-        const at::Tensor& orig = inner_param_to_orig_param.at(param, "inner_param_to_orig_param[param]");
+        const at::Tensor& orig =
+            inner_param_to_orig_param.at(param, "inner_param_to_orig_param[param]");
         // self.state is a defaultdict: a missing orig gets a new empty dict.
         new_state.set(param, state.get_or_insert(orig, [] { return Dict::make(); }));
       }
@@ -214,7 +219,8 @@ void HybridDeviceOptimizer::sync_hdo_state_to_sub_optimizers() {
 }
 
 void HybridDeviceOptimizer::sync_hdo_param_groups_to_sub_optimizers() {
-  static constexpr const char* kSite = "hybrid_optimizer.py _sync_hdo_param_groups_to_sub_optimizers()";
+  static constexpr const char* kSite =
+      "hybrid_optimizer.py _sync_hdo_param_groups_to_sub_optimizers()";
   TensorMap<size_t> param_in_param_group_index;
   for (size_t i = 0; i < param_groups->size(); ++i) {
     for (const at::Tensor& param : group_params(*param_groups->at(i).dict())) {
@@ -245,7 +251,8 @@ void HybridDeviceOptimizer::sync_hdo_param_groups_to_sub_optimizers() {
 
 void HybridDeviceOptimizer::move_new_state_to_right_device() {
   for (Optimizer* optimizer : sub_optimizers()) {
-    const Device target = dynamic_cast<TorchAdamW*>(optimizer) != nullptr ? Device::kCpu : Device::kCuda;
+    const Device target =
+        dynamic_cast<TorchAdamW*>(optimizer) != nullptr ? Device::kCpu : Device::kCuda;
     for (const auto& [param, s] : optimizer->state) {
       const at::Tensor* orig_p = inner_param_to_orig_param.find(param);
       const at::Tensor orig = orig_p != nullptr ? *orig_p : param;
@@ -321,7 +328,8 @@ void HybridDeviceOptimizer::zero_grad() {
 
 void HybridDeviceOptimizer::dummy_step() {
   for (const Value& gv : *param_groups) {
-    for (const at::Tensor& param : group_params(*gv.dict())) rt_.set_grad(param, rt_.randn_like(param));
+    for (const at::Tensor& param : group_params(*gv.dict()))
+      rt_.set_grad(param, rt_.randn_like(param));
   }
   step();
   zero_grad();

@@ -24,10 +24,10 @@ class Key {
  public:
   enum class Kind { kInt, kStr, kSymbol, kTuple };
 
-  Key(int64_t i) : kind_(Kind::kInt), int_(i) {}          // NOLINT: implicit like Python
-  Key(int i) : kind_(Kind::kInt), int_(i) {}              // NOLINT
+  Key(int64_t i) : kind_(Kind::kInt), int_(i) {}                 // NOLINT: implicit like Python
+  Key(int i) : kind_(Kind::kInt), int_(i) {}                     // NOLINT
   Key(std::string s) : kind_(Kind::kStr), str_(std::move(s)) {}  // NOLINT
-  Key(const char* s) : kind_(Kind::kStr), str_(s) {}      // NOLINT
+  Key(const char* s) : kind_(Kind::kStr), str_(s) {}             // NOLINT
 
   static Key symbol(std::string name);
   static Key tuple(std::vector<Key> items);

@@ -15,22 +15,35 @@ bool is_main_replica(const ReplicaId& replica_id) {
 
 std::string shape_repr(const Shape& s) {
   std::string out = "(";
-  for (size_t i = 0; i < s.size(); ++i) { if (i) out += ", "; out += std::to_string(s[i]); }
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i) out += ", ";
+    out += std::to_string(s[i]);
+  }
   return out + (s.size() == 1 ? ",)" : ")");
 }
 
 std::string torch_dtype_name(at::ScalarType dtype) {
   switch (dtype) {
-    case at::kFloat: return "torch.float32";
-    case at::kBFloat16: return "torch.bfloat16";
-    case at::kHalf: return "torch.float16";
-    case at::kDouble: return "torch.float64";
-    case at::kShort: return "torch.int16";
-    case at::kInt: return "torch.int32";
-    case at::kLong: return "torch.int64";
-    case at::kBool: return "torch.bool";
-    case at::kByte: return "torch.uint8";
-    default: return std::string("torch.") + c10::toString(dtype);
+    case at::kFloat:
+      return "torch.float32";
+    case at::kBFloat16:
+      return "torch.bfloat16";
+    case at::kHalf:
+      return "torch.float16";
+    case at::kDouble:
+      return "torch.float64";
+    case at::kShort:
+      return "torch.int16";
+    case at::kInt:
+      return "torch.int32";
+    case at::kLong:
+      return "torch.int64";
+    case at::kBool:
+      return "torch.bool";
+    case at::kByte:
+      return "torch.uint8";
+    default:
+      return std::string("torch.") + c10::toString(dtype);
   }
 }
 
@@ -87,10 +100,11 @@ ShardedTensorPtr ShardedTensor::make(ShardedTensor f) {
 }
 
 std::string ShardedTensor::repr() const {
-  return fmt::format("ShardedTensor(key='{}', dtype={}, local_shape={}, global_shape={}, "
-                     "global_offset={}, replica_id={})",
-                     key, torch_dtype_name(dtype), shape_repr(local_shape),
-                     shape_repr(global_shape), shape_repr(global_offset), shape_repr(replica_id));
+  return fmt::format(
+      "ShardedTensor(key='{}', dtype={}, local_shape={}, global_shape={}, "
+      "global_offset={}, replica_id={})",
+      key, torch_dtype_name(dtype), shape_repr(local_shape), shape_repr(global_shape),
+      shape_repr(global_offset), shape_repr(replica_id));
 }
 
 ShardedObjectPtr ShardedObject::make(ShardedObject f) {
@@ -100,7 +114,10 @@ ShardedObjectPtr ShardedObject::make(ShardedObject f) {
 std::string ShardedObject::unique_key() const {
   auto join = [](const Shape& s) {
     std::string out;
-    for (size_t i = 0; i < s.size(); ++i) { if (i) out += "."; out += std::to_string(s[i]); }
+    for (size_t i = 0; i < s.size(); ++i) {
+      if (i) out += ".";
+      out += std::to_string(s[i]);
+    }
     return out;
   };
   return key + "/shard_" + join(global_offset) + "_" + join(global_shape);
@@ -118,6 +135,8 @@ NonpersistentPtr LocalNonpersistentObject::make(Value obj) {
   return p;
 }
 
-Value make_nonpersistent(Value obj) { return Value(LocalNonpersistentObject::make(std::move(obj))); }
+Value make_nonpersistent(Value obj) {
+  return Value(LocalNonpersistentObject::make(std::move(obj)));
+}
 
 }  // namespace ckptsim::model

@@ -53,7 +53,8 @@ struct ShardedTensor {
   bool allow_shape_mismatch = false;
   std::optional<std::pair<int64_t, int64_t>> flattened_range;
 
-  // Validates invariants 1-4 (mapping.py ShardedTensor.__post_init__ / validate_metadata_integrity).
+  // Validates invariants 1-4 (mapping.py ShardedTensor.__post_init__ /
+  // validate_metadata_integrity).
   static ShardedTensorPtr make(ShardedTensor fields);
 
   bool has_regular_grid() const { return axis_fragmentations.has_value(); }

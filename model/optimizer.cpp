@@ -14,11 +14,13 @@ namespace {
 // torch's elementwise ops reject operands of different sizes; so do the fused kernels.
 void check_same_size(const at::Tensor& a, const at::Tensor& b, const char* site) {
   if (a.defined() && b.defined() && a.numel() != b.numel()) {
-    throw UpstreamError("RuntimeError",
-                        fmt::format("The size of tensor a ({}) must match the size of tensor b ({}) at non-singleton "
-                                    "dimension 0",
-                                    a.numel(), b.numel()),
-                        site);
+    throw UpstreamError(
+        "RuntimeError",
+        fmt::format(
+            "The size of tensor a ({}) must match the size of tensor b ({}) at non-singleton "
+            "dimension 0",
+            a.numel(), b.numel()),
+        site);
   }
 }
 
@@ -65,12 +67,14 @@ Value cast_value(Runtime& rt, const at::Tensor& param, const Value& value, int64
   if (value.is_tensor()) return process_value(rt, param, value, param_id, saved_groups, key);
   if (value.is_dict()) {
     auto out = Dict::make();
-    for (const auto& [k, v] : *value.dict()) out->set(k, cast_value(rt, param, v, param_id, saved_groups, k));
+    for (const auto& [k, v] : *value.dict())
+      out->set(k, cast_value(rt, param, v, param_id, saved_groups, k));
     return Value(out);
   }
   if (value.is_list()) {
     auto out = List::make();
-    for (const auto& v : *value.list()) out->append(cast_value(rt, param, v, param_id, saved_groups, key));
+    for (const auto& v : *value.list())
+      out->append(cast_value(rt, param, v, param_id, saved_groups, key));
     return Value(out);
   }
   return value;
@@ -80,7 +84,8 @@ Value cast_value(Runtime& rt, const at::Tensor& param, const Value& value, int64
 
 std::vector<at::Tensor> group_params(const Dict& group) {
   std::vector<at::Tensor> out;
-  for (const Value& v : *group.at("params", "param_group['params']").list()) out.push_back(v.tensor());
+  for (const Value& v : *group.at("params", "param_group['params']").list())
+    out.push_back(v.tensor());
   return out;
 }
 
@@ -159,7 +164,8 @@ void Optimizer::load_state_dict(const Value& state_dict_in) {
   const Value saved_groups_v = deepcopy(sd.dict()->at("param_groups"));
   const ListPtr& saved_groups = saved_groups_v.list();
   if (groups->size() != saved_groups->size()) {
-    throw UpstreamError("ValueError", "loaded state dict has a different number of parameter groups", kSite);
+    throw UpstreamError("ValueError",
+                        "loaded state dict has a different number of parameter groups", kSite);
   }
   for (size_t i = 0; i < groups->size(); ++i) {
     if (groups->at(i).dict()->at("params").list()->size() !=
@@ -175,7 +181,8 @@ void Optimizer::load_state_dict(const Value& state_dict_in) {
   for (size_t i = 0; i < groups->size(); ++i) {
     const auto current = group_params(*groups->at(i).dict());
     const auto& saved_ids = *saved_groups->at(i).dict()->at("params").list();
-    for (size_t j = 0; j < current.size(); ++j) id_map.emplace_back(saved_ids.at(j).as_int(), current[j]);
+    for (size_t j = 0; j < current.size(); ++j)
+      id_map.emplace_back(saved_ids.at(j).as_int(), current[j]);
   }
   auto find_param = [&](int64_t id) -> const at::Tensor* {
     for (const auto& [k, p] : id_map) {
@@ -189,9 +196,9 @@ void Optimizer::load_state_dict(const Value& state_dict_in) {
   for (const auto& [k, v] : *sd.dict()->at("state").dict()) {
     CKPTSIM_CHECK(k.is_int(), "optimizer state dict keys must be ints");
     const at::Tensor* param = find_param(k.as_int());
-    CKPTSIM_CHECK(param != nullptr,
-                  "state entry " + k.repr() + " matches no param (torch keeps it keyed by int; "
-                  "not modeled)");
+    CKPTSIM_CHECK(param != nullptr, "state entry " + k.repr() +
+                                        " matches no param (torch keeps it keyed by int; "
+                                        "not modeled)");
     new_state.set(*param, cast_value(rt_, *param, v, k.as_int(), policy_groups, k).dict());
   }
   auto new_groups = List::make();
@@ -242,7 +249,9 @@ TorchAdamW::TorchAdamW(Runtime& rt, std::vector<DictPtr> groups, DictPtr default
                                {"differentiable", Value(false)},
                                {"fused", Value()}})) {}
 
-Value TorchAdamW::class_symbol() const { return Value::symbol("<class 'torch.optim.adamw.AdamW'>"); }
+Value TorchAdamW::class_symbol() const {
+  return Value::symbol("<class 'torch.optim.adamw.AdamW'>");
+}
 
 void TorchAdamW::after_setstate() {
   // AdamW.__setstate__: a non-tensor 'step' becomes a float32 tensor (on the param's device
@@ -277,9 +286,9 @@ void TorchAdamW::step() {
       if (!rt_.grad(p).defined()) continue;
       DictPtr& s = state.get_or_insert(p, [] { return Dict::make(); });
       if (s->empty()) {
-        s->set("step", Value(fused_or_capturable
-                                 ? rt_.zeros({}, at::kFloat, rt_.device_of(p))
-                                 : rt_.scalar_tensor(0.0, at::kFloat, Device::kCpu)));
+        s->set("step",
+               Value(fused_or_capturable ? rt_.zeros({}, at::kFloat, rt_.device_of(p))
+                                         : rt_.scalar_tensor(0.0, at::kFloat, Device::kCpu)));
         s->set("exp_avg", Value(rt_.zeros_like(p)));
         s->set("exp_avg_sq", Value(rt_.zeros_like(p)));
       }
@@ -300,7 +309,8 @@ void TorchAdamW::step() {
       const at::Tensor& p = params[i];
       const DictPtr& s = *state.find(p);
       const float t = steps[i].is_cuda() ? steps[i].item<float>() : steps[i].data_ptr<float>()[0];
-      for (const char* k : {"exp_avg", "exp_avg_sq"}) check_same_size(p, s->at(k).tensor(), "torch.optim.AdamW.step()");
+      for (const char* k : {"exp_avg", "exp_avg_sq"})
+        check_same_size(p, s->at(k).tensor(), "torch.optim.AdamW.step()");
       check_same_size(p, rt_.grad(p), "torch.optim.AdamW.step()");
       at::Tensor m = s->at("exp_avg").tensor();
       at::Tensor v = s->at("exp_avg_sq").tensor();
@@ -308,15 +318,15 @@ void TorchAdamW::step() {
         // torch AdamW's math has a CPU reference only: GPU-resident state goes through host
         // copies (the same bits, since the update is elementwise and exact-order).
         at::Tensor hp = p.cpu(), hg = rt_.grad(p).cpu(), hm = m.cpu(), hv = v.cpu();
-        torch_adamw_update(fp32_span(hp, "AdamW param"), fp32_span(hg, "AdamW grad"), fp32_span(hm, "exp_avg"),
-                           fp32_span(hv, "exp_avg_sq"), hyper, t);
+        torch_adamw_update(fp32_span(hp, "AdamW param"), fp32_span(hg, "AdamW grad"),
+                           fp32_span(hm, "exp_avg"), fp32_span(hv, "exp_avg_sq"), hyper, t);
         at::Tensor pp = p;
         pp.copy_(hp);
         m.copy_(hm);
         v.copy_(hv);
       } else {
-        torch_adamw_update(fp32_span(p, "AdamW param"), fp32_span(rt_.grad(p), "AdamW grad"), fp32_span(m, "exp_avg"),
-                           fp32_span(v, "exp_avg_sq"), hyper, t);
+        torch_adamw_update(fp32_span(p, "AdamW param"), fp32_span(rt_.grad(p), "AdamW grad"),
+                           fp32_span(m, "exp_avg"), fp32_span(v, "exp_avg_sq"), hyper, t);
       }
       last_used_steps_.push_back({p, t});
     }
@@ -347,7 +357,8 @@ void check_state_name(const std::string& name, const char* site) {
 }
 }  // namespace
 
-void FusedAdam::initialize_state(const at::Tensor& param, const std::string& name, bool zero_buffer) {
+void FusedAdam::initialize_state(const at::Tensor& param, const std::string& name,
+                                 bool zero_buffer) {
   check_state_name(name, "fused_adam.py FusedAdam._initialize_state()");
   at::Tensor data = zero_buffer ? rt_.zeros(param.sizes(), at::kFloat, rt_.device_of(param))
                                 : rt_.empty_like(param, at::kFloat);
@@ -358,14 +369,17 @@ at::Tensor FusedAdam::get_unscaled_state(const at::Tensor& param, const std::str
   check_state_name(name, "fused_adam.py FusedAdam.get_unscaled_state()");
   const at::Tensor& t = state.at(param, "FusedAdam.state[param]")->at(name).tensor();
   if (t.scalar_type() != at::kFloat) {
-    throw PyAssertionError("assert state[state_name].dtype == torch.float32 failed", "fused_adam.py FusedAdam.get_unscaled_state()");
+    throw PyAssertionError("assert state[state_name].dtype == torch.float32 failed",
+                           "fused_adam.py FusedAdam.get_unscaled_state()");
   }
   return t;
 }
 
-void FusedAdam::set_scaled_state(const at::Tensor& param, const std::string& name, const at::Tensor& value) {
+void FusedAdam::set_scaled_state(const at::Tensor& param, const std::string& name,
+                                 const at::Tensor& value) {
   if (value.scalar_type() != at::kFloat) {
-    throw PyAssertionError("assert unscaled_state.dtype == torch.float32 failed", "fused_adam.py FusedAdam.set_scaled_state()");
+    throw PyAssertionError("assert unscaled_state.dtype == torch.float32 failed",
+                           "fused_adam.py FusedAdam.set_scaled_state()");
   }
   DictPtr& s = state.get_or_insert(param, [] { return Dict::make(); });
   if (!s->contains(name)) initialize_state(param, name, /*zero_buffer=*/false);
@@ -389,7 +403,8 @@ Value FusedAdam::state_dict() {
   for (auto& [k, v] : packed) {
     const at::Tensor& param = by_id.at(static_cast<size_t>(k.as_int()));
     auto new_v = Dict::make();
-    for (const auto& [name, _] : *v.dict()) new_v->set(name, Value(get_unscaled_state(param, name.str())));
+    for (const auto& [name, _] : *v.dict())
+      new_v->set(name, Value(get_unscaled_state(param, name.str())));
     v = Value(new_v);
   }
   return sd;
@@ -447,20 +462,22 @@ void FusedAdam::step() {
       const at::Tensor g = rt_.grad(p);
       if (!g.defined()) continue;
       check_same_size(p, g, "fused_adam.py FusedAdam.step()");
-      for (const char* k : {"exp_avg", "exp_avg_sq"}) check_same_size(p, s->at(k).tensor(), "fused_adam.py FusedAdam.step()");
+      for (const char* k : {"exp_avg", "exp_avg_sq"})
+        check_same_size(p, s->at(k).tensor(), "fused_adam.py FusedAdam.step()");
       const at::Tensor m = get_unscaled_state(p, "exp_avg");
       const at::Tensor v = get_unscaled_state(p, "exp_avg_sq");
       if (p.is_cuda()) {
-        CKPTSIM_CHECK(g.is_cuda() && m.is_cuda() && v.is_cuda() && p.is_contiguous() && g.is_contiguous() &&
-                          m.is_contiguous() && v.is_contiguous() && p.scalar_type() == at::kFloat &&
-                          g.scalar_type() == at::kFloat,
+        CKPTSIM_CHECK(g.is_cuda() && m.is_cuda() && v.is_cuda() && p.is_contiguous() &&
+                          g.is_contiguous() && m.is_contiguous() && v.is_contiguous() &&
+                          p.scalar_type() == at::kFloat && g.scalar_type() == at::kFloat,
                       "GPU FusedAdam operands must be contiguous fp32 CUDA tensors");
-        on_gpu.push_back({p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), p.numel()});
+        on_gpu.push_back({p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(),
+                          v.data_ptr<float>(), p.numel()});
         keep_alive.push_back(g);
         continue;
       }
-      fused_adam_update(fp32_span(p, "FusedAdam param"), fp32_span(g, "FusedAdam grad"), fp32_span(m, "exp_avg"),
-                        fp32_span(v, "exp_avg_sq"), hyper, t);
+      fused_adam_update(fp32_span(p, "FusedAdam param"), fp32_span(g, "FusedAdam grad"),
+                        fp32_span(m, "exp_avg"), fp32_span(v, "exp_avg_sq"), hyper, t);
     }
     if (!on_gpu.empty()) cuda_fused_adam(on_gpu, hyper, t);
   }

@@ -106,8 +106,8 @@ class KeyReprParser {
   // A dotted identifier: torch.bfloat16, torch.float32.
   std::optional<Key> parse_symbol() {
     const size_t start = pos_;
-    while (!at_end() && (std::isalnum(static_cast<unsigned char>(peek())) || peek() == '_' ||
-                         peek() == '.')) {
+    while (!at_end() &&
+           (std::isalnum(static_cast<unsigned char>(peek())) || peek() == '_' || peek() == '.')) {
       ++pos_;
     }
     return Key::symbol(std::string(text_.substr(start, pos_ - start)));
@@ -135,12 +135,18 @@ class Encoder {
                   fmt::format("pickle_value: nesting deeper than kPickleDepthMax={} at {}",
                               kPickleDepthMax, repr(path)));
     switch (v.kind()) {
-      case Value::Kind::kNone: return c10::IValue();
-      case Value::Kind::kBool: return c10::IValue(v.as_bool());
-      case Value::Kind::kInt: return c10::IValue(v.as_int());
-      case Value::Kind::kFloat: return c10::IValue(v.as_float());
-      case Value::Kind::kStr: return c10::IValue(v.as_str());
-      case Value::Kind::kSymbol: return c10::IValue(v.as_symbol().name);
+      case Value::Kind::kNone:
+        return c10::IValue();
+      case Value::Kind::kBool:
+        return c10::IValue(v.as_bool());
+      case Value::Kind::kInt:
+        return c10::IValue(v.as_int());
+      case Value::Kind::kFloat:
+        return c10::IValue(v.as_float());
+      case Value::Kind::kStr:
+        return c10::IValue(v.as_str());
+      case Value::Kind::kSymbol:
+        return c10::IValue(v.as_symbol().name);
       case Value::Kind::kTensor: {
         if (!v.tensor().defined()) return c10::IValue();
         if (!v.tensor().is_cuda()) return c10::IValue(v.tensor());
@@ -178,7 +184,8 @@ class Encoder {
           for (const auto& [key, item] : *v.dict()) {
             path.push_back(key);
             c10::IValue encoded_item = encode_at(item, path);
-            const bool inserted = dict.insert(encode_key(key, path), std::move(encoded_item)).second;
+            const bool inserted =
+                dict.insert(encode_key(key, path), std::move(encoded_item)).second;
             CKPTSIM_CHECK(inserted, fmt::format("pickle_value: two keys of the dict at {} encode "
                                                 "to the same pickled key {}",
                                                 repr(KeyPath(path.begin(), path.end() - 1)),
@@ -211,9 +218,12 @@ class Encoder {
 
   static c10::IValue encode_key(const Key& key, const KeyPath& path) {
     switch (key.kind()) {
-      case Key::Kind::kInt: return c10::IValue(key.as_int());
-      case Key::Kind::kStr: return c10::IValue(key.as_str());
-      case Key::Kind::kSymbol: return c10::IValue(key.repr());
+      case Key::Kind::kInt:
+        return c10::IValue(key.as_int());
+      case Key::Kind::kStr:
+        return c10::IValue(key.as_str());
+      case Key::Kind::kSymbol:
+        return c10::IValue(key.repr());
       case Key::Kind::kTuple: {
         std::string text = key.repr();
         // Paired with the decoder: a tuple key is written only if it will come back.
@@ -288,8 +298,8 @@ class Decoder {
         DictPtr dict = Dict::make();
         for (const auto& entry : iv.toGenericDict()) {
           const Key key = decode_key(entry.key(), path);
-          CKPTSIM_CHECK(!dict->contains(key), "unpickle_value: duplicate key " + key.repr() +
-                                                  " at " + repr(path));
+          CKPTSIM_CHECK(!dict->contains(key),
+                        "unpickle_value: duplicate key " + key.repr() + " at " + repr(path));
           path.push_back(key);
           dict->set(key, decode_at(entry.value(), path));
           path.pop_back();
@@ -345,7 +355,9 @@ std::vector<char> pickle_value(const Value& v) {
     // which torch.load(weights_only=True) refuses (invariant 1). That is the one
     // difference from torch::pickle_save, which we otherwise follow.
     torch::jit::Pickler pickler(
-        [&](const char* data, size_t size) { pickle_bytes.insert(pickle_bytes.end(), data, data + size); },
+        [&](const char* data, size_t size) {
+          pickle_bytes.insert(pickle_bytes.end(), data, data + size);
+        },
         /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
         /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
     pickler.protocol();
@@ -362,8 +374,8 @@ std::vector<char> pickle_value(const Value& v) {
                                        pickler.tensorData(), writer);
     writer.writeEndOfFile();
   } catch (const c10::Error& e) {
-    CKPTSIM_CHECK(false, std::string("pickle_value: torch refused to pickle: ") +
-                             e.what_without_backtrace());
+    CKPTSIM_CHECK(
+        false, std::string("pickle_value: torch refused to pickle: ") + e.what_without_backtrace());
   }
   return out;
 }
@@ -377,7 +389,8 @@ Result<Value> unpickle_value(std::span<const char> bytes) {
   } catch (const InvariantViolation&) {
     throw;  // our bug, not the bytes'
   } catch (const c10::Error& e) {
-    return Status::corruption(std::string("torch could not unpickle: ") + e.what_without_backtrace());
+    return Status::corruption(std::string("torch could not unpickle: ") +
+                              e.what_without_backtrace());
   } catch (const std::exception& e) {
     return Status::corruption(std::string("torch could not unpickle: ") + e.what());
   }

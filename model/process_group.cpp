@@ -6,18 +6,23 @@ namespace ckptsim::model {
 
 const char* op_name(CollectiveOp op) {
   switch (op) {
-    case CollectiveOp::kReduceScatterSum: return "reduce_scatter_sum";
-    case CollectiveOp::kAllReduceSum: return "all_reduce_sum";
-    case CollectiveOp::kAllGather: return "all_gather";
-    case CollectiveOp::kAllGatherObject: return "all_gather_object";
-    case CollectiveOp::kBroadcastObject: return "broadcast_object";
-    case CollectiveOp::kBarrier: return "barrier";
+    case CollectiveOp::kReduceScatterSum:
+      return "reduce_scatter_sum";
+    case CollectiveOp::kAllReduceSum:
+      return "all_reduce_sum";
+    case CollectiveOp::kAllGather:
+      return "all_gather";
+    case CollectiveOp::kAllGatherObject:
+      return "all_gather_object";
+    case CollectiveOp::kBroadcastObject:
+      return "broadcast_object";
+    case CollectiveOp::kBarrier:
+      return "barrier";
   }
   return "unknown collective";
 }
 
-CollectiveNotImplemented::CollectiveNotImplemented(CollectiveOp op,
-                                                   const std::string& backend_name)
+CollectiveNotImplemented::CollectiveNotImplemented(CollectiveOp op, const std::string& backend_name)
     : std::logic_error(
           fmt::format("{} is not implemented by backend {}", op_name(op), backend_name)) {}
 

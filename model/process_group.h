@@ -74,7 +74,7 @@ class ProcessGroup {
 
   // all_gather of trivially copyable elements (fp32, bf16 bit patterns, indices).
   template <typename T>
-    requires std::is_trivially_copyable_v<T>
+  requires std::is_trivially_copyable_v<T>
   void all_gather_values(std::span<const T> input, std::span<T> output) {
     all_gather(std::as_bytes(input), std::as_writable_bytes(output));
   }

@@ -34,25 +34,24 @@ SwitchDef bool_switch(std::string name, std::string meaning, bool RevisionSwitch
 template <typename E>
 SwitchDef enum_switch(std::string name, std::string meaning, E RevisionSwitches::*field,
                       std::vector<std::pair<std::string, E>> values) {
-  return SwitchDef{
-      {std::move(name), std::move(meaning)},
-      [field, values](RevisionSwitches& s, const json& v) -> std::string {
-        std::string allowed;
-        for (const auto& [text, e] : values) {
-          allowed += (allowed.empty() ? "" : ", ") + text;
-          if (v.is_string() && v.get<std::string>() == text) {
-            s.*field = e;
-            return "";
-          }
-        }
-        return "must be one of " + allowed + ", got " + v.dump();
-      },
-      [field, values](const RevisionSwitches& s) {
-        for (const auto& [text, e] : values) {
-          if (s.*field == e) return text;
-        }
-        return std::string("?");
-      }};
+  return SwitchDef{{std::move(name), std::move(meaning)},
+                   [field, values](RevisionSwitches& s, const json& v) -> std::string {
+                     std::string allowed;
+                     for (const auto& [text, e] : values) {
+                       allowed += (allowed.empty() ? "" : ", ") + text;
+                       if (v.is_string() && v.get<std::string>() == text) {
+                         s.*field = e;
+                         return "";
+                       }
+                     }
+                     return "must be one of " + allowed + ", got " + v.dump();
+                   },
+                   [field, values](const RevisionSwitches& s) {
+                     for (const auto& [text, e] : values) {
+                       if (s.*field == e) return text;
+                     }
+                     return std::string("?");
+                   }};
 }
 
 const std::vector<SwitchDef>& switch_defs() {
@@ -65,8 +64,7 @@ const std::vector<SwitchDef>& switch_defs() {
                       {"shape_assert", ShardedStepMode::kShapeAssert},
                       {"nonpersistent", ShardedStepMode::kNonpersistent},
                       {"raw_leaf", ShardedStepMode::kRawLeaf}}),
-      bool_switch("omit_step_when_loading",
-                  "Fix B: the load request's entries carry no 'step'",
+      bool_switch("omit_step_when_loading", "Fix B: the load request's entries carry no 'step'",
                   &RevisionSwitches::omit_step_when_loading),
       bool_switch("allow_empty_bucket",
                   "B12 fix: a rank owning only padding in a bucket saves/loads that padding "
@@ -78,10 +76,11 @@ const std::vector<SwitchDef>& switch_defs() {
       bool_switch("dp_reshardable_load_syncs_hdo",
                   "B11: the dp_reshardable loader calls HDO._sync_hdo_state_to_sub_optimizers()",
                   &RevisionSwitches::dp_reshardable_load_syncs_hdo),
-      bool_switch("set_skips_step",
-                  "Fix A at the _set site: _set_main_param_and_optimizer_states neither assigns nor copies "
-                  "'step' (also right for torch AdamW's copy path)",
-                  &RevisionSwitches::set_skips_step),
+      bool_switch(
+          "set_skips_step",
+          "Fix A at the _set site: _set_main_param_and_optimizer_states neither assigns nor copies "
+          "'step' (also right for torch AdamW's copy path)",
+          &RevisionSwitches::set_skips_step),
       bool_switch("set_skips_non_tensors",
                   "_set_main_param_and_optimizer_states skips non-tensor values (HEAD; B13 fix)",
                   &RevisionSwitches::set_skips_non_tensors),
@@ -108,10 +107,11 @@ const std::vector<SwitchDef>& switch_defs() {
       bool_switch("group_index_map_installed_order",
                   "B8 fix (#5835): group_order indexes the installed [fp32..., bf16...] list",
                   &RevisionSwitches::group_index_map_installed_order),
-      bool_switch("init_empty_state_before_save",
-                  "sharded_state_dict() initializes missing optimizer state before saving (a save before "
-                  "the first step)",
-                  &RevisionSwitches::init_empty_state_before_save),
+      bool_switch(
+          "init_empty_state_before_save",
+          "sharded_state_dict() initializes missing optimizer state before saving (a save before "
+          "the first step)",
+          &RevisionSwitches::init_empty_state_before_save),
       bool_switch("hdo_group_sync_skips_step",
                   "B5 fix: HDO does not push its groups' 'step' into the sub-optimizers",
                   &RevisionSwitches::hdo_group_sync_skips_step),
@@ -140,7 +140,8 @@ const SwitchDef* find_switch(const std::string& name) {
 Result<json> parse_json(const std::string& text, const std::string& source) {
   try {
     json j = json::parse(text);
-    if (!j.is_object()) return Status::invalid_input(source + ": a revision profile must be a JSON object");
+    if (!j.is_object())
+      return Status::invalid_input(source + ": a revision profile must be a JSON object");
     return j;
   } catch (const json::exception& e) {
     return Status::invalid_input(source + ": not valid JSON: " + e.what());
@@ -195,7 +196,8 @@ Status RevisionRegistry::add(const std::string& json_text, const std::string& so
                                              name, raw_.at(name).second));
   }
   if (raw_.size() >= kProfilesMax) {
-    return Status::invalid_input(fmt::format("{}: more than {} revision profiles", source, kProfilesMax));
+    return Status::invalid_input(
+        fmt::format("{}: more than {} revision profiles", source, kProfilesMax));
   }
   if (j.contains("extends") && !j["extends"].is_string()) {
     return Status::invalid_input(source + ": field 'extends' must be a string");
@@ -212,12 +214,14 @@ Status RevisionRegistry::add(const std::string& json_text, const std::string& so
       const SwitchDef* d = find_switch(k);
       if (d == nullptr) {
         std::string known;
-        for (const auto& info : revision_switch_infos()) known += (known.empty() ? "" : ", ") + info.name;
+        for (const auto& info : revision_switch_infos())
+          known += (known.empty() ? "" : ", ") + info.name;
         return Status::invalid_input(
             fmt::format("{}: field 'switches.{}': unknown switch (known: {})", source, k, known));
       }
       std::string err = d->set(probe, v);
-      if (!err.empty()) return Status::invalid_input(fmt::format("{}: field 'switches.{}' {}", source, k, err));
+      if (!err.empty())
+        return Status::invalid_input(fmt::format("{}: field 'switches.{}' {}", source, k, err));
     }
   }
   raw_[name] = {json_text, source};
@@ -248,7 +252,8 @@ Result<RevisionProfile> RevisionRegistry::resolve(const std::string& name, int d
   if (j.contains("extends")) {
     auto base = resolve(j["extends"].get<std::string>(), depth + 1);
     if (!base.is_ok()) {
-      return Status::invalid_input(it->second.second + ": field 'extends': " + base.status().message());
+      return Status::invalid_input(it->second.second +
+                                   ": field 'extends': " + base.status().message());
     }
     profile = base.value();
     profile.extends = j["extends"].get<std::string>();

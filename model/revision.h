@@ -37,8 +37,8 @@ enum class ShardedStepMode {
 
 // Which sub-optimizers DistributedOptimizer.state_dict() reads the step from for HDO.
 enum class HdoStepSource {
-  kFirstCpuAdamW,     // upstream: first non-empty CPU AdamW only (B6: offload 0 saves none)
-  kAnySubOptimizer,   // fix: fall back to the GPU FusedAdam group step
+  kFirstCpuAdamW,    // upstream: first non-empty CPU AdamW only (B6: offload 0 saves none)
+  kAnySubOptimizer,  // fix: fall back to the GPU FusedAdam group step
 };
 
 struct RevisionSwitches {
@@ -107,8 +107,8 @@ struct RevisionSwitches {
 struct RevisionProfile {
   std::string name;
   std::string description;
-  std::string extends;      // empty: POST defaults
-  std::string source;       // file the profile came from ("revisions/x.json" or a user path)
+  std::string extends;  // empty: POST defaults
+  std::string source;   // file the profile came from ("revisions/x.json" or a user path)
   RevisionSwitches switches;
   // The switches this profile (or its ancestors) set explicitly, in file order, for reports.
   std::vector<std::string> explicit_switches;

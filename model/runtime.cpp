@@ -1,13 +1,13 @@
 #include "model/runtime.h"
 
+#include <ATen/Context.h>
 #include <ATen/ops/clone.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/zeros.h>
-#include <ATen/Context.h>
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "model/fused_adam_cuda.h"
@@ -57,8 +57,12 @@ bool real_cuda_available(std::string* why) {
 Runtime::Runtime(uint64_t root_seed, int64_t phase, int64_t rank, bool real_cuda)
     : rank_(rank),
       real_cuda_(real_cuda),
-      garbage_(mix_seed(mix_seed(mix_seed(root_seed, static_cast<uint64_t>(phase)), static_cast<uint64_t>(rank)), kGarbageStream)),
-      randn_(mix_seed(mix_seed(mix_seed(root_seed, static_cast<uint64_t>(phase)), static_cast<uint64_t>(rank)), kRandnStream)) {}
+      garbage_(mix_seed(
+          mix_seed(mix_seed(root_seed, static_cast<uint64_t>(phase)), static_cast<uint64_t>(rank)),
+          kGarbageStream)),
+      randn_(mix_seed(
+          mix_seed(mix_seed(root_seed, static_cast<uint64_t>(phase)), static_cast<uint64_t>(rank)),
+          kRandnStream)) {}
 
 at::Tensor Runtime::on(at::Tensor t, Device d) {
   if (real_cuda_ && d == Device::kCuda) return t.to(at::kCUDA);
@@ -87,8 +91,9 @@ at::Tensor Runtime::to(const at::Tensor& t, at::ScalarType dtype, Device device)
   CKPTSIM_CHECK(t.defined(), "Runtime::to on an undefined tensor");
   if (t.scalar_type() == dtype && device_of(t) == device) return t;
   if (real_cuda_) {
-    return t.to(at::TensorOptions().dtype(dtype).device(device == Device::kCuda ? at::kCUDA : at::kCPU),
-                /*non_blocking=*/false, /*copy=*/true);
+    return t.to(
+        at::TensorOptions().dtype(dtype).device(device == Device::kCuda ? at::kCUDA : at::kCPU),
+        /*non_blocking=*/false, /*copy=*/true);
   }
   at::Tensor out = t.to(dtype, /*non_blocking=*/false, /*copy=*/true);
   place(out, device);

@@ -36,8 +36,8 @@ class Rng {
  public:
   explicit Rng(uint64_t seed) : state_(seed) {}
   uint64_t next_u64();
-  double next_unit();      // [0, 1)
-  float next_normal();     // standard normal (Box-Muller), for torch.randn
+  double next_unit();   // [0, 1)
+  float next_normal();  // standard normal (Box-Muller), for torch.randn
  private:
   uint64_t state_;
 };
@@ -68,7 +68,7 @@ class Runtime {
   at::Tensor zeros(at::IntArrayRef shape, at::ScalarType dtype, Device device);
   at::Tensor empty_like(const at::Tensor& t, at::ScalarType dtype);
   at::Tensor zeros_like(const at::Tensor& t);
-  at::Tensor clone(const at::Tensor& t);                 // same device
+  at::Tensor clone(const at::Tensor& t);                                        // same device
   at::Tensor scalar_tensor(double value, at::ScalarType dtype, Device device);  // torch.tensor(x)
   at::Tensor randn_like(const at::Tensor& t);
 

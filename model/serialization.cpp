@@ -25,9 +25,14 @@ std::string rank_file(int rank) { return fmt::format("shards/rank_{}.bin", rank)
 std::string object_file(const std::string& unique_key) { return "objects/" + unique_key + ".pt"; }
 
 json piece_to_json(const SavedPiece& p) {
-  return json{{"key", p.key},         {"dtype", p.dtype}, {"global_numel", p.global_numel},
-              {"global_offset", p.global_offset}, {"numel", p.numel}, {"rank", p.rank},
-              {"file", p.file},       {"byte_offset", p.byte_offset}};
+  return json{{"key", p.key},
+              {"dtype", p.dtype},
+              {"global_numel", p.global_numel},
+              {"global_offset", p.global_offset},
+              {"numel", p.numel},
+              {"rank", p.rank},
+              {"file", p.file},
+              {"byte_offset", p.byte_offset}};
 }
 
 Result<SavedPiece> piece_from_json(const json& j) {
@@ -84,7 +89,8 @@ class EntryReader {
   }
   std::string str() {
     const int64_t n = i64();
-    CKPTSIM_CHECK(n >= 0 && static_cast<size_t>(n) <= in_.size() - pos_, "save entries: bad string length");
+    CKPTSIM_CHECK(n >= 0 && static_cast<size_t>(n) <= in_.size() - pos_,
+                  "save entries: bad string length");
     std::string s(in_.data() + pos_, static_cast<size_t>(n));
     pos_ += static_cast<size_t>(n);
     return s;
@@ -148,11 +154,12 @@ void throw_if_error(const Status& s) {
 }
 
 at::ScalarType dtype_from_name(const std::string& name) {
-  for (at::ScalarType t : {at::kFloat, at::kBFloat16, at::kHalf, at::kDouble, at::kShort, at::kInt, at::kLong,
-                           at::kBool, at::kByte}) {
+  for (at::ScalarType t : {at::kFloat, at::kBFloat16, at::kHalf, at::kDouble, at::kShort, at::kInt,
+                           at::kLong, at::kBool, at::kByte}) {
     if (torch_dtype_name(t) == name) return t;
   }
-  throw CheckpointingException("unknown dtype " + name + " in " + kMetadataFile, "serialization.py load()");
+  throw CheckpointingException("unknown dtype " + name + " in " + kMetadataFile,
+                               "serialization.py load()");
 }
 
 // validation.py _validate_common_state_dict's diff(): paths only on one side and mismatches.
@@ -179,8 +186,8 @@ void diff_values(const Value& a, const Value& b, KeyPath& path, std::vector<std:
   if (a.is_list() && b.is_list()) {
     const size_t n = std::min(a.list()->size(), b.list()->size());
     if (a.list()->size() != b.list()->size()) {
-      out.push_back(fmt::format("list length {} on rank 0 vs {} here: {}", a.list()->size(), b.list()->size(),
-                                repr(path)));
+      out.push_back(fmt::format("list length {} on rank 0 vs {} here: {}", a.list()->size(),
+                                b.list()->size(), repr(path)));
     }
     for (size_t i = 0; i < n; ++i) {
       path.emplace_back(static_cast<int64_t>(i));
@@ -201,8 +208,8 @@ void diff_values(const Value& a, const Value& b, KeyPath& path, std::vector<std:
     const at::Tensor& x = a.tensor();
     const at::Tensor& y = b.tensor();
     equal = x.scalar_type() == y.scalar_type() && x.sizes() == y.sizes() &&
-            std::memcmp(x.to(at::kCPU).contiguous().data_ptr(), y.to(at::kCPU).contiguous().data_ptr(),
-                        x.numel() * x.element_size()) == 0;
+            std::memcmp(x.to(at::kCPU).contiguous().data_ptr(),
+                        y.to(at::kCPU).contiguous().data_ptr(), x.numel() * x.element_size()) == 0;
   } else if (!a.is_tensor() && !b.is_tensor() && !a.is_container() && !b.is_container()) {
     equal = py_equal(a, b);
   }
@@ -213,7 +220,8 @@ void diff_values(const Value& a, const Value& b, KeyPath& path, std::vector<std:
 void strip_param_state(Value& v, bool under_optimizer) {
   if (v.is_dict()) {
     if (under_optimizer) v.dict()->erase("param_state");
-    for (auto& [k, child] : *v.dict()) strip_param_state(child, under_optimizer || k == Key("optimizer"));
+    for (auto& [k, child] : *v.dict())
+      strip_param_state(child, under_optimizer || k == Key("optimizer"));
   } else if (v.is_list()) {
     for (auto& child : *v.list()) strip_param_state(child, under_optimizer);
   }
@@ -247,7 +255,8 @@ SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup&
       const ShardedObject& so = *leaf.sharded_object();
       const bool main = is_main_replica(so.replica_id);
       mine.objects.emplace_back(so.unique_key(), main);
-      if (main) throw_if_error(storage.write_file(object_file(so.unique_key()), pickle_value(so.data)));
+      if (main)
+        throw_if_error(storage.write_file(object_file(so.unique_key()), pickle_value(so.data)));
       continue;
     }
     CKPTSIM_CHECK(leaf.is_sharded_tensor(), "sharded part holds a non-ShardedBase leaf");
@@ -285,15 +294,20 @@ SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup&
   }
   for (const auto& [k, count] : main_replicas) {
     if (count > 1) {
-      throw CheckpointingException(fmt::format("Invalid access pattern for ShardedObject {}: {} main replicas", k, count),
-                                   "validation.py validate_sharding_integrity()");
+      throw CheckpointingException(
+          fmt::format("Invalid access pattern for ShardedObject {}: {} main replicas", k, count),
+          "validation.py validate_sharding_integrity()");
     }
   }
   json meta;
   if (rank == 0) {
-    meta = json{{"format", kFormat}, {"common", kCommonFile}, {"pieces", json::array()}, {"objects", json::array()}};
+    meta = json{{"format", kFormat},
+                {"common", kCommonFile},
+                {"pieces", json::array()},
+                {"objects", json::array()}};
     for (const auto& p : report.pieces) meta["pieces"].push_back(piece_to_json(p));
-    for (const auto& k : object_order) meta["objects"].push_back(json{{"unique_key", k}, {"file", object_file(k)}});
+    for (const auto& k : object_order)
+      meta["objects"].push_back(json{{"unique_key", k}, {"file", object_file(k)}});
   }
   if (rank == 0) throw_if_error(storage.write_file(kMetadataFile, to_bytes(meta.dump(1))));
   group.barrier();
@@ -333,7 +347,8 @@ Value load(const Value& sharded_state_dict, Storage& storage, ProcessGroup& grou
   (void)group;
   auto pieces_r = read_checkpoint_pieces(storage);
   if (!pieces_r.is_ok()) {
-    throw CheckpointingException(pieces_r.status().to_string(), "serialization.py verify_checkpoint_and_load_strategy()");
+    throw CheckpointingException(pieces_r.status().to_string(),
+                                 "serialization.py verify_checkpoint_and_load_strategy()");
   }
   const std::vector<SavedPiece>& pieces = pieces_r.value();
   std::map<std::string, std::vector<const SavedPiece*>> by_key;
@@ -341,7 +356,8 @@ Value load(const Value& sharded_state_dict, Storage& storage, ProcessGroup& grou
 
   // common_strategy.load_common: torch.load('common.pt', map_location='cpu').
   auto common_r = read_common_state(storage);
-  if (!common_r.is_ok()) throw CheckpointingException(common_r.status().to_string(), "serialization.py load_common()");
+  if (!common_r.is_ok())
+    throw CheckpointingException(common_r.status().to_string(), "serialization.py load_common()");
   Value common = common_r.value();
   if (options.strip_common_param_state) strip_param_state(common, false);
 
@@ -368,13 +384,16 @@ Value load(const Value& sharded_state_dict, Storage& storage, ProcessGroup& grou
         if (leaf.is_sharded_object()) {
           const ShardedObject& so = *leaf.sharded_object();
           if (!storage.exists(object_file(so.unique_key()))) {
-            throw PyKeyError(py_str_repr(so.unique_key()) + " not in checkpoint", "strategies/torch.py load()");
+            throw PyKeyError(py_str_repr(so.unique_key()) + " not in checkpoint",
+                             "strategies/torch.py load()");
           }
           auto obj = unpickle_value(file_bytes(object_file(so.unique_key())));
-          if (!obj.is_ok()) throw CheckpointingException(obj.status().to_string(), "strategies/torch.py load()");
+          if (!obj.is_ok())
+            throw CheckpointingException(obj.status().to_string(), "strategies/torch.py load()");
           return obj.value();
         }
-        CKPTSIM_CHECK(leaf.is_sharded_tensor(), "request holds a non-ShardedBase leaf after extraction");
+        CKPTSIM_CHECK(leaf.is_sharded_tensor(),
+                      "request holds a non-ShardedBase leaf after extraction");
         const ShardedTensor& st = *leaf.sharded_tensor();
         auto it = by_key.find(st.key);
         if (it == by_key.end()) {
@@ -393,8 +412,9 @@ Value load(const Value& sharded_state_dict, Storage& storage, ProcessGroup& grou
         const int64_t saved_global = it->second.front()->global_numel;
         if (saved_global != st.global_shape.at(0)) {
           throw CheckpointingException(
-              fmt::format("Global shape mismatch for loaded ({}) and expected ({}) tensor for key {}",
-                          shape_repr({saved_global}), shape_repr(st.global_shape), st.key),
+              fmt::format(
+                  "Global shape mismatch for loaded ({}) and expected ({}) tensor for key {}",
+                  shape_repr({saved_global}), shape_repr(st.global_shape), st.key),
               "strategies/torch.py _validate_global_shapes()");
         }
         const int64_t want_begin = st.global_offset.at(0);
@@ -408,8 +428,10 @@ Value load(const Value& sharded_state_dict, Storage& storage, ProcessGroup& grou
           const std::vector<char>& bytes = file_bytes(p->file);
           const size_t elem = c10::elementSize(dtype);
           at::Tensor src = at::empty({end - begin}, at::TensorOptions().dtype(dtype));
-          const size_t at_byte = static_cast<size_t>(p->byte_offset) + static_cast<size_t>(begin - p->global_offset) * elem;
-          CKPTSIM_CHECK(at_byte + src.numel() * elem <= bytes.size(), "piece beyond the end of " + p->file);
+          const size_t at_byte = static_cast<size_t>(p->byte_offset) +
+                                 static_cast<size_t>(begin - p->global_offset) * elem;
+          CKPTSIM_CHECK(at_byte + src.numel() * elem <= bytes.size(),
+                        "piece beyond the end of " + p->file);
           std::memcpy(src.data_ptr(), bytes.data() + at_byte, src.numel() * elem);
           at::Tensor dst = st.data.narrow(0, begin - want_begin, end - begin);
           dst.copy_(src);
@@ -418,7 +440,8 @@ Value load(const Value& sharded_state_dict, Storage& storage, ProcessGroup& grou
         std::sort(covered.begin(), covered.end());
         int64_t cursor = want_begin;
         for (const auto& [b, e] : covered) {
-          if (b > cursor && report != nullptr) report->uncovered.push_back(fmt::format("{}[{}:{}]", st.key, cursor, b));
+          if (b > cursor && report != nullptr)
+            report->uncovered.push_back(fmt::format("{}[{}:{}]", st.key, cursor, b));
           cursor = std::max(cursor, e);
         }
         if (cursor < want_end && report != nullptr) {

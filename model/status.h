@@ -18,7 +18,9 @@ class Status {
 
   Status() = default;
   static Status ok() { return Status(); }
-  static Status invalid_input(std::string msg) { return Status(Code::kInvalidInput, std::move(msg)); }
+  static Status invalid_input(std::string msg) {
+    return Status(Code::kInvalidInput, std::move(msg));
+  }
   static Status not_found(std::string msg) { return Status(Code::kNotFound, std::move(msg)); }
   static Status io_error(std::string msg) { return Status(Code::kIoError, std::move(msg)); }
   static Status corruption(std::string msg) { return Status(Code::kCorruption, std::move(msg)); }
@@ -37,8 +39,8 @@ class Status {
 template <typename T>
 class Result {
  public:
-  Result(T value) : value_(std::move(value)) {}              // NOLINT
-  Result(Status status) : status_(std::move(status)) {       // NOLINT
+  Result(T value) : value_(std::move(value)) {}         // NOLINT
+  Result(Status status) : status_(std::move(status)) {  // NOLINT
     CKPTSIM_CHECK(!status_.is_ok(), "Result built from an ok Status without a value");
   }
 
@@ -60,11 +62,16 @@ class Result {
 
 inline std::string Status::to_string() const {
   switch (code_) {
-    case Code::kOk: return "OK";
-    case Code::kInvalidInput: return "invalid input: " + message_;
-    case Code::kNotFound: return "not found: " + message_;
-    case Code::kIoError: return "I/O error: " + message_;
-    case Code::kCorruption: return "corruption: " + message_;
+    case Code::kOk:
+      return "OK";
+    case Code::kInvalidInput:
+      return "invalid input: " + message_;
+    case Code::kNotFound:
+      return "not found: " + message_;
+    case Code::kIoError:
+      return "I/O error: " + message_;
+    case Code::kCorruption:
+      return "corruption: " + message_;
   }
   return message_;
 }

@@ -26,8 +26,8 @@ std::string path_text(std::string_view path) { return "'" + std::string(path) + 
 std::string errno_text(int err) { return std::strerror(err); }
 
 Status os_error(std::string_view what, std::string_view path, const Storage& storage, int err) {
-  return Status::io_error(fmt::format("{} {} in {}: {}", what, path_text(path), storage.describe(),
-                                      errno_text(err)));
+  return Status::io_error(
+      fmt::format("{} {} in {}: {}", what, path_text(path), storage.describe(), errno_text(err)));
 }
 
 // Component-wise prefix test: "a" is an ancestor of "a/b", not of "ab".
@@ -47,7 +47,8 @@ std::string child_name(const std::string& descendant, const std::string& dir) {
 // Every proper ancestor directory of a file path, root excluded, nearest-to-root first.
 std::vector<std::string> ancestors(const std::string& path) {
   std::vector<std::string> out;
-  for (size_t slash = path.find('/'); slash != std::string::npos; slash = path.find('/', slash + 1)) {
+  for (size_t slash = path.find('/'); slash != std::string::npos;
+       slash = path.find('/', slash + 1)) {
     out.push_back(path.substr(0, slash));
   }
   return out;
@@ -87,8 +88,8 @@ Status validate_file_path(std::string_view path) {
   size_t start = 0;
   while (true) {
     const size_t slash = path.find('/', start);
-    const std::string_view part =
-        path.substr(start, slash == std::string_view::npos ? std::string_view::npos : slash - start);
+    const std::string_view part = path.substr(
+        start, slash == std::string_view::npos ? std::string_view::npos : slash - start);
     if (part.empty()) return Status::invalid_input("empty path component in " + path_text(path));
     if (part == "." || part == "..") {
       return Status::invalid_input(fmt::format("path component '{}' in {}", part, path_text(path)));
@@ -235,7 +236,8 @@ Result<std::vector<std::string>> DirectoryStorage::list(const std::string& dir) 
     names.push_back(std::move(name));
   }
   if (ec) {
-    return Status::io_error(fmt::format("list {} in {}: {}", path_text(dir), describe(), ec.message()));
+    return Status::io_error(
+        fmt::format("list {} in {}: {}", path_text(dir), describe(), ec.message()));
   }
   std::sort(names.begin(), names.end());
   return names;
@@ -253,7 +255,8 @@ Status DirectoryStorage::remove_all(const std::string& dir) {
     }
   }
   if (ec) {
-    return Status::io_error(fmt::format("remove {} in {}: {}", path_text(dir), describe(), ec.message()));
+    return Status::io_error(
+        fmt::format("remove {} in {}: {}", path_text(dir), describe(), ec.message()));
   }
   return Status::ok();
 }
@@ -286,8 +289,8 @@ Status MemoryStorage::write_file(const std::string& path, std::span<const char> 
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (std::string a = file_ancestor_locked(path); !a.empty()) {
-    return Status::io_error(
-        fmt::format("write {} in memory: {} is a file, not a directory", path_text(path), path_text(a)));
+    return Status::io_error(fmt::format("write {} in memory: {} is a file, not a directory",
+                                        path_text(path), path_text(a)));
   }
   if (dirs_.count(path) != 0) {
     return Status::io_error(fmt::format("write {} in memory: it is a directory", path_text(path)));
@@ -309,11 +312,12 @@ Result<std::vector<char>> MemoryStorage::read_file(const std::string& path) cons
   std::lock_guard<std::mutex> lock(mu_);
   if (const auto it = files_.find(path); it != files_.end()) return it->second;
   if (dirs_.count(path) != 0) {
-    return Status::io_error(fmt::format("{} in memory is not a regular file (a directory)", path_text(path)));
+    return Status::io_error(
+        fmt::format("{} in memory is not a regular file (a directory)", path_text(path)));
   }
   if (std::string a = file_ancestor_locked(path); !a.empty()) {
-    return Status::io_error(
-        fmt::format("read {} in memory: {} is a file, not a directory", path_text(path), path_text(a)));
+    return Status::io_error(fmt::format("read {} in memory: {} is a file, not a directory",
+                                        path_text(path), path_text(a)));
   }
   return Status::not_found(fmt::format("no file {} in memory", path_text(path)));
 }
@@ -333,8 +337,8 @@ Result<std::vector<std::string>> MemoryStorage::list(const std::string& dir) con
       return Status::io_error(fmt::format("{} in memory is not a directory", path_text(dir)));
     }
     if (std::string a = file_ancestor_locked(dir); !a.empty()) {
-      return Status::io_error(
-          fmt::format("list {} in memory: {} is a file, not a directory", path_text(dir), path_text(a)));
+      return Status::io_error(fmt::format("list {} in memory: {} is a file, not a directory",
+                                          path_text(dir), path_text(a)));
     }
     return Status::not_found(fmt::format("no directory {} in memory", path_text(dir)));
   }
@@ -355,8 +359,8 @@ Status MemoryStorage::remove_all(const std::string& dir) {
   if (Status s = validate_dir_path(dir); !s.is_ok()) return s;
   std::lock_guard<std::mutex> lock(mu_);
   if (std::string a = file_ancestor_locked(dir); !dir.empty() && !a.empty()) {
-    return Status::io_error(
-        fmt::format("remove {} in memory: {} is a file, not a directory", path_text(dir), path_text(a)));
+    return Status::io_error(fmt::format("remove {} in memory: {} is a file, not a directory",
+                                        path_text(dir), path_text(a)));
   }
   const std::string from = dir.empty() ? "" : dir + "/";
   for (auto it = files_.lower_bound(from); it != files_.end() && is_under(it->first, dir);) {
@@ -389,9 +393,7 @@ std::string PrefixedStorage::full(const std::string& path) const {
   return path.empty() ? prefix_ : prefix_ + "/" + path;  // "" is the prefix directory itself
 }
 
-std::string PrefixedStorage::describe() const {
-  return base_.describe() + ", under " + prefix_;
-}
+std::string PrefixedStorage::describe() const { return base_.describe() + ", under " + prefix_; }
 
 Status PrefixedStorage::write_file(const std::string& path, std::span<const char> bytes) {
   if (Status s = validate_file_path(path); !s.is_ok()) return s;

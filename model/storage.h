@@ -50,9 +50,9 @@
 
 namespace ckptsim::model {
 
-inline constexpr size_t kFileBytesMax = size_t{1} << 30;       // one checkpoint file
-inline constexpr size_t kPathLengthMax = 1024;                  // bytes of a relative path
-inline constexpr size_t kMemoryBytesMax = size_t{4} << 30;      // all files of a MemoryStorage
+inline constexpr size_t kFileBytesMax = size_t{1} << 30;    // one checkpoint file
+inline constexpr size_t kPathLengthMax = 1024;              // bytes of a relative path
+inline constexpr size_t kMemoryBytesMax = size_t{4} << 30;  // all files of a MemoryStorage
 // Names starting with this are DirectoryStorage's temporary files: reserved, never listed.
 inline constexpr std::string_view kTmpPrefix = ".ckptsim-tmp-";
 

@@ -46,7 +46,10 @@ std::string tensor_repr(const at::Tensor& t) {
     const int64_t n = t.numel();
     std::string body;
     if (n <= 6) {
-      for (int64_t i = 0; i < n; ++i) { if (i) body += ", "; body += elem(i); }
+      for (int64_t i = 0; i < n; ++i) {
+        if (i) body += ", ";
+        body += elem(i);
+      }
     } else {
       body = elem(0) + ", " + elem(1) + ", " + elem(2) + ",  ..., " + elem(n - 3) + ", " +
              elem(n - 2) + ", " + elem(n - 1);
@@ -54,7 +57,10 @@ std::string tensor_repr(const at::Tensor& t) {
     return "tensor([" + body + "]" + dtype_suffix + ")";
   }
   std::string shape;
-  for (int64_t i = 0; i < t.dim(); ++i) { if (i) shape += ", "; shape += std::to_string(t.size(i)); }
+  for (int64_t i = 0; i < t.dim(); ++i) {
+    if (i) shape += ", ";
+    shape += std::to_string(t.size(i));
+  }
   return "tensor(<shape [" + shape + "]>" + dtype_suffix + ")";
 }
 
@@ -119,67 +125,105 @@ bool Value::container_empty() const {
 bool Value::is(const Value& other) const {
   if (kind() != other.kind()) return false;
   switch (kind()) {
-    case Kind::kNone: return true;
-    case Kind::kBool: return as_bool() == other.as_bool();
-    case Kind::kInt: return as_int() == other.as_int();
-    case Kind::kFloat: return as_float() == other.as_float();
-    case Kind::kStr: return as_str() == other.as_str();
-    case Kind::kSymbol: return as_symbol().name == other.as_symbol().name;
-    case Kind::kTuple: return std::get<TuplePtr>(v_) == std::get<TuplePtr>(other.v_);
-    case Kind::kTensor: return tensor().unsafeGetTensorImpl() == other.tensor().unsafeGetTensorImpl();
-    case Kind::kDict: return dict() == other.dict();
-    case Kind::kList: return list() == other.list();
-    case Kind::kShardedTensor: return sharded_tensor() == other.sharded_tensor();
-    case Kind::kShardedObject: return sharded_object() == other.sharded_object();
-    case Kind::kNonpersistent: return nonpersistent() == other.nonpersistent();
+    case Kind::kNone:
+      return true;
+    case Kind::kBool:
+      return as_bool() == other.as_bool();
+    case Kind::kInt:
+      return as_int() == other.as_int();
+    case Kind::kFloat:
+      return as_float() == other.as_float();
+    case Kind::kStr:
+      return as_str() == other.as_str();
+    case Kind::kSymbol:
+      return as_symbol().name == other.as_symbol().name;
+    case Kind::kTuple:
+      return std::get<TuplePtr>(v_) == std::get<TuplePtr>(other.v_);
+    case Kind::kTensor:
+      return tensor().unsafeGetTensorImpl() == other.tensor().unsafeGetTensorImpl();
+    case Kind::kDict:
+      return dict() == other.dict();
+    case Kind::kList:
+      return list() == other.list();
+    case Kind::kShardedTensor:
+      return sharded_tensor() == other.sharded_tensor();
+    case Kind::kShardedObject:
+      return sharded_object() == other.sharded_object();
+    case Kind::kNonpersistent:
+      return nonpersistent() == other.nonpersistent();
   }
   return false;
 }
 
 std::string Value::type_name() const {
   switch (kind()) {
-    case Kind::kNone: return "NoneType";
-    case Kind::kBool: return "bool";
-    case Kind::kInt: return "int";
-    case Kind::kFloat: return "float";
-    case Kind::kStr: return "str";
-    case Kind::kSymbol: return "type";
-    case Kind::kTuple: return "tuple";
-    case Kind::kTensor: return "Tensor";
-    case Kind::kDict: return "dict";
-    case Kind::kList: return "list";
-    case Kind::kShardedTensor: return "ShardedTensor";
-    case Kind::kShardedObject: return "ShardedObject";
-    case Kind::kNonpersistent: return "LocalNonpersistentObject";
+    case Kind::kNone:
+      return "NoneType";
+    case Kind::kBool:
+      return "bool";
+    case Kind::kInt:
+      return "int";
+    case Kind::kFloat:
+      return "float";
+    case Kind::kStr:
+      return "str";
+    case Kind::kSymbol:
+      return "type";
+    case Kind::kTuple:
+      return "tuple";
+    case Kind::kTensor:
+      return "Tensor";
+    case Kind::kDict:
+      return "dict";
+    case Kind::kList:
+      return "list";
+    case Kind::kShardedTensor:
+      return "ShardedTensor";
+    case Kind::kShardedObject:
+      return "ShardedObject";
+    case Kind::kNonpersistent:
+      return "LocalNonpersistentObject";
   }
   return "?";
 }
 
 std::string Value::repr() const {
   switch (kind()) {
-    case Kind::kNone: return "None";
-    case Kind::kBool: return as_bool() ? "True" : "False";
-    case Kind::kInt: return std::to_string(as_int());
+    case Kind::kNone:
+      return "None";
+    case Kind::kBool:
+      return as_bool() ? "True" : "False";
+    case Kind::kInt:
+      return std::to_string(as_int());
     case Kind::kFloat: {
       // Python repr of a float: shortest round-trip text, with ".0" when integral.
       std::string s = fmt::format("{}", as_float());
       if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
       return s;
     }
-    case Kind::kStr: return py_str_repr(as_str());
-    case Kind::kSymbol: return as_symbol().name;
+    case Kind::kStr:
+      return py_str_repr(as_str());
+    case Kind::kSymbol:
+      return as_symbol().name;
     case Kind::kTuple: {
       const auto& items = as_tuple();
       std::string out = "(";
-      for (size_t i = 0; i < items.size(); ++i) { if (i) out += ", "; out += items[i].repr(); }
+      for (size_t i = 0; i < items.size(); ++i) {
+        if (i) out += ", ";
+        out += items[i].repr();
+      }
       return out + (items.size() == 1 ? ",)" : ")");
     }
-    case Kind::kTensor: return tensor_repr(tensor());
+    case Kind::kTensor:
+      return tensor_repr(tensor());
     case Kind::kDict: {
       std::string out = "{";
       bool first = true;
       for (const auto& [k, v] : *dict()) {
-        { if (!first) out += ", "; out += k.repr() + ": " + v.repr(); }
+        {
+          if (!first) out += ", ";
+          out += k.repr() + ": " + v.repr();
+        }
         first = false;
       }
       return out + "}";
@@ -188,14 +232,20 @@ std::string Value::repr() const {
       std::string out = "[";
       bool first = true;
       for (const auto& v : *list()) {
-        { if (!first) out += ", "; out += v.repr(); }
+        {
+          if (!first) out += ", ";
+          out += v.repr();
+        }
         first = false;
       }
       return out + "]";
     }
-    case Kind::kShardedTensor: return sharded_tensor()->repr();
-    case Kind::kShardedObject: return sharded_object()->repr();
-    case Kind::kNonpersistent: return "LocalNonpersistentObject(obj=" + nonpersistent()->obj.repr() + ")";
+    case Kind::kShardedTensor:
+      return sharded_tensor()->repr();
+    case Kind::kShardedObject:
+      return sharded_object()->repr();
+    case Kind::kNonpersistent:
+      return "LocalNonpersistentObject(obj=" + nonpersistent()->obj.repr() + ")";
   }
   return "?";
 }
@@ -383,9 +433,12 @@ bool py_equal(const Value& a, const Value& b) {
   if (numeric(a) && numeric(b)) return a.as_float() == b.as_float();
   if (a.kind() != b.kind()) return false;
   switch (a.kind()) {
-    case Value::Kind::kNone: return true;
-    case Value::Kind::kStr: return a.as_str() == b.as_str();
-    case Value::Kind::kSymbol: return a.as_symbol().name == b.as_symbol().name;
+    case Value::Kind::kNone:
+      return true;
+    case Value::Kind::kStr:
+      return a.as_str() == b.as_str();
+    case Value::Kind::kSymbol:
+      return a.as_symbol().name == b.as_symbol().name;
     case Value::Kind::kTuple: {
       const auto& x = a.as_tuple();
       const auto& y = b.as_tuple();

@@ -58,24 +58,35 @@ struct Symbol {
 class Value {
  public:
   enum class Kind {
-    kNone, kBool, kInt, kFloat, kStr, kSymbol, kTuple, kTensor, kDict, kList,
-    kShardedTensor, kShardedObject, kNonpersistent,
+    kNone,
+    kBool,
+    kInt,
+    kFloat,
+    kStr,
+    kSymbol,
+    kTuple,
+    kTensor,
+    kDict,
+    kList,
+    kShardedTensor,
+    kShardedObject,
+    kNonpersistent,
   };
 
-  Value() = default;                                         // None
-  Value(bool b) : v_(b) {}                                   // NOLINT
-  Value(int i) : v_(static_cast<int64_t>(i)) {}              // NOLINT
-  Value(int64_t i) : v_(i) {}                                // NOLINT
-  Value(double d) : v_(d) {}                                 // NOLINT
-  Value(std::string s) : v_(std::move(s)) {}                 // NOLINT
-  Value(const char* s) : v_(std::string(s)) {}               // NOLINT
-  Value(Symbol s) : v_(std::move(s)) {}                      // NOLINT
-  Value(at::Tensor t) : v_(std::move(t)) {}                  // NOLINT
-  Value(DictPtr d);                                          // NOLINT; REQUIRES: d != nullptr
-  Value(ListPtr l);                                          // NOLINT; REQUIRES: l != nullptr
-  Value(ShardedTensorPtr st);                                // NOLINT
-  Value(ShardedObjectPtr so);                                // NOLINT
-  Value(NonpersistentPtr lno);                               // NOLINT
+  Value() = default;                             // None
+  Value(bool b) : v_(b) {}                       // NOLINT
+  Value(int i) : v_(static_cast<int64_t>(i)) {}  // NOLINT
+  Value(int64_t i) : v_(i) {}                    // NOLINT
+  Value(double d) : v_(d) {}                     // NOLINT
+  Value(std::string s) : v_(std::move(s)) {}     // NOLINT
+  Value(const char* s) : v_(std::string(s)) {}   // NOLINT
+  Value(Symbol s) : v_(std::move(s)) {}          // NOLINT
+  Value(at::Tensor t) : v_(std::move(t)) {}      // NOLINT
+  Value(DictPtr d);                              // NOLINT; REQUIRES: d != nullptr
+  Value(ListPtr l);                              // NOLINT; REQUIRES: l != nullptr
+  Value(ShardedTensorPtr st);                    // NOLINT
+  Value(ShardedObjectPtr so);                    // NOLINT
+  Value(NonpersistentPtr lno);                   // NOLINT
 
   static Value symbol(std::string name) { return Value(Symbol{std::move(name)}); }
   static Value tuple(std::vector<Value> items);
@@ -98,8 +109,8 @@ class Value {
 
   // Accessors; each REQUIRES the matching kind and throws InvariantViolation otherwise.
   bool as_bool() const;
-  int64_t as_int() const;       // also accepts bool, as Python does
-  double as_float() const;      // also accepts int and bool
+  int64_t as_int() const;   // also accepts bool, as Python does
+  double as_float() const;  // also accepts int and bool
   const std::string& as_str() const;
   const Symbol& as_symbol() const;
   const std::vector<Value>& as_tuple() const;
@@ -125,9 +136,8 @@ class Value {
   std::string repr() const;
 
  private:
-  std::variant<std::monostate, bool, int64_t, double, std::string, Symbol, TuplePtr,
-               at::Tensor, DictPtr, ListPtr, ShardedTensorPtr, ShardedObjectPtr,
-               NonpersistentPtr>
+  std::variant<std::monostate, bool, int64_t, double, std::string, Symbol, TuplePtr, at::Tensor,
+               DictPtr, ListPtr, ShardedTensorPtr, ShardedObjectPtr, NonpersistentPtr>
       v_;
 };
 
@@ -151,12 +161,12 @@ class Dict {
   Value& at(const Key& k, const char* site = "dict lookup");
   // d.get(k, default)
   Value get(const Key& k, Value fallback = Value()) const;
-  void set(const Key& k, Value v);   // d[k] = v
+  void set(const Key& k, Value v);                         // d[k] = v
   Value pop(const Key& k, const char* site = "dict.pop");  // throws PyKeyError when missing
-  bool erase(const Key& k);          // del d[k] if present; returns whether it was
+  bool erase(const Key& k);  // del d[k] if present; returns whether it was
   void setdefault(const Key& k, Value v);
 
-  DictPtr copy() const;              // dict.copy(): new dict, same values
+  DictPtr copy() const;  // dict.copy(): new dict, same values
   std::vector<Key> keys() const;
 
   std::vector<Item>::iterator begin() { return items_.begin(); }
@@ -203,7 +213,9 @@ Value deepcopy(const Value& v);
 bool py_equal(const Value& a, const Value& b);
 
 // Builders for readable literals in code and tests.
-inline Value dict_value(std::initializer_list<Dict::Item> items) { return Value(Dict::make(items)); }
+inline Value dict_value(std::initializer_list<Dict::Item> items) {
+  return Value(Dict::make(items));
+}
 inline Value list_value(std::vector<Value> items) { return Value(List::make(std::move(items))); }
 
 }  // namespace ckptsim::model

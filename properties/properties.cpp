@@ -800,17 +800,21 @@ Status validate_expect(const nlohmann::json& expect, const std::string& source) 
   if (expect.is_null()) return Status::ok();
   std::string known;
   for (const auto& p : all_properties()) known += (known.empty() ? "" : ", ") + p.name;
-  if (expect.contains("ok") && !expect["ok"].is_boolean()) return error("ok", "must be true or false");
+  if (expect.contains("ok") && !expect["ok"].is_boolean())
+    return error("ok", "must be true or false");
   for (const char* field : {"properties", "detail_contains"}) {
     if (!expect.contains(field)) continue;
     const nlohmann::json& m = expect[field];
     if (!m.is_object()) return error(field, "must be an object from property names");
     for (const auto& [name, want] : m.items()) {
       const std::string path = std::string(field) + "." + name;
-      if (find_property(name) == nullptr) return error(path, "unknown property (known: " + known + ")");
-      const bool verdict_text = want.is_string() && (want == "pass" || want == "fail" || want == "not_evaluated");
+      if (find_property(name) == nullptr)
+        return error(path, "unknown property (known: " + known + ")");
+      const bool verdict_text =
+          want.is_string() && (want == "pass" || want == "fail" || want == "not_evaluated");
       if (std::string(field) == "properties" && !want.is_boolean() && !verdict_text)
-        return error(path, "must be true, false, \"pass\", \"fail\" or \"not_evaluated\", got " + want.dump());
+        return error(path, "must be true, false, \"pass\", \"fail\" or \"not_evaluated\", got " +
+                               want.dump());
       if (std::string(field) == "detail_contains" && !want.is_string())
         return error(path, "must be a string, got " + want.dump());
     }

@@ -24,7 +24,8 @@ std::string scenario_section(const ScenarioReport& r);
 
 // The whole document: a summary table then one section per scenario. `header` lines (the
 // command that made it, the commit) go first.
-std::string render(const std::vector<ScenarioReport>& reports, const std::vector<std::string>& header);
+std::string render(const std::vector<ScenarioReport>& reports,
+                   const std::vector<std::string>& header);
 
 // Text for one Markdown table cell: '|' escaped, line breaks as spaces.
 std::string md_escape(const std::string& s);

@@ -25,9 +25,11 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 // Runtime phase id of the reference run (its streams differ from every checkpointed phase).
 constexpr int64_t kReferencePhaseId = 1'000'000;
 
-// Initial model params: k/64 with |k| <= 32, exact in bf16, deterministic in (seed, param, element).
+// Initial model params: k/64 with |k| <= 32, exact in bf16, deterministic in (seed, param,
+// element).
 float initial_value(uint64_t seed, size_t param, int64_t element) {
-  model::Rng r(model::mix_seed(model::mix_seed(seed ^ 0x5eedULL, param), static_cast<uint64_t>(element)));
+  model::Rng r(
+      model::mix_seed(model::mix_seed(seed ^ 0x5eedULL, param), static_cast<uint64_t>(element)));
   const int64_t k = static_cast<int64_t>(r.next_u64() % 65) - 32;
   return static_cast<float>(k) / 64.0F;
 }
@@ -69,7 +71,8 @@ struct RankOut {
 // object) as its name string, so symbols print as strings here.
 std::string checkpoint_repr(const Value& v) {
   switch (v.kind()) {
-    case Value::Kind::kSymbol: return model::py_str_repr(v.as_symbol().name);
+    case Value::Kind::kSymbol:
+      return model::py_str_repr(v.as_symbol().name);
     case Value::Kind::kDict: {
       std::string out = "{";
       for (const auto& [k, item] : *v.dict()) {
@@ -86,7 +89,8 @@ std::string checkpoint_repr(const Value& v) {
       }
       return out + "]";
     }
-    default: return v.repr();
+    default:
+      return v.repr();
   }
 }
 
@@ -110,7 +114,8 @@ struct PhaseJob {
   bool real_cuda = false;
 };
 
-uint64_t snapshot_hash(const std::vector<model::ShardSnapshot>& snap, const std::vector<std::vector<float>>& params) {
+uint64_t snapshot_hash(const std::vector<model::ShardSnapshot>& snap,
+                       const std::vector<std::vector<float>>& params) {
   uint64_t h = fnv1a(nullptr, 0);
   for (const auto& s : snap) {
     h = fnv1a(&s.model_param, sizeof s.model_param, h);
@@ -132,7 +137,8 @@ Value generate_state_dict(model::DistributedDataParallel& ddp, model::Distribute
   sd->set("model", model_sd);
   sd->set("optimizer", opt.sharded_state_dict(model_sd, is_loading, "dp_reshardable"));
   // Fault site save.rank_dependent_common: a common leaf that differs per rank.
-  if (!is_loading && rt.fault(model::fault::kRankDependentCommon)) sd->set("ckptsim_rank", Value(int64_t{rank}));
+  if (!is_loading && rt.fault(model::fault::kRankDependentCommon))
+    sd->set("ckptsim_rank", Value(int64_t{rank}));
   return Value(sd);
 }
 
@@ -186,18 +192,21 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, RankOut& out) {
       stage = "load";
       const Value request = generate_state_dict(ddp, opt, iteration, /*is_loading=*/true, rt, rank);
       model::LoadOptions lo;
-      lo.merge.truncate_optimizer_param_state_lists = job.switches->merge_truncates_param_state_lists;
+      lo.merge.truncate_optimizer_param_state_lists =
+          job.switches->merge_truncates_param_state_lists;
       lo.strip_common_param_state = job.switches->load_strips_common_param_state;
       const Value loaded = model::load(request, *job.load_from, pg, rt, lo, &out.load);
       // model.load_state_dict(): the params were read in place; copy for fidelity.
       const Dict& model_sd = *loaded.dict()->at("model").dict();
-      for (size_t i = 0; i < s.params.size(); ++i) model::py_copy_(ddp.param(i), model_sd.at(s.params[i].name).tensor());
+      for (size_t i = 0; i < s.params.size(); ++i)
+        model::py_copy_(ddp.param(i), model_sd.at(s.params[i].name).tensor());
       opt.load_state_dict(loaded.dict()->at("optimizer"));
       iteration = loaded.dict()->at("iteration").as_int();
       out.after_load = opt.snapshot();
       out.after_load_params = model_params();
       if (rank == 0) out.after_load_groups = groups_text(opt);
-      out.trace.push_back(fmt::format("load phase={} rank={} iteration={} state={:016x}", job.phase_id, rank, iteration,
+      out.trace.push_back(fmt::format("load phase={} rank={} iteration={} state={:016x}",
+                                      job.phase_id, rank, iteration,
                                       snapshot_hash(*out.after_load, out.after_load_params)));
     }
     out.start_step = iteration;
@@ -210,7 +219,8 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, RankOut& out) {
       ddp.zero_grad_buffer();
       for (size_t i = 0; i < s.params.size(); ++i) {
         at::Tensor g = ddp.main_grad(i);
-        at::Tensor host = g.is_cuda() ? at::empty({g.numel()}, at::TensorOptions().dtype(at::kFloat)) : g;
+        at::Tensor host =
+            g.is_cuda() ? at::empty({g.numel()}, at::TensorOptions().dtype(at::kFloat)) : g;
         std::span<float> span{host.data_ptr<float>(), static_cast<size_t>(host.numel())};
         local_gradient(grad_spec, global_step, static_cast<int64_t>(i), 0, rank, job.dp, span);
         for (float& x : span) x *= scale;
@@ -223,8 +233,10 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, RankOut& out) {
       iteration = global_step;
       // Param groups only where a checker reads them: the state a phase ends (and saves) in.
       const bool last = k + 1 == job.steps && job.phase_id != kReferencePhaseId;
-      StepOut step_out{opt.last_step_uses(), opt.snapshot(), model_params(), rank == 0 && last ? groups_text(opt) : ""};
-      out.trace.push_back(fmt::format("step phase={} global={} rank={} state={:016x}", job.phase_id, global_step, rank,
+      StepOut step_out{opt.last_step_uses(), opt.snapshot(), model_params(),
+                       rank == 0 && last ? groups_text(opt) : ""};
+      out.trace.push_back(fmt::format("step phase={} global={} rank={} state={:016x}", job.phase_id,
+                                      global_step, rank,
                                       snapshot_hash(step_out.snapshot, step_out.params)));
       out.steps.push_back(std::move(step_out));
     }
@@ -236,8 +248,8 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, RankOut& out) {
       out.at_save_snapshot = opt.snapshot();
       out.at_save_params = model_params();
       if (rank == 0) out.at_save_groups = groups_text(opt);
-      out.trace.push_back(fmt::format("save phase={} rank={} iteration={} pieces={}", job.phase_id, rank, iteration,
-                                      out.save->pieces.size()));
+      out.trace.push_back(fmt::format("save phase={} rank={} iteration={} pieces={}", job.phase_id,
+                                      rank, iteration, out.save->pieces.size()));
     }
     out.firings = rt.fault_firings();
   } catch (const model::MergeError& e) {
@@ -278,11 +290,13 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, RankOut& out) {
 std::vector<RankOut> run_world(const PhaseJob& job) {
   std::vector<RankOut> outs(static_cast<size_t>(job.dp));
   LocalWorld world(static_cast<int>(job.dp));
-  world.run([&](model::ProcessGroup& pg) { rank_main(job, pg, outs[static_cast<size_t>(pg.rank())]); });
+  world.run(
+      [&](model::ProcessGroup& pg) { rank_main(job, pg, outs[static_cast<size_t>(pg.rank())]); });
   return outs;
 }
 
-ModelState gather_state(const Scenario& s, int64_t global_step, const std::vector<const std::vector<model::ShardSnapshot>*>& snaps,
+ModelState gather_state(const Scenario& s, int64_t global_step,
+                        const std::vector<const std::vector<model::ShardSnapshot>*>& snaps,
                         const std::vector<const std::vector<model::StepUse>*>& uses,
                         const std::vector<std::vector<float>>& params, std::string groups) {
   ModelState st;
@@ -310,8 +324,9 @@ ModelState gather_state(const Scenario& s, int64_t global_step, const std::vecto
       put(st.exp_avg[shard.model_param], shard.exp_avg);
       put(st.exp_avg_sq[shard.model_param], shard.exp_avg_sq);
       if (shard.exp_avg.size() == static_cast<size_t>(shard.param_range.size())) {
-        std::fill_n(st.moments_present[shard.model_param].begin() + static_cast<std::ptrdiff_t>(begin),
-                    shard.param_range.size(), uint8_t{1});
+        std::fill_n(
+            st.moments_present[shard.model_param].begin() + static_cast<std::ptrdiff_t>(begin),
+            shard.param_range.size(), uint8_t{1});
       }
       ShardRecord rec;
       rec.param = shard.model_param;
@@ -333,8 +348,8 @@ ModelState gather_state(const Scenario& s, int64_t global_step, const std::vecto
 }
 
 // Every optimizer key of a checkpoint as one global tensor (floats), read back from storage.
-std::map<std::string, std::vector<float>> assemble_checkpoint(const model::Storage& storage,
-                                                              const std::vector<model::SavedPiece>& pieces) {
+std::map<std::string, std::vector<float>> assemble_checkpoint(
+    const model::Storage& storage, const std::vector<model::SavedPiece>& pieces) {
   std::map<std::string, std::vector<float>> out;
   std::map<std::string, std::vector<char>> files;
   for (const auto& p : pieces) {
@@ -344,7 +359,8 @@ std::map<std::string, std::vector<float>> assemble_checkpoint(const model::Stora
     auto it = files.find(p.file);
     if (it == files.end()) {
       auto bytes = storage.read_file(p.file);
-      CKPTSIM_CHECK(bytes.is_ok(), "a saved piece's file cannot be read back: " + bytes.status().to_string());
+      CKPTSIM_CHECK(bytes.is_ok(),
+                    "a saved piece's file cannot be read back: " + bytes.status().to_string());
       it = files.emplace(p.file, std::move(bytes.value())).first;
     }
     at::ScalarType dtype = at::kFloat;
@@ -353,7 +369,8 @@ std::map<std::string, std::vector<float>> assemble_checkpoint(const model::Stora
     }
     at::Tensor src = at::empty({p.numel}, at::TensorOptions().dtype(dtype));
     const size_t bytes = static_cast<size_t>(p.numel) * src.element_size();
-    CKPTSIM_CHECK(static_cast<size_t>(p.byte_offset) + bytes <= it->second.size(), "piece beyond its file");
+    CKPTSIM_CHECK(static_cast<size_t>(p.byte_offset) + bytes <= it->second.size(),
+                  "piece beyond its file");
     std::memcpy(src.data_ptr(), it->second.data() + p.byte_offset, bytes);
     const at::Tensor f = src.to(at::kFloat);
     std::copy(f.data_ptr<float>(), f.data_ptr<float>() + p.numel, values.begin() + p.global_offset);
@@ -411,7 +428,8 @@ const ModelState* RunResult::reference_at(int64_t global_step) const {
   return &reference[static_cast<size_t>(global_step - 1)];
 }
 
-Result<RunResult> run_scenario(const Scenario& scenario, model::RevisionRegistry& registry, const RunOptions& options) {
+Result<RunResult> run_scenario(const Scenario& scenario, model::RevisionRegistry& registry,
+                               const RunOptions& options) {
   RunResult result;
   result.scenario = scenario;
   std::vector<model::RevisionProfile> profiles;
@@ -429,14 +447,16 @@ Result<RunResult> run_scenario(const Scenario& scenario, model::RevisionRegistry
   if (options.device == DeviceChoice::kCuda && !have_gpu) {
     return Status::invalid_input("--device cuda: no GPU can hold the state here (" + why_not + ")");
   }
-  result.gpu_resident = options.device == DeviceChoice::kCuda || (options.device == DeviceChoice::kAuto && have_gpu);
+  result.gpu_resident =
+      options.device == DeviceChoice::kCuda || (options.device == DeviceChoice::kAuto && have_gpu);
   {
-    std::string derived = fmt::format("options optimizer={} params={} total_numel={} bucket_size={} pad_65536={} "
-                                      "samples_per_step={} phases=",
-                                      model::optimizer_kind_name(scenario.optimizer.kind), scenario.params.size(),
-                                      scenario.total_numel(),
-                                      scenario.bucket_size ? std::to_string(*scenario.bucket_size) : "None",
-                                      scenario.pad_buckets_for_high_nccl_busbw, scenario.samples_per_step);
+    std::string derived = fmt::format(
+        "options optimizer={} params={} total_numel={} bucket_size={} pad_65536={} "
+        "samples_per_step={} phases=",
+        model::optimizer_kind_name(scenario.optimizer.kind), scenario.params.size(),
+        scenario.total_numel(),
+        scenario.bucket_size ? std::to_string(*scenario.bucket_size) : "None",
+        scenario.pad_buckets_for_high_nccl_busbw, scenario.samples_per_step);
     for (const auto& p : scenario.phases) derived += fmt::format("[dp={} steps={}]", p.dp, p.steps);
     if (!scenario.faults.empty()) {
       derived += " faults=";
@@ -453,7 +473,9 @@ Result<RunResult> run_scenario(const Scenario& scenario, model::RevisionRegistry
   } else {
     std::error_code ec;
     std::filesystem::create_directories(options.checkpoint_dir, ec);
-    if (ec) return Status::io_error(options.checkpoint_dir + ": cannot create checkpoint directory: " + ec.message());
+    if (ec)
+      return Status::io_error(options.checkpoint_dir +
+                              ": cannot create checkpoint directory: " + ec.message());
     root = std::make_unique<model::DirectoryStorage>(options.checkpoint_dir);
     result.checkpoint_location = options.checkpoint_dir;
   }
@@ -471,7 +493,8 @@ Result<RunResult> run_scenario(const Scenario& scenario, model::RevisionRegistry
     collect_errors(outs, result.reference_errors);
     std::vector<const std::vector<model::ShardSnapshot>*> snaps;
     for (const auto& o : outs) snaps.push_back(&o.initial_snapshot);
-    result.reference_initial = gather_state(scenario, 0, snaps, {}, outs.front().initial_params, outs.front().initial_groups);
+    result.reference_initial = gather_state(scenario, 0, snaps, {}, outs.front().initial_params,
+                                            outs.front().initial_groups);
     const size_t steps_done = result.reference_errors.empty() ? static_cast<size_t>(job.steps) : 0;
     for (size_t k = 0; k < steps_done; ++k) {
       std::vector<const std::vector<model::ShardSnapshot>*> step_snaps;
@@ -480,12 +503,15 @@ Result<RunResult> run_scenario(const Scenario& scenario, model::RevisionRegistry
         step_snaps.push_back(&o.steps.at(k).snapshot);
         step_uses.push_back(&o.steps.at(k).uses);
       }
-      result.reference.push_back(gather_state(scenario, static_cast<int64_t>(k) + 1, step_snaps, step_uses,
-                                              outs.front().steps.at(k).params, outs.front().steps.at(k).groups));
+      result.reference.push_back(gather_state(scenario, static_cast<int64_t>(k) + 1, step_snaps,
+                                              step_uses, outs.front().steps.at(k).params,
+                                              outs.front().steps.at(k).groups));
     }
-    for (const auto& e : result.reference_errors) result.trace.push_back("reference error " + e.summary());
-    result.trace.push_back(fmt::format("reference dp={} steps={} final={:016x}", job.dp, job.steps,
-                                       result.reference.empty() ? 0 : result.reference.back().hash()));
+    for (const auto& e : result.reference_errors)
+      result.trace.push_back("reference error " + e.summary());
+    result.trace.push_back(
+        fmt::format("reference dp={} steps={} final={:016x}", job.dp, job.steps,
+                    result.reference.empty() ? 0 : result.reference.back().hash()));
   }
 
   // 2. The phases.
@@ -495,7 +521,8 @@ Result<RunResult> run_scenario(const Scenario& scenario, model::RevisionRegistry
     PhaseRecord rec;
     rec.index = i;
     rec.spec = spec;
-    const bool previous_ok = i == 0 || (result.phases.back().completed && scenario.phases[i - 1].save);
+    const bool previous_ok =
+        i == 0 || (result.phases.back().completed && scenario.phases[i - 1].save);
     if (!previous_ok) {
       result.trace.push_back(fmt::format("phase={} not run: phase {} did not complete", i, i - 1));
       result.phases.push_back(std::move(rec));
@@ -508,7 +535,8 @@ Result<RunResult> run_scenario(const Scenario& scenario, model::RevisionRegistry
     if (i > 0 && scenario.phases[i - 1].dp != spec.dp) {
       result.trace.push_back(fmt::format("reshard dp {}->{}", scenario.phases[i - 1].dp, spec.dp));
     }
-    result.trace.push_back(fmt::format("phase={} dp={} revision={} steps={}", i, spec.dp, profiles[i].name, spec.steps));
+    result.trace.push_back(fmt::format("phase={} dp={} revision={} steps={}", i, spec.dp,
+                                       profiles[i].name, spec.steps));
     PhaseJob job;
     job.scenario = &scenario;
     job.phase_id = static_cast<int64_t>(i);
@@ -531,7 +559,8 @@ Result<RunResult> run_scenario(const Scenario& scenario, model::RevisionRegistry
     if (i == 0 && !outs.front().layouts.empty()) {
       std::vector<const std::vector<model::ShardSnapshot>*> init;
       for (const auto& o : outs) init.push_back(&o.initial_snapshot);
-      rec.initial = gather_state(scenario, 0, init, {}, outs.front().initial_params, outs.front().initial_groups);
+      rec.initial = gather_state(scenario, 0, init, {}, outs.front().initial_params,
+                                 outs.front().initial_groups);
     }
     for (const auto& o : outs) {
       for (const auto& f : o.firings) {
@@ -548,11 +577,12 @@ Result<RunResult> run_scenario(const Scenario& scenario, model::RevisionRegistry
     for (const auto& o : outs) {
       for (const auto& line : o.trace) result.trace.push_back(line);
     }
-    if (i > 0 && std::all_of(outs.begin(), outs.end(), [](const RankOut& o) { return o.after_load.has_value(); })) {
+    if (i > 0 && std::all_of(outs.begin(), outs.end(),
+                             [](const RankOut& o) { return o.after_load.has_value(); })) {
       std::vector<const std::vector<model::ShardSnapshot>*> snaps;
       for (const auto& o : outs) snaps.push_back(&*o.after_load);
-      rec.after_load =
-          gather_state(scenario, rec.start_step, snaps, {}, outs.front().after_load_params, outs.front().after_load_groups);
+      rec.after_load = gather_state(scenario, rec.start_step, snaps, {},
+                                    outs.front().after_load_params, outs.front().after_load_groups);
     }
     size_t steps_everywhere = std::numeric_limits<size_t>::max();
     for (const auto& o : outs) steps_everywhere = std::min(steps_everywhere, o.steps.size());
@@ -563,17 +593,20 @@ Result<RunResult> run_scenario(const Scenario& scenario, model::RevisionRegistry
         snaps.push_back(&o.steps[k].snapshot);
         uses.push_back(&o.steps[k].uses);
       }
-      rec.after_step.push_back(gather_state(scenario, rec.start_step + static_cast<int64_t>(k) + 1, snaps, uses,
-                                            outs.front().steps[k].params, outs.front().steps[k].groups));
+      rec.after_step.push_back(gather_state(scenario, rec.start_step + static_cast<int64_t>(k) + 1,
+                                            snaps, uses, outs.front().steps[k].params,
+                                            outs.front().steps[k].groups));
     }
-    if (std::all_of(outs.begin(), outs.end(), [](const RankOut& o) { return o.save.has_value(); })) {
+    if (std::all_of(outs.begin(), outs.end(),
+                    [](const RankOut& o) { return o.save.has_value(); })) {
       rec.saved_pieces = outs.front().save->pieces;
       for (const auto& o : outs) rec.common_differences.push_back(o.save->common_state_differences);
       rec.checkpoint_values = assemble_checkpoint(*stores.back(), rec.saved_pieces);
       std::vector<const std::vector<model::ShardSnapshot>*> snaps;
       for (const auto& o : outs) snaps.push_back(&o.at_save_snapshot);
-      rec.at_save = gather_state(scenario, rec.start_step + static_cast<int64_t>(rec.after_step.size()), snaps, {},
-                                 outs.front().at_save_params, outs.front().at_save_groups);
+      rec.at_save =
+          gather_state(scenario, rec.start_step + static_cast<int64_t>(rec.after_step.size()),
+                       snaps, {}, outs.front().at_save_params, outs.front().at_save_groups);
     }
     for (const auto& e : rec.errors) {
       if (!e.secondary) result.trace.push_back("error " + e.summary());
@@ -582,7 +615,8 @@ Result<RunResult> run_scenario(const Scenario& scenario, model::RevisionRegistry
       result.trace.push_back(fmt::format("fault phase={} site={} fired={}", i, site, count));
     }
     if (options.progress) {
-      std::string status = rec.completed ? fmt::format("ok, {} steps, saved {} pieces", spec.steps, rec.saved_pieces.size())
+      std::string status = rec.completed ? fmt::format("ok, {} steps, saved {} pieces", spec.steps,
+                                                       rec.saved_pieces.size())
                                          : "failed: " + rec.errors.front().summary();
       for (const auto& e : rec.errors) {
         if (!e.secondary) {
@@ -590,7 +624,8 @@ Result<RunResult> run_scenario(const Scenario& scenario, model::RevisionRegistry
           break;
         }
       }
-      options.progress(fmt::format("phase {} (dp={}, {}): {}", i, spec.dp, profiles[i].name, status));
+      options.progress(
+          fmt::format("phase {} (dp={}, {}): {}", i, spec.dp, profiles[i].name, status));
     }
     result.phases.push_back(std::move(rec));
   }

@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "model/distrib_optimizer.h"
-#include "model/layout.h"
 #include "model/errors.h"
+#include "model/layout.h"
 #include "model/serialization.h"
 #include "model/storage.h"
 #include "sim/scenario.h"
@@ -39,7 +39,7 @@ struct RankError {
   std::string stage;    // "init", "load", "train", "save"
   std::string py_type;  // upstream exception class, or "PeerAborted" / "InvariantViolation"
   std::string message;
-  std::string site;     // upstream file and function
+  std::string site;        // upstream file and function
   bool secondary = false;  // this rank only stopped because another rank failed
   std::optional<model::MergeError::Kind> merge_kind;
   model::KeyPath merge_path;
@@ -78,20 +78,20 @@ struct ModelState {
 };
 
 struct BufferInfo {
-  std::string dtype_key;                 // "(torch.bfloat16, torch.float32)"
-  std::vector<int64_t> numel_unpadded;   // per bucket
+  std::string dtype_key;                // "(torch.bfloat16, torch.float32)"
+  std::vector<int64_t> numel_unpadded;  // per bucket
 };
 
 struct PhaseRecord {
   size_t index = 0;
   PhaseSpec spec;
   bool ran = false;
-  bool completed = false;       // load, every step and the save finished on every rank
-  int64_t start_step = 0;       // global steps done before this phase
+  bool completed = false;         // load, every step and the save finished on every rank
+  int64_t start_step = 0;         // global steps done before this phase
   std::vector<RankError> errors;  // first error of each failing rank
   std::optional<ModelState> after_load;
   std::vector<ModelState> after_step;
-  std::vector<model::SavedPiece> saved_pieces;             // when the save completed
+  std::vector<model::SavedPiece> saved_pieces;               // when the save completed
   std::vector<std::vector<std::string>> common_differences;  // per rank, vs rank 0
   std::vector<std::string> load_uncovered;
   std::vector<BufferInfo> buffers;

@@ -47,20 +47,19 @@ void check_common(const GradientSpec& spec, int64_t step, int64_t param_index) {
 
 }  // namespace
 
-float sample_gradient(const GradientSpec& spec, int64_t step, int64_t param_index,
-                      int64_t element, int64_t sample) {
+float sample_gradient(const GradientSpec& spec, int64_t step, int64_t param_index, int64_t element,
+                      int64_t sample) {
   check_common(spec, step, param_index);
   CKPTSIM_CHECK(element >= 0, fmt::format("gradient for element {}", element));
-  CKPTSIM_CHECK(sample >= 0 && sample < spec.samples_per_step,
-                fmt::format("sample {} outside [0, samples_per_step={})", sample,
-                            spec.samples_per_step));
+  CKPTSIM_CHECK(
+      sample >= 0 && sample < spec.samples_per_step,
+      fmt::format("sample {} outside [0, samples_per_step={})", sample, spec.samples_per_step));
   const uint64_t element_hash = link(param_step_hash(spec.seed, step, param_index), element);
   return static_cast<float>(units_of(link(element_hash, sample))) * kGradUnit;
 }
 
 void local_gradient(const GradientSpec& spec, int64_t step, int64_t param_index,
-                    int64_t element_begin, int64_t dp_rank, int64_t dp_size,
-                    std::span<float> out) {
+                    int64_t element_begin, int64_t dp_rank, int64_t dp_size, std::span<float> out) {
   check_common(spec, step, param_index);
   CKPTSIM_CHECK(element_begin >= 0, fmt::format("gradient from element {}", element_begin));
   CKPTSIM_CHECK(dp_size >= 1 && dp_rank >= 0 && dp_rank < dp_size,

@@ -46,12 +46,13 @@ static_assert(kGradUnit * float(1 << kGradExponent) == 1.0f, "kGradUnit is 2^-kG
 
 struct GradientSpec {
   uint64_t seed = 0;
-  int64_t samples_per_step = 1;  // global batch; REQUIRES: 1 <= samples_per_step <= kSamplesPerStepMax
+  int64_t samples_per_step =
+      1;  // global batch; REQUIRES: 1 <= samples_per_step <= kSamplesPerStepMax
 };
 
 // REQUIRES: step >= 1; param_index >= 0; element >= 0; 0 <= sample < spec.samples_per_step.
-float sample_gradient(const GradientSpec& spec, int64_t step, int64_t param_index,
-                      int64_t element, int64_t sample);
+float sample_gradient(const GradientSpec& spec, int64_t step, int64_t param_index, int64_t element,
+                      int64_t sample);
 
 // Sum of sample_gradient over the samples that DP rank `dp_rank` of `dp_size` processes
 // (sample s belongs to rank s % dp_size), for the elements
@@ -60,7 +61,6 @@ float sample_gradient(const GradientSpec& spec, int64_t step, int64_t param_inde
 // REQUIRES: step >= 1; param_index >= 0; element_begin >= 0; 1 <= dp_size;
 // 0 <= dp_rank < dp_size; spec.samples_per_step in [1, kSamplesPerStepMax].
 void local_gradient(const GradientSpec& spec, int64_t step, int64_t param_index,
-                    int64_t element_begin, int64_t dp_rank, int64_t dp_size,
-                    std::span<float> out);
+                    int64_t element_begin, int64_t dp_rank, int64_t dp_size, std::span<float> out);
 
 }  // namespace ckptsim::sim

@@ -10,28 +10,24 @@
 
 namespace ckptsim::sim {
 
-
-
-PeerAborted::PeerAborted(int aborting_rank, std::string reason, int observing_rank,
-                         CollectiveOp op, uint64_t sequence_number)
+PeerAborted::PeerAborted(int aborting_rank, std::string reason, int observing_rank, CollectiveOp op,
+                         uint64_t sequence_number)
     : std::runtime_error(fmt::format("rank {} in {} (sequence number {}): rank {} aborted: {}",
-                                     observing_rank, op_name(op), sequence_number,
-                                     aborting_rank, reason)),
+                                     observing_rank, op_name(op), sequence_number, aborting_rank,
+                                     reason)),
       aborting_rank_(aborting_rank),
       reason_(std::move(reason)) {}
 
 // ---------------------------------------------------------------------------------------
 // ProcessGroup: the c10d base-class behavior, every collective fails loudly.
 
-
-
 // ---------------------------------------------------------------------------------------
 // LocalWorld
 
 LocalWorld::LocalWorld(int world_size) : world_size_(world_size) {
   if (world_size < 1 || world_size > kWorldSizeMax) {
-    throw std::invalid_argument(fmt::format("world size {} is outside [1, kWorldSizeMax={}]",
-                                            world_size, kWorldSizeMax));
+    throw std::invalid_argument(
+        fmt::format("world size {} is outside [1, kWorldSizeMax={}]", world_size, kWorldSizeMax));
   }
   calls_.resize(static_cast<std::size_t>(world_size));
   departures_.resize(static_cast<std::size_t>(world_size));
@@ -155,14 +151,12 @@ void LocalWorld::throw_resolution_locked(int rank, const Call& call) const {
     case Resolution::Kind::kMismatch:
       throw CollectiveMismatch(fmt::format("{} (seen by rank {})", resolution_.mismatch, rank));
     case Resolution::Kind::kPeerFailed:
-      throw PeerAborted(resolution_.rank, resolution_.reason, rank, call.op,
-                        call.sequence_number);
+      throw PeerAborted(resolution_.rank, resolution_.reason, rank, call.op, call.sequence_number);
     case Resolution::Kind::kPeerReturned:
       throw CollectiveMismatch(fmt::format(
           "collective mismatch: rank {} called {} (sequence number {}) but rank {} returned "
           "from its function after {} collectives and will never join",
-          rank, op_name(call.op), call.sequence_number, resolution_.rank,
-          resolution_.collectives));
+          rank, op_name(call.op), call.sequence_number, resolution_.rank, resolution_.collectives));
   }
 }
 
@@ -242,9 +236,9 @@ void LocalWorld::rendezvous(int rank, const Call& call) {
   const auto r = static_cast<std::size_t>(rank);
   CKPTSIM_CHECK(!departures_[r].has_value(),
                 fmt::format("rank {} called {} after it departed", rank, op_name(call.op)));
-  CKPTSIM_CHECK(!calls_[r].has_value(),
-                fmt::format("rank {} posted twice to one rendezvous: two threads share a rank",
-                            rank));
+  CKPTSIM_CHECK(
+      !calls_[r].has_value(),
+      fmt::format("rank {} posted twice to one rendezvous: two threads share a rank", rank));
   calls_[r] = call;
   ++posted_count_;
   ++posted_by_rank_[r];
@@ -332,8 +326,7 @@ LocalProcessGroup::LocalProcessGroup(LocalWorld& world, int rank) : world_(world
                 fmt::format("rank {} outside world of size {}", rank, world.size()));
 }
 
-void LocalProcessGroup::reduce_scatter_sum(std::span<const float> input,
-                                           std::span<float> output) {
+void LocalProcessGroup::reduce_scatter_sum(std::span<const float> input, std::span<float> output) {
   LocalWorld::Call call;
   call.op = CollectiveOp::kReduceScatterSum;
   call.sequence_number = next_sequence_number();
@@ -392,8 +385,8 @@ std::vector<char> LocalProcessGroup::broadcast_object(const std::vector<char>& b
   call.op = CollectiveOp::kBroadcastObject;
   call.sequence_number = next_sequence_number();
   CKPTSIM_CHECK(root >= 0 && root < size(),
-                fmt::format("broadcast_object on rank {}: root {} outside world of size {}",
-                            rank_, root, size()));
+                fmt::format("broadcast_object on rank {}: root {} outside world of size {}", rank_,
+                            root, size()));
   if (root == rank_) check_payload(bytes.size(), call.op);
   std::vector<char> received;
   call.root = root;

@@ -91,8 +91,6 @@ class CollectiveMismatch : public std::runtime_error {
   explicit CollectiveMismatch(const std::string& message) : std::runtime_error(message) {}
 };
 
-
-
 // How one rank's function ended in LocalWorld::run.
 struct RankOutcome {
   int rank = 0;
@@ -172,10 +170,10 @@ class LocalWorld {
   struct Resolution {
     enum class Kind { kOk, kMismatch, kPeerFailed, kPeerReturned };
     Kind kind = Kind::kOk;
-    std::string mismatch;         // kMismatch
-    int rank = 0;                 // kPeerFailed: origin of the error; kPeerReturned: that rank
-    std::string reason;           // kPeerFailed
-    uint64_t collectives = 0;     // kPeerReturned: collectives that rank had posted
+    std::string mismatch;      // kMismatch
+    int rank = 0;              // kPeerFailed: origin of the error; kPeerReturned: that rank
+    std::string reason;        // kPeerFailed
+    uint64_t collectives = 0;  // kPeerReturned: collectives that rank had posted
   };
 
   // Posts `call` for `rank` and returns when the collective is complete for this rank.
@@ -198,12 +196,12 @@ class LocalWorld {
   std::condition_variable cv_;
   std::vector<std::optional<Call>> calls_;  // indexed by rank; set while the rank is posted
   std::vector<std::optional<Departure>> departures_;  // indexed by rank
-  std::vector<uint64_t> posted_by_rank_;    // collectives each rank has posted
+  std::vector<uint64_t> posted_by_rank_;              // collectives each rank has posted
   int posted_count_ = 0;
   int departed_count_ = 0;
   int blocked_count_ = 0;
-  uint64_t generation_ = 0;                 // rendezvous resolved so far
-  Resolution resolution_;                   // of the latest resolved rendezvous
+  uint64_t generation_ = 0;  // rendezvous resolved so far
+  Resolution resolution_;    // of the latest resolved rendezvous
   std::optional<AbortInfo> abort_;
   std::vector<float> scratch_floats_;
   std::vector<std::byte> scratch_bytes_;

@@ -275,7 +275,8 @@ Result<Scenario> parse_scenario(const std::string& json_text, const std::string&
         std::filesystem::path(phase.revision).is_relative()) {
       const auto beside = std::filesystem::path(source).parent_path() / phase.revision;
       std::error_code ec;
-      if (!std::filesystem::path(source).parent_path().empty() && std::filesystem::is_regular_file(beside, ec))
+      if (!std::filesystem::path(source).parent_path().empty() &&
+          std::filesystem::is_regular_file(beside, ec))
         phase.revision = beside.string();
     }
     auto profile = registry.get(phase.revision);

@@ -20,9 +20,12 @@ inline model::RevisionRegistry& registry() {
   return r;
 }
 
-inline std::string source_path(const std::string& relative) { return std::string(CKPTSIM_SOURCE_DIR) + "/" + relative; }
+inline std::string source_path(const std::string& relative) {
+  return std::string(CKPTSIM_SOURCE_DIR) + "/" + relative;
+}
 
-inline sim::Scenario scenario_from_json(const std::string& text, const std::string& source = "test.json") {
+inline sim::Scenario scenario_from_json(const std::string& text,
+                                        const std::string& source = "test.json") {
   auto s = sim::parse_scenario(text, source, registry());
   if (!s.is_ok()) throw std::runtime_error(s.status().to_string());
   return s.value();
@@ -47,15 +50,20 @@ inline properties::PropertyResult verdict(const sim::RunResult& run, const std::
 }
 
 // A small hybrid scenario (offload 1.0 unless said otherwise), two phases, JSON text.
-inline std::string two_phase_json(const std::string& kind, double offload, int dp0, int dp1, const std::string& rev0,
-                                  const std::string& rev1, const std::string& extra = "") {
-  std::string opt = "{\"kind\": \"" + kind + "\", \"lr\": 0.01, \"betas\": [0.9, 0.95], \"eps\": 1e-8, \"weight_decay\": 0.1";
+inline std::string two_phase_json(const std::string& kind, double offload, int dp0, int dp1,
+                                  const std::string& rev0, const std::string& rev1,
+                                  const std::string& extra = "") {
+  std::string opt =
+      "{\"kind\": \"" + kind +
+      "\", \"lr\": 0.01, \"betas\": [0.9, 0.95], \"eps\": 1e-8, \"weight_decay\": 0.1";
   if (kind == "hybrid") opt += ", \"offload_fraction\": " + std::to_string(offload);
   opt += "}";
-  return "{\"seed\": 7, \"name\": \"t\", \"params\": [{\"name\": \"w0\", \"numel\": 300, \"dtype\": \"bf16\"}, "
-         "{\"name\": \"w1\", \"numel\": 130, \"dtype\": \"bf16\"}], \"optimizer\": " + opt +
-         ", \"phases\": [{\"dp\": " + std::to_string(dp0) + ", \"revision\": \"" + rev0 + "\", \"steps\": 3}, {\"dp\": " +
-         std::to_string(dp1) + ", \"revision\": \"" + rev1 + "\", \"steps\": 2}]" + extra + "}";
+  return "{\"seed\": 7, \"name\": \"t\", \"params\": [{\"name\": \"w0\", \"numel\": 300, "
+         "\"dtype\": \"bf16\"}, "
+         "{\"name\": \"w1\", \"numel\": 130, \"dtype\": \"bf16\"}], \"optimizer\": " +
+         opt + ", \"phases\": [{\"dp\": " + std::to_string(dp0) + ", \"revision\": \"" + rev0 +
+         "\", \"steps\": 3}, {\"dp\": " + std::to_string(dp1) + ", \"revision\": \"" + rev1 +
+         "\", \"steps\": 2}]" + extra + "}";
 }
 
 }  // namespace ckptsim::test

@@ -98,7 +98,7 @@ namespace {
 // `ckptsim gate --json` into a fresh directory; the findings without their file paths.
 struct GateOutput {
   Output out;
-  nlohmann::json findings;   // without scenario_file, to compare runs
+  nlohmann::json findings;    // without scenario_file, to compare runs
   nlohmann::json with_files;  // as printed
 };
 
@@ -153,7 +153,8 @@ TEST(Cli, GateCallsTheDuplicateLeafNewTheSameSequentialOrConcurrent) {
     auto s = nlohmann::json::parse(std::ifstream(f["scenario_file"].get<std::string>()));
     for (auto& phase : s["phases"]) phase["revision"] = "miles-main";
     s.erase("expect");
-    const auto file = std::filesystem::path(::testing::TempDir()) / "ckptsim-gate-baseline-replay.json";
+    const auto file =
+        std::filesystem::path(::testing::TempDir()) / "ckptsim-gate-baseline-replay.json";
     std::ofstream(file) << s.dump();
     const auto out = ckptsim_cli("run --json --memory " + file.string());
     const auto j = nlohmann::json::parse(out.text, nullptr, false);
@@ -185,18 +186,26 @@ TEST(Cli, BadSearchOptionsExitTwoNamingTheFlag) {
     std::string args;
     std::string says;
   };
-  const std::string out = (std::filesystem::path(::testing::TempDir()) / "ckptsim-bad-opts").string();
+  const std::string out =
+      (std::filesystem::path(::testing::TempDir()) / "ckptsim-bad-opts").string();
   for (const Case& c : std::vector<Case>{
-           {"gate --baseline miles-main --candidate upstream-2874 --out " + out + " --cases -1", "--cases must be in [0, "},
-           {"gate --baseline miles-main --candidate upstream-2874 --out " + out + " --cases -1 --jobs 1", "--cases must be in"},
+           {"gate --baseline miles-main --candidate upstream-2874 --out " + out + " --cases -1",
+            "--cases must be in [0, "},
+           {"gate --baseline miles-main --candidate upstream-2874 --out " + out +
+                " --cases -1 --jobs 1",
+            "--cases must be in"},
            {"check --cases -1 --out " + out, "--cases must be in"},
            {"check --seed -1 --out " + out, "--seed: must not be negative"},
            {"check --time-budget -1 --out " + out, "--time-budget: must not be negative"},
            {"check --revision nope --out " + out, "--revision: unknown revision 'nope'"},
-           {"gate --baseline nope --candidate upstream-2874 --out " + out, "--baseline: unknown revision"},
-           {"gate --baseline miles-main --candidate nope --out " + out, "--candidate: unknown revision"},
-           {"check --out /proc/ckptsim-no/such --cases 100000", "cannot create the output directory"},
-           {"check --junit /proc/ckptsim-no/j.xml --cases 100000 --out " + out, "cannot write the JUnit file"},
+           {"gate --baseline nope --candidate upstream-2874 --out " + out,
+            "--baseline: unknown revision"},
+           {"gate --baseline miles-main --candidate nope --out " + out,
+            "--candidate: unknown revision"},
+           {"check --out /proc/ckptsim-no/such --cases 100000",
+            "cannot create the output directory"},
+           {"check --junit /proc/ckptsim-no/j.xml --cases 100000 --out " + out,
+            "cannot write the JUnit file"},
        }) {
     const auto o = ckptsim_cli(c.args);
     EXPECT_EQ(o.exit_code, 2) << c.args << "\n" << o.text;
@@ -209,24 +218,29 @@ TEST(Cli, BadSearchOptionsExitTwoNamingTheFlag) {
 TEST(Cli, RepeatLineRunsTheSameSearch) {
   const auto dir = std::filesystem::path(::testing::TempDir());
   auto search = [&](const std::string& args, const std::string& tag) {
-    const auto o = ckptsim_cli(args + " --json --quiet --out " + (dir / ("ckptsim-repeat-" + tag)).string());
+    const auto o =
+        ckptsim_cli(args + " --json --quiet --out " + (dir / ("ckptsim-repeat-" + tag)).string());
     const auto j = nlohmann::json::parse(o.text, nullptr, false);
     EXPECT_FALSE(j.is_discarded()) << o.text;
     return j;
   };
-  const auto first = search("check --revision upstream-2874 --cases 40 --kind torch_adamw --stateful --dp-max 4", "a");
+  const auto first = search(
+      "check --revision upstream-2874 --cases 40 --kind torch_adamw --stateful --dp-max 4", "a");
   const std::string repeat = first["repeat"];
   ASSERT_EQ(repeat.rfind("ckptsim ", 0), 0u) << repeat;
-  for (const char* flag : {"--kind torch_adamw", "--stateful", "--dp-max 4", "--cases 40", "--seed 1"})
+  for (const char* flag :
+       {"--kind torch_adamw", "--stateful", "--dp-max 4", "--cases 40", "--seed 1"})
     EXPECT_NE(repeat.find(flag), std::string::npos) << flag << " missing from " << repeat;
   const auto again = search(repeat.substr(std::string("ckptsim ").size()), "b");
   auto causes = [](const nlohmann::json& j) {
     std::vector<std::string> out;
-    for (const auto& f : j["failures"]) out.push_back(f["signature"].get<std::string>() + "@" + std::to_string(f["case"].get<int>()));
+    for (const auto& f : j["failures"])
+      out.push_back(f["signature"].get<std::string>() + "@" + std::to_string(f["case"].get<int>()));
     return out;
   };
   EXPECT_EQ(causes(first), causes(again));
-  EXPECT_FALSE(causes(first).empty()) << "torch AdamW under upstream-2874 has known failures (B9 asserts)";
+  EXPECT_FALSE(causes(first).empty())
+      << "torch AdamW under upstream-2874 has known failures (B9 asserts)";
 }
 
 namespace {
@@ -254,15 +268,21 @@ TEST(Cli, ExpectBlocksAreValidatedAndMissingOnesMeanEveryPropertyHolds) {
   std::ofstream(dir / "bogus.json") << bug2_with_expect(R"({"properties": {"bogus": false}})");
   auto o = ckptsim_cli("run --memory --expect " + (dir / "bogus.json").string());
   EXPECT_EQ(o.exit_code, 2) << o.text;
-  EXPECT_NE(o.text.find("bogus.json: field 'expect.properties.bogus': unknown property"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("bogus.json: field 'expect.properties.bogus': unknown property"),
+            std::string::npos)
+      << o.text;
   std::ofstream(dir / "badtype.json") << bug2_with_expect(R"({"ok": "no"})");
   o = ckptsim_cli("run --memory --expect " + (dir / "badtype.json").string());
   EXPECT_EQ(o.exit_code, 2) << o.text;
   EXPECT_NE(o.text.find("field 'expect.ok'"), std::string::npos) << o.text;
   // No expect block: --expect wants every property to hold.
   std::ofstream(dir / "none.json") << bug2_with_expect("");
-  EXPECT_EQ(ckptsim_cli("run --memory --expect --quiet " + (dir / "none.json").string()).exit_code, 1);
-  EXPECT_EQ(ckptsim_cli("run --memory --expect --quiet " + scenario("fused-adam-upstream-dp2-to-4.json")).exit_code, 0);
+  EXPECT_EQ(ckptsim_cli("run --memory --expect --quiet " + (dir / "none.json").string()).exit_code,
+            1);
+  EXPECT_EQ(
+      ckptsim_cli("run --memory --expect --quiet " + scenario("fused-adam-upstream-dp2-to-4.json"))
+          .exit_code,
+      0);
   o = ckptsim_cli("run --memory " + dir.string());
   EXPECT_EQ(o.exit_code, 2) << o.text;
   EXPECT_NE(o.text.find("is a directory"), std::string::npos) << o.text;

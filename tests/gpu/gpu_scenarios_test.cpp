@@ -18,7 +18,8 @@ using namespace ckptsim;
 std::vector<std::string> scenario_files() {
   std::vector<std::string> out;
   for (const char* dir : {"scenarios", "scenarios/found"}) {
-    for (const auto& e : std::filesystem::directory_iterator(std::string(CKPTSIM_SOURCE_DIR) + "/" + dir)) {
+    for (const auto& e :
+         std::filesystem::directory_iterator(std::string(CKPTSIM_SOURCE_DIR) + "/" + dir)) {
       if (e.path().extension() == ".json") out.push_back(e.path().string());
     }
   }
@@ -47,9 +48,11 @@ TEST_P(GpuScenario, SameVerdictsAndTraceAsOnTheCpu) {
   const auto vb = properties::check_all(b.value());
   ASSERT_EQ(va.size(), vb.size());
   for (size_t i = 0; i < va.size(); ++i) {
-    EXPECT_EQ(va[i].verdict, vb[i].verdict) << va[i].name << "\n cpu: " << va[i].detail << "\n gpu: " << vb[i].detail;
+    EXPECT_EQ(va[i].verdict, vb[i].verdict)
+        << va[i].name << "\n cpu: " << va[i].detail << "\n gpu: " << vb[i].detail;
   }
-  EXPECT_EQ(a.value().trace_hash, b.value().trace_hash) << "GPU-resident run diverged from the CPU run";
+  EXPECT_EQ(a.value().trace_hash, b.value().trace_hash)
+      << "GPU-resident run diverged from the CPU run";
 }
 
 INSTANTIATE_TEST_SUITE_P(Bundled, GpuScenario, ::testing::ValuesIn(scenario_files()),

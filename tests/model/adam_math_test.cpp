@@ -96,8 +96,7 @@ AdamState warm_state(Uniform& u, size_t n) {
 // ---- scalar re-derivations (b) --------------------------------------------------------------
 
 // TE FusedAdam, ADAM_MODE_1, one element, following adam.cu's statement order.
-void te_scalar_reference(float& p, float g, float& m, float& v, const AdamHyper& h,
-                         int64_t step) {
+void te_scalar_reference(float& p, float g, float& m, float& v, const AdamHyper& h, int64_t step) {
   const float lr = static_cast<float>(h.lr);
   const float b1 = static_cast<float>(h.beta1);
   const float b2 = static_cast<float>(h.beta2);
@@ -120,8 +119,7 @@ void te_scalar_reference(float& p, float g, float& m, float& v, const AdamHyper&
 }
 
 // torch CPU fused AdamW, one element, following FusedAdamKernel.cpp's scalar loop.
-void torch_scalar_reference(float& p, float g, float& m, float& v, const AdamHyper& h,
-                            float step) {
+void torch_scalar_reference(float& p, float g, float& m, float& v, const AdamHyper& h, float step) {
   const double t = step;
   const double bc1 = 1 - std::pow(h.beta1, t);
   const double bc2 = 1 - std::pow(h.beta2, t);
@@ -151,8 +149,7 @@ TEST(AdamMath, UlpDistanceCountsRepresentableSteps) {
   const float tiny = std::numeric_limits<float>::denorm_min();
   EXPECT_EQ(ulp_distance(tiny, -tiny), 2);
   EXPECT_EQ(ulp_distance(-1.0f, -std::nextafter(1.0f, 2.0f)), 1);
-  EXPECT_EQ(ulp_distance(std::numeric_limits<float>::max(),
-                         std::numeric_limits<float>::infinity()),
+  EXPECT_EQ(ulp_distance(std::numeric_limits<float>::max(), std::numeric_limits<float>::infinity()),
             1);
   EXPECT_EQ(ulp_distance(std::nanf(""), 1.0f), std::numeric_limits<int64_t>::max());
 }
@@ -180,8 +177,8 @@ TEST(AdamMath, FusedAdamHandStep1And2) {
   h.weight_decay = 0.1;
   // TE receives float hyper-parameters (pybind float); the double reference uses the same
   // rounded values, otherwise bc2 with β2=0.999 alone differs by ~1e-5 relative.
-  const double lr = float(h.lr), b1 = float(h.beta1), b2 = float(h.beta2),
-               eps = float(h.eps), wd = float(h.weight_decay);
+  const double lr = float(h.lr), b1 = float(h.beta1), b2 = float(h.beta2), eps = float(h.eps),
+               wd = float(h.weight_decay);
   const double g1 = 0.25, g2 = -0.125, p0 = 0.5;
 
   double m = (1 - b1) * g1, v = (1 - b2) * g1 * g1;
@@ -270,7 +267,8 @@ TEST(AdamMath, FusedAdamMatchesScalarReferenceBitwise) {
     for (int64_t step : {1, 2, 3, 57, 1000}) {
       const std::vector<float> g = uniform_vector(u, kN, -1.0f, 1.0f);
       fused_adam_update(ours.p, g, ours.m, ours.v, h, step);
-      for (size_t i = 0; i < kN; ++i) te_scalar_reference(ref.p[i], g[i], ref.m[i], ref.v[i], h, step);
+      for (size_t i = 0; i < kN; ++i)
+        te_scalar_reference(ref.p[i], g[i], ref.m[i], ref.v[i], h, step);
       for (size_t i = 0; i < kN; ++i) {
         ASSERT_EQ(ulp_distance(ours.m[i], ref.m[i]), 0) << "m i=" << i << " step=" << step;
         ASSERT_EQ(ulp_distance(ours.v[i], ref.v[i]), 0) << "v i=" << i << " step=" << step;
@@ -475,13 +473,13 @@ TEST(AdamMath, FusedAdamAgreesWithTorchAdamW) {
           const double scale =
               h.lr * m_terms / (1 - std::pow(h.beta1, double(t))) / (std::sqrt(v_hat) + h.eps);
           const double tol = rel * (std::abs(dp_th) + scale) + 2.0 * ulp_p;
-          ASSERT_LE(std::abs(dp_te - dp_th), tol)
-              << "i=" << i << " t=" << t << " beta2=" << h.beta2 << " dp_te=" << dp_te
-              << " dp_torch=" << dp_th;
+          ASSERT_LE(std::abs(dp_te - dp_th), tol) << "i=" << i << " t=" << t << " beta2=" << h.beta2
+                                                  << " dp_te=" << dp_te << " dp_torch=" << dp_th;
           worst = std::max(worst, std::abs(dp_te - dp_th) / tol);
         }
       }
-      std::cout << "[ info ] beta=(" << h.beta1 << "," << h.beta2 << ") p0=" << (zero_p ? "0" : "warm")
+      std::cout << "[ info ] beta=(" << h.beta1 << "," << h.beta2
+                << ") p0=" << (zero_p ? "0" : "warm")
                 << " worst |dp_te - dp_torch| / tolerance = " << worst << "\n";
     }
   }
@@ -529,8 +527,7 @@ TEST(AdamMath, BiasCorrectionRestartScalesUpdateBy1_64) {
       const double right = double{resumed_right.p[i]} - s.p[i];
       const double reset = double{resumed_reset.p[i]} - s.p[i];
       ASSERT_NE(right, 0.0);
-      EXPECT_NEAR(reset / right, expected, 1e-3 * expected)
-          << (te ? "TE" : "torch") << " i=" << i;
+      EXPECT_NEAR(reset / right, expected, 1e-3 * expected) << (te ? "TE" : "torch") << " i=" << i;
     }
   }
 }

@@ -50,7 +50,8 @@ TEST(DictUtilsMerge, EqualLeavesStillRaise) {
     EXPECT_EQ(repr(e.path()), "('optimizer', 'step')");
     EXPECT_EQ(e.py_type(), "ValueError");
     EXPECT_EQ(e.message(),
-              "Duplicate non-dict and non-list values encountered: `5` and `5` (at level ('optimizer', 'step'))");
+              "Duplicate non-dict and non-list values encountered: `5` and `5` (at level "
+              "('optimizer', 'step'))");
   }
 }
 
@@ -60,7 +61,9 @@ TEST(DictUtilsMerge, DuplicateTensorLeafNamesTheStepPath) {
   auto entry = [&](Value step) {
     auto bucket = List::make({dict_value({{"step", std::move(step)}})});
     auto buckets = List::make({Value(bucket)});
-    return dict_value({{"optimizer", dict_value({{"param_state", dict_value({{0, dict_value({{dtype, Value(buckets)}})}})}})}});
+    return dict_value(
+        {{"optimizer", dict_value({{"param_state",
+                                    dict_value({{0, dict_value({{dtype, Value(buckets)}})}})}})}});
   };
   Value common = entry(Value(at::scalar_tensor(5.0)));
   Value request = entry(Value(at::scalar_tensor(1.0)));
@@ -82,7 +85,9 @@ TEST(DictUtilsMerge, ListLengthMismatchRaises) {
     FAIL() << "merge accepted lists of different lengths";
   } catch (const MergeError& e) {
     EXPECT_EQ(e.kind(), MergeError::Kind::kListLengthMismatch);
-    EXPECT_EQ(e.message(), "Cannot merge two lists with different lengths (2 and 1, encountered at level ('l',))");
+    EXPECT_EQ(
+        e.message(),
+        "Cannot merge two lists with different lengths (2 and 1, encountered at level ('l',))");
   }
 }
 
@@ -113,13 +118,15 @@ TEST(DictUtilsMerge, TruncatePatchOnlyWhenX1Longer) {
   EXPECT_EQ(x1.dict()->at("optimizer").dict()->at("param_state").list()->size(), 1u);
   // x1 shorter: still raises.
   Value y1 = tree({leaf_dict("a", Value(1))});
-  EXPECT_THROW(merge(y1, tree({leaf_dict("b", Value(1)), leaf_dict("b", Value(2))}), rx), MergeError);
+  EXPECT_THROW(merge(y1, tree({leaf_dict("b", Value(1)), leaf_dict("b", Value(2))}), rx),
+               MergeError);
   // Without the patch: raises.
   Value z1 = tree({leaf_dict("a", Value(1)), leaf_dict("a", Value(2))});
   EXPECT_THROW(merge(z1, tree({leaf_dict("b", Value(1))})), MergeError);
   // With the patch but not under 'optimizer' ... 'param_state': raises.
   Value w1 = dict_value({{"param_state", list_value({Value(Dict::make()), Value(Dict::make())})}});
-  EXPECT_THROW(merge(w1, dict_value({{"param_state", list_value({Value(Dict::make())})}}), rx), MergeError);
+  EXPECT_THROW(merge(w1, dict_value({{"param_state", list_value({Value(Dict::make())})}}), rx),
+               MergeError);
 }
 
 TEST(DictUtilsExtract, ExtractCompactsLists) {

@@ -1,8 +1,9 @@
 // HybridDeviceOptimizer: the aliasing of spec I15 and the behaviors behind B5, B10, B14.
 // Mutations caught: _sync_sub_optimizers_state_to_hdo copying the dicts instead of sharing them
-// (StateIsAliasedWithSubOptimizers); group sync skipping 'step' by default (GroupSyncFreezesGpuStep:
-// B5 would pass unnoticed); update_fp32 never raising (PostRaisesKeyErrorForNativeFp32Params);
-// dummy_step not touching the params (DummyStepPerturbsModelParams).
+// (StateIsAliasedWithSubOptimizers); group sync skipping 'step' by default
+// (GroupSyncFreezesGpuStep: B5 would pass unnoticed); update_fp32 never raising
+// (PostRaisesKeyErrorForNativeFp32Params); dummy_step not touching the params
+// (DummyStepPerturbsModelParams).
 #include <gtest/gtest.h>
 
 #include <ATen/ops/ones.h>
@@ -38,10 +39,12 @@ struct Fixture {
     // 8 + 16 + 8 'cuda' params; offload 0.5 -> threshold 16: the first two go to the CPU.
     for (int64_t n : {8, 16, 8}) params.push_back(rt.zeros({n}, dtype, Device::kCuda));
     hdo = std::make_unique<HybridDeviceOptimizer>(
-        rt, std::vector<DictPtr>{Dict::make({{"params", params_list(params)}})}, hdo_defaults(offload), switches);
+        rt, std::vector<DictPtr>{Dict::make({{"params", params_list(params)}})},
+        hdo_defaults(offload), switches);
   }
   void grads() {
-    for (const auto& p : params) rt.set_grad(p, at::ones(p.sizes(), at::TensorOptions().dtype(at::kFloat)));
+    for (const auto& p : params)
+      rt.set_grad(p, at::ones(p.sizes(), at::TensorOptions().dtype(at::kFloat)));
   }
   RevisionSwitches switches;
 };
@@ -56,7 +59,8 @@ TEST(HybridDeviceOptimizer, OffloadSplitIsGreedyByNumel) {
   EXPECT_TRUE(f.hdo->gpu_params_map_cpu_copy.contains(f.params[1]));
   EXPECT_FALSE(f.hdo->gpu_params_map_cpu_copy.contains(f.params[2]));
   // Every bf16 param has an fp32 inner clone.
-  for (const auto& p : f.params) EXPECT_EQ(f.hdo->param_to_inner_param.find(p)->scalar_type(), at::kFloat);
+  for (const auto& p : f.params)
+    EXPECT_EQ(f.hdo->param_to_inner_param.find(p)->scalar_type(), at::kFloat);
 }
 
 TEST(HybridDeviceOptimizer, StateIsAliasedWithSubOptimizers) {
@@ -80,7 +84,8 @@ TEST(HybridDeviceOptimizer, StateIsAliasedWithSubOptimizers) {
   EXPECT_EQ(f.hdo->gpu_optimizer->param_groups->at(0).dict()->at("step").as_int(), 1);
   // The bf16 originals received the rounded fp32 update.
   for (const auto& p : f.params) {
-    EXPECT_TRUE(p.to(at::kFloat).equal(f.hdo->param_to_inner_param.find(p)->to(at::kBFloat16).to(at::kFloat)));
+    EXPECT_TRUE(p.to(at::kFloat)
+                    .equal(f.hdo->param_to_inner_param.find(p)->to(at::kBFloat16).to(at::kFloat)));
   }
 }
 
@@ -92,15 +97,18 @@ TEST(HybridDeviceOptimizer, LoadRebuildsSubOptimizersAndReAliases) {
   for (const auto& p : f.params) old_inner.push_back(*f.hdo->param_to_inner_param.find(p));
   f.hdo->load_state_dict(f.hdo->state_dict());
   for (size_t i = 0; i < f.params.size(); ++i) {
-    EXPECT_FALSE(f.hdo->param_to_inner_param.find(f.params[i])->is_same(old_inner[i])) << "brand-new inner clones";
+    EXPECT_FALSE(f.hdo->param_to_inner_param.find(f.params[i])->is_same(old_inner[i]))
+        << "brand-new inner clones";
     EXPECT_TRUE(f.hdo->param_to_inner_param.find(f.params[i])->equal(old_inner[i]));
   }
-  EXPECT_FALSE(f.hdo->gpu_optimizer->param_groups->at(0).dict()->contains("step")) << "a new FusedAdam has no step";
+  EXPECT_FALSE(f.hdo->gpu_optimizer->param_groups->at(0).dict()->contains("step"))
+      << "a new FusedAdam has no step";
   for (const auto& p : f.params) {
     const at::Tensor inner = *f.hdo->param_to_inner_param.find(p);
     bool aliased = false;
     for (Optimizer* sub : f.hdo->sub_optimizers()) {
-      if (const DictPtr* s = sub->state.find(inner)) aliased = s->get() == f.hdo->state.find(p)->get();
+      if (const DictPtr* s = sub->state.find(inner))
+        aliased = s->get() == f.hdo->state.find(p)->get();
     }
     EXPECT_TRUE(aliased);
   }

@@ -16,8 +16,11 @@ using namespace ckptsim::model;
 namespace {
 
 DictPtr group_of(std::vector<at::Tensor> params, double lr = 0.01) {
-  return Dict::make({{"params", params_list(params)}, {"lr", Value(lr)}, {"weight_decay", Value(0.0)},
-                     {"betas", Value::tuple({Value(0.9), Value(0.95)})}, {"eps", Value(1e-8)}});
+  return Dict::make({{"params", params_list(params)},
+                     {"lr", Value(lr)},
+                     {"weight_decay", Value(0.0)},
+                     {"betas", Value::tuple({Value(0.9), Value(0.95)})},
+                     {"eps", Value(1e-8)}});
 }
 
 }  // namespace
@@ -40,12 +43,14 @@ TEST(TorchAdamW, SharedStepTensorAdvancesOncePerParam) {
   // Spec §17 extra check: one step tensor shared by 3 params reads 10 after one step from 7,
   // and every param's update uses t=10 (foreach/fused increments all steps first).
   Runtime rt(1, 0, 0);
-  std::vector<at::Tensor> ps = {rt.zeros({2}, at::kFloat, Device::kCpu), rt.zeros({2}, at::kFloat, Device::kCpu),
+  std::vector<at::Tensor> ps = {rt.zeros({2}, at::kFloat, Device::kCpu),
+                                rt.zeros({2}, at::kFloat, Device::kCpu),
                                 rt.zeros({2}, at::kFloat, Device::kCpu)};
   TorchAdamW opt(rt, {group_of(ps)});
   at::Tensor shared = at::full({}, 7.0F);
   for (const auto& p : ps) {
-    opt.state.set(p, Dict::make({{"step", Value(shared)}, {"exp_avg", Value(at::zeros({2}))},
+    opt.state.set(p, Dict::make({{"step", Value(shared)},
+                                 {"exp_avg", Value(at::zeros({2}))},
                                  {"exp_avg_sq", Value(at::zeros({2}))}}));
     rt.set_grad(p, at::ones({2}));
   }
@@ -98,7 +103,8 @@ TEST(OptimizerBase, LoadMakesNewStateDictsButKeepsTensors) {
 }
 
 TEST(OptimizerBase, FusedStepIsCastToTheParamDevice) {
-  // torch: for a fused (or capturable) group, a loaded 'step' becomes float32 on the param's device.
+  // torch: for a fused (or capturable) group, a loaded 'step' becomes float32 on the param's
+  // device.
   Runtime rt(1, 0, 0);
   at::Tensor p = rt.zeros({3}, at::kFloat, Device::kCuda);
   DictPtr g = group_of({p});

@@ -62,9 +62,14 @@ void same_tree(const Value& expected, const Value& actual, const std::string& wh
   ASSERT_EQ(expected.kind(), actual.kind())
       << where << ": expected " << expected.type_name() << " got " << actual.type_name();
   switch (expected.kind()) {
-    case Value::Kind::kNone: return;
-    case Value::Kind::kBool: EXPECT_EQ(expected.as_bool(), actual.as_bool()) << where; return;
-    case Value::Kind::kInt: EXPECT_EQ(expected.as_int(), actual.as_int()) << where; return;
+    case Value::Kind::kNone:
+      return;
+    case Value::Kind::kBool:
+      EXPECT_EQ(expected.as_bool(), actual.as_bool()) << where;
+      return;
+    case Value::Kind::kInt:
+      EXPECT_EQ(expected.as_int(), actual.as_int()) << where;
+      return;
     case Value::Kind::kFloat: {
       const double e = expected.as_float(), a = actual.as_float();
       if (std::isnan(e)) {
@@ -75,7 +80,9 @@ void same_tree(const Value& expected, const Value& actual, const std::string& wh
       }
       return;
     }
-    case Value::Kind::kStr: EXPECT_EQ(expected.as_str(), actual.as_str()) << where; return;
+    case Value::Kind::kStr:
+      EXPECT_EQ(expected.as_str(), actual.as_str()) << where;
+      return;
     case Value::Kind::kSymbol:
       EXPECT_EQ(expected.as_symbol().name, actual.as_symbol().name) << where;
       return;
@@ -83,13 +90,15 @@ void same_tree(const Value& expected, const Value& actual, const std::string& wh
       const auto& e = expected.as_tuple();
       const auto& a = actual.as_tuple();
       ASSERT_EQ(e.size(), a.size()) << where;
-      for (size_t i = 0; i < e.size(); ++i) same_tree(e[i], a[i], where + "[" + std::to_string(i) + "]");
+      for (size_t i = 0; i < e.size(); ++i)
+        same_tree(e[i], a[i], where + "[" + std::to_string(i) + "]");
       return;
     }
     case Value::Kind::kList: {
       ASSERT_EQ(expected.list()->size(), actual.list()->size()) << where;
       for (size_t i = 0; i < expected.list()->size(); ++i) {
-        same_tree(expected.list()->at(i), actual.list()->at(i), where + "[" + std::to_string(i) + "]");
+        same_tree(expected.list()->at(i), actual.list()->at(i),
+                  where + "[" + std::to_string(i) + "]");
       }
       return;
     }
@@ -98,9 +107,10 @@ void same_tree(const Value& expected, const Value& actual, const std::string& wh
       const std::vector<Key> ak = actual.dict()->keys();
       ASSERT_EQ(ek.size(), ak.size()) << where;
       for (size_t i = 0; i < ek.size(); ++i) {
-        ASSERT_TRUE(ek[i] == ak[i]) << where << ": key #" << i << " expected " << ek[i].repr()
-                                    << " (kind " << static_cast<int>(ek[i].kind()) << ") got "
-                                    << ak[i].repr() << " (kind " << static_cast<int>(ak[i].kind()) << ")";
+        ASSERT_TRUE(ek[i] == ak[i])
+            << where << ": key #" << i << " expected " << ek[i].repr() << " (kind "
+            << static_cast<int>(ek[i].kind()) << ") got " << ak[i].repr() << " (kind "
+            << static_cast<int>(ak[i].kind()) << ")";
         same_tree(*expected.dict()->find(ek[i]), *actual.dict()->find(ak[i]),
                   where + "[" + ek[i].repr() + "]");
       }
@@ -116,7 +126,8 @@ void same_tree(const Value& expected, const Value& actual, const std::string& wh
       }
       return;
     }
-    default: FAIL() << where << ": unexpected kind " << expected.type_name();
+    default:
+      FAIL() << where << ": unexpected kind " << expected.type_name();
   }
 }
 
@@ -127,7 +138,9 @@ Value round_trip(const Value& v) {
   return r.is_ok() ? r.value() : Value();
 }
 
-Key dtype_pair() { return Key::tuple({Key::symbol("torch.bfloat16"), Key::symbol("torch.float32")}); }
+Key dtype_pair() {
+  return Key::tuple({Key::symbol("torch.bfloat16"), Key::symbol("torch.float32")});
+}
 
 // The shapes of a Megatron dp_reshardable common state (spec §9.3): param groups with a
 // tuple, a per-dtype param_state keyed by a (param dtype, grad dtype) tuple, 0-dim steps.
@@ -139,7 +152,9 @@ Value megatron_common_sample() {
                        {"param", Value(at::full({n}, fill, at::kBFloat16))}});
   };
   DictPtr per_dtype = Dict::make();
-  per_dtype->set(dtype_pair(), list_value({list_value({bucket_state(5.0, 0.5f, 4), bucket_state(5.0, 0.25f, 2)})}));
+  per_dtype->set(
+      dtype_pair(),
+      list_value({list_value({bucket_state(5.0, 0.5f, 4), bucket_state(5.0, 0.25f, 2)})}));
   return dict_value({
       {"optimizer",
        dict_value({{"param_groups",
@@ -170,8 +185,11 @@ TEST(PickleCodec, TensorsKeepDtypeShapeAndValues) {
   const at::Tensor scalar = at::scalar_tensor(5.0, at::kFloat);
   const at::Tensor empty = at::empty({0}, at::kFloat);
   const at::Tensor transposed = m.t();  // non-contiguous view: strides (1, 3)
-  const Value v = dict_value({{"m", Value(m)}, {"bf16", Value(bf16)}, {"i64", Value(i64)},
-                              {"scalar", Value(scalar)}, {"empty", Value(empty)},
+  const Value v = dict_value({{"m", Value(m)},
+                              {"bf16", Value(bf16)},
+                              {"i64", Value(i64)},
+                              {"scalar", Value(scalar)},
+                              {"empty", Value(empty)},
                               {"transposed", Value(transposed)}});
   const Value got = round_trip(v);
   ASSERT_TRUE(got.is_dict());
@@ -210,21 +228,23 @@ TEST(PickleCodec, TensorsKeepDtypeShapeAndValues) {
 
 TEST(PickleCodec, DictInsertionOrderIsKept) {
   DictPtr d = Dict::make();
-  for (const Key& k : {Key("zeta"), Key(3), Key("alpha"), Key(-1), Key("mid"), Key(0)}) d->set(k, Value(1));
+  for (const Key& k : {Key("zeta"), Key(3), Key("alpha"), Key(-1), Key("mid"), Key(0)})
+    d->set(k, Value(1));
   const Value got = round_trip(Value(d));
   ASSERT_TRUE(got.is_dict());
   const std::vector<Key> keys = got.dict()->keys();
   const std::vector<Key> want = {Key("zeta"), Key(3), Key("alpha"), Key(-1), Key("mid"), Key(0)};
   ASSERT_EQ(keys.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) EXPECT_TRUE(keys[i] == want[i]) << i << ": " << keys[i].repr();
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_TRUE(keys[i] == want[i]) << i << ": " << keys[i].repr();
 }
 
 TEST(PickleCodec, TupleKeysAreRestored) {
   const std::vector<Key> keys = {
       dtype_pair(),
-      Key::tuple({Key::symbol("torch.float32")}),                     // (torch.float32,)
-      Key::tuple({}),                                                 // ()
-      Key::tuple({Key("a, b"), Key(-3), Key("it's")}),                // quotes and commas in strs
+      Key::tuple({Key::symbol("torch.float32")}),                      // (torch.float32,)
+      Key::tuple({}),                                                  // ()
+      Key::tuple({Key("a, b"), Key(-3), Key("it's")}),                 // quotes and commas in strs
       Key::tuple({Key::tuple({Key(1), Key(2)}), Key::symbol("x_y")}),  // nested
       Key::tuple({Key("line\nbreak\\")}),
   };
@@ -288,14 +308,31 @@ TEST(PickleCodec, ScalarsAndEmptyContainers) {
   const int64_t kMin = std::numeric_limits<int64_t>::min();
   const int64_t kMax = std::numeric_limits<int64_t>::max();
   const Value v = list_value({
-      Value(), Value(true), Value(false),
-      Value(int64_t{0}), Value(int64_t{-1}), Value(int64_t{255}), Value(int64_t{256}),
-      Value(int64_t{65535}), Value(int64_t{65536}), Value(int64_t{2147483647}),
-      Value(int64_t{2147483648}), Value(int64_t{-2147483649}), Value(kMin), Value(kMax),
-      Value(0.1), Value(-0.0), Value(1e308), Value(std::numeric_limits<double>::infinity()),
+      Value(),
+      Value(true),
+      Value(false),
+      Value(int64_t{0}),
+      Value(int64_t{-1}),
+      Value(int64_t{255}),
+      Value(int64_t{256}),
+      Value(int64_t{65535}),
+      Value(int64_t{65536}),
+      Value(int64_t{2147483647}),
+      Value(int64_t{2147483648}),
+      Value(int64_t{-2147483649}),
+      Value(kMin),
+      Value(kMax),
+      Value(0.1),
+      Value(-0.0),
+      Value(1e308),
+      Value(std::numeric_limits<double>::infinity()),
       Value(std::nan("")),
-      Value(""), Value(std::string("nul\0inside", 10)), Value("\xc3\xbcnicode"),
-      Value(Dict::make()), Value(List::make()), Value::tuple({}),
+      Value(""),
+      Value(std::string("nul\0inside", 10)),
+      Value("\xc3\xbcnicode"),
+      Value(Dict::make()),
+      Value(List::make()),
+      Value::tuple({}),
   });
   same_tree(v, round_trip(v), "scalars");
 }
@@ -307,11 +344,16 @@ TEST(PickleCodec, AliasingSurvivesTheRoundTrip) {
   const at::Tensor step = at::scalar_tensor(5.0);  // one step tensor in every param state (B9)
   const at::Tensor flat = at::arange(6, at::kFloat);
   const Value v = dict_value({
-      {"d1", Value(shared_dict)}, {"d2", Value(shared_dict)},
-      {"l1", Value(shared_list)}, {"l2", Value(shared_list)},
-      {"t1", shared_tuple}, {"t2", shared_tuple},
-      {"s1", Value(step)}, {"s2", Value(step)},
-      {"v1", Value(flat.narrow(0, 0, 3))}, {"v2", Value(flat.narrow(0, 3, 3))},
+      {"d1", Value(shared_dict)},
+      {"d2", Value(shared_dict)},
+      {"l1", Value(shared_list)},
+      {"l2", Value(shared_list)},
+      {"t1", shared_tuple},
+      {"t2", shared_tuple},
+      {"s1", Value(step)},
+      {"s2", Value(step)},
+      {"v1", Value(flat.narrow(0, 0, 3))},
+      {"v2", Value(flat.narrow(0, 3, 3))},
       {"other", dict_value({{"x", Value(1)}})},  // equal to shared_dict, not the same
   });
   const Value got = round_trip(v);
@@ -364,7 +406,8 @@ TEST(PickleCodec, CorruptBytesAreCorruption) {
   for (size_t i = 0; i < bad.size(); ++i) {
     Result<Value> r(Status::corruption("unset"));
     EXPECT_NO_THROW(r = unpickle_value(bad[i])) << "case " << i;
-    EXPECT_EQ(r.status().code(), Status::Code::kCorruption) << "case " << i << ": " << r.status().to_string();
+    EXPECT_EQ(r.status().code(), Status::Code::kCorruption)
+        << "case " << i << ": " << r.status().to_string();
   }
 }
 
@@ -385,16 +428,19 @@ uint32_t le32(const std::vector<char>& b, size_t at) {
   return v;
 }
 uint16_t le16(const std::vector<char>& b, size_t at) {
-  return static_cast<uint16_t>(static_cast<uint8_t>(b[at]) | (static_cast<uint8_t>(b[at + 1]) << 8));
+  return static_cast<uint16_t>(static_cast<uint8_t>(b[at]) |
+                               (static_cast<uint8_t>(b[at + 1]) << 8));
 }
 void put_le32(std::vector<char>& b, size_t at, uint32_t v) {
-  for (int i = 0; i < 4; ++i) b[at + static_cast<size_t>(i)] = static_cast<char>((v >> (8 * i)) & 0xFF);
+  for (int i = 0; i < 4; ++i)
+    b[at + static_cast<size_t>(i)] = static_cast<char>((v >> (8 * i)) & 0xFF);
 }
 
 // Replaces `from` by `to` (same length) inside the stored data.pkl record and fixes that
 // record's CRC-32 where the reader may check it: in the central directory and in the data
 // descriptor that follows the data (torch's writer streams, so the local header holds 0).
-std::vector<char> patch_pickle(std::vector<char> zip, const std::string& from, const std::string& to) {
+std::vector<char> patch_pickle(std::vector<char> zip, const std::string& from,
+                               const std::string& to) {
   EXPECT_EQ(from.size(), to.size());
   const std::string central_sig("PK\x01\x02", 4), descriptor_sig("PK\x07\x08", 4);
   for (size_t c = 0; c + 46 < zip.size(); ++c) {
@@ -482,7 +528,8 @@ TEST(PickleCodec, CyclesAndDepthAreInvariantViolations) {
 
 TEST(PickleCodec, WritesSampleForPythonCheck) {
   const char* out = std::getenv("CKPTSIM_PICKLE_SAMPLE_OUT");
-  if (out == nullptr || *out == '\0') GTEST_SKIP() << "set CKPTSIM_PICKLE_SAMPLE_OUT=/path/common.pt";
+  if (out == nullptr || *out == '\0')
+    GTEST_SKIP() << "set CKPTSIM_PICKLE_SAMPLE_OUT=/path/common.pt";
   const std::filesystem::path path = std::filesystem::absolute(out);
   DirectoryStorage storage(path.parent_path());
   const std::vector<char> bytes = pickle_value(megatron_common_sample());

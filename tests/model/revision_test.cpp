@@ -12,8 +12,8 @@ using ckptsim::Status;
 TEST(Revision, EmbeddedProfilesResolve) {
   auto reg = RevisionRegistry::load_embedded();
   ASSERT_TRUE(reg.is_ok()) << reg.status().to_string();
-  for (const char* name : {"upstream-pre-2874", "upstream-2874", "upstream-head", "miles-main", "pr69-graft",
-                           "fix-skip-step", "fix-drop-on-load", "fix-recommended"}) {
+  for (const char* name : {"upstream-pre-2874", "upstream-2874", "upstream-head", "miles-main",
+                           "pr69-graft", "fix-skip-step", "fix-drop-on-load", "fix-recommended"}) {
     auto p = reg.value().get(name);
     ASSERT_TRUE(p.is_ok()) << name << ": " << p.status().to_string();
     EXPECT_FALSE(p.value().description.empty()) << name;
@@ -47,13 +47,15 @@ TEST(Revision, ExtendsInherits) {
 
 TEST(Revision, UnknownSwitchNamesFileAndField) {
   RevisionRegistry reg;
-  Status s = reg.add(R"({"name": "x", "switches": {"omit_step_when_loadin": true}})", "my/graft.json");
+  Status s =
+      reg.add(R"({"name": "x", "switches": {"omit_step_when_loadin": true}})", "my/graft.json");
   ASSERT_FALSE(s.is_ok());
   EXPECT_NE(s.message().find("my/graft.json"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("switches.omit_step_when_loadin"), std::string::npos) << s.message();
   Status t = reg.add(R"({"name": "y", "switches": {"sharded_step": "lno"}})", "f.json");
   ASSERT_FALSE(t.is_ok());
-  EXPECT_NE(t.message().find("shape_assert, nonpersistent, raw_leaf"), std::string::npos) << t.message();
+  EXPECT_NE(t.message().find("shape_assert, nonpersistent, raw_leaf"), std::string::npos)
+      << t.message();
   Status u = reg.add(R"({"name": "z", "switches": {"allow_empty_bucket": 1}})", "g.json");
   EXPECT_FALSE(u.is_ok());
 }

@@ -6,8 +6,8 @@
 // (ReslicesPiecesForAnotherDpSize); shape check missing (GlobalShapeMismatchRaises).
 #include <gtest/gtest.h>
 
-#include <ATen/ops/arange.h>
 #include <ATen/ops/add.h>
+#include <ATen/ops/arange.h>
 #include <ATen/ops/zeros.h>
 
 #include "model/errors.h"
@@ -44,12 +44,15 @@ void on_ranks(int n, const std::function<void(int, ProcessGroup&)>& f) {
 TEST(Serialization, LnosAreNotSavedAndCommonIsRank0s) {
   MemoryStorage store;
   on_ranks(2, [&](int rank, ProcessGroup& pg) {
-    Value sd = dict_value({{"iteration", Value(7)},
-                           {"local", make_nonpersistent(Value(rank))},
-                           {"rank_field", Value(rank)},
-                           {"t", piece("t", at::arange(4, at::TensorOptions().dtype(at::kFloat)).add(4 * rank), 8, 4 * rank)}});
+    Value sd = dict_value(
+        {{"iteration", Value(7)},
+         {"local", make_nonpersistent(Value(rank))},
+         {"rank_field", Value(rank)},
+         {"t", piece("t", at::arange(4, at::TensorOptions().dtype(at::kFloat)).add(4 * rank), 8,
+                     4 * rank)}});
     const SaveReport report = save(sd, store, pg);
-    EXPECT_EQ(report.common_state_differences.empty(), rank == 0) << "rank 1's rank_field differs from rank 0's";
+    EXPECT_EQ(report.common_state_differences.empty(), rank == 0)
+        << "rank 1's rank_field differs from rank 0's";
   });
   auto common = read_common_state(store);
   ASSERT_TRUE(common.is_ok());
@@ -66,7 +69,9 @@ TEST(Serialization, LoadFillsRequestTensorsInPlaceAndReslicesForAnotherDpSize) {
   MemoryStorage store;
   // Saved by 2 ranks: [0,1,2,3] and [4,5,6,7].
   on_ranks(2, [&](int rank, ProcessGroup& pg) {
-    save(dict_value({{"t", piece("t", at::arange(4, at::TensorOptions().dtype(at::kFloat)).add(4 * rank), 8, 4 * rank)}}),
+    save(dict_value(
+             {{"t", piece("t", at::arange(4, at::TensorOptions().dtype(at::kFloat)).add(4 * rank),
+                          8, 4 * rank)}}),
          store, pg);
   });
   // Loaded by 4 ranks of 2 elements, plus a LNO and a request-side plain leaf.
@@ -78,31 +83,41 @@ TEST(Serialization, LoadFillsRequestTensorsInPlaceAndReslicesForAnotherDpSize) {
                                       {"mine", make_nonpersistent(Value(local))},
                                       {"plain", Value(123)}});
     const Value loaded = load(request, store, pg, rt, {});
-    EXPECT_TRUE(loaded.dict()->at("t").tensor().is_same(buffer)) << "read in place into the request's tensor";
+    EXPECT_TRUE(loaded.dict()->at("t").tensor().is_same(buffer))
+        << "read in place into the request's tensor";
     EXPECT_EQ(buffer[0].item<float>(), static_cast<float>(2 * rank));
     EXPECT_EQ(buffer[1].item<float>(), static_cast<float>(2 * rank + 1));
-    EXPECT_TRUE(loaded.dict()->at("mine").tensor().is_same(local)) << "LNO gives back the local object";
-    EXPECT_FALSE(loaded.dict()->contains("plain")) << "request-side plain leaves come only from common state";
+    EXPECT_TRUE(loaded.dict()->at("mine").tensor().is_same(local))
+        << "LNO gives back the local object";
+    EXPECT_FALSE(loaded.dict()->contains("plain"))
+        << "request-side plain leaves come only from common state";
   });
 }
 
 TEST(Serialization, MissingKeyAndGlobalShapeMismatchRaise) {
   MemoryStorage store;
-  on_ranks(1, [&](int, ProcessGroup& pg) { save(dict_value({{"t", piece("t", at::zeros({4}), 4, 0)}}), store, pg); });
+  on_ranks(1, [&](int, ProcessGroup& pg) {
+    save(dict_value({{"t", piece("t", at::zeros({4}), 4, 0)}}), store, pg);
+  });
   on_ranks(1, [&](int rank, ProcessGroup& pg) {
     Runtime rt(1, 0, rank);
-    EXPECT_THROW(load(dict_value({{"u", piece("u", at::zeros({4}), 4, 0)}}), store, pg, rt, {}), PyKeyError);
-    EXPECT_THROW(load(dict_value({{"t", piece("t", at::zeros({4}), 5, 0)}}), store, pg, rt, {}), CheckpointingException);
+    EXPECT_THROW(load(dict_value({{"u", piece("u", at::zeros({4}), 4, 0)}}), store, pg, rt, {}),
+                 PyKeyError);
+    EXPECT_THROW(load(dict_value({{"t", piece("t", at::zeros({4}), 5, 0)}}), store, pg, rt, {}),
+                 CheckpointingException);
   });
 }
 
 TEST(Serialization, CommonLeafCollidingWithLnoRaisesDuplicateLeaf) {
   MemoryStorage store;
-  on_ranks(1, [&](int, ProcessGroup& pg) { save(dict_value({{"opt", dict_value({{"step", Value(5)}})}}), store, pg); });
+  on_ranks(1, [&](int, ProcessGroup& pg) {
+    save(dict_value({{"opt", dict_value({{"step", Value(5)}})}}), store, pg);
+  });
   on_ranks(1, [&](int rank, ProcessGroup& pg) {
     Runtime rt(1, 0, rank);
     try {
-      load(dict_value({{"opt", dict_value({{"step", make_nonpersistent(Value(1))}})}}), store, pg, rt, {});
+      load(dict_value({{"opt", dict_value({{"step", make_nonpersistent(Value(1))}})}}), store, pg,
+           rt, {});
       FAIL() << "expected the duplicate leaf";
     } catch (const MergeError& e) {
       EXPECT_EQ(repr(e.path()), "('opt', 'step')");
@@ -145,10 +160,15 @@ TEST(Serialization, EveryRankLearnsAllPiecesAndObjectsAreListedOnce) {
   ASSERT_TRUE(meta.is_ok());
   const std::string text(meta.value().begin(), meta.value().end());
   size_t listed = 0;
-  for (size_t at = text.find("\"objects/o/"); at != std::string::npos; at = text.find("\"objects/o/", at + 1)) ++listed;
+  for (size_t at = text.find("\"objects/o/"); at != std::string::npos;
+       at = text.find("\"objects/o/", at + 1))
+    ++listed;
   EXPECT_EQ(listed, 2u) << "two objects (offsets 0 and 1), each listed once: " << text;
 
   MemoryStorage clash;
-  EXPECT_THROW(on_ranks(2, [&](int, ProcessGroup& pg) { save(dict_value({{"o", object("o", 0, 0)}}), clash, pg); }),
+  EXPECT_THROW(on_ranks(2,
+                        [&](int, ProcessGroup& pg) {
+                          save(dict_value({{"o", object("o", 0, 0)}}), clash, pg);
+                        }),
                CheckpointingException);
 }

@@ -152,11 +152,13 @@ class StorageContract : public ::testing::Test {
   std::unique_ptr<Storage> storage_;
 };
 
-using StorageKinds =
-    ::testing::Types<MemoryFactory, DirectoryFactory, PrefixedMemoryFactory, PrefixedDirectoryFactory>;
+using StorageKinds = ::testing::Types<MemoryFactory, DirectoryFactory, PrefixedMemoryFactory,
+                                      PrefixedDirectoryFactory>;
 struct StorageKindNames {
   template <typename T>
-  static std::string GetName(int) { return T::name(); }
+  static std::string GetName(int) {
+    return T::name();
+  }
 };
 TYPED_TEST_SUITE(StorageContract, StorageKinds, StorageKindNames);
 
@@ -214,7 +216,8 @@ TYPED_TEST(StorageContract, ListNamesDirectChildrenSorted) {
 
 TYPED_TEST(StorageContract, RemoveAllRemovesOnlyTheSubtree) {
   Storage& s = this->store();
-  for (const char* p : {"a/b/c", "a/d", "ab", "ab2/x", "a.pt"}) ASSERT_TRUE(write_str(s, p, p).is_ok());
+  for (const char* p : {"a/b/c", "a/d", "ab", "ab2/x", "a.pt"})
+    ASSERT_TRUE(write_str(s, p, p).is_ok());
   ASSERT_TRUE(s.remove_all("a").is_ok());
   EXPECT_FALSE(s.exists("a"));
   EXPECT_FALSE(s.exists("a/b/c"));
@@ -284,10 +287,21 @@ TYPED_TEST(StorageContract, InvalidPathsAreRejected) {
   Storage& s = this->store();
   ASSERT_TRUE(write_str(s, "ok/file", "x").is_ok());
   const std::string nul_path("a\0b", 3);
-  const std::vector<std::string> bad = {
-      "",  "/abs", "..", "a/../b", "../x", ".", "./a", "a/./b", "a//b", "a/", "/",
-      nul_path, std::string(kTmpPrefix) + "1", "ok/" + std::string(kTmpPrefix) + "x",
-      std::string(kPathLengthMax + 1, 'p')};
+  const std::vector<std::string> bad = {"",
+                                        "/abs",
+                                        "..",
+                                        "a/../b",
+                                        "../x",
+                                        ".",
+                                        "./a",
+                                        "a/./b",
+                                        "a//b",
+                                        "a/",
+                                        "/",
+                                        nul_path,
+                                        std::string(kTmpPrefix) + "1",
+                                        "ok/" + std::string(kTmpPrefix) + "x",
+                                        std::string(kPathLengthMax + 1, 'p')};
   for (const std::string& p : bad) {
     SCOPED_TRACE("path '" + p + "'");
     const Status w = write_str(s, p, "x");
@@ -472,7 +486,8 @@ TEST(DirectoryStorage, ErrorsCarryStrerror) {
   ASSERT_TRUE(write_str(s, "a", "file").is_ok());
   const Result<std::vector<char>> r = s.read_file("a/b");  // open(2) fails with ENOTDIR
   ASSERT_EQ(r.status().code(), Status::Code::kIoError);
-  EXPECT_NE(r.status().message().find("Not a directory"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("Not a directory"), std::string::npos)
+      << r.status().message();
   EXPECT_NE(r.status().message().find("'a/b'"), std::string::npos) << r.status().message();
   EXPECT_NE(r.status().message().find(dir.path().string()), std::string::npos);
 }

@@ -89,7 +89,8 @@ TEST(Tree, PyEqualFollowsPython) {
   EXPECT_TRUE(py_equal(Value(1), Value(1.0)));
   EXPECT_TRUE(py_equal(Value(true), Value(1)));
   EXPECT_FALSE(py_equal(Value("1"), Value(1)));
-  EXPECT_TRUE(py_equal(dict_value({{"a", Value(1)}, {"b", Value(2)}}), dict_value({{"b", Value(2)}, {"a", Value(1)}})));
+  EXPECT_TRUE(py_equal(dict_value({{"a", Value(1)}, {"b", Value(2)}}),
+                       dict_value({{"b", Value(2)}, {"a", Value(1)}})));
   EXPECT_FALSE(py_equal(list_value({Value(1)}), list_value({Value(1), Value(2)})));
   EXPECT_THROW(py_equal(Value(at::zeros({2})), Value(at::zeros({2}))), UpstreamError);
 }

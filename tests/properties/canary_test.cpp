@@ -28,7 +28,8 @@ void expect_only_failures(const sim::RunResult& run, const std::vector<std::stri
 
 TEST(PropertyCanary, CleanBaselinePassesEverything) {
   const auto run = test::run(test::scenario_from_json(clean()));
-  for (const auto& r : properties::check_all(run)) EXPECT_TRUE(r.ok()) << r.name << ": " << r.detail;
+  for (const auto& r : properties::check_all(run))
+    EXPECT_TRUE(r.ok()) << r.name << ": " << r.detail;
 }
 
 TEST(PropertyCanary, NoDuplicateLeavesCatchesRawStepUnderLnoRequest) {
@@ -53,7 +54,8 @@ TEST(PropertyCanary, StepMatchesCatchesTheSkeletonStep) {
 
 TEST(PropertyCanary, TrajectoryCatchesOneUlpInOneRestoredMoment) {
   // Steps are right (fix-recommended); only exp_avg[0] on rank 0 is off by one ulp after the load.
-  const auto run = test::run(test::scenario_from_json(clean(R"(, "faults": ["load.perturb_exp_avg"])")));
+  const auto run =
+      test::run(test::scenario_from_json(clean(R"(, "faults": ["load.perturb_exp_avg"])")));
   // The load no longer gives back what was saved: round_trip_identity sees it too.
   expect_only_failures(run, {"trajectory_matches_uninterrupted", "round_trip_identity"});
   const auto r = test::verdict(run, "trajectory_matches_uninterrupted");
@@ -72,24 +74,29 @@ TEST(PropertyCanary, ShardsTileBucketsCatchesADroppedPad) {
   EXPECT_EQ(r.verdict, properties::Verdict::kFail) << r.detail;
   EXPECT_NE(r.detail.find("[100, 128) of [0, 428)"), std::string::npos) << r.detail;
   // Without the fault the same scenario tiles.
-  std::string clean_json = test::two_phase_json("hybrid", 1.0, 2, 4, "fix-recommended", "fix-recommended");
+  std::string clean_json =
+      test::two_phase_json("hybrid", 1.0, 2, 4, "fix-recommended", "fix-recommended");
   clean_json.replace(clean_json.find("\"numel\": 130"), 12, "\"numel\": 100");
-  EXPECT_TRUE(test::verdict(test::run(test::scenario_from_json(clean_json)), "shards_tile_buckets").ok());
+  EXPECT_TRUE(
+      test::verdict(test::run(test::scenario_from_json(clean_json)), "shards_tile_buckets").ok());
 }
 
 TEST(PropertyCanary, CommonStateCatchesRankDependentLeaf) {
-  const auto run = test::run(test::scenario_from_json(clean(R"(, "faults": ["save.rank_dependent_common"])")));
+  const auto run =
+      test::run(test::scenario_from_json(clean(R"(, "faults": ["save.rank_dependent_common"])")));
   const auto r = test::verdict(run, "common_state_rank_independent");
   EXPECT_EQ(r.verdict, properties::Verdict::kFail);
   EXPECT_NE(r.detail.find("ckptsim_rank"), std::string::npos) << r.detail;
 }
 
 TEST(PropertyCanary, LayoutInvariantsCatchAMisalignedParam) {
-  const auto run = test::run(test::scenario_from_json(clean(R"(, "faults": ["layout.misalign_param_start"])")));
+  const auto run =
+      test::run(test::scenario_from_json(clean(R"(, "faults": ["layout.misalign_param_start"])")));
   const auto r = test::verdict(run, "layout_invariants");
   EXPECT_EQ(r.verdict, properties::Verdict::kFail);
   EXPECT_NE(r.detail.find("not a multiple of 64"), std::string::npos) << r.detail;
-  EXPECT_TRUE(test::verdict(test::run(test::scenario_from_json(clean())), "layout_invariants").ok());
+  EXPECT_TRUE(
+      test::verdict(test::run(test::scenario_from_json(clean())), "layout_invariants").ok());
 }
 
 TEST(PropertyCanary, RoundTripIdentityCatchesTheSkeletonStep) {
@@ -110,16 +117,21 @@ TEST(PropertyCanary, ReshardRoundTripBytesCatchesAChangedMomentAfterAZeroStepRes
   const auto r = test::verdict(run, "reshard_round_trip_bytes");
   EXPECT_EQ(r.verdict, properties::Verdict::kFail);
   EXPECT_NE(r.detail.find("exp_avg"), std::string::npos) << r.detail;
-  std::string clean_json = test::two_phase_json("hybrid", 1.0, 2, 3, "fix-complete", "fix-complete");
+  std::string clean_json =
+      test::two_phase_json("hybrid", 1.0, 2, 3, "fix-complete", "fix-complete");
   clean_json.replace(clean_json.find("\"steps\": 2"), 10, "\"steps\": 0");
-  EXPECT_TRUE(test::verdict(test::run(test::scenario_from_json(clean_json)), "reshard_round_trip_bytes").ok());
+  EXPECT_TRUE(
+      test::verdict(test::run(test::scenario_from_json(clean_json)), "reshard_round_trip_bytes")
+          .ok());
 }
 
 TEST(PropertyCanary, StepTensorsNotAliasedCatchesB9) {
   auto& reg = test::registry();
   if (!reg.get("test-b9-canary").is_ok()) {
     ASSERT_TRUE(reg.add(R"({"name": "test-b9-canary", "extends": "fix-complete",
-                           "switches": {"pure_torch_load_clones_step": false}})", "canary_test.cpp").is_ok());
+                           "switches": {"pure_torch_load_clones_step": false}})",
+                        "canary_test.cpp")
+                    .is_ok());
   }
   const auto run = test::run(test::scenario_from_json(
       test::two_phase_json("torch_adamw", 0, 1, 1, "test-b9-canary", "test-b9-canary")));
@@ -136,13 +148,15 @@ TEST(PropertyCanary, StepTensorsNotAliasedCatchesB9) {
 
 TEST(PropertyCanary, EveryPropertyHasACanaryHere) {
   // Keeps this file in step with the property list.
-  const std::vector<std::string> covered = {"no_duplicate_leaves", "resume_completes", "step_matches_uninterrupted",
-                                            "trajectory_matches_uninterrupted", "shards_tile_buckets",
-                                            "common_state_rank_independent", "layout_invariants",
-                                            "round_trip_identity", "reshard_round_trip_bytes",
-                                            "step_tensors_not_aliased"};
+  const std::vector<std::string> covered = {
+      "no_duplicate_leaves",        "resume_completes",
+      "step_matches_uninterrupted", "trajectory_matches_uninterrupted",
+      "shards_tile_buckets",        "common_state_rank_independent",
+      "layout_invariants",          "round_trip_identity",
+      "reshard_round_trip_bytes",   "step_tensors_not_aliased"};
   for (const auto& p : properties::all_properties()) {
-    EXPECT_NE(std::find(covered.begin(), covered.end(), p.name), covered.end()) << p.name << " has no canary";
+    EXPECT_NE(std::find(covered.begin(), covered.end(), p.name), covered.end())
+        << p.name << " has no canary";
   }
 }
 
@@ -153,16 +167,20 @@ TEST(PropertyTolerance, MovedElementsUseTheDocumentedToleranceAndStillCatchAStep
   auto& reg = test::registry();
   if (!reg.get("test-steps-right").is_ok()) {
     ASSERT_TRUE(reg.add(R"({"name": "test-steps-right", "extends": "fix-recommended",
-                           "switches": {"hdo_group_sync_skips_step": true}})", "canary_test.cpp").is_ok());
+                           "switches": {"hdo_group_sync_skips_step": true}})",
+                        "canary_test.cpp")
+                    .is_ok());
   }
   const auto good = test::run(test::scenario_from_json(
       test::two_phase_json("hybrid", 0.5, 2, 4, "test-steps-right", "test-steps-right")));
   const auto r = test::verdict(good, "trajectory_matches_uninterrupted");
   EXPECT_TRUE(r.ok()) << r.detail;
-  EXPECT_EQ(r.detail.find(" 0 within tolerance"), std::string::npos) << "elements did move: " << r.detail;
+  EXPECT_EQ(r.detail.find(" 0 within tolerance"), std::string::npos)
+      << "elements did move: " << r.detail;
   EXPECT_TRUE(test::verdict(good, "step_matches_uninterrupted").ok());
 
   const auto bad = test::run(test::scenario_from_json(
       test::two_phase_json("hybrid", 0.5, 2, 4, "upstream-2874", "upstream-2874")));
-  EXPECT_EQ(test::verdict(bad, "trajectory_matches_uninterrupted").verdict, properties::Verdict::kFail);
+  EXPECT_EQ(test::verdict(bad, "trajectory_matches_uninterrupted").verdict,
+            properties::Verdict::kFail);
 }

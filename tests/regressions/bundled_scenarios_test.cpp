@@ -53,7 +53,8 @@ TEST_P(FoundScenario, PassesUnderFixComplete) {
   auto s = ckptsim::test::scenario_file("scenarios/" + GetParam());
   for (auto& p : s.phases) p.revision = "fix-complete";
   const auto run = ckptsim::test::run(s);
-  for (const auto& r : ckptsim::properties::check_all(run)) EXPECT_TRUE(r.ok()) << GetParam() << ": " << r.name << ": " << r.detail;
+  for (const auto& r : ckptsim::properties::check_all(run))
+    EXPECT_TRUE(r.ok()) << GetParam() << ": " << r.name << ": " << r.detail;
 }
 
 std::vector<std::string> found_only() {
@@ -75,10 +76,13 @@ INSTANTIATE_TEST_SUITE_P(Corpus, FoundScenario, ::testing::ValuesIn(found_only()
 
 TEST(BundledScenarios, CoverTheIssueList) {
   const auto files = bundled();
-  auto has = [&](const std::string& f) { return std::find(files.begin(), files.end(), f) != files.end(); };
+  auto has = [&](const std::string& f) {
+    return std::find(files.begin(), files.end(), f) != files.end();
+  };
   for (const char* row : {"A", "B", "C", "D", "E", "F", "G", "H", "I", "J"}) {
-    EXPECT_TRUE(std::any_of(files.begin(), files.end(),
-                            [&](const std::string& f) { return f.rfind(std::string("spec17-") + row + "-", 0) == 0; }))
+    EXPECT_TRUE(std::any_of(
+        files.begin(), files.end(),
+        [&](const std::string& f) { return f.rfind(std::string("spec17-") + row + "-", 0) == 0; }))
         << "spec §17 row " << row;
   }
   for (const char* f : {"bug1-duplicate-leaf-dp2-to-2.json", "bug1-duplicate-leaf-dp2-to-4.json",

@@ -54,5 +54,7 @@ TEST(Pr69DuplicateLeaf, RankDependentCommonStateBreaksFixBWhenRank0SavedFewerEnt
   EXPECT_FALSE(test::verdict(run, "common_state_rank_independent").ok());
   const auto r = test::verdict(run, "no_duplicate_leaves");
   EXPECT_EQ(r.verdict, properties::Verdict::kFail);
-  EXPECT_NE(r.detail.find("Cannot merge two lists with different lengths (1 and 5"), std::string::npos) << r.detail;
+  EXPECT_NE(r.detail.find("Cannot merge two lists with different lengths (1 and 5"),
+            std::string::npos)
+      << r.detail;
 }

@@ -32,15 +32,16 @@ TEST(Pr69StepReset, Upstream2874RestartsTheStepAtDp2To4) {
 TEST(Pr69StepReset, FixRecommendedRestoresStepAndTrajectory) {
   const auto run = test::run(test::scenario_file("scenarios/bug2-fixed-dp2-to-4.json"));
   for (const auto& s : run.phases.at(1).after_load->shards) EXPECT_EQ(s.counter.value_or(-1), 5.0);
-  for (const auto& r : properties::check_all(run)) EXPECT_TRUE(r.ok()) << r.name << ": " << r.detail;
+  for (const auto& r : properties::check_all(run))
+    EXPECT_TRUE(r.ok()) << r.name << ": " << r.detail;
 }
 
 TEST(Pr69StepReset, EitherFixAloneRestoresTheStepOfAnLnoCheckpoint) {
   // Spec §12: Fix A alone (skip in _set) and Fix B alone (omit from the request) each restore
   // N for a checkpoint saved with the LNO step.
   for (const char* fix : {"fix-skip-step", "fix-drop-on-load"}) {
-    const auto run = test::run(test::scenario_from_json(
-        test::two_phase_json("hybrid", 1.0, 2, 4, "upstream-2874", fix)));
+    const auto run = test::run(
+        test::scenario_from_json(test::two_phase_json("hybrid", 1.0, 2, 4, "upstream-2874", fix)));
     EXPECT_TRUE(test::verdict(run, "step_matches_uninterrupted").ok()) << fix;
     EXPECT_TRUE(test::verdict(run, "trajectory_matches_uninterrupted").ok()) << fix;
   }

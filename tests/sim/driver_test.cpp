@@ -2,7 +2,8 @@
 // the same trace hash; the directory store and the memory store give the same run; the trace
 // starts with the seed and the revisions. Mutations caught: a clock or unseeded random source in
 // model/ or sim/ (RerunGivesTheSameTraceHash would differ), reduction in arrival order
-// (DeterministicAcrossRepeats with dp 5), different bytes in the two stores (SameRunOnDiskAndInMemory).
+// (DeterministicAcrossRepeats with dp 5), different bytes in the two stores
+// (SameRunOnDiskAndInMemory).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -15,7 +16,8 @@ using namespace ckptsim;
 TEST(Driver, TraceStartsWithSeedAndRevisions) {
   const auto run = test::run(test::scenario_file("scenarios/bug2-step-reset-dp2-to-4.json"));
   ASSERT_GE(run.trace.size(), 3u);
-  EXPECT_EQ(run.trace[0], "seed=1 revision=upstream-2874,upstream-2874 scenario=bug2-step-reset-dp2-to-4");
+  EXPECT_EQ(run.trace[0],
+            "seed=1 revision=upstream-2874,upstream-2874 scenario=bug2-step-reset-dp2-to-4");
   EXPECT_EQ(run.trace[1].rfind("options optimizer=hybrid", 0), 0u) << run.trace[1];
   EXPECT_NE(std::find(run.trace.begin(), run.trace.end(), "reshard dp 2->4"), run.trace.end());
 }
@@ -31,13 +33,16 @@ TEST(Driver, RerunGivesTheSameTraceHash) {
 
 TEST(Driver, DeterministicAcrossRepeatsWithManyRanks) {
   // Five ranks, threads scheduled differently each time: the final states must not change.
-  const auto s = test::scenario_from_json(test::two_phase_json("fused_adam", 0, 5, 3, "upstream-2874", "upstream-2874"));
+  const auto s = test::scenario_from_json(
+      test::two_phase_json("fused_adam", 0, 5, 3, "upstream-2874", "upstream-2874"));
   const auto first = test::run(s);
-  for (int i = 0; i < 5; ++i) EXPECT_EQ(test::run(s).trace_hash, first.trace_hash) << "repeat " << i;
+  for (int i = 0; i < 5; ++i)
+    EXPECT_EQ(test::run(s).trace_hash, first.trace_hash) << "repeat " << i;
 }
 
 TEST(Driver, DifferentSeedsDiffer) {
-  auto s = test::scenario_from_json(test::two_phase_json("fused_adam", 0, 2, 2, "upstream-2874", "upstream-2874"));
+  auto s = test::scenario_from_json(
+      test::two_phase_json("fused_adam", 0, 2, 2, "upstream-2874", "upstream-2874"));
   const auto a = test::run(s);
   s.seed += 1;
   EXPECT_NE(test::run(s).reference.back().hash(), a.reference.back().hash());
@@ -46,7 +51,8 @@ TEST(Driver, DifferentSeedsDiffer) {
 TEST(Driver, SameRunOnDiskAndInMemory) {
   const auto s = test::scenario_file("scenarios/bug1-duplicate-leaf-dp2-to-4.json");
   const auto mem = test::run(s);
-  const auto dir = std::filesystem::temp_directory_path() / ("ckptsim-driver-test-" + std::to_string(::getpid()));
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("ckptsim-driver-test-" + std::to_string(::getpid()));
   sim::RunOptions options;
   options.checkpoint_dir = dir.string();
   const auto disk = test::run(s, options);

@@ -97,8 +97,8 @@ std::vector<float> exact_total(const Case& c) {
   for (std::size_t i = 0; i < c.n; ++i) {
     int64_t sum_units = 0;
     for (int64_t s = 0; s < c.spec.samples_per_step; ++s) {
-      sum_units += units_of_value(sample_gradient(c.spec, c.step, c.param_index,
-                                                  c.element_begin + int64_t(i), s));
+      sum_units += units_of_value(
+          sample_gradient(c.spec, c.step, c.param_index, c.element_begin + int64_t(i), s));
     }
     total[i] = scaled_exactly(sum_units);
   }
@@ -123,7 +123,8 @@ RC_GTEST_PROP(Gradients, SumOverRanksIsExactForEveryDpSize, ()) {
       for (int64_t r = 0; r < dp; ++r) level.push_back(local[std::size_t(r)][i]);
       while (level.size() > 1) {
         std::vector<float> next;
-        for (std::size_t j = 0; j + 1 < level.size(); j += 2) next.push_back(level[j] + level[j + 1]);
+        for (std::size_t j = 0; j + 1 < level.size(); j += 2)
+          next.push_back(level[j] + level[j + 1]);
         if (level.size() % 2 == 1) next.push_back(level.back());
         level = next;
       }
@@ -145,8 +146,8 @@ RC_GTEST_PROP(Gradients, LocalGradientIsItsRanksSamples, ()) {
     int64_t sum_units = 0;
     for (int64_t s = 0; s < c.spec.samples_per_step; ++s) {
       if (s % dp != rank) continue;
-      sum_units += units_of_value(sample_gradient(c.spec, c.step, c.param_index,
-                                                  c.element_begin + int64_t(i), s));
+      sum_units += units_of_value(
+          sample_gradient(c.spec, c.step, c.param_index, c.element_begin + int64_t(i), s));
     }
     RC_ASSERT(bits(got[i]) == bits(scaled_exactly(sum_units)));
   }
@@ -257,7 +258,7 @@ TEST(Gradients, PreconditionsAreChecked) {
   using model::InvariantViolation;
   const GradientSpec spec{.seed = 1, .samples_per_step = 4};
   std::vector<float> out(2);
-  EXPECT_THROW(sample_gradient(spec, 0, 0, 0, 0), InvariantViolation);   // steps are 1-based
+  EXPECT_THROW(sample_gradient(spec, 0, 0, 0, 0), InvariantViolation);  // steps are 1-based
   EXPECT_THROW(sample_gradient(spec, 1, -1, 0, 0), InvariantViolation);
   EXPECT_THROW(sample_gradient(spec, 1, 0, -1, 0), InvariantViolation);
   EXPECT_THROW(sample_gradient(spec, 1, 0, 0, 4), InvariantViolation);
@@ -270,8 +271,8 @@ TEST(Gradients, PreconditionsAreChecked) {
   EXPECT_THROW(local_gradient(GradientSpec{.seed = 1, .samples_per_step = kSamplesPerStepMax + 1},
                               1, 0, 0, 0, 1, out),
                InvariantViolation);
-  EXPECT_NO_THROW(local_gradient(GradientSpec{.seed = 1, .samples_per_step = kSamplesPerStepMax},
-                                 1, 0, 0, 0, 1, out));
+  EXPECT_NO_THROW(local_gradient(GradientSpec{.seed = 1, .samples_per_step = kSamplesPerStepMax}, 1,
+                                 0, 0, 0, 1, out));
   // A rank without samples (dp_size > samples_per_step) gets +0.0 exactly.
   local_gradient(spec, 1, 0, 0, 7, 8, out);
   EXPECT_EQ(bits(out[0]), 0u);

@@ -412,7 +412,8 @@ TEST(ProcessGroupAbort, ExternalAbortWakesBlockedRanks) {
   });
   EXPECT_TRUE(outcomes[0].ok()) << outcomes[0].error_message;
   for (int r : {1, 2}) {
-    ASSERT_TRUE(holds<PeerAborted>(outcomes[std::size_t(r)])) << outcomes[std::size_t(r)].error_message;
+    ASSERT_TRUE(holds<PeerAborted>(outcomes[std::size_t(r)]))
+        << outcomes[std::size_t(r)].error_message;
     EXPECT_NE(outcomes[std::size_t(r)].error_message.find("stopped by the harness"),
               std::string::npos);
   }
@@ -466,8 +467,8 @@ TEST(ProcessGroupMismatch, MismatchedOps) {
       pg.all_gather(in, out);
     }
   });
-  expect_mismatch_everywhere(
-      outcomes, {"rank 0 called barrier (sequence number 0", "rank 1 called all_gather (sequence number 0"});
+  expect_mismatch_everywhere(outcomes, {"rank 0 called barrier (sequence number 0",
+                                        "rank 1 called all_gather (sequence number 0"});
 }
 
 // Same byte size on both sides: only the op tells them apart.
@@ -513,7 +514,8 @@ TEST(ProcessGroupMismatch, MismatchedSizes) {
   expect_mismatch_everywhere(outcomes, {"rank 0 called all_gather (sequence number 0, 4 bytes",
                                         "rank 1 called all_gather (sequence number 0, 8 bytes"});
   for (const auto& out : outputs) {
-    for (std::byte b : out) ASSERT_EQ(b, std::byte{0}) << "an output was written despite the mismatch";
+    for (std::byte b : out)
+      ASSERT_EQ(b, std::byte{0}) << "an output was written despite the mismatch";
   }
 }
 
@@ -534,9 +536,8 @@ TEST(ProcessGroupMismatch, MismatchedSequenceNumbers) {
 
 TEST(ProcessGroupMismatch, MismatchedBroadcastRoots) {
   LocalWorld world(2);
-  const auto outcomes = run_guarded(world, [](ProcessGroup& pg) {
-    pg.broadcast_object({'a'}, pg.rank());
-  });
+  const auto outcomes =
+      run_guarded(world, [](ProcessGroup& pg) { pg.broadcast_object({'a'}, pg.rank()); });
   expect_mismatch_everywhere(outcomes, {"root 0", "root 1"});
 }
 

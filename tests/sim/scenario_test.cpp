@@ -41,39 +41,52 @@ TEST(Scenario, GoodScenarioParsesWithDefaults) {
 TEST(Scenario, ErrorsNameFileFieldAndValues) {
   EXPECT_EQ(error_of(with("\"dp\": 2", "\"dp\": 0")),
             "bug.json: field 'phases[0].dp': must be an integer in [1, 512], got 0");
-  EXPECT_NE(error_of(with("\"bf16\"", "\"fp16\"")).find("field 'params[0].dtype': must be \"bf16\" or \"fp32\", got \"fp16\""),
+  EXPECT_NE(error_of(with("\"bf16\"", "\"fp16\""))
+                .find("field 'params[0].dtype': must be \"bf16\" or \"fp32\", got \"fp16\""),
             std::string::npos);
-  EXPECT_NE(error_of(with("upstream-2874", "upstream-9999")).find("field 'phases[0].revision': unknown revision 'upstream-9999'"),
+  EXPECT_NE(error_of(with("upstream-2874", "upstream-9999"))
+                .find("field 'phases[0].revision': unknown revision 'upstream-9999'"),
             std::string::npos);
-  EXPECT_NE(error_of(with("\"fused_adam\"", "\"adam\"")).find("field 'optimizer.kind'"), std::string::npos);
-  EXPECT_NE(error_of(with("\"fused_adam\"", "\"hybrid\"")).find("field 'optimizer.offload_fraction': is required"),
+  EXPECT_NE(error_of(with("\"fused_adam\"", "\"adam\"")).find("field 'optimizer.kind'"),
             std::string::npos);
-  EXPECT_NE(error_of(with("[0.9, 0.95]", "[0.9]")).find("field 'optimizer.betas'"), std::string::npos);
-  EXPECT_NE(error_of(with("\"seed\": 1,", "\"seed\": 1, \"samples_per_step\": 6,")).find("power of two"),
+  EXPECT_NE(error_of(with("\"fused_adam\"", "\"hybrid\""))
+                .find("field 'optimizer.offload_fraction': is required"),
             std::string::npos);
-  EXPECT_NE(error_of(with("\"seed\": 1,", "\"seed\": 1, \"sharding_type\": \"fully_reshardable\",")).find("only \"dp_reshardable\""),
+  EXPECT_NE(error_of(with("[0.9, 0.95]", "[0.9]")).find("field 'optimizer.betas'"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of(with("\"seed\": 1,", "\"seed\": 1, \"samples_per_step\": 6,")).find("power of two"),
+      std::string::npos);
+  EXPECT_NE(error_of(with("\"seed\": 1,", "\"seed\": 1, \"sharding_type\": \"fully_reshardable\","))
+                .find("only \"dp_reshardable\""),
             std::string::npos);
   EXPECT_NE(error_of("[1, 2]").find("bug.json"), std::string::npos);
   EXPECT_NE(error_of("{not json").find("not valid JSON"), std::string::npos);
 }
 
 TEST(Scenario, UnknownFieldIsAnError) {
-  EXPECT_NE(error_of(with("\"seed\": 1,", "\"seed\": 1, \"bucketsize\": 10,")).find("field 'bucketsize': unknown field"),
+  EXPECT_NE(error_of(with("\"seed\": 1,", "\"seed\": 1, \"bucketsize\": 10,"))
+                .find("field 'bucketsize': unknown field"),
             std::string::npos);
-  EXPECT_NE(error_of(with("\"steps\": 1", "\"steps\": 1, \"revison\": \"x\"")).find("field 'phases[0].revison'"),
+  EXPECT_NE(error_of(with("\"steps\": 1", "\"steps\": 1, \"revison\": \"x\""))
+                .find("field 'phases[0].revison'"),
             std::string::npos);
 }
 
 TEST(Scenario, LimitsAreErrors) {
-  EXPECT_NE(error_of(with("\"numel\": 10", "\"numel\": 2000000")).find("params[0].numel"), std::string::npos);
-  EXPECT_NE(error_of(with("\"steps\": 1", "\"steps\": 20000")).find("phases[0].steps"), std::string::npos);
-  EXPECT_NE(error_of(with("\"seed\": 1,", "\"seed\": 1, \"faults\": [\"nope\"],")).find("unknown fault site"),
+  EXPECT_NE(error_of(with("\"numel\": 10", "\"numel\": 2000000")).find("params[0].numel"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("\"steps\": 1", "\"steps\": 20000")).find("phases[0].steps"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("\"seed\": 1,", "\"seed\": 1, \"faults\": [\"nope\"],"))
+                .find("unknown fault site"),
             std::string::npos);
 }
 
 TEST(Scenario, JsonRoundTrip) {
   const auto s = test::scenario_file("scenarios/spec17-H-lno-skip-offload-half.json");
-  const auto again = sim::parse_scenario(sim::scenario_to_json(s).dump(), "round.json", test::registry());
+  const auto again =
+      sim::parse_scenario(sim::scenario_to_json(s).dump(), "round.json", test::registry());
   ASSERT_TRUE(again.is_ok()) << again.status().to_string();
   EXPECT_EQ(sim::scenario_to_json(again.value()), sim::scenario_to_json(s));
   EXPECT_EQ(again.value().optimizer.offload_fraction, 0.5);
