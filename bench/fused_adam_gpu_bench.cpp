@@ -26,8 +26,8 @@
 #include <string>
 #include <vector>
 
-#include "model/adam_math.h"
-#include "model/fused_adam_cuda.h"
+#include "model/kernels/adam_math.h"
+#include "model/kernels/fused_adam_cuda.h"
 
 #if defined(CKPTSIM_WITH_TORCH) && defined(CKPTSIM_TORCH_HAS_CUDA)
 #if CKPTSIM_TORCH_HAS_CUDA && __has_include(<ATen/ops/_fused_adamw.h>)

@@ -5,8 +5,8 @@
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
 
-#include "model/runtime.h"
-#include "properties/search.h"
+#include "model/py/runtime.h"
+#include "search/search.h"
 
 namespace {
 

@@ -19,8 +19,8 @@
 #include "model/faults.h"
 #include "model/revision.h"
 #include "properties/properties.h"
-#include "properties/search.h"
-#include "report/report.h"
+#include "report/run_report.h"
+#include "search/search.h"
 #include "sim/driver.h"
 #include "sim/scenario.h"
 

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "model/key.h"
+#include "model/py/key.h"
 
 namespace ckptsim::model {
 

@@ -7,8 +7,8 @@
 #include <cstring>
 #include <map>
 
-#include "model/key.h"
-#include "model/layout.h"
+#include "model/megatron/param_and_grad_buffer.h"
+#include "model/py/key.h"
 
 namespace ckptsim::properties {
 

@@ -9,10 +9,10 @@
 #include <ATen/ops/empty.h>
 
 #include "model/faults.h"
-#include "model/mapping.h"
-#include "model/pickle_codec.h"
+#include "model/megatron/mapping.h"
+#include "model/py/pickle_codec.h"
 #include "sim/gradients.h"
-#include "sim/process_group.h"
+#include "sim/local_world.h"
 
 namespace ckptsim::sim {
 

@@ -24,10 +24,10 @@
 #include <string>
 #include <vector>
 
-#include "model/distrib_optimizer.h"
 #include "model/errors.h"
-#include "model/layout.h"
-#include "model/serialization.h"
+#include "model/megatron/distrib_optimizer.h"
+#include "model/megatron/param_and_grad_buffer.h"
+#include "model/megatron/serialization.h"
 #include "model/storage.h"
 #include "sim/scenario.h"
 

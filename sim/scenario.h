@@ -32,8 +32,8 @@
 #include <string>
 #include <vector>
 
-#include "model/ddp.h"
-#include "model/distrib_optimizer.h"
+#include "model/megatron/distrib_optimizer.h"
+#include "model/megatron/distributed_data_parallel.h"
 #include "model/revision.h"
 #include "model/status.h"
 

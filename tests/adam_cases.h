@@ -25,8 +25,8 @@
 #include <string>
 #include <vector>
 
-#include "model/adam_math.h"
-#include "model/fused_adam_cuda.h"
+#include "model/kernels/adam_math.h"
+#include "model/kernels/fused_adam_cuda.h"
 
 namespace ckptsim::model::adam_cases {
 

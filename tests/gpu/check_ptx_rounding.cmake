@@ -1,6 +1,6 @@
 # ctest `cuda_kernel_ptx_rounding` (label cpu: needs nvcc at build time, no GPU): the PTX of
 # the FusedAdam kernel, built with the library's rounding flags, must do float arithmetic the
-# way the CPU reference does (model/cuda/fused_adam_cuda.cu says why), so:
+# way the CPU reference does (model/kernels/cuda/fused_adam_cuda.cu says why), so:
 #   * no fused multiply-add on floats (fma.*.f32 / mad.*.f32): each a·b + c is two roundings
 #     on the CPU;
 #   * division and square root correctly rounded (div.rn.f32, sqrt.rn.f32), never the

@@ -24,7 +24,7 @@
 //      BadArgumentsThrowAndLaunchNothing (the first tensor would have been updated)
 // Not caught, by design: cuda_fused_adam(stream = nullptr) returning before the kernel ends;
 // our downloads are cudaMemcpy on the legacy default stream, ordered after the kernel anyway.
-#include "model/fused_adam_cuda.h"
+#include "model/kernels/fused_adam_cuda.h"
 
 #include <gtest/gtest.h>
 
@@ -33,8 +33,8 @@
 #include <iostream>
 #include <vector>
 
-#include "model/adam_math.h"
 #include "model/errors.h"
+#include "model/kernels/adam_math.h"
 #include "tests/adam_cases.h"
 
 namespace ckptsim::model {

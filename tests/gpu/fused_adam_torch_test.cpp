@@ -36,8 +36,8 @@
 #include <iostream>
 #include <vector>
 
-#include "model/adam_math.h"
-#include "model/fused_adam_cuda.h"
+#include "model/kernels/adam_math.h"
+#include "model/kernels/fused_adam_cuda.h"
 #include "tests/adam_cases.h"
 
 #if defined(CKPTSIM_WITH_TORCH) && defined(CKPTSIM_TORCH_HAS_CUDA)

@@ -7,7 +7,7 @@
 #if CKPTSIM_WITH_CORE
 #include <filesystem>
 
-#include "model/runtime.h"
+#include "model/py/runtime.h"
 #include "properties/properties.h"
 #include "sim/driver.h"
 

@@ -8,7 +8,7 @@
 
 #include <filesystem>
 
-#include "model/pickle_codec.h"
+#include "model/py/pickle_codec.h"
 #include "tests/testing.h"
 
 using namespace ckptsim;

@@ -1,0 +1,253 @@
+// The inside of the CUDA FusedAdam kernel (model/fused_adam_cuda.h), written once for two
+// compilers: nvcc compiles it into the kernel (fused_adam_cuda.cu), and the host compiler
+// compiles the same functions so that tests can run the kernel's index arithmetic and
+// element math on the CPU (tests/model/fused_adam_kernel_test.cpp), where a broken chunk
+// boundary or a reordered operation shows up without a GPU. No CUDA header is included; under
+// nvcc the functions become __host__ __device__.
+//
+// How a list of tensors becomes launches (plan_fused_adam, on the host):
+//   * Tensors with numel 0 are dropped; the rest are taken in order, up to
+//     kTensorsPerLaunchMax per launch (their pointers travel in the kernel's parameters).
+//   * Each tensor whose four pointers share their address mod 16 bytes takes the vector path:
+//     `head` = 0..3 scalar elements up to the first 16-byte boundary, then float4 vectors,
+//     then a scalar tail of (numel - head) % 4 elements. Otherwise head = kScalarPath and every
+//     element is a scalar access (still coalesced).
+//   * A tensor is cut into chunks of `chunk_elems` elements (a multiple of 4·threads): on the
+//     vector path chunk k holds vectors [k·chunk_elems/4, (k+1)·chunk_elems/4) of the body;
+//     chunk 0 also does the head and the last chunk also does the tail, so a tensor of 1..3
+//     elements still has one chunk. On the scalar path chunk k holds elements
+//     [k·chunk_elems, (k+1)·chunk_elems).
+//   * Chunks are numbered across the launch's tensors in order; slot[t].chunk_end is the
+//     running total (exclusive end of tensor t's chunk numbers).
+//   * The grid is at most one wave of resident blocks; block b does chunks b, b + grid, ...
+//     (a grid-stride loop), and its threads stride through each chunk.
+// Invariants the plan guarantees (checked by the tests): every element of every tensor is
+// updated exactly once per call; every float4 access is 16-byte aligned; no access leaves
+// [0, numel) of its array.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "model/kernels/adam_math.h"
+#include "model/kernels/fused_adam_cuda.h"
+
+#if defined(__CUDACC__)
+#define CKPTSIM_HD __host__ __device__ __forceinline__
+#else
+#define CKPTSIM_HD inline
+#endif
+
+#if !defined(__CUDA_ARCH__)
+#include <cmath>
+#endif
+
+namespace ckptsim::model::cuda_detail {
+
+inline constexpr int32_t kTensorsPerLaunchMax = 64;
+inline constexpr int32_t kScalarPath = -1;
+// Kernel parameters every CUDA driver and GPU accepts (larger needs CUDA 12.1 and Volta+).
+inline constexpr size_t kKernelParamBytesMax = 4096;
+
+struct TensorSlot {
+  float* param;
+  const float* grad;
+  float* exp_avg;
+  float* exp_avg_sq;
+  int64_t numel;      // >= 1
+  int64_t chunk_end;  // exclusive end of this tensor's chunk numbers within the launch
+  int32_t head;       // 0..3 scalar elements before the first float4, or kScalarPath
+};
+
+struct LaunchArgs {
+  TeAdamScalars scalars;
+  int64_t chunk_elems;  // a multiple of 4
+  int64_t chunk_count;  // slot[tensor_count - 1].chunk_end
+  int32_t tensor_count;
+  TensorSlot slot[kTensorsPerLaunchMax];
+};
+static_assert(sizeof(LaunchArgs) <= kKernelParamBytesMax,
+              "LaunchArgs is passed by value as the kernel's parameter");
+
+struct PlanLimits {
+  int64_t resident_blocks = 1;  // blocks the device runs at once (SMs × blocks per SM)
+  int32_t threads_per_block = 1;
+  int64_t chunk_elems_max = 65536;
+  int32_t tensors_per_launch_max = kTensorsPerLaunchMax;
+  // Chunks each resident block should get, so that the last wave's imbalance stays small.
+  int64_t chunks_per_block_target = 16;
+};
+
+struct Launch {
+  LaunchArgs args;
+  int64_t grid_blocks;  // 1 <= grid_blocks <= min(limits.resident_blocks, args.chunk_count)
+};
+
+// The launches for `list` (empty when every tensor is empty).
+// REQUIRES: the REQUIRES of cuda_fused_adam on `list` (those visible on the host are checked
+// and throw InvariantViolation); limits.resident_blocks >= 1; 1 <= threads_per_block;
+// chunk_elems_max >= 4; 1 <= tensors_per_launch_max <= kTensorsPerLaunchMax.
+std::vector<Launch> plan_fused_adam(std::span<const FusedAdamTensors> list,
+                                    const TeAdamScalars& scalars, const PlanLimits& limits);
+
+// ---- arithmetic ----------------------------------------------------------------------------
+// One IEEE single-precision operation each, rounded to nearest. On the device the _rn
+// intrinsics are never contracted into FMAs, whatever the compiler flags; on the host the
+// code that includes this header is built with -ffp-contract=off.
+
+CKPTSIM_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+CKPTSIM_HD float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+CKPTSIM_HD float sub_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+
+CKPTSIM_HD float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+CKPTSIM_HD float sqrt_rn(float a) {
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(a);
+#else
+  return std::sqrt(a);
+#endif
+}
+
+// One element of TE's adam_update (ADAM_MODE_1), in the order of fused_adam_update:
+//   m = β1·m + (1−β1)·g;  v = β2·v + ((1−β2)·g)·g
+//   p = p − lr·((m/bc1)/(sqrt(v/bc2) + ε) + wd·p)
+CKPTSIM_HD void te_adam_element(float& p, float g, float& m, float& v, const TeAdamScalars& s) {
+  m = add_rn(mul_rn(s.beta1, m), mul_rn(s.one_minus_beta1, g));
+  v = add_rn(mul_rn(s.beta2, v), mul_rn(mul_rn(s.one_minus_beta2, g), g));
+  const float denom = add_rn(sqrt_rn(div_rn(v, s.bias_correction2)), s.eps);
+  const float update =
+      add_rn(div_rn(div_rn(m, s.bias_correction1), denom), mul_rn(s.weight_decay, p));
+  p = sub_rn(p, mul_rn(s.lr, update));
+}
+
+// ---- memory --------------------------------------------------------------------------------
+
+struct Vec4 {
+  float x, y, z, w;
+};
+
+#if !defined(__CUDA_ARCH__)
+// Throws InvariantViolation unless ptr is 16-byte aligned (host emulation only).
+void check_vec4_aligned(const float* ptr);
+#endif
+
+// A 16-byte load/store on the device (ld/st.global.v4.f32). On the host the alignment is
+// checked, so the CPU tests catch a plan that would issue a misaligned vector access (a
+// misaligned float4 access on the GPU is an error, not a slow access).
+CKPTSIM_HD Vec4 load4(const float* ptr) {
+#if defined(__CUDA_ARCH__)
+  const float4 r = *reinterpret_cast<const float4*>(ptr);
+  return {r.x, r.y, r.z, r.w};
+#else
+  check_vec4_aligned(ptr);
+  return {ptr[0], ptr[1], ptr[2], ptr[3]};
+#endif
+}
+
+CKPTSIM_HD void store4(float* ptr, const Vec4& v) {
+#if defined(__CUDA_ARCH__)
+  *reinterpret_cast<float4*>(ptr) = make_float4(v.x, v.y, v.z, v.w);
+#else
+  check_vec4_aligned(ptr);
+  ptr[0] = v.x;
+  ptr[1] = v.y;
+  ptr[2] = v.z;
+  ptr[3] = v.w;
+#endif
+}
+
+// ---- the kernel body -----------------------------------------------------------------------
+
+CKPTSIM_HD void scalar_element(const TensorSlot& t, int64_t e, const TeAdamScalars& s) {
+  float p = t.param[e];
+  float m = t.exp_avg[e];
+  float v = t.exp_avg_sq[e];
+  te_adam_element(p, t.grad[e], m, v, s);
+  t.param[e] = p;
+  t.exp_avg[e] = m;
+  t.exp_avg_sq[e] = v;
+}
+
+// Chunk `k` of `chunks` of tensor `t`, as thread `thread` of `threads`.
+CKPTSIM_HD void run_chunk(const TensorSlot& t, const TeAdamScalars& s, int64_t chunk_elems,
+                          int64_t k, int64_t chunks, int32_t thread, int32_t threads) {
+  const int64_t n = t.numel;
+  if (t.head == kScalarPath) {
+    const int64_t begin = k * chunk_elems;
+    const int64_t end = begin + chunk_elems < n ? begin + chunk_elems : n;
+    for (int64_t e = begin + thread; e < end; e += threads) scalar_element(t, e, s);
+    return;
+  }
+  const int64_t head = t.head;
+  const int64_t vecs = (n - head) / 4;
+  const int64_t chunk_vecs = chunk_elems / 4;
+  const int64_t vec_begin = k * chunk_vecs;
+  const int64_t vec_end = vec_begin + chunk_vecs < vecs ? vec_begin + chunk_vecs : vecs;
+  float* const p = t.param + head;
+  const float* const g = t.grad + head;
+  float* const m = t.exp_avg + head;
+  float* const v = t.exp_avg_sq + head;
+  for (int64_t i = vec_begin + thread; i < vec_end; i += threads) {
+    // All four loads are issued before the first use.
+    Vec4 pv = load4(p + 4 * i);
+    const Vec4 gv = load4(g + 4 * i);
+    Vec4 mv = load4(m + 4 * i);
+    Vec4 vv = load4(v + 4 * i);
+    te_adam_element(pv.x, gv.x, mv.x, vv.x, s);
+    te_adam_element(pv.y, gv.y, mv.y, vv.y, s);
+    te_adam_element(pv.z, gv.z, mv.z, vv.z, s);
+    te_adam_element(pv.w, gv.w, mv.w, vv.w, s);
+    store4(p + 4 * i, pv);
+    store4(m + 4 * i, mv);
+    store4(v + 4 * i, vv);
+  }
+  if (k == 0) {
+    for (int64_t e = thread; e < head; e += threads) scalar_element(t, e, s);
+  }
+  if (k == chunks - 1) {
+    for (int64_t e = head + 4 * vecs + thread; e < n; e += threads) scalar_element(t, e, s);
+  }
+}
+
+// Everything block `block` of a grid of `grid` blocks does, as thread `thread` of `threads`.
+// Threads never communicate, so the host can run them one after another.
+CKPTSIM_HD void run_block(const LaunchArgs& a, int64_t block, int64_t grid, int32_t thread,
+                          int32_t threads) {
+  int32_t t = 0;
+  for (int64_t c = block; c < a.chunk_count; c += grid) {
+    while (c >= a.slot[t].chunk_end) ++t;  // c only grows, so the cursor only moves forward
+    const int64_t first = t == 0 ? 0 : a.slot[t - 1].chunk_end;
+    run_chunk(a.slot[t], a.scalars, a.chunk_elems, c - first, a.slot[t].chunk_end - first, thread,
+              threads);
+  }
+}
+
+}  // namespace ckptsim::model::cuda_detail

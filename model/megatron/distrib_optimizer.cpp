@@ -1,0 +1,1049 @@
+#include "model/megatron/distrib_optimizer.h"
+
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "model/errors.h"
+#include "model/faults.h"
+#include "model/megatron/dict_utils.h"
+#include "model/megatron/mapping.h"
+
+namespace ckptsim::model {
+
+namespace {
+
+constexpr const char* kFile = "distrib_optimizer.py";
+
+std::string site(const char* function) { return std::string(kFile) + " " + function; }
+
+// Megatron's param_group_identifier_keys (POST).
+const std::vector<std::string>& identifier_keys() {
+  static const std::vector<std::string> keys = {"wd_mult", "lr_mult", "is_expert_parallel",
+                                                "is_decoupled_lr"};
+  return keys;
+}
+
+// load_state_dict's make_needed_groups(): the identity tuple of a group.
+std::vector<Value> make_needed_groups(const Dict& param_group) {
+  std::vector<Value> out;
+  for (const std::string& key : identifier_keys()) {
+    if (const Value* v = param_group.find(key)) {
+      out.push_back(*v);
+    } else if (const Value* pre = param_group.find("pre_" + key)) {
+      out.push_back(*pre);
+    } else {
+      throw UpstreamError("ValueError",
+                          fmt::format("Key {} (or pre_{}) not found in param_group {}.", key, key,
+                                      Value(param_group.copy()).repr()),
+                          site("load_state_dict() make_needed_groups"));
+    }
+  }
+  return out;
+}
+
+bool same_identity(const std::vector<Value>& a, const std::vector<Value>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!py_equal(a[i], b[i])) return false;
+  }
+  return true;
+}
+
+std::string identity_repr(const std::vector<Value>& t) { return Value::tuple(t).repr(); }
+
+std::string size_repr(const at::Tensor& t) {
+  std::string out = "torch.Size([";
+  for (int64_t i = 0; i < t.dim(); ++i) {
+    if (i) out += ", ";
+    out += std::to_string(t.size(i));
+  }
+  return out + "])";
+}
+
+}  // namespace
+
+std::string optimizer_kind_name(OptimizerKind k) {
+  switch (k) {
+    case OptimizerKind::kFusedAdam:
+      return "fused_adam";
+    case OptimizerKind::kTorchAdamW:
+      return "torch_adamw";
+    case OptimizerKind::kHybrid:
+      return "hybrid";
+  }
+  return "?";
+}
+
+std::string kernel_kind_name(KernelKind k) {
+  return k == KernelKind::kTorchAdamW ? "torch AdamW" : "FusedAdam";
+}
+
+double py_item(const at::Tensor& t) {
+  if (t.numel() != 1) {
+    throw UpstreamError(
+        "RuntimeError",
+        fmt::format("a Tensor with {} elements cannot be converted to Scalar", t.numel()),
+        "Tensor.item()");
+  }
+  return t.reshape({}).item<double>();
+}
+
+void py_copy_(const at::Tensor& dst, const at::Tensor& src) {
+  try {
+    at::Tensor d = dst;
+    d.copy_(src);
+  } catch (const c10::Error& e) {
+    throw UpstreamError("RuntimeError", e.what_without_backtrace(), "Tensor.copy_()");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+DistributedOptimizer::DistributedOptimizer(Runtime& rt, DistributedDataParallel& ddp,
+                                           const OptimizerConfig& config,
+                                           const RevisionSwitches& switches)
+    : rt_(rt), ddp_(ddp), dp_group_(ddp.dp_group()), config_(config), switches_(switches) {
+  build_param_groups();
+  // Model grad buffer ranges (__init__): per buffer, per bucket, this rank's shard.
+  const int64_t dp = dp_group_.size();
+  const int64_t rank = dp_group_.rank();
+  per_bucket_numel_ = Value(List::make());
+  per_bucket_numel_unpadded_ = Value(List::make());
+  param_range_maps_.assign(ddp_.num_params(), std::nullopt);
+  for (const ParamAndGradBuffer& buffer : ddp_.buffers()) {
+    auto numel = List::make();
+    auto unpadded = List::make();
+    std::vector<BucketShard> shards;
+    for (size_t b = 0; b < buffer.layout.buckets.size(); ++b) {
+      numel->append(Value(buffer.layout.buckets[b].numel));
+      unpadded->append(Value(buffer.layout.buckets[b].numel_unpadded));
+      shards.push_back(build_bucket_shard(buffer.layout, b, rank, dp));
+      for (const auto& [local_index, rm] : shards.back().param_map) {
+        param_range_maps_[buffer.params.at(local_index)] = rm;
+      }
+    }
+    per_bucket_numel_.list()->append(dict_value({{buffer.dtype_key(), Value(numel)}}));
+    per_bucket_numel_unpadded_.list()->append(dict_value({{buffer.dtype_key(), Value(unpadded)}}));
+    gbuf_ranges_.push_back(std::move(shards));
+  }
+  build_optimizer_group_ranges();
+  build_model_and_main_param_groups();
+  create_inner_optimizer();
+}
+
+// Mirrors megatron/core/optimizer/__init__.py _get_param_groups(): one group per distinct
+// (wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr), in order of first appearance.
+void DistributedOptimizer::build_param_groups() {
+  world_param_group_map_.assign(ddp_.num_params(), 0);
+  for (size_t i = 0; i < ddp_.num_params(); ++i) {
+    const ParamSpec& s = ddp_.specs()[i];
+    size_t g = 0;
+    for (; g < param_groups_.size(); ++g) {
+      if (param_groups_[g]->at("wd_mult").as_float() == s.wd_mult &&
+          param_groups_[g]->at("lr_mult").as_float() == s.lr_mult) {
+        break;
+      }
+    }
+    if (g == param_groups_.size()) {
+      param_groups_.push_back(Dict::make({{"params", Value(List::make())},
+                                          {"wd_mult", Value(s.wd_mult)},
+                                          {"lr_mult", Value(s.lr_mult)},
+                                          {"is_expert_parallel", Value(false)},
+                                          {"is_decoupled_lr", Value(false)}}));
+    }
+    param_groups_[g]->at("params").list()->append(Value(ddp_.param(i)));
+    world_param_group_map_[i] = g;
+  }
+}
+
+// Mirrors _build_optimizer_group_ranges().
+void DistributedOptimizer::build_optimizer_group_ranges() {
+  model_param_group_index_map_.assign(ddp_.num_params(), std::nullopt);
+  opt_group_ranges_.assign(param_groups_.size(), GroupRange{});
+  for (size_t b = 0; b < gbuf_ranges_.size(); ++b) {
+    for (const BucketShard& shard : gbuf_ranges_[b]) {
+      for (const auto& [local_index, rm] : shard.param_map) {
+        const size_t p = ddp_.buffers()[b].params.at(local_index);
+        const size_t g = world_param_group_map_[p];
+        opt_group_ranges_[g].params.push_back(p);
+        model_param_group_index_map_[p] = std::make_pair(g, opt_group_ranges_[g].params.size() - 1);
+      }
+    }
+  }
+  for (size_t g = 0; g < opt_group_ranges_.size(); ++g)
+    opt_group_ranges_[g].orig_group = param_groups_[g];
+}
+
+const ParamRangeMap& DistributedOptimizer::range_map(size_t model_param) const {
+  const auto& rm = param_range_maps_.at(model_param);
+  CKPTSIM_CHECK(rm.has_value(), "model param has no range on this rank");
+  return *rm;
+}
+
+// Mirrors _build_model_and_main_param_groups().
+void DistributedOptimizer::build_model_and_main_param_groups() {
+  for (GroupRange& group_range : opt_group_ranges_) {
+    std::vector<size_t> model_float16;
+    std::vector<size_t> model_fp32;
+    std::vector<at::Tensor> shard_float16;
+    std::vector<at::Tensor> shard_fp32;
+    std::vector<at::Tensor> shard_fp32_from_float16;
+    for (size_t p : group_range.params) {
+      const Range& pr = range_map(p).param;
+      const at::Tensor& model_param = ddp_.param(p);
+      at::Tensor shard_model_param = model_param.narrow(0, pr.start, pr.size());
+      if (model_param.scalar_type() == at::kBFloat16) {
+        at::Tensor shard_main_param;
+        if (!precision_aware()) {
+          shard_main_param = rt_.to(rt_.clone(shard_model_param), at::kFloat, Device::kCuda);
+          shard_owner_.set(shard_main_param, p);
+        }
+        model_float16.push_back(p);
+        shard_float16.push_back(shard_model_param);
+        shard_fp32_from_float16.push_back(shard_main_param);
+      } else {
+        model_fp32.push_back(p);
+        shard_fp32.push_back(shard_model_param);
+      }
+      shard_owner_.set(shard_model_param, p);
+    }
+    std::vector<at::Tensor> installed = shard_fp32;
+    const auto& second = precision_aware() ? shard_float16 : shard_fp32_from_float16;
+    installed.insert(installed.end(), second.begin(), second.end());
+    group_range.orig_group->set("params", params_list(installed));
+
+    // Revision switch group_index_map_installed_order (B8 fix, upstream dev #5835): record
+    // each param's position in the installed [fp32..., bf16...] list instead of gbuf order.
+    if (switches_.group_index_map_installed_order) {
+      for (size_t i = 0; i < model_fp32.size(); ++i)
+        model_param_group_index_map_[model_fp32[i]]->second = i;
+      for (size_t i = 0; i < model_float16.size(); ++i) {
+        model_param_group_index_map_[model_float16[i]]->second = model_fp32.size() + i;
+      }
+    }
+    model_float16_groups_.push_back(std::move(model_float16));
+    model_fp32_groups_.push_back(std::move(model_fp32));
+    shard_float16_groups_.push_back(std::move(shard_float16));
+    shard_fp32_groups_.push_back(std::move(shard_fp32));
+    shard_fp32_from_float16_groups_.push_back(std::move(shard_fp32_from_float16));
+  }
+}
+
+void DistributedOptimizer::create_inner_optimizer() {
+  std::vector<DictPtr> groups;
+  for (const GroupRange& g : opt_group_ranges_) groups.push_back(g.orig_group);
+  const Value betas = Value::tuple({Value(config_.beta1), Value(config_.beta2)});
+  switch (config_.kind) {
+    case OptimizerKind::kFusedAdam: {
+      // get_megatron_optimizer: TE Adam(params, lr, weight_decay, betas, eps, adam_w_mode=True).
+      optimizer_ =
+          std::make_unique<FusedAdam>(rt_, groups,
+                                      Dict::make({{"lr", Value(config_.lr)},
+                                                  {"weight_decay", Value(config_.weight_decay)},
+                                                  {"betas", betas},
+                                                  {"eps", Value(config_.eps)}}));
+      optimizer_->load_state_dict(optimizer_->state_dict());
+      break;
+    }
+    case OptimizerKind::kTorchAdamW: {
+      optimizer_ =
+          std::make_unique<TorchAdamW>(rt_, groups,
+                                       Dict::make({{"lr", Value(config_.lr)},
+                                                   {"weight_decay", Value(config_.weight_decay)},
+                                                   {"betas", betas},
+                                                   {"eps", Value(config_.eps)}}));
+      optimizer_->load_state_dict(optimizer_->state_dict());
+      break;
+    }
+    case OptimizerKind::kHybrid: {
+      // get_megatron_optimizer's HybridDeviceOptimizer defaults, rebuilt over the shard groups.
+      auto defaults = Dict::make({
+          {"offload_fraction", Value(config_.offload_fraction)},
+          {"cpu_optimizer_cls", Value::symbol("<class 'torch.optim.adamw.AdamW'>")},
+          {"gpu_optimizer_cls",
+           Value::symbol("<class 'transformer_engine.pytorch.optimizers.fused_adam.FusedAdam'>")},
+          {"param_update_in_fp32", Value(true)},
+          {"pin_cpu_grads", Value(true)},
+          {"pin_cpu_params", Value(true)},
+          {"overlap_cpu_optimizer_d2h_h2d", Value(config_.overlap_cpu_optimizer_d2h_h2d)},
+          {"lr", Value(config_.lr)},
+          {"weight_decay", Value(config_.weight_decay)},
+          {"betas", betas},
+          {"eps", Value(config_.eps)},
+          {"bias_correction", Value(true)},
+          {"fused", Value(true)},
+      });
+      optimizer_ = std::make_unique<HybridDeviceOptimizer>(rt_, groups, defaults, switches_);
+      break;
+    }
+  }
+}
+
+at::Tensor DistributedOptimizer::optimizer_param(size_t model_param) {
+  const auto& gi = model_param_group_index_map_.at(model_param);
+  CKPTSIM_CHECK(gi.has_value(), "model param has no optimizer param on this rank");
+  const auto& [g, o] = *gi;
+  const Value& params = optimizer_->param_groups->at(g).dict()->at("params");
+  return params.list()->at(o).tensor();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Training.
+
+void DistributedOptimizer::apply_schedule(double lr, double weight_decay) {
+  for (Value& g : *optimizer_->param_groups) {
+    Dict& group = *g.dict();
+    group.set("lr", Value(lr * group.get("lr_mult", Value(1.0)).as_float()));
+    group.set("weight_decay", Value(weight_decay * group.get("wd_mult", Value(1.0)).as_float()));
+  }
+}
+
+void DistributedOptimizer::step() {
+  // _copy_model_grads_to_main_grads.
+  auto copy_group_grads = [&](const std::vector<std::vector<size_t>>& model_groups,
+                              const std::vector<std::vector<at::Tensor>>& shard_groups) {
+    for (size_t g = 0; g < model_groups.size(); ++g) {
+      for (size_t i = 0; i < model_groups[g].size(); ++i) {
+        const size_t p = model_groups[g][i];
+        const Range& pr = range_map(p).param;
+        const at::Tensor& shard_main_param = shard_groups[g][i];
+        CKPTSIM_CHECK(pr.size() == shard_main_param.numel(), "param range size != shard size");
+        at::Tensor shard_model_grad = ddp_.main_grad(p).narrow(0, pr.start, pr.size());
+        // Precision-aware: .decoupled_grad (the same slot here); otherwise .grad = grad.float(),
+        // the same view since grads are fp32.
+        rt_.set_grad(shard_main_param, shard_model_grad);
+      }
+    }
+  };
+  if (precision_aware()) {
+    copy_group_grads(model_float16_groups_, shard_float16_groups_);
+  } else {
+    copy_group_grads(model_float16_groups_, shard_fp32_from_float16_groups_);
+  }
+  copy_group_grads(model_fp32_groups_, shard_fp32_groups_);
+
+  optimizer_->step();
+  record_step_uses();
+
+  // _copy_main_params_to_model_params (precision-aware optimizers write the params themselves).
+  if (!precision_aware()) {
+    for (size_t g = 0; g < model_float16_groups_.size(); ++g) {
+      for (size_t i = 0; i < model_float16_groups_[g].size(); ++i) {
+        py_copy_(shard_float16_groups_[g][i], shard_fp32_from_float16_groups_[g][i]);
+      }
+    }
+  }
+}
+
+void DistributedOptimizer::record_step_uses() {
+  last_step_uses_.clear();
+  auto owner = [&](const at::Tensor& t) {
+    const size_t* p = shard_owner_.find(t);
+    CKPTSIM_CHECK(p != nullptr, "an optimizer param that is no shard of a model param");
+    return *p;
+  };
+  if (auto* h = hdo()) {
+    for (const auto& cpu : h->cpu_optimizers) {
+      for (const auto& u : cpu->last_used_steps()) {
+        const at::Tensor& orig =
+            h->inner_param_to_orig_param.at(u.param, "inner_param_to_orig_param");
+        last_step_uses_.push_back({owner(orig), "HDO cpu AdamW", KernelKind::kTorchAdamW, u.step});
+      }
+    }
+    if (h->gpu_optimizer) {
+      size_t used = 0;
+      for (const Value& gv : *h->gpu_optimizer->param_groups) {
+        const auto params = group_params(*gv.dict());
+        if (params.empty()) continue;
+        const double t = static_cast<double>(h->gpu_optimizer->last_used_steps().at(used++));
+        for (const at::Tensor& inner : params) {
+          const at::Tensor& orig =
+              h->inner_param_to_orig_param.at(inner, "inner_param_to_orig_param");
+          last_step_uses_.push_back({owner(orig), "HDO gpu FusedAdam", KernelKind::kFusedAdam, t});
+        }
+      }
+    }
+    return;
+  }
+  if (auto* adamw = dynamic_cast<TorchAdamW*>(optimizer_.get())) {
+    for (const auto& u : adamw->last_used_steps()) {
+      last_step_uses_.push_back({owner(u.param), "AdamW", KernelKind::kTorchAdamW, u.step});
+    }
+    return;
+  }
+  auto* fused = dynamic_cast<FusedAdam*>(optimizer_.get());
+  size_t used = 0;
+  for (const Value& gv : *fused->param_groups) {
+    const auto params = group_params(*gv.dict());
+    if (params.empty()) continue;
+    const double t = static_cast<double>(fused->last_used_steps().at(used++));
+    for (const at::Tensor& p : params)
+      last_step_uses_.push_back({owner(p), "FusedAdam", KernelKind::kFusedAdam, t});
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// state_dict / load_state_dict.
+
+std::optional<double> DistributedOptimizer::hdo_step_for_state_dict() {
+  HybridDeviceOptimizer* h = hdo();
+  for (Optimizer* sub : h->sub_optimizers()) {
+    if (dynamic_cast<TorchAdamW*>(sub) == nullptr) continue;
+    if (sub->state.empty()) continue;
+    std::vector<double> steps;
+    for (const auto& [p, s] : sub->state) {
+      const double v = py_item(s->at("step", "DistributedOptimizer.state_dict()").tensor());
+      if (std::find(steps.begin(), steps.end(), v) == steps.end()) steps.push_back(v);
+    }
+    if (steps.size() != 1) {
+      throw PyAssertionError(fmt::format("steps: {} distinct values", steps.size()),
+                             site("state_dict()"));
+    }
+    return steps[0];
+  }
+  // Revision switch hdo_step_source (B6 fix): with no CPU AdamW state, take the GPU
+  // FusedAdam's group step so that offload_fraction=0 still saves it.
+  if (switches_.hdo_step_source == HdoStepSource::kAnySubOptimizer && h->gpu_optimizer) {
+    std::vector<int64_t> steps;
+    for (const Value& gv : *h->gpu_optimizer->param_groups) {
+      const Dict& g = *gv.dict();
+      if (g.at("params").list()->empty() || !g.contains("step")) continue;
+      const int64_t v = g.at("step").as_int();
+      if (std::find(steps.begin(), steps.end(), v) == steps.end()) steps.push_back(v);
+    }
+    if (steps.size() > 1) {
+      throw PyAssertionError(fmt::format("steps: {} distinct values", steps.size()),
+                             site("state_dict()"));
+    }
+    if (steps.size() == 1) return static_cast<double>(steps[0]);
+  }
+  return std::nullopt;
+}
+
+Value DistributedOptimizer::state_dict() {
+  const Value inner = optimizer_->state_dict();
+  std::optional<double> step;
+  if (!have_apex_or_te()) {
+    std::vector<double> steps;
+    for (const auto& [k, s] : *inner.dict()->at("state").dict()) {
+      const double v = py_item(s.dict()->at("step", "DistributedOptimizer.state_dict()").tensor());
+      if (std::find(steps.begin(), steps.end(), v) == steps.end()) steps.push_back(v);
+    }
+    if (steps.size() == 1) {
+      step = steps[0];
+    } else if (!(steps.empty() && switches_.pure_torch_state_dict_allows_empty_state)) {
+      // `assert len(steps) == 1`: also fails on a fresh optimizer whose state is empty.
+      throw PyAssertionError(
+          fmt::format(
+              "assert len(steps) == 1 failed: {} distinct per-param steps{}", steps.size(),
+              steps.empty() ? " (the optimizer state is empty: nothing has stepped yet)" : ""),
+          site("state_dict()"));
+    }
+  } else if (hdo() != nullptr) {
+    step = hdo_step_for_state_dict();
+  } else {
+    std::vector<int64_t> steps;
+    for (const Value& gv : *inner.dict()->at("param_groups").list()) {
+      const Dict& g = *gv.dict();
+      if (g.at("params").list()->empty() || !g.contains("step")) continue;
+      const int64_t v = g.at("step").as_int();
+      if (std::find(steps.begin(), steps.end(), v) == steps.end()) steps.push_back(v);
+    }
+    if (steps.size() > 1)
+      throw PyAssertionError(fmt::format("steps: {} values", steps.size()), site("state_dict()"));
+    if (steps.size() == 1) step = static_cast<double>(steps[0]);
+  }
+
+  auto optimizer_sd = Dict::make();
+  for (const auto& [k, v] : *inner.dict()) {
+    if (!(k == Key("state"))) optimizer_sd->set(k, v);
+  }
+  for (Value& gv : *optimizer_sd->at("param_groups").list()) {
+    Dict& g = *gv.dict();
+    g.pop("params");
+    if (!have_apex_or_te()) {
+      g.set("step", step.has_value() ? Value(*step) : Value());
+    } else if (step.has_value()) {
+      g.set("step", Value(static_cast<int64_t>(*step)));
+    }
+    // Revision switch state_dict_drops_none_step (RX-MILES 714-715).
+    if (switches_.state_dict_drops_none_step && g.contains("step") && g.at("step").is_none()) {
+      g.erase("step");
+    }
+  }
+  return dict_value({{"optimizer", Value(optimizer_sd)}});
+}
+
+void DistributedOptimizer::load_state_dict(const Value& state_dict) {
+  const Dict& sd = *state_dict.dict();
+  if (optimizer_->state.empty()) {
+    if (HybridDeviceOptimizer* h = hdo()) h->dummy_step();
+  }
+
+  // Group matching by identity tuple; the saved group's scalars (incl. 'step') win.
+  std::vector<std::pair<std::vector<Value>, DictPtr>> param_groups_map;
+  for (const Value& gv : *sd.at("optimizer").dict()->at("param_groups").list()) {
+    auto needed = make_needed_groups(*gv.dict());
+    auto it = std::find_if(param_groups_map.begin(), param_groups_map.end(),
+                           [&](const auto& e) { return same_identity(e.first, needed); });
+    if (it != param_groups_map.end()) {
+      it->second = gv.dict();
+    } else {
+      param_groups_map.emplace_back(std::move(needed), gv.dict());
+    }
+  }
+  const Value inner_state_dict = optimizer_->state_dict();
+  auto state_dict_param_groups = List::make();
+  for (const Value& gv : *inner_state_dict.dict()->at("param_groups").list()) {
+    const auto needed = make_needed_groups(*gv.dict());
+    auto it = std::find_if(param_groups_map.begin(), param_groups_map.end(),
+                           [&](const auto& e) { return same_identity(e.first, needed); });
+    if (it == param_groups_map.end())
+      throw PyKeyError(identity_repr(needed), site("load_state_dict()"));
+    DictPtr g = it->second->copy();
+    g->set("params", gv.dict()->at("params"));
+    state_dict_param_groups->append(Value(g));
+  }
+
+  Value state_dict_state;
+  if (optimizer_->state.empty()) {
+    // Allocate dummy state (torch.empty) keyed by state_order; real data comes later.
+    std::vector<std::pair<int64_t, DictPtr>> entries;
+    for (size_t b = 0; b < gbuf_ranges_.size(); ++b) {
+      for (const BucketShard& shard : gbuf_ranges_[b]) {
+        for (const auto& [local_index, rm] : shard.param_map) {
+          const size_t p = ddp_.buffers()[b].params.at(local_index);
+          const auto& [g, o] = *model_param_group_index_map_.at(p);
+          const int64_t state_order = inner_state_dict.dict()
+                                          ->at("param_groups")
+                                          .list()
+                                          ->at(g)
+                                          .dict()
+                                          ->at("params")
+                                          .list()
+                                          ->at(o)
+                                          .as_int();
+          const int64_t numel = rm.gbuf_world.size();
+          auto tensors =
+              Dict::make({{"exp_avg", Value(rt_.empty({numel}, at::kFloat, Device::kCuda))},
+                          {"exp_avg_sq", Value(rt_.empty({numel}, at::kFloat, Device::kCuda))}});
+          if (precision_aware())
+            tensors->set("master_param", Value(rt_.empty({numel}, at::kFloat, Device::kCuda)));
+          entries.emplace_back(state_order, tensors);
+        }
+      }
+    }
+    std::stable_sort(entries.begin(), entries.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    auto d = Dict::make();
+    for (const auto& [order, tensors] : entries) d->set(order, Value(tensors));
+    state_dict_state = Value(d);
+  } else {
+    state_dict_state = inner_state_dict.dict()->at("state");
+  }
+
+  if (!have_apex_or_te()) {
+    // Pure torch: one distinct step over the saved groups, one tensor shared by every entry (B9).
+    std::vector<Value> steps;
+    const bool tolerant = switches_.pure_torch_state_dict_allows_empty_state;
+    for (const Value& gv : *sd.at("optimizer").dict()->at("param_groups").list()) {
+      const Dict& g = *gv.dict();
+      if (tolerant && (!g.contains("step") || g.at("step").is_none())) continue;
+      const Value& v = g.at("step", "distrib_optimizer.py load_state_dict() g['step']");
+      if (std::none_of(steps.begin(), steps.end(), [&](const Value& s) { return py_equal(s, v); }))
+        steps.push_back(v);
+    }
+    if (tolerant && steps.empty()) {
+      // No step saved (nothing had stepped): every entry gets a fresh step of 0, as AdamW's
+      // own state initialization would give it.
+      for (auto& [k, s] : *state_dict_state.dict()) {
+        if (!s.dict()->contains("step"))
+          s.dict()->set("step", Value(rt_.scalar_tensor(0.0, at::kFloat, Device::kCpu)));
+      }
+    } else {
+      if (steps.size() != 1) {
+        throw PyAssertionError(
+            fmt::format(
+                "assert len(steps) == 1 failed: {} distinct steps in the saved param groups",
+                steps.size()),
+            site("load_state_dict()"));
+      }
+      if (steps[0].is_none()) {
+        throw UpstreamError("RuntimeError", "Could not infer dtype of NoneType", "torch.tensor()");
+      }
+      const at::Tensor step = rt_.scalar_tensor(steps[0].as_float(), at::kFloat, Device::kCpu);
+      for (auto& [k, s] : *state_dict_state.dict()) {
+        // Revision switch pure_torch_load_clones_step (B9 fix).
+        s.dict()->set("step",
+                      Value(switches_.pure_torch_load_clones_step ? rt_.clone(step) : step));
+      }
+    }
+  } else if (HybridDeviceOptimizer* h = hdo()) {
+    std::vector<Value> steps;
+    for (const Value& gv : *sd.at("optimizer").dict()->at("param_groups").list()) {
+      const Dict& g = *gv.dict();
+      if (!g.contains("step")) continue;
+      const Value& v = g.at("step");
+      if (std::none_of(steps.begin(), steps.end(), [&](const Value& s) { return py_equal(s, v); }))
+        steps.push_back(v);
+    }
+    if (!steps.empty()) {
+      if (steps.size() != 1)
+        throw PyAssertionError(fmt::format("steps: {} values", steps.size()),
+                               site("load_state_dict()"));
+      const at::Tensor step = rt_.scalar_tensor(steps[0].as_float(), at::kFloat, Device::kCpu);
+      for (auto& [p, v] : h->state) v->set("step", Value(rt_.clone(step)));
+    }
+  }
+
+  optimizer_->load_state_dict(
+      dict_value({{"state", state_dict_state}, {"param_groups", Value(state_dict_param_groups)}}));
+
+  if (const Value* param_state = sd.find("param_state")) {
+    const Value* type = sd.find("param_state_sharding_type");
+    if (type == nullptr)
+      throw PyAssertionError("assert 'param_state_sharding_type' in state_dict failed",
+                             site("load_state_dict()"));
+    if (type->as_str() == "dp_reshardable") {
+      load_parameter_state_from_dp_reshardable(*param_state);
+    } else {
+      throw UpstreamError(
+          "NotImplementedError",
+          "Unknown sharding_type: " + type->as_str() + " (only dp_reshardable is modeled)",
+          site("load_state_dict()"));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// _get / _set.
+
+DictPtr DistributedOptimizer::get_main_param_and_optimizer_states(size_t model_param) {
+  const at::Tensor x = optimizer_param(model_param);
+  auto tensors = Dict::make();
+  if (precision_aware()) {
+    // HDO: raw live objects of HDO.state[X] (state is a defaultdict: a miss inserts {}).
+    DictPtr& s = optimizer_->state.get_or_insert(x, [] { return Dict::make(); });
+    for (const auto& [k, v] : *s) {
+      // Revision switch get_drops_non_tensors (HEAD:1097-1110).
+      if (switches_.get_drops_non_tensors && !v.is_tensor()) continue;
+      tensors->set(k, v);
+    }
+    tensors->set("param",
+                 tensors->pop("master_param",
+                              "distrib_optimizer.py _get_main_param_and_optimizer_states()"));
+    return tensors;
+  }
+  tensors->set("param", Value(x));
+  DictPtr& s = optimizer_->state.get_or_insert(x, [] { return Dict::make(); });
+  for (const auto& [k, v] : *s) tensors->set(k, v);
+  return tensors;
+}
+
+void DistributedOptimizer::set_main_param_and_optimizer_states(size_t model_param,
+                                                               const Dict& tensors) {
+  const at::Tensor x = optimizer_param(model_param);
+  if (precision_aware()) {
+    DictPtr& s = optimizer_->state.get_or_insert(x, [] { return Dict::make(); });
+    for (const auto& [k, v] : tensors) {
+      // Revision switch set_skips_non_tensors (HEAD; POST assigns 'padding': False, B13).
+      if (switches_.set_skips_non_tensors && !v.is_tensor()) continue;
+      if (switches_.set_skips_step && k == Key("step")) continue;
+      // Assignment, not a copy: the request's objects become the live state (spec §6).
+      s->set(k == Key("param") ? Key("master_param") : k, v);
+    }
+    return;
+  }
+  DictPtr& s = optimizer_->state.get_or_insert(x, [] { return Dict::make(); });
+  std::vector<std::pair<Key, Value>> dst = {{Key("param"), Value(x)}};
+  for (const auto& [k, v] : *s) dst.emplace_back(k, v);
+  for (const auto& [key, d] : dst) {
+    if (switches_.set_skips_step && key == Key("step")) continue;
+    const Value* src = tensors.find(key);
+    if (src == nullptr)
+      throw PyKeyError(key.repr(), site("_set_main_param_and_optimizer_states()"));
+    if (switches_.set_skips_non_tensors && !src->is_tensor()) continue;
+    if (!d.is_tensor()) {
+      throw UpstreamError("AttributeError",
+                          "'" + d.type_name() + "' object has no attribute 'copy_'",
+                          site("_set_main_param_and_optimizer_states()"));
+    }
+    if (!src->is_tensor()) {
+      throw UpstreamError("TypeError",
+                          "copy_(): argument 'src' must be Tensor, not " + src->type_name(),
+                          site("_set_main_param_and_optimizer_states()"));
+    }
+    py_copy_(d.tensor(), src->tensor());
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// dp_reshardable.
+
+Value DistributedOptimizer::get_parameter_state_dp_reshardable() {
+  auto state = Dict::make({{"per_bucket_numel", per_bucket_numel_},
+                           {"per_bucket_numel_unpadded", per_bucket_numel_unpadded_}});
+  for (size_t b = 0; b < gbuf_ranges_.size(); ++b) {
+    const ParamAndGradBuffer& buffer = ddp_.buffers()[b];
+    auto buckets_state = List::make();
+    for (const BucketShard& shard : gbuf_ranges_[b]) {
+      auto bucket_state = List::make();
+      for (const auto& [local_index, rm] : shard.param_map) {
+        DictPtr tensors = get_main_param_and_optimizer_states(buffer.params.at(local_index));
+        tensors->set("gbuf_local_start", Value(rm.gbuf_local.start));
+        tensors->set("gbuf_local_end", Value(rm.gbuf_local.end));
+        bucket_state->append(Value(tensors));
+      }
+      buckets_state->append(Value(bucket_state));
+    }
+    state->set(static_cast<int64_t>(b), dict_value({{buffer.dtype_key(), Value(buckets_state)}}));
+  }
+  return Value(state);
+}
+
+Value DistributedOptimizer::sharded_param_state_dp_reshardable(bool is_loading) {
+  const int64_t dp_rank = dp_group_.rank();
+  const int64_t dp_size = dp_group_.size();
+  Value state = get_parameter_state_dp_reshardable();
+  for (const char* per_bucket_key : {"per_bucket_numel", "per_bucket_numel_unpadded"}) {
+    ShardedObject so;
+    so.key = fmt::format("optimizer.distributed.dp_group_idx_{}.{}", data_parallel_group_idx_,
+                         per_bucket_key);
+    so.data = state.dict()->at(per_bucket_key);
+    so.global_shape = {1};
+    so.global_offset = {0};
+    so.replica_id = {distributed_optimizer_instance_id_, 0, dp_rank};
+    state.dict()->set(per_bucket_key, Value(ShardedObject::make(std::move(so))));
+  }
+
+  for (size_t gbuf_idx = 0; gbuf_idx < gbuf_ranges_.size(); ++gbuf_idx) {
+    const ParamAndGradBuffer& buffer = ddp_.buffers()[gbuf_idx];
+    for (auto& [dtype, buckets] : *state.dict()->at(static_cast<int64_t>(gbuf_idx)).dict()) {
+      for (size_t bucket_idx = 0; bucket_idx < buckets.list()->size(); ++bucket_idx) {
+        const ListPtr bucket_state = buckets.list()->at(bucket_idx).list();
+        const int64_t unpadded = buffer.layout.buckets[bucket_idx].numel_unpadded;
+        const int64_t numel = buffer.layout.buckets[bucket_idx].numel;
+        if (!(unpadded <= numel)) {
+          throw PyAssertionError("assert gbuf_world_numel_unpadded <= gbuf_world_numel failed",
+                                 site("sharded_param_state_dp_reshardable()"));
+        }
+        if (numel % dp_size != 0) {
+          throw PyAssertionError("assert gbuf_world_numel % data_parallel_world_size == 0 failed",
+                                 site("sharded_param_state_dp_reshardable()"));
+        }
+        const int64_t local_numel = numel / dp_size;
+        const std::string sharded_bucket_key =
+            fmt::format("optimizer.distributed.dp_group_idx_{}.gbuf_idx_{}.dtype_{}.bucket_idx_{}",
+                        data_parallel_group_idx_, gbuf_idx, dtype.repr(), bucket_idx);
+
+        if (bucket_state->empty()) {
+          // Revision switch allow_empty_bucket (B12 fix): a rank whose shard holds no param
+          // element writes its in-range padding (if any) instead of asserting.
+          if (!switches_.allow_empty_bucket) {
+            throw PyAssertionError("empty bucket encountered",
+                                   site("sharded_param_state_dp_reshardable()"));
+          }
+          // Always one entry, so that no rank's bucket list is empty: an empty list would be
+          // compacted away by extract_matching_values and shift every later bucket's position.
+          const int64_t in_range =
+              std::clamp<int64_t>(unpadded - dp_rank * local_numel, 0, local_numel);
+          auto pad = Dict::make();
+          for (const char* k : {"param", "exp_avg", "exp_avg_sq"}) {
+            pad->set(k, Value(rt_.empty({in_range}, at::kFloat, Device::kCuda)));
+          }
+          pad->set("gbuf_local_start", Value(int64_t{0}));
+          pad->set("gbuf_local_end", Value(in_range));
+          pad->set("padding", Value(true));
+          bucket_state->append(Value(pad));
+        }
+
+        // Padding between (and around) params so the pieces tile the shard up to U.
+        std::vector<std::pair<size_t, DictPtr>> all_pad_tensors;
+        const auto n = static_cast<int64_t>(bucket_state->size());
+        for (int64_t i = -1; i < n && n > 0; ++i) {
+          const int64_t next_param_start = i == n - 1 ? local_numel
+                                                      : bucket_state->at(static_cast<size_t>(i + 1))
+                                                            .dict()
+                                                            ->at("gbuf_local_start")
+                                                            .as_int();
+          const int64_t cur_param_end =
+              i == -1
+                  ? 0
+                  : bucket_state->at(static_cast<size_t>(i)).dict()->at("gbuf_local_end").as_int();
+          const int64_t world_param_end = dp_rank * local_numel + cur_param_end;
+          // Fault site dp_reshardable.drop_end_padding: lose the pad after the last param.
+          if (i == n - 1 && rt_.fault(fault::kDropEndPadding)) continue;
+          if (next_param_start != cur_param_end && world_param_end < unpadded) {
+            // Python's bucket_state[-1] is the last entry: the template for the front pad.
+            const Dict& templ = *bucket_state->at(static_cast<size_t>(i == -1 ? n - 1 : i)).dict();
+            auto pad = Dict::make();
+            for (const auto& [k, v] : templ) {
+              if (!v.is_tensor()) continue;
+              pad->set(k, Value(rt_.empty({next_param_start - cur_param_end},
+                                          v.tensor().scalar_type(), rt_.device_of(v.tensor()))));
+            }
+            pad->set("gbuf_local_start", Value(cur_param_end));
+            pad->set("gbuf_local_end", Value(next_param_start));
+            pad->set("padding", Value(true));
+            all_pad_tensors.emplace_back(static_cast<size_t>(i + 1), pad);
+          }
+        }
+        for (auto it = all_pad_tensors.rbegin(); it != all_pad_tensors.rend(); ++it) {
+          bucket_state->insert(it->first, Value(it->second));
+        }
+
+        for (Value& entry_v : *bucket_state) {
+          Dict& tensors = *entry_v.dict();
+          const int64_t gbuf_local_start = tensors.pop("gbuf_local_start").as_int();
+          const int64_t gbuf_local_end = tensors.pop("gbuf_local_end").as_int();
+          if (!tensors.contains("padding")) tensors.set("padding", Value(false));
+          // Revision switch omit_step_when_loading (Fix B): the load request has no 'step'.
+          if (is_loading && switches_.omit_step_when_loading) tensors.erase("step");
+          for (auto& [key, value] : tensors) {
+            if (key == Key("padding")) {
+              value = make_nonpersistent(value);
+              continue;
+            }
+            if (key == Key("step")) {
+              // Revision switch sharded_step: the one line PR #2874 added (and RX-MILES's own).
+              if (switches_.sharded_step == ShardedStepMode::kNonpersistent) {
+                value = make_nonpersistent(value);
+                continue;
+              }
+              if (switches_.sharded_step == ShardedStepMode::kRawLeaf) continue;
+            }
+            if (!value.is_tensor()) {
+              throw UpstreamError("AttributeError",
+                                  "'" + value.type_name() + "' object has no attribute 'shape'",
+                                  site("sharded_param_state_dp_reshardable()"));
+            }
+            const at::Tensor& t = value.tensor();
+            if (!(t.dim() == 1 && t.size(0) == gbuf_local_end - gbuf_local_start)) {
+              throw PyAssertionError(
+                  fmt::format("({}, {}, {})", size_repr(t), gbuf_local_start, gbuf_local_end),
+                  site("sharded_param_state_dp_reshardable()"));
+            }
+            ShardedTensor st;
+            st.key = sharded_bucket_key + "." + key.str();
+            st.data = t;
+            st.dtype = t.scalar_type();
+            st.local_shape = {t.size(0)};
+            st.global_shape = {unpadded};
+            st.global_offset = {dp_rank * local_numel + gbuf_local_start};
+            // Under allow_empty_bucket a zero-length pad of a rank past numel_unpadded sits at its
+            // end.
+            if (switches_.allow_empty_bucket)
+              st.global_offset[0] = std::min(st.global_offset[0], unpadded);
+            st.axis_fragmentations = std::nullopt;
+            st.replica_id = {distributed_optimizer_instance_id_, 0, 0};
+            value = Value(ShardedTensor::make(std::move(st)));
+          }
+        }
+      }
+    }
+  }
+  return state;
+}
+
+void DistributedOptimizer::load_parameter_state_from_dp_reshardable(const Value& state_dict) {
+  static const std::string kSite = site("load_parameter_state_from_dp_reshardable()");
+  const Dict& sd = *state_dict.dict();
+  if (const Value* ckpt = sd.find("per_bucket_numel_unpadded")) {
+    if (!py_equal(per_bucket_numel_unpadded_, *ckpt)) {
+      throw PyAssertionError(
+          fmt::format(
+              "Number of unpadded elements in each bucket need to be the same in current run "
+              "({}) and checkpoint ({})",
+              per_bucket_numel_unpadded_.repr(), ckpt->repr()),
+          kSite);
+    }
+  }
+  for (size_t gbuf_idx = 0; gbuf_idx < gbuf_ranges_.size(); ++gbuf_idx) {
+    const ParamAndGradBuffer& buffer = ddp_.buffers()[gbuf_idx];
+    const Dict& dtype_state = *sd.at(static_cast<int64_t>(gbuf_idx), kSite.c_str()).dict();
+    for (size_t bucket_idx = 0; bucket_idx < gbuf_ranges_[gbuf_idx].size(); ++bucket_idx) {
+      const BucketShard& shard = gbuf_ranges_[gbuf_idx][bucket_idx];
+      const Value& buckets = dtype_state.at(buffer.dtype_key(), kSite.c_str());
+      std::vector<DictPtr> entries;
+      for (const Value& e : *buckets.list()->at(bucket_idx).list()) {
+        if (!e.dict()->at("padding", kSite.c_str()).as_bool()) entries.push_back(e.dict());
+      }
+      if (entries.size() != shard.param_map.size()) {
+        throw PyAssertionError(fmt::format("({}, {})", entries.size(), shard.param_map.size()),
+                               kSite);
+      }
+      for (size_t i = 0; i < entries.size(); ++i) {
+        const size_t p = buffer.params.at(shard.param_map[i].first);
+        // Revision switch dp_reshardable_load_skips_step (Fix A), as the fs_model_space loader.
+        if (switches_.dp_reshardable_load_skips_step) {
+          DictPtr src = Dict::make();
+          for (const auto& [k, v] : *entries[i]) {
+            if (!(k == Key("step"))) src->set(k, v);
+          }
+          set_main_param_and_optimizer_states(p, *src);
+        } else {
+          set_main_param_and_optimizer_states(p, *entries[i]);
+        }
+      }
+    }
+  }
+  // Fault site load.perturb_exp_avg: one ulp into the first restored exp_avg on DP rank 0.
+  if (dp_group_.rank() == 0 && rt_.fault(fault::kPerturbLoadedExpAvg)) {
+    for (size_t p = 0; p < ddp_.num_params(); ++p) {
+      if (!model_param_group_index_map_[p].has_value()) continue;
+      DictPtr tensors = get_main_param_and_optimizer_states(p);
+      if (const Value* m = tensors->find("exp_avg");
+          m != nullptr && m->is_tensor() && m->tensor().numel() > 0) {
+        at::Tensor first = m->tensor().narrow(0, 0, 1);
+        const float x = first.item<float>();
+        first.fill_(std::nextafter(x, x >= 0 ? 1.0F : -1.0F));
+        break;
+      }
+    }
+  }
+  // Revision switch dp_reshardable_load_syncs_hdo (B11).
+  if (switches_.dp_reshardable_load_syncs_hdo) {
+    if (HybridDeviceOptimizer* h = hdo()) h->sync_hdo_state_to_sub_optimizers();
+  }
+}
+
+// Revision switch init_empty_state_before_save: Megatron's init_state_fn applied to every
+// param that has no optimizer state yet (and, for HDO, through its sub-optimizers).
+void DistributedOptimizer::init_empty_state() {
+  auto init_adam = [&](Optimizer& opt, const at::Tensor& p) {
+    DictPtr& s = opt.state.get_or_insert(p, [] { return Dict::make(); });
+    if (!s->empty()) return;
+    if (dynamic_cast<TorchAdamW*>(&opt) != nullptr) {
+      const Dict& g = *opt.param_groups->at(0).dict();
+      const bool fused =
+          g.get("fused", Value(false)).is_bool() && g.get("fused", Value(false)).as_bool();
+      s->set("step", Value(fused ? rt_.zeros({}, at::kFloat, rt_.device_of(p))
+                                 : rt_.scalar_tensor(0.0, at::kFloat, Device::kCpu)));
+    }
+    s->set("exp_avg", Value(rt_.zeros_like(p)));
+    s->set("exp_avg_sq", Value(rt_.zeros_like(p)));
+  };
+  if (HybridDeviceOptimizer* h = hdo()) {
+    for (Optimizer* sub : h->sub_optimizers()) {
+      for (const Value& gv : *sub->param_groups) {
+        for (const at::Tensor& p : group_params(*gv.dict())) init_adam(*sub, p);
+      }
+    }
+    h->sync_sub_optimizers_state_to_hdo();
+    return;
+  }
+  for (const Value& gv : *optimizer_->param_groups) {
+    for (const at::Tensor& p : group_params(*gv.dict())) init_adam(*optimizer_, p);
+  }
+}
+
+Value DistributedOptimizer::sharded_state_dict(const Value& model_sharded_state_dict,
+                                               bool is_loading, const std::string& sharding_type) {
+  (void)model_sharded_state_dict;
+  if (!is_loading && switches_.init_empty_state_before_save) init_empty_state();
+  Value sd = state_dict();
+  // dp_reshardable is not a fully reshardable format: each top-level value becomes a
+  // ShardedObject whose main replica is DP rank 0.
+  for (auto& [k, v] : *sd.dict()) {
+    ShardedObject so;
+    so.key =
+        fmt::format("optimizer.distributed.dp_group_idx_{}.{}", data_parallel_group_idx_, k.str());
+    so.data = v;
+    so.global_shape = {1};
+    so.global_offset = {0};
+    so.replica_id = {distributed_optimizer_instance_id_, 0, dp_group_.rank()};
+    v = Value(ShardedObject::make(std::move(so)));
+  }
+  if (is_loading) load_state_dict(state_dict());
+  if (sharding_type != "dp_reshardable") {
+    throw UpstreamError(
+        "NotImplementedError",
+        "Unknown sharding_type: " + sharding_type + " (only dp_reshardable is modeled)",
+        site("sharded_state_dict()"));
+  }
+  sd.dict()->set("param_state", sharded_param_state_dp_reshardable(is_loading));
+  sd.dict()->set("param_state_sharding_type", Value(sharding_type));
+  return sd;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Introspection.
+
+std::vector<ShardSnapshot> DistributedOptimizer::snapshot() {
+  auto to_vec = [](const Value* v) {
+    std::vector<float> out;
+    if (v == nullptr || !v->is_tensor()) return out;
+    at::Tensor t = v->tensor().to(at::kFloat).to(at::kCPU).contiguous();
+    out.assign(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
+    return out;
+  };
+  // Ground truth, not the index maps: walk the params the inner optimizer actually updates
+  // (so a B8 group_order mix-up shows as wrong data, not as a wrong snapshot).
+  std::vector<ShardSnapshot> out;
+  std::vector<const void*> step_objects;  // per snapshot entry, the step tensor's identity
+  for (const Value& gv : *optimizer_->param_groups) {
+    for (const at::Tensor& x : group_params(*gv.dict())) {
+      const size_t* owner_param = shard_owner_.find(x);
+      CKPTSIM_CHECK(owner_param != nullptr, "an optimizer param that is no shard of a model param");
+      ShardSnapshot snap;
+      snap.model_param = *owner_param;
+      snap.param_range = range_map(*owner_param).param;
+      Optimizer* owner = optimizer_.get();
+      at::Tensor master = x;
+      const Dict* group = gv.dict().get();
+      if (HybridDeviceOptimizer* h = hdo()) {
+        master = h->param_to_inner_param.at(x, "param_to_inner_param");
+        owner = nullptr;
+        for (Optimizer* sub : h->sub_optimizers()) {
+          for (const Value& sg : *sub->param_groups) {
+            for (const at::Tensor& q : group_params(*sg.dict())) {
+              if (q.is_same(master)) {
+                owner = sub;
+                group = sg.dict().get();
+              }
+            }
+          }
+        }
+        CKPTSIM_CHECK(owner != nullptr, "HDO inner param owned by no sub-optimizer");
+        snap.part = dynamic_cast<TorchAdamW*>(owner) ? "HDO cpu AdamW" : "HDO gpu FusedAdam";
+      } else {
+        snap.part = dynamic_cast<TorchAdamW*>(owner) ? "AdamW" : "FusedAdam";
+      }
+      snap.kernel =
+          dynamic_cast<TorchAdamW*>(owner) ? KernelKind::kTorchAdamW : KernelKind::kFusedAdam;
+      const Value master_value(master);
+      snap.master = to_vec(&master_value);
+      const void* step_object = nullptr;
+      if (const DictPtr* st = owner->state.find(master)) {
+        snap.exp_avg = to_vec((*st)->find("exp_avg"));
+        snap.exp_avg_sq = to_vec((*st)->find("exp_avg_sq"));
+        if (snap.kernel == KernelKind::kTorchAdamW) {
+          if (const Value* v = (*st)->find("step");
+              v != nullptr && v->is_tensor() && v->tensor().numel() == 1) {
+            snap.step = py_item(v->tensor());
+            step_object = v->tensor().unsafeGetTensorImpl();
+          }
+        }
+      }
+      if (snap.kernel == KernelKind::kFusedAdam) {
+        if (const Value* v = group->find("step"); v != nullptr && !v->is_none())
+          snap.step = v->as_float();
+      }
+      step_objects.push_back(step_object);
+      out.push_back(std::move(snap));
+    }
+  }
+  // Identity comparison only (never ordered by address).
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (step_objects[i] == nullptr) continue;
+    for (size_t j = 0; j < out.size(); ++j) {
+      if (i != j && step_objects[j] == step_objects[i]) ++out[i].step_aliases;
+    }
+  }
+  return out;
+}
+
+}  // namespace ckptsim::model

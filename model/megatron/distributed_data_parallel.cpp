@@ -1,0 +1,148 @@
+#include "model/megatron/distributed_data_parallel.h"
+
+#include <ATen/ops/empty.h>
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "model/errors.h"
+#include "model/faults.h"
+#include "model/megatron/mapping.h"
+
+namespace ckptsim::model {
+
+Key ParamAndGradBuffer::dtype_key() const {
+  return Key::tuple(
+      {Key::symbol(torch_dtype_name(param_dtype)), Key::symbol(torch_dtype_name(grad_dtype))});
+}
+
+DistributedDataParallel::DistributedDataParallel(Runtime& rt, std::vector<ParamSpec> specs,
+                                                 const LayoutOptions& layout,
+                                                 ProcessGroup& dp_group)
+    : rt_(rt), dp_group_(dp_group), specs_(std::move(specs)) {
+  CKPTSIM_CHECK(!specs_.empty(), "a model needs at least one param");
+  CKPTSIM_CHECK(specs_.size() <= kParamsMax, fmt::format("more than {} params", kParamsMax));
+  CKPTSIM_CHECK(layout.dp_size == dp_group.size(), "layout dp_size must equal the DP group size");
+  // Buffers per (param_dtype, grad_dtype), in order of first appearance (invariant 1).
+  buffer_of_.resize(specs_.size());
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    const ParamSpec& s = specs_[i];
+    CKPTSIM_CHECK(s.numel >= 1, "param " + s.name + " must have numel >= 1");
+    CKPTSIM_CHECK(s.dtype == at::kBFloat16 || s.dtype == at::kFloat,
+                  "param " + s.name + " must be bf16 or fp32");
+    for (size_t j = 0; j < i; ++j)
+      CKPTSIM_CHECK(specs_[j].name != s.name, "duplicate param name " + s.name);
+    size_t b = 0;
+    while (b < buffers_.size() && buffers_[b].param_dtype != s.dtype) ++b;
+    if (b == buffers_.size()) {
+      buffers_.emplace_back();
+      buffers_.back().param_dtype = s.dtype;
+      buffers_.back().grad_dtype = at::kFloat;
+    }
+    buffer_of_[i] = {b, buffers_[b].params.size()};
+    buffers_[b].params.push_back(i);
+  }
+  params_.resize(specs_.size());
+  main_grads_.resize(specs_.size());
+  for (auto& buffer : buffers_) {
+    std::vector<int64_t> numels;
+    for (size_t i : buffer.params) numels.push_back(specs_[i].numel);
+    buffer.layout = build_buffer_layout(numels, layout);
+    // Fault site layout.misalign_param_start: shift one param that has room after it by one.
+    if (rt_.fault(fault::kMisalignParamStart)) {
+      for (BucketLayout& bucket : buffer.layout.buckets) {
+        bool moved = false;
+        for (size_t local : bucket.params) {
+          ParamIndex& pi = buffer.layout.param_index_map[local];
+          int64_t next_start = bucket.offset + bucket.numel;
+          for (size_t other : bucket.params) {
+            const ParamIndex& o = buffer.layout.param_index_map[other];
+            if (o.start >= pi.end) next_start = std::min(next_start, o.start);
+          }
+          if (pi.end < next_start) {
+            ++pi.start;
+            ++pi.end;
+            moved = true;
+            break;
+          }
+        }
+        if (moved) break;
+      }
+    }
+    buffer.param_data = rt_.zeros({buffer.layout.numel}, buffer.param_dtype, Device::kCuda);
+    buffer.grad_data = rt_.zeros({buffer.layout.numel}, buffer.grad_dtype, Device::kCuda);
+    for (size_t k = 0; k < buffer.params.size(); ++k) {
+      const ParamIndex& pi = buffer.layout.param_index_map[k];
+      params_[buffer.params[k]] = buffer.param_data.narrow(0, pi.start, pi.end - pi.start);
+      main_grads_[buffer.params[k]] = buffer.grad_data.narrow(0, pi.start, pi.end - pi.start);
+    }
+  }
+}
+
+void DistributedDataParallel::zero_grad_buffer() {
+  for (auto& buffer : buffers_) buffer.grad_data.zero_();
+}
+
+void DistributedDataParallel::finish_grad_sync() {
+  const int64_t dp = dp_group_.size();
+  const int64_t r = dp_group_.rank();
+  for (auto& buffer : buffers_) {
+    for (const BucketLayout& bucket : buffer.layout.buckets) {
+      const int64_t local = bucket.numel / dp;
+      // The shard is a view of the bucket, as upstream: the collectives allow an output to
+      // alias its rank's input (they sum into their own scratch first). The in-process
+      // collectives move host memory, so a GPU bucket is staged through a host copy.
+      const at::Tensor bucket_grad = buffer.grad_data.narrow(0, bucket.offset, bucket.numel);
+      const at::Tensor input = bucket_grad.is_cuda() ? bucket_grad.to(at::kCPU) : bucket_grad;
+      at::Tensor shard = buffer.grad_data.narrow(0, bucket.offset + r * local, local);
+      at::Tensor host_shard =
+          shard.is_cuda() ? at::empty({local}, at::TensorOptions().dtype(at::kFloat)) : shard;
+      dp_group_.reduce_scatter_sum(
+          {input.data_ptr<float>(), static_cast<size_t>(input.numel())},
+          {host_shard.data_ptr<float>(), static_cast<size_t>(host_shard.numel())});
+      if (shard.is_cuda()) shard.copy_(host_shard);
+    }
+  }
+}
+
+void DistributedDataParallel::start_param_sync() {
+  const int64_t dp = dp_group_.size();
+  const int64_t r = dp_group_.rank();
+  for (auto& buffer : buffers_) {
+    const size_t elem = buffer.param_data.element_size();
+    for (const BucketLayout& bucket : buffer.layout.buckets) {
+      const int64_t local = bucket.numel / dp;
+      const at::Tensor shard_view = buffer.param_data.narrow(0, bucket.offset + r * local, local);
+      const at::Tensor shard = shard_view.is_cuda() ? shard_view.to(at::kCPU) : shard_view;
+      at::Tensor whole = buffer.param_data.narrow(0, bucket.offset, bucket.numel);
+      at::Tensor host_whole =
+          whole.is_cuda()
+              ? at::empty({bucket.numel}, at::TensorOptions().dtype(whole.scalar_type()))
+              : whole;
+      dp_group_.all_gather(
+          {static_cast<const std::byte*>(shard.data_ptr()), static_cast<size_t>(local) * elem},
+          {static_cast<std::byte*>(host_whole.data_ptr()),
+           static_cast<size_t>(bucket.numel) * elem});
+      if (whole.is_cuda()) whole.copy_(host_whole);
+    }
+  }
+}
+
+Value DistributedDataParallel::sharded_state_dict() {
+  auto sd = Dict::make();
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    ShardedTensor st;
+    st.key = specs_[i].name;
+    st.data = params_[i];
+    st.dtype = specs_[i].dtype;
+    st.local_shape = {specs_[i].numel};
+    st.global_shape = {specs_[i].numel};
+    st.global_offset = {0};
+    st.axis_fragmentations = Shape{1};
+    st.replica_id = {0, 0, dp_group_.rank()};
+    sd->set(specs_[i].name, Value(ShardedTensor::make(std::move(st))));
+  }
+  return Value(sd);
+}
+
+}  // namespace ckptsim::model

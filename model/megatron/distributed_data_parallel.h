@@ -1,0 +1,90 @@
+// The model side of one DP rank: Megatron's DistributedDataParallel wrapper with its
+// contiguous param and grad buffers, as the distributed optimizer sees it.
+// Mirrors megatron/core/distributed/distributed_data_parallel.py (buffer grouping) and
+// param_and_grad_buffer.py (_ParamAndGradBuffer: buffers, buckets, reduce-scatter of grads,
+// all-gather of params with the distributed optimizer).
+//
+// Invariants:
+//   1. Params are grouped into one buffer per (param_dtype, grad_dtype), buffers in order of
+//      first appearance in model order; grads are fp32 (bf16 training accumulates and reduces
+//      grads in fp32), so the buffer keys are (torch.bfloat16, torch.float32) and
+//      (torch.float32, torch.float32).
+//   2. params[i] is a 1-D view of its buffer's param_data at param_index_map[i]; main_grads[i]
+//      likewise of grad_data. Both buffers live on the simulated 'cuda' device and start zeroed.
+//   3. After finish_grad_sync() the rank's shard [r*L, (r+1)*L) of every bucket of grad_data
+//      holds the sum of every rank's contribution, added in rank order; the rest of grad_data
+//      is left as this rank's local contribution (as reduce_scatter into a shard view does).
+//   4. After start_param_sync() every rank's param_data is the concatenation of every rank's
+//      shard of every bucket.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "model/megatron/param_and_grad_buffer.h"
+#include "model/process_group.h"
+#include "model/py/runtime.h"
+#include "model/py/value.h"
+
+namespace ckptsim::model {
+
+struct ParamSpec {
+  std::string name;
+  int64_t numel = 0;
+  at::ScalarType dtype = at::kBFloat16;
+  double wd_mult = 1.0;  // param group key: weight decay multiplier (0 for biases/norms)
+  double lr_mult = 1.0;
+};
+
+// Mirrors param_and_grad_buffer.py _ParamAndGradBuffer (the parts the optimizer uses).
+struct ParamAndGradBuffer {
+  at::ScalarType param_dtype = at::kBFloat16;
+  at::ScalarType grad_dtype = at::kFloat;
+  std::vector<size_t> params;  // model param indices, model order
+  BufferLayout layout;         // param_index_map indexed like `params`
+  at::Tensor param_data;
+  at::Tensor grad_data;
+
+  // The (param_dtype, grad_dtype) key as upstream prints and keys it: a tuple of dtypes.
+  Key dtype_key() const;
+};
+
+class DistributedDataParallel {
+ public:
+  static constexpr size_t kParamsMax = 4096;
+
+  // REQUIRES: params non-empty, names unique, numel >= 1, dtype bf16 or fp32.
+  DistributedDataParallel(Runtime& rt, std::vector<ParamSpec> specs, const LayoutOptions& layout,
+                          ProcessGroup& dp_group);
+
+  const std::vector<ParamSpec>& specs() const { return specs_; }
+  std::vector<ParamAndGradBuffer>& buffers() { return buffers_; }
+  const std::vector<ParamAndGradBuffer>& buffers() const { return buffers_; }
+  const at::Tensor& param(size_t i) const { return params_.at(i); }
+  const at::Tensor& main_grad(size_t i) const { return main_grads_.at(i); }
+  size_t num_params() const { return params_.size(); }
+  // (buffer index, index of the param inside that buffer) of model param i.
+  std::pair<size_t, size_t> buffer_of(size_t i) const { return buffer_of_.at(i); }
+  ProcessGroup& dp_group() { return dp_group_; }
+
+  void zero_grad_buffer();
+  // Reduce-scatter every bucket's grads (sum in rank order) into this rank's shard.
+  void finish_grad_sync();
+  // All-gather every bucket's param shards.
+  void start_param_sync();
+
+  // {name: ShardedTensor(key=name, data=param view, replica_id=(0, 0, dp_rank))}: every DP
+  // rank holds the whole param; DP rank 0 is the main replica that writes it.
+  Value sharded_state_dict();
+
+ private:
+  Runtime& rt_;
+  ProcessGroup& dp_group_;
+  std::vector<ParamSpec> specs_;
+  std::vector<ParamAndGradBuffer> buffers_;
+  std::vector<at::Tensor> params_;
+  std::vector<at::Tensor> main_grads_;
+  std::vector<std::pair<size_t, size_t>> buffer_of_;
+};
+
+}  // namespace ckptsim::model

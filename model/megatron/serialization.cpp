@@ -1,0 +1,457 @@
+#include "model/megatron/serialization.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "model/errors.h"
+#include "model/megatron/mapping.h"
+#include "model/py/pickle_codec.h"
+
+namespace ckptsim::model {
+
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kCommonFile = "common.pt";
+constexpr const char* kMetadataFile = "metadata.json";
+constexpr const char* kFormat = "ckptsim-dist-v1";
+
+std::string rank_file(int rank) { return fmt::format("shards/rank_{}.bin", rank); }
+std::string object_file(const std::string& unique_key) { return "objects/" + unique_key + ".pt"; }
+
+json piece_to_json(const SavedPiece& p) {
+  return json{{"key", p.key},
+              {"dtype", p.dtype},
+              {"global_numel", p.global_numel},
+              {"global_offset", p.global_offset},
+              {"numel", p.numel},
+              {"rank", p.rank},
+              {"file", p.file},
+              {"byte_offset", p.byte_offset}};
+}
+
+Result<SavedPiece> piece_from_json(const json& j) {
+  try {
+    SavedPiece p;
+    p.key = j.at("key").get<std::string>();
+    p.dtype = j.at("dtype").get<std::string>();
+    p.global_numel = j.at("global_numel").get<int64_t>();
+    p.global_offset = j.at("global_offset").get<int64_t>();
+    p.numel = j.at("numel").get<int64_t>();
+    p.rank = j.at("rank").get<int>();
+    p.file = j.at("file").get<std::string>();
+    p.byte_offset = j.at("byte_offset").get<int64_t>();
+    return p;
+  } catch (const json::exception& e) {
+    return Status::corruption(std::string(kMetadataFile) + ": bad piece entry: " + e.what());
+  }
+}
+
+std::vector<char> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+// What each rank sends rank 0 at the end of a save: its pieces and its sharded objects, as
+// flat bytes (a JSON text per rank, parsed by every rank, cost more than the rest of a small
+// save). Ranks of one world share a byte order, as c10d's object collectives assume too.
+struct RankEntries {
+  std::vector<SavedPiece> pieces;
+  std::vector<std::pair<std::string, bool>> objects;  // unique_key, is main replica
+};
+
+class EntryWriter {
+ public:
+  void i64(int64_t v) { put(&v, sizeof v); }
+  void str(const std::string& s) {
+    i64(static_cast<int64_t>(s.size()));
+    put(s.data(), s.size());
+  }
+  std::vector<char> take() { return std::move(out_); }
+
+ private:
+  void put(const void* p, size_t n) {
+    const auto* c = static_cast<const char*>(p);
+    out_.insert(out_.end(), c, c + n);
+  }
+  std::vector<char> out_;
+};
+
+class EntryReader {
+ public:
+  explicit EntryReader(const std::vector<char>& in) : in_(in) {}
+  int64_t i64() {
+    int64_t v = 0;
+    get(&v, sizeof v);
+    return v;
+  }
+  std::string str() {
+    const int64_t n = i64();
+    CKPTSIM_CHECK(n >= 0 && static_cast<size_t>(n) <= in_.size() - pos_,
+                  "save entries: bad string length");
+    std::string s(in_.data() + pos_, static_cast<size_t>(n));
+    pos_ += static_cast<size_t>(n);
+    return s;
+  }
+
+ private:
+  void get(void* p, size_t n) {
+    CKPTSIM_CHECK(n <= in_.size() - pos_, "save entries: truncated");
+    std::memcpy(p, in_.data() + pos_, n);
+    pos_ += n;
+  }
+  const std::vector<char>& in_;
+  size_t pos_ = 0;
+};
+
+std::vector<char> encode_entries(const RankEntries& e) {
+  EntryWriter w;
+  w.i64(static_cast<int64_t>(e.pieces.size()));
+  for (const auto& p : e.pieces) {
+    w.str(p.key);
+    w.str(p.dtype);
+    w.i64(p.global_numel);
+    w.i64(p.global_offset);
+    w.i64(p.numel);
+    w.i64(p.rank);
+    w.str(p.file);
+    w.i64(p.byte_offset);
+  }
+  w.i64(static_cast<int64_t>(e.objects.size()));
+  for (const auto& [k, main] : e.objects) {
+    w.str(k);
+    w.i64(main ? 1 : 0);
+  }
+  return w.take();
+}
+
+RankEntries decode_entries(const std::vector<char>& bytes) {
+  EntryReader r(bytes);
+  RankEntries e;
+  e.pieces.resize(static_cast<size_t>(r.i64()));
+  for (auto& p : e.pieces) {
+    p.key = r.str();
+    p.dtype = r.str();
+    p.global_numel = r.i64();
+    p.global_offset = r.i64();
+    p.numel = r.i64();
+    p.rank = static_cast<int>(r.i64());
+    p.file = r.str();
+    p.byte_offset = r.i64();
+  }
+  e.objects.resize(static_cast<size_t>(r.i64()));
+  for (auto& [k, main] : e.objects) {
+    k = r.str();
+    main = r.i64() != 0;
+  }
+  return e;
+}
+
+void throw_if_error(const Status& s) {
+  if (!s.is_ok()) throw CheckpointingException(s.to_string(), "serialization.py (storage)");
+}
+
+at::ScalarType dtype_from_name(const std::string& name) {
+  for (at::ScalarType t : {at::kFloat, at::kBFloat16, at::kHalf, at::kDouble, at::kShort, at::kInt,
+                           at::kLong, at::kBool, at::kByte}) {
+    if (torch_dtype_name(t) == name) return t;
+  }
+  throw CheckpointingException("unknown dtype " + name + " in " + kMetadataFile,
+                               "serialization.py load()");
+}
+
+// validation.py _validate_common_state_dict's diff(): paths only on one side and mismatches.
+void diff_values(const Value& a, const Value& b, KeyPath& path, std::vector<std::string>& out) {
+  if (a.is_dict() && b.is_dict()) {
+    for (const auto& [k, v] : *a.dict()) {
+      path.push_back(k);
+      if (const Value* w = b.dict()->find(k)) {
+        diff_values(v, *w, path, out);
+      } else {
+        out.push_back("only on rank 0: " + repr(path));
+      }
+      path.pop_back();
+    }
+    for (const auto& [k, v] : *b.dict()) {
+      if (!a.dict()->contains(k)) {
+        path.push_back(k);
+        out.push_back("missing on rank 0: " + repr(path));
+        path.pop_back();
+      }
+    }
+    return;
+  }
+  if (a.is_list() && b.is_list()) {
+    const size_t n = std::min(a.list()->size(), b.list()->size());
+    if (a.list()->size() != b.list()->size()) {
+      out.push_back(fmt::format("list length {} on rank 0 vs {} here: {}", a.list()->size(),
+                                b.list()->size(), repr(path)));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      path.emplace_back(static_cast<int64_t>(i));
+      diff_values(a.list()->at(i), b.list()->at(i), path, out);
+      path.pop_back();
+    }
+    return;
+  }
+  bool equal = false;
+  auto scalar_text = [](const Value& v) {
+    // A symbol comes back from a pickle as its name string.
+    return v.kind() == Value::Kind::kSymbol ? py_str_repr(v.as_symbol().name) : v.repr();
+  };
+  if ((a.kind() == Value::Kind::kSymbol) != (b.kind() == Value::Kind::kSymbol)) {
+    equal = !a.is_container() && !b.is_container() && !a.is_tensor() && !b.is_tensor() &&
+            scalar_text(a) == scalar_text(b);
+  } else if (a.is_tensor() && b.is_tensor()) {
+    const at::Tensor& x = a.tensor();
+    const at::Tensor& y = b.tensor();
+    equal = x.scalar_type() == y.scalar_type() && x.sizes() == y.sizes() &&
+            std::memcmp(x.to(at::kCPU).contiguous().data_ptr(),
+                        y.to(at::kCPU).contiguous().data_ptr(), x.numel() * x.element_size()) == 0;
+  } else if (!a.is_tensor() && !b.is_tensor() && !a.is_container() && !b.is_container()) {
+    equal = py_equal(a, b);
+  }
+  if (!equal) out.push_back("values differ: " + repr(path));
+}
+
+// Strips 'param_state' subtrees below any 'optimizer' key (LoadOptions.strip_common_param_state).
+void strip_param_state(Value& v, bool under_optimizer) {
+  if (v.is_dict()) {
+    if (under_optimizer) v.dict()->erase("param_state");
+    for (auto& [k, child] : *v.dict())
+      strip_param_state(child, under_optimizer || k == Key("optimizer"));
+  } else if (v.is_list()) {
+    for (auto& child : *v.list()) strip_param_state(child, under_optimizer);
+  }
+}
+
+}  // namespace
+
+SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup& group) {
+  SaveReport report;
+  const int rank = group.rank();
+  // save_preprocess: (factories: none modeled) drop LNOs, split sharded part and common.
+  auto [nonpersistent, persistent] = extract_nonpersistent(sharded_state_dict);
+  (void)nonpersistent;
+  auto [sharded_part, common] = extract_sharded_base(persistent);
+
+  // validate_sharding_integrity(common): rank 0's common state against every rank's.
+  const std::vector<char> common_bytes = rank == 0 ? pickle_value(common) : std::vector<char>{};
+  const std::vector<char> rank0_common = group.broadcast_object(common_bytes, 0);
+  {
+    auto decoded = unpickle_value(rank0_common);
+    CKPTSIM_CHECK(decoded.is_ok(), "rank 0 common state does not decode");
+    KeyPath path;
+    diff_values(decoded.value(), common, path, report.common_state_differences);
+  }
+
+  // Sharded objects: main replicas unique per unique_key (checked on rank 0 after gathering).
+  RankEntries mine;
+  std::vector<char> blob;
+  for (const auto& [path, leaf] : nested_items(sharded_part)) {
+    if (leaf.is_sharded_object()) {
+      const ShardedObject& so = *leaf.sharded_object();
+      const bool main = is_main_replica(so.replica_id);
+      mine.objects.emplace_back(so.unique_key(), main);
+      if (main)
+        throw_if_error(storage.write_file(object_file(so.unique_key()), pickle_value(so.data)));
+      continue;
+    }
+    CKPTSIM_CHECK(leaf.is_sharded_tensor(), "sharded part holds a non-ShardedBase leaf");
+    const ShardedTensor& st = *leaf.sharded_tensor();
+    if (!is_main_replica(st.replica_id)) continue;
+    CKPTSIM_CHECK(st.global_shape.size() == 1 && st.local_shape.size() == 1,
+                  "only 1-D ShardedTensors are modeled: " + st.key);
+    const at::Tensor data = st.data.to(at::kCPU).contiguous();
+    SavedPiece p;
+    p.key = st.key;
+    p.dtype = torch_dtype_name(data.scalar_type());
+    p.global_numel = st.global_shape[0];
+    p.global_offset = st.global_offset[0];
+    p.numel = data.numel();
+    p.rank = rank;
+    p.file = rank_file(rank);
+    p.byte_offset = static_cast<int64_t>(blob.size());
+    const auto* bytes = static_cast<const char*>(data.data_ptr());
+    blob.insert(blob.end(), bytes, bytes + data.numel() * data.element_size());
+    mine.pieces.push_back(std::move(p));
+  }
+  if (rank == 0) throw_if_error(storage.write_file(kCommonFile, common_bytes));
+  if (!mine.pieces.empty()) throw_if_error(storage.write_file(rank_file(rank), blob));
+
+  // Gather every rank's pieces and objects; rank 0 validates and writes the metadata.
+  const auto all = group.all_gather_object(encode_entries(mine));
+  std::map<std::string, int> main_replicas;  // unique_key -> main replicas, first-seen order below
+  std::vector<std::string> object_order;
+  for (const auto& bytes : all) {
+    RankEntries theirs = decode_entries(bytes);
+    for (auto& p : theirs.pieces) report.pieces.push_back(std::move(p));
+    for (const auto& [k, main] : theirs.objects) {
+      if (main && main_replicas[k]++ == 0) object_order.push_back(k);
+    }
+  }
+  for (const auto& [k, count] : main_replicas) {
+    if (count > 1) {
+      throw CheckpointingException(
+          fmt::format("Invalid access pattern for ShardedObject {}: {} main replicas", k, count),
+          "validation.py validate_sharding_integrity()");
+    }
+  }
+  json meta;
+  if (rank == 0) {
+    meta = json{{"format", kFormat},
+                {"common", kCommonFile},
+                {"pieces", json::array()},
+                {"objects", json::array()}};
+    for (const auto& p : report.pieces) meta["pieces"].push_back(piece_to_json(p));
+    for (const auto& k : object_order)
+      meta["objects"].push_back(json{{"unique_key", k}, {"file", object_file(k)}});
+  }
+  if (rank == 0) throw_if_error(storage.write_file(kMetadataFile, to_bytes(meta.dump(1))));
+  group.barrier();
+  return report;
+}
+
+Result<std::vector<SavedPiece>> read_checkpoint_pieces(const Storage& storage) {
+  auto bytes = storage.read_file(kMetadataFile);
+  if (!bytes.is_ok()) return bytes.status();
+  json meta;
+  try {
+    meta = json::parse(std::string(bytes.value().begin(), bytes.value().end()));
+  } catch (const json::exception& e) {
+    return Status::corruption(std::string(kMetadataFile) + ": " + e.what());
+  }
+  if (!meta.is_object() || meta.value("format", "") != kFormat) {
+    return Status::corruption(std::string(kMetadataFile) + ": not a " + kFormat + " checkpoint");
+  }
+  std::vector<SavedPiece> out;
+  for (const auto& p : meta["pieces"]) {
+    auto piece = piece_from_json(p);
+    if (!piece.is_ok()) return piece.status();
+    out.push_back(std::move(piece.value()));
+  }
+  return out;
+}
+
+Result<Value> read_common_state(const Storage& storage) {
+  auto bytes = storage.read_file(kCommonFile);
+  if (!bytes.is_ok()) return bytes.status();
+  return unpickle_value(bytes.value());
+}
+
+Value load(const Value& sharded_state_dict, Storage& storage, ProcessGroup& group, Runtime& rt,
+           const LoadOptions& options, LoadReport* report) {
+  (void)rt;
+  (void)group;
+  auto pieces_r = read_checkpoint_pieces(storage);
+  if (!pieces_r.is_ok()) {
+    throw CheckpointingException(pieces_r.status().to_string(),
+                                 "serialization.py verify_checkpoint_and_load_strategy()");
+  }
+  const std::vector<SavedPiece>& pieces = pieces_r.value();
+  std::map<std::string, std::vector<const SavedPiece*>> by_key;
+  for (const auto& p : pieces) by_key[p.key].push_back(&p);
+
+  // common_strategy.load_common: torch.load('common.pt', map_location='cpu').
+  auto common_r = read_common_state(storage);
+  if (!common_r.is_ok())
+    throw CheckpointingException(common_r.status().to_string(), "serialization.py load_common()");
+  Value common = common_r.value();
+  if (options.strip_common_param_state) strip_param_state(common, false);
+
+  // load_preprocess: structural copy, LNOs extracted and unwrapped (same objects).
+  Value sd = extract_matching_values(sharded_state_dict, [](const Value&) { return true; }).first;
+  auto [nonpersistent, rest] = extract_nonpersistent(sd);
+  dict_list_map_inplace([](const Value& v) { return v.nonpersistent()->unwrap(); }, nonpersistent);
+  merge(common, nonpersistent, options.merge);
+  Value sharded = extract_sharded_base(rest).first;
+
+  // torch_dist load: every ShardedTensor in place, every ShardedObject anew.
+  std::map<std::string, std::vector<char>> files;
+  auto file_bytes = [&](const std::string& f) -> const std::vector<char>& {
+    auto it = files.find(f);
+    if (it == files.end()) {
+      auto r = storage.read_file(f);
+      throw_if_error(r.is_ok() ? Status::ok() : r.status());
+      it = files.emplace(f, std::move(r.value())).first;
+    }
+    return it->second;
+  };
+  dict_list_map_inplace(
+      [&](const Value& leaf) -> Value {
+        if (leaf.is_sharded_object()) {
+          const ShardedObject& so = *leaf.sharded_object();
+          if (!storage.exists(object_file(so.unique_key()))) {
+            throw PyKeyError(py_str_repr(so.unique_key()) + " not in checkpoint",
+                             "strategies/torch.py load()");
+          }
+          auto obj = unpickle_value(file_bytes(object_file(so.unique_key())));
+          if (!obj.is_ok())
+            throw CheckpointingException(obj.status().to_string(), "strategies/torch.py load()");
+          return obj.value();
+        }
+        CKPTSIM_CHECK(leaf.is_sharded_tensor(),
+                      "request holds a non-ShardedBase leaf after extraction");
+        const ShardedTensor& st = *leaf.sharded_tensor();
+        auto it = by_key.find(st.key);
+        if (it == by_key.end()) {
+          std::string keys;
+          size_t shown = 0;
+          for (const auto& [k, _] : by_key) {
+            if (shown++ == 4) {
+              keys += ", ...";
+              break;
+            }
+            keys += (keys.empty() ? "" : ", ") + py_str_repr(k);
+          }
+          throw PyKeyError(st.key + " from model not in state dict: [" + keys + "]",
+                           "strategies/torch.py _validate_global_shapes()");
+        }
+        const int64_t saved_global = it->second.front()->global_numel;
+        if (saved_global != st.global_shape.at(0)) {
+          throw CheckpointingException(
+              fmt::format(
+                  "Global shape mismatch for loaded ({}) and expected ({}) tensor for key {}",
+                  shape_repr({saved_global}), shape_repr(st.global_shape), st.key),
+              "strategies/torch.py _validate_global_shapes()");
+        }
+        const int64_t want_begin = st.global_offset.at(0);
+        const int64_t want_end = want_begin + st.local_shape.at(0);
+        std::vector<std::pair<int64_t, int64_t>> covered;
+        for (const SavedPiece* p : it->second) {
+          const int64_t begin = std::max(want_begin, p->global_offset);
+          const int64_t end = std::min(want_end, p->global_offset + p->numel);
+          if (begin >= end) continue;
+          const at::ScalarType dtype = dtype_from_name(p->dtype);
+          const std::vector<char>& bytes = file_bytes(p->file);
+          const size_t elem = c10::elementSize(dtype);
+          at::Tensor src = at::empty({end - begin}, at::TensorOptions().dtype(dtype));
+          const size_t at_byte = static_cast<size_t>(p->byte_offset) +
+                                 static_cast<size_t>(begin - p->global_offset) * elem;
+          CKPTSIM_CHECK(at_byte + src.numel() * elem <= bytes.size(),
+                        "piece beyond the end of " + p->file);
+          std::memcpy(src.data_ptr(), bytes.data() + at_byte, src.numel() * elem);
+          at::Tensor dst = st.data.narrow(0, begin - want_begin, end - begin);
+          dst.copy_(src);
+          covered.emplace_back(begin, end);
+        }
+        std::sort(covered.begin(), covered.end());
+        int64_t cursor = want_begin;
+        for (const auto& [b, e] : covered) {
+          if (b > cursor && report != nullptr)
+            report->uncovered.push_back(fmt::format("{}[{}:{}]", st.key, cursor, b));
+          cursor = std::max(cursor, e);
+        }
+        if (cursor < want_end && report != nullptr) {
+          report->uncovered.push_back(fmt::format("{}[{}:{}]", st.key, cursor, want_end));
+        }
+        return Value(st.data);
+      },
+      sharded);
+  merge(common, sharded, options.merge);
+  return common;
+}
+
+}  // namespace ckptsim::model

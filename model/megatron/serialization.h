@@ -1,0 +1,81 @@
+// dist_checkpointing save() and load() with upstream's order of operations (spec §9.3, §9.4).
+// Mirrors megatron/core/dist_checkpointing/serialization.py save()/load(),
+// state_dict_utils.py save_preprocess()/load_preprocess(), validation.py
+// validate_sharding_integrity() and the torch_dist strategy's shape checks
+// (strategies/torch.py _validate_global_shapes).
+//
+// The checkpoint (through model/storage.h, a directory or memory with the same bytes):
+//   common.pt             rank 0's common state, torch::pickle_save (torch.load can read it)
+//   metadata.json         every saved tensor piece and object, written by rank 0 at the end
+//   shards/rank_<r>.bin   the raw bytes of the tensor pieces rank r was main replica of
+//   objects/<unique_key>  each ShardedObject, pickled by its main replica
+//
+// Invariants (each is a behavior a bug depends on):
+//   1. save: LocalNonpersistentObjects are dropped; everything that is neither a ShardedBase
+//      nor an LNO is common state; only global rank 0's common state is persisted (other
+//      ranks' differing common state is reported as a warning, as upstream logs it).
+//   2. save: a ShardedTensor or ShardedObject is written only by its main replica.
+//   3. load: the result is checkpoint common ∪ local LNO values ∪ loaded sharded values,
+//      merged in that order with dict_utils.merge (duplicate leaf / list length ValueErrors).
+//   4. load: every ShardedTensor is read *in place* into the request's data tensor (its
+//      identity is kept), resliced from whatever pieces the saving ranks wrote, so any DP
+//      size can read any other's checkpoint; ShardedObjects come back as new objects.
+//   5. load: a requested key absent from the checkpoint is upstream's KeyError; a global
+//      shape mismatch is upstream's CheckpointingException.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "model/megatron/dict_utils.h"
+#include "model/process_group.h"
+#include "model/py/runtime.h"
+#include "model/py/value.h"
+#include "model/storage.h"
+
+namespace ckptsim::model {
+
+struct SavedPiece {
+  std::string key;
+  std::string dtype;  // torch dtype name
+  int64_t global_numel = 0;
+  int64_t global_offset = 0;
+  int64_t numel = 0;
+  int rank = 0;
+  std::string file;
+  int64_t byte_offset = 0;
+};
+
+struct SaveReport {
+  // _validate_common_state_dict: differences of this rank's common state from rank 0's,
+  // one line each ("only on rank 1: ('optimizer', ...)"). Upstream logs these as warnings.
+  std::vector<std::string> common_state_differences;
+  std::vector<SavedPiece> pieces;  // every piece in the checkpoint (all ranks), metadata order
+};
+
+struct LoadReport {
+  // Requested elements that no saved piece covered (left as they were, as DCP does).
+  std::vector<std::string> uncovered;
+};
+
+struct LoadOptions {
+  MergeOptions merge;
+  // Revision switch load_strips_common_param_state: drop 'param_state' subtrees found under
+  // an 'optimizer' key of the checkpoint's common state before merging.
+  bool strip_common_param_state = false;
+};
+
+// Mirrors serialization.py save(). Collective: every rank of `group` calls it with its own
+// sharded state dict. The state dict is consumed (LNOs dropped as upstream does in place).
+SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup& group);
+
+// Mirrors serialization.py load(). Collective. Returns the loaded state dict.
+Value load(const Value& sharded_state_dict, Storage& storage, ProcessGroup& group, Runtime& rt,
+           const LoadOptions& options, LoadReport* report = nullptr);
+
+// The pieces listed in a checkpoint's metadata.json (for checkers). Status names the file.
+Result<std::vector<SavedPiece>> read_checkpoint_pieces(const Storage& storage);
+// The checkpoint's common state (for checkers and reports).
+Result<Value> read_common_state(const Storage& storage);
+
+}  // namespace ckptsim::model

@@ -1,0 +1,231 @@
+#include "search/generators.h"
+
+#include <fmt/format.h>
+#include <rapidcheck/state.h>
+
+namespace ckptsim::properties {
+
+namespace {
+
+namespace gen = rc::gen;
+
+rc::Gen<int64_t> gen_numel() {
+  return gen::weightedOneOf<int64_t>({
+      {3, gen::inRange<int64_t>(1, 65)},
+      {2, gen::elementOf(std::vector<int64_t>{63, 64, 65, 127, 128, 129, 192, 256})},
+      {3, gen::inRange<int64_t>(65, 700)},
+      {1, gen::inRange<int64_t>(700, 4000)},
+  });
+}
+
+rc::Gen<model::ParamSpec> gen_param() {
+  return gen::exec([] {
+    model::ParamSpec p;
+    p.numel = *gen_numel();
+    p.dtype = *gen::weightedElement<at::ScalarType>({{3, at::kBFloat16}, {1, at::kFloat}});
+    p.wd_mult = *gen::weightedElement<double>({{3, 1.0}, {1, 0.0}});
+    return p;
+  });
+}
+
+rc::Gen<int64_t> gen_dp(int64_t dp_max) {
+  return gen::weightedOneOf<int64_t>({
+      {5, gen::inRange<int64_t>(1, std::min<int64_t>(dp_max, 5) + 1)},
+      {1, gen::elementOf(std::vector<int64_t>{std::min<int64_t>(dp_max, 8),
+                                              std::min<int64_t>(dp_max, 16),
+                                              std::min<int64_t>(dp_max, 24)})},
+      {1, gen::inRange<int64_t>(1, dp_max + 1)},
+  });
+}
+
+rc::Gen<int64_t> gen_steps(int64_t steps_max) {
+  return gen::weightedOneOf<int64_t>({
+      {1, gen::just<int64_t>(0)},
+      {2, gen::just<int64_t>(1)},
+      {4, gen::inRange<int64_t>(1, steps_max + 1)},
+  });
+}
+
+rc::Gen<double> gen_offload() {
+  return gen::weightedOneOf<double>({
+      {3, gen::just(1.0)},
+      {1, gen::just(0.0)},
+      {1, gen::just(0.5)},
+      {1, gen::map(gen::inRange(1, 100), [](int x) { return x / 100.0; })},
+  });
+}
+
+}  // namespace
+
+int64_t phase_dp_max(const GeneratorConfig& config, const sim::Scenario& s) {
+  return s.pad_buckets_for_high_nccl_busbw ? std::min<int64_t>(config.dp_max, kPaddedDpMax)
+                                           : config.dp_max;
+}
+
+rc::Gen<sim::Scenario> gen_scenario(const GeneratorConfig& config) {
+  return gen::exec([config] {
+    // The case's size: gen::resize below bounds the container lengths, and would otherwise
+    // also shrink every element generator's range (RapidCheck passes the size down).
+    const int size = *gen::withSize([](int s) { return gen::just(s); });
+    sim::Scenario s;
+    s.seed = *gen::inRange<uint64_t>(0, 1000);
+    // Fewer params first: the count shrinks, then each param shrinks.
+    s.params =
+        *gen::resize(config.params_max, gen::nonEmpty(gen::container<std::vector<model::ParamSpec>>(
+                                            gen::resize(size, gen_param()))));
+    // nonEmpty() may retry at a larger size: keep the configured bound.
+    if (s.params.size() > static_cast<size_t>(config.params_max))
+      s.params.resize(static_cast<size_t>(config.params_max));
+    for (size_t i = 0; i < s.params.size(); ++i) s.params[i].name = fmt::format("p{}", i);
+    s.optimizer.kind = *gen::elementOf(config.kinds);
+    s.optimizer.lr = 0.01;
+    s.optimizer.beta1 = 0.9;
+    s.optimizer.beta2 = 0.95;
+    s.optimizer.eps = 1e-8;
+    s.optimizer.weight_decay = 0.1;
+    if (s.optimizer.kind == model::OptimizerKind::kHybrid) {
+      s.optimizer.offload_fraction = *gen_offload();
+      s.optimizer.overlap_cpu_optimizer_d2h_h2d =
+          *gen::weightedElement<bool>({{4, false}, {1, true}});
+    }
+    const int64_t total = s.total_numel();
+    const bool one_bucket = *gen::weightedElement<bool>({{1, true}, {1, false}});
+    if (!one_bucket) s.bucket_size = *gen::inRange<int64_t>(64, total + 65);
+    s.pad_buckets_for_high_nccl_busbw = *gen::weightedElement<bool>({{9, false}, {1, true}});
+    s.samples_per_step = 8;
+    const int64_t dp_max = phase_dp_max(config, s);
+    const auto phase_gen = gen::resize(size, gen::exec([config, dp_max] {
+                                         sim::PhaseSpec p;
+                                         p.dp = *gen_dp(dp_max);
+                                         p.steps = *gen_steps(config.steps_max);
+                                         p.revision = *gen::elementOf(config.revisions);
+                                         return p;
+                                       }));
+    s.phases = *gen::resize(config.phases_max,
+                            gen::nonEmpty(gen::container<std::vector<sim::PhaseSpec>>(phase_gen)));
+    if (s.phases.size() > static_cast<size_t>(config.phases_max))
+      s.phases.resize(static_cast<size_t>(config.phases_max));
+    if (config.require_revision_change && config.revisions.size() > 1) {
+      bool changed = false;
+      for (size_t i = 1; i < s.phases.size(); ++i)
+        changed = changed || s.phases[i].revision != s.phases[i - 1].revision;
+      if (!changed) {
+        if (s.phases.size() == 1) s.phases.push_back(s.phases.front());
+        const std::string& last = s.phases[s.phases.size() - 2].revision;
+        s.phases.back().revision =
+            last == config.revisions[0] ? config.revisions[1] : config.revisions[0];
+        if (s.phases.back().steps == 0) s.phases.back().steps = 1;
+      }
+    }
+    s.faults = config.faults;
+    s.name = "generated";
+    return s;
+  });
+}
+
+namespace {
+
+struct ScenarioBuilder {
+  std::vector<sim::PhaseSpec> phases;
+};
+
+using CycleCommand = rc::state::Command<CycleModel, ScenarioBuilder>;
+
+struct Train : CycleCommand {
+  int64_t k;
+  explicit Train(const CycleModel& m) : k(*gen_steps(m.steps_max)) {}
+  void apply(CycleModel& m) const override {
+    m.steps_in_phase += k;
+    m.total_steps += k;
+  }
+  void run(const CycleModel&, ScenarioBuilder& b) const override { b.phases.back().steps += k; }
+  void show(std::ostream& os) const override { os << "Train(" << k << ")"; }
+};
+
+struct SaveResume : CycleCommand {
+  int64_t dp;
+  std::string revision;
+  explicit SaveResume(const CycleModel& m)
+      : dp(*gen_dp(m.dp_max)), revision(*gen::elementOf(m.revisions)) {}
+  void checkPreconditions(const CycleModel& m) const override {
+    RC_PRE(static_cast<int>(m.start_steps.size()) < m.phases_max);
+  }
+  void apply(CycleModel& m) const override {
+    m.dp = dp;
+    m.revision = revision;
+    m.steps_in_phase = 0;
+    m.start_steps.push_back(m.total_steps);
+  }
+  void run(const CycleModel&, ScenarioBuilder& b) const override {
+    sim::PhaseSpec p;
+    p.dp = dp;
+    p.revision = revision;
+    b.phases.push_back(p);
+  }
+  void show(std::ostream& os) const override {
+    os << "SaveResume(dp=" << dp << ", " << revision << ")";
+  }
+};
+
+}  // namespace
+
+rc::Gen<sim::Scenario> gen_scenario_stateful(const GeneratorConfig& config) {
+  GeneratorConfig base = config;
+  base.stateful = false;
+  base.phases_max = 1;
+  return gen::exec([config, base] {
+    sim::Scenario s = *gen_scenario(base);  // params, optimizer and layout; phases follow
+    CycleModel m0;
+    m0.revisions = config.revisions;
+    m0.phases_max = config.phases_max;
+    m0.dp_max = phase_dp_max(config, s);
+    m0.steps_max = config.steps_max;
+    m0.dp = *gen_dp(m0.dp_max);
+    m0.revision = *gen::elementOf(config.revisions);
+    // At most 8 commands: the step and phase counts stay small.
+    const auto commands =
+        *gen::resize(8, rc::state::gen::commands(m0, [](const CycleModel& m) {
+                       return rc::state::gen::execOneOfWithArgs<Train, SaveResume>()(m);
+                     }));
+    ScenarioBuilder builder;
+    sim::PhaseSpec first;
+    first.dp = m0.dp;
+    first.revision = m0.revision;
+    builder.phases.push_back(first);
+    rc::state::runAll(commands, m0, builder);
+    CycleModel end = m0;
+    rc::state::applyAll(commands, end);
+    CKPTSIM_CHECK(end.start_steps.size() == builder.phases.size(),
+                  "command model and scenario disagree on phases");
+    s.phases = builder.phases;
+    CKPTSIM_CHECK(expected_start_steps(s) == end.start_steps,
+                  "command model and scenario disagree on steps");
+    return s;
+  });
+}
+
+std::vector<int64_t> expected_start_steps(const sim::Scenario& s) {
+  std::vector<int64_t> out;
+  int64_t at = 0;
+  for (const auto& p : s.phases) {
+    out.push_back(at);
+    at += p.steps;
+  }
+  return out;
+}
+
+rc::Gen<sim::Scenario> gen_for(const GeneratorConfig& config) {
+  if (!config.stateful) return gen_scenario(config);
+  if (!config.require_revision_change || config.revisions.size() < 2)
+    return gen_scenario_stateful(config);
+  // A resume under another revision is what a cross-revision search is for: keep only command
+  // sequences with one (RapidCheck retries, and shrinks within the predicate).
+  return gen::suchThat(gen_scenario_stateful(config), [](const sim::Scenario& s) {
+    for (size_t i = 1; i < s.phases.size(); ++i) {
+      if (s.phases[i].revision != s.phases[i - 1].revision) return true;
+    }
+    return false;
+  });
+}
+
+}  // namespace ckptsim::properties

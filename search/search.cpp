@@ -1,0 +1,324 @@
+#include "search/search.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <mutex>
+
+#include "model/py/runtime.h"
+
+namespace ckptsim::properties {
+
+namespace {
+
+std::string xml_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out.push_back(c);
+    }
+  }
+  return out;
+}
+
+// RapidCheck's generation context (rc::detail::ImplicitParam) lives in process-wide stacks:
+// two threads evaluating generators or shrinks at once would corrupt them (invariant 4).
+std::mutex& rapidcheck_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+class Clock {
+ public:
+  double seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+// The fields domain_shrinks() edits, as text (cheap equality for de-duplication).
+std::string shrink_key(const sim::Scenario& s) {
+  std::string k =
+      fmt::format("{}|{}|{}|{}|{}|{}|", s.seed, s.bucket_size.value_or(-1),
+                  s.pad_buckets_for_high_nccl_busbw, s.optimizer.offload_fraction,
+                  s.optimizer.overlap_cpu_optimizer_d2h_h2d, static_cast<int>(s.optimizer.kind));
+  for (const auto& p : s.params)
+    k += fmt::format("{}:{}:{}:{};", p.numel, static_cast<int>(p.dtype), p.wd_mult, p.lr_mult);
+  k += "|";
+  for (const auto& p : s.phases)
+    k += fmt::format("{}:{}:{}:{};", p.dp, p.steps, p.revision, p.save);
+  return k;
+}
+
+void push_unique(std::vector<sim::Scenario>& out, const sim::Scenario& c,
+                 const sim::Scenario& from) {
+  const std::string k = shrink_key(c);
+  if (k == shrink_key(from)) return;
+  for (const auto& o : out) {
+    if (shrink_key(o) == k) return;
+  }
+  out.push_back(c);
+}
+
+// Values from lo up to n (exclusive), most aggressive first: lo, then n - d for
+// d = (n - lo) / 2, (n - lo) / 4, ..., 1 — so an accepted shrink halves the distance still to
+// go, and a value that must stay large is found in O(log n) steps, not n (a param that needs
+// 65 elements, shrunk from 128 by n - 1 alone, took 63 steps).
+std::vector<int64_t> toward(int64_t lo, int64_t n) {
+  std::vector<int64_t> out;
+  if (n <= lo) return out;
+  out.push_back(lo);
+  for (int64_t d = (n - lo) / 2; d >= 1; d /= 2) {
+    if (n - d != out.back()) out.push_back(n - d);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<sim::Scenario> domain_shrinks(const sim::Scenario& s) {
+  std::vector<sim::Scenario> out;
+  // Fewer phases: merge phase i into phase i-1 (its steps run before the checkpoint instead),
+  // or drop the first phase (its steps move to the next), or drop the last.
+  for (size_t i = 0; i < s.phases.size() && s.phases.size() > 1; ++i) {
+    sim::Scenario c = s;
+    if (i == 0) {
+      c.phases[1].steps += c.phases[0].steps;
+    } else {
+      c.phases[i - 1].steps += c.phases[i].steps;
+    }
+    c.phases.erase(c.phases.begin() + static_cast<std::ptrdiff_t>(i));
+    c.phases.back().save = true;
+    push_unique(out, c, s);
+  }
+  // Fewer params.
+  for (size_t i = 0; i < s.params.size() && s.params.size() > 1; ++i) {
+    sim::Scenario c = s;
+    c.params.erase(c.params.begin() + static_cast<std::ptrdiff_t>(i));
+    for (size_t k = 0; k < c.params.size(); ++k) c.params[k].name = fmt::format("p{}", k);
+    if (c.bucket_size && *c.bucket_size > c.total_numel() + 64)
+      c.bucket_size = c.total_numel() + 64;
+    push_unique(out, c, s);
+  }
+  // DP toward 1.
+  for (size_t i = 0; i < s.phases.size(); ++i) {
+    for (int64_t dp : toward(1, s.phases[i].dp)) {
+      sim::Scenario c = s;
+      c.phases[i].dp = dp;
+      push_unique(out, c, s);
+    }
+  }
+  // Fewer elements.
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    for (int64_t n : toward(1, s.params[i].numel)) {
+      sim::Scenario c = s;
+      c.params[i].numel = n;
+      push_unique(out, c, s);
+    }
+  }
+  // Fewer steps.
+  for (size_t i = 0; i < s.phases.size(); ++i) {
+    for (int64_t k : toward(0, s.phases[i].steps)) {
+      sim::Scenario c = s;
+      c.phases[i].steps = k;
+      push_unique(out, c, s);
+    }
+  }
+  // Simpler options.
+  auto variant = [&](auto&& edit) {
+    sim::Scenario c = s;
+    edit(c);
+    push_unique(out, c, s);
+  };
+  if (s.bucket_size) variant([](sim::Scenario& c) { c.bucket_size.reset(); });
+  if (s.pad_buckets_for_high_nccl_busbw)
+    variant([](sim::Scenario& c) { c.pad_buckets_for_high_nccl_busbw = false; });
+  if (s.optimizer.overlap_cpu_optimizer_d2h_h2d) {
+    variant([](sim::Scenario& c) { c.optimizer.overlap_cpu_optimizer_d2h_h2d = false; });
+  }
+  if (s.optimizer.kind == model::OptimizerKind::kHybrid) {
+    // Strictly simpler only (1.0 < 0.0 < 0.5 < anything else), so shrinking cannot cycle.
+    auto rank = [](double f) { return f == 1.0 ? 0 : f == 0.0 ? 1 : f == 0.5 ? 2 : 3; };
+    for (double f : {1.0, 0.0, 0.5}) {
+      if (rank(f) < rank(s.optimizer.offload_fraction)) {
+        variant([f](sim::Scenario& c) { c.optimizer.offload_fraction = f; });
+      }
+    }
+  }
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    if (s.params[i].dtype != at::kBFloat16)
+      variant([i](sim::Scenario& c) { c.params[i].dtype = at::kBFloat16; });
+    if (s.params[i].wd_mult != 1.0) variant([i](sim::Scenario& c) { c.params[i].wd_mult = 1.0; });
+  }
+  if (s.seed != 0) variant([](sim::Scenario& c) { c.seed = 0; });
+  return out;
+}
+
+Judge property_judge(model::RevisionRegistry& registry, std::vector<std::string> only) {
+  return [&registry, only](const sim::Scenario& s) -> std::optional<Finding> {
+    auto run = sim::run_scenario(s, registry);
+    CKPTSIM_CHECK(run.is_ok(), "a generated scenario could not run: " + run.status().to_string());
+    for (const auto& p : all_properties()) {
+      if (!only.empty() && std::find(only.begin(), only.end(), p.name) == only.end()) continue;
+      const PropertyResult r = p.check(run.value());
+      if (r.verdict == Verdict::kFail) {
+        const std::string revision = r.phase >= 0 && static_cast<size_t>(r.phase) < s.phases.size()
+                                         ? s.phases[r.phase].revision
+                                         : "";
+        return Finding{r.name, r.signature.empty() ? r.name : r.signature, r.detail, revision};
+      }
+    }
+    return std::nullopt;
+  };
+}
+
+SearchResult search(const SearchOptions& options, const Judge& judge) {
+  CKPTSIM_CHECK(options.cases >= 0 && options.cases <= SearchOptions::kCasesMax,
+                "cases out of range");
+  CKPTSIM_CHECK(
+      options.shrink_runs_max >= 0 && options.shrink_runs_max <= SearchOptions::kShrinkRunsMax,
+      "shrink_runs_max out of range");
+  SearchResult result;
+  const Clock clock;
+  auto out_of_time = [&] {
+    return options.time_budget_s > 0 && clock.seconds() >= options.time_budget_s;
+  };
+  const rc::Gen<sim::Scenario> gen = gen_for(options.generator);
+  double last_progress = 0;
+  for (int64_t k = 0; k < options.cases; ++k) {
+    if (out_of_time()) {
+      result.stopped_by_time = true;
+      break;
+    }
+    const uint64_t case_seed = model::mix_seed(options.seed, static_cast<uint64_t>(k));
+    const int size = static_cast<int>(k % (options.size_max + 1));
+    std::unique_lock rc_lock(rapidcheck_mutex());
+    rc::Shrinkable<sim::Scenario> shrinkable = gen(rc::Random(case_seed), size);
+    const sim::Scenario original = shrinkable.value();
+    rc_lock.unlock();
+    ++result.cases_run;
+    ++result.judge_runs;
+    std::optional<Finding> finding = judge(original);
+    if (options.progress && (clock.seconds() - last_progress >= 2.0 || k + 1 == options.cases)) {
+      last_progress = clock.seconds();
+      options.progress(fmt::format("{} / {} cases, {} failure(s), {:.0f} cases/s", k + 1,
+                                   options.cases, result.failures.size(),
+                                   (k + 1) / std::max(clock.seconds(), 1e-9)));
+    }
+    if (!finding) continue;
+    const bool known =
+        std::any_of(result.failures.begin(), result.failures.end(),
+                    [&](const Failure& f) { return f.finding.signature == finding->signature; });
+    if (known) continue;
+
+    // Shrink toward the same signature.
+    Failure failure;
+    failure.original = original;
+    failure.case_index = k;
+    Finding current = *finding;
+    const double shrink_start = clock.seconds();
+    bool progressed = true;
+    rc_lock.lock();
+    while (progressed && failure.shrink_runs < options.shrink_runs_max && !out_of_time()) {
+      progressed = false;
+      auto candidates = shrinkable.shrinks();
+      while (auto candidate = candidates.next()) {
+        if (failure.shrink_runs >= options.shrink_runs_max || out_of_time()) break;
+        ++failure.shrink_runs;
+        ++result.judge_runs;
+        const sim::Scenario value = candidate->value();
+        rc_lock.unlock();
+        const std::optional<Finding> f = judge(value);
+        rc_lock.lock();
+        if (f && f->signature == current.signature) {
+          shrinkable = *candidate;
+          current = *f;
+          ++failure.shrink_steps;
+          progressed = true;
+          break;
+        }
+      }
+    }
+    // Stage 2: domain shrinks to a fixpoint.
+    sim::Scenario minimal = shrinkable.value();
+    rc_lock.unlock();
+    progressed = true;
+    while (progressed && failure.shrink_runs < options.shrink_runs_max && !out_of_time()) {
+      progressed = false;
+      for (const sim::Scenario& candidate : domain_shrinks(minimal)) {
+        if (failure.shrink_runs >= options.shrink_runs_max || out_of_time()) break;
+        ++failure.shrink_runs;
+        ++result.judge_runs;
+        const std::optional<Finding> f = judge(candidate);
+        if (f && f->signature == current.signature) {
+          minimal = candidate;
+          current = *f;
+          ++failure.shrink_steps;
+          progressed = true;
+          break;
+        }
+      }
+    }
+    result.shrink_seconds += clock.seconds() - shrink_start;
+    failure.minimal = minimal;
+    failure.finding = current;
+    result.failures.push_back(failure);
+    if (options.progress) {
+      options.progress(fmt::format("case {}: {} ({}); shrunk in {} steps over {} runs", k,
+                                   current.property, current.signature, failure.shrink_steps,
+                                   failure.shrink_runs));
+    }
+    if (!options.keep_going) break;
+  }
+  result.seconds = clock.seconds();
+  return result;
+}
+
+nlohmann::json found_scenario_json(const Failure& f, uint64_t seed, const std::string& how,
+                                   const std::string& tag) {
+  sim::Scenario s = f.minimal;
+  s.name = fmt::format("found-{}-seed{}-{}case{}", f.finding.property, seed,
+                       tag.empty() ? "" : tag + "-", f.case_index);
+  s.description = fmt::format("Found by `{}` (case {}, shrunk in {} steps): {}", how, f.case_index,
+                              f.shrink_steps, f.finding.detail);
+  s.expect = nullptr;
+  return sim::scenario_to_json(s);
+}
+
+std::string junit_xml(const std::string& suite, const std::vector<JunitCase>& cases) {
+  int failures = 0;
+  for (const auto& c : cases) failures += c.failed ? 1 : 0;
+  std::string out = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
+  out += fmt::format("<testsuites tests=\"{}\" failures=\"{}\">\n", cases.size(), failures);
+  out += fmt::format("  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\">\n", xml_escape(suite),
+                     cases.size(), failures);
+  for (const auto& c : cases) {
+    out += fmt::format("    <testcase classname=\"{}\" name=\"{}\"", xml_escape(c.classname),
+                       xml_escape(c.name));
+    if (!c.failed) {
+      out += "/>\n";
+      continue;
+    }
+    out += fmt::format(">\n      <failure message=\"{}\">{}</failure>\n    </testcase>\n",
+                       xml_escape(c.message), xml_escape(c.text));
+  }
+  out += "  </testsuite>\n</testsuites>\n";
+  return out;
+}
+
+}  // namespace ckptsim::properties

@@ -1,0 +1,107 @@
+// Property-based search over generated scenarios, with shrinking to a minimal replayable
+// scenario. The engine behind `ckptsim check` and `ckptsim gate`.
+//
+// A search, in order:
+//   for case k = 0, 1, ...: draw a scenario from the generator with rc::Random(mix(seed, k))
+//   at size k % (size_max + 1) (small cases first, as RapidCheck does); judge it (run the
+//   simulator, check the properties); on a finding, shrink in two stages, each moving to the
+//   first candidate that still gives a finding with the SAME signature, until none does (or the
+//   shrink budget runs out): (1) the generator's own RapidCheck shrinks; (2) domain shrinks
+//   (domain_shrinks()), which also merge adjacent phases — a bug that needs N steps before a
+//   resume is otherwise stuck at N phases of one step each, since shrinking never adds steps.
+//
+// Invariants:
+//   1. Reproducible: (seed, case index) determines the case, and a found scenario replays
+//      with `ckptsim run` to the same verdict (its JSON is written through the scenario
+//      parser's own format, and re-parsed before it is reported).
+//   2. Shrinking never drifts to another bug: a candidate counts only if it fails with the
+//      same signature as the case it shrinks.
+//   3. Every loop is bounded: cases_max, shrink_runs_max and an optional wall-clock budget
+//      (the only clock in the search; it decides when to stop, never what a case is).
+//   4. Searches may run concurrently on several threads (the gate runs two at once): RapidCheck
+//      keeps its generation context in process-wide stacks, so every call into a generator or
+//      a shrink sequence takes one process-wide lock; the judge runs outside it.
+#pragma once
+
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "properties/properties.h"
+#include "search/generators.h"
+
+namespace ckptsim::properties {
+
+// What a judge reports about one scenario: the first finding, or nothing.
+struct Finding {
+  std::string property;
+  std::string signature;
+  std::string detail;
+  std::string phase_revision;  // the revision of the phase where it was seen ("" if none)
+};
+
+using Judge = std::function<std::optional<Finding>(const sim::Scenario&)>;
+
+struct SearchOptions {
+  static constexpr int64_t kCasesMax = 10'000'000;
+  static constexpr int64_t kShrinkRunsMax = 100'000;
+
+  GeneratorConfig generator;
+  uint64_t seed = 1;
+  int64_t cases = 500;
+  double time_budget_s = 0;        // 0: none
+  int size_max = 100;              // RapidCheck size, cycled over cases
+  int64_t shrink_runs_max = 2000;  // judge runs spent shrinking one finding
+  bool keep_going = true;          // go on after a finding, keep one per signature
+  // Called every few cases and after each finding, for a progress line.
+  std::function<void(const std::string&)> progress;
+};
+
+struct Failure {
+  Finding finding;         // on the minimal scenario
+  sim::Scenario original;  // as first drawn
+  sim::Scenario minimal;
+  int64_t case_index = 0;
+  int64_t shrink_steps = 0;  // accepted shrinks
+  int64_t shrink_runs = 0;   // judge runs spent shrinking
+};
+
+struct SearchResult {
+  int64_t cases_run = 0;
+  int64_t judge_runs = 0;
+  bool stopped_by_time = false;
+  double seconds = 0;             // wall clock, the whole search
+  double shrink_seconds = 0;      // of which shrinking
+  std::vector<Failure> failures;  // one per signature, in the order found
+};
+
+// Smaller neighbours of a scenario, most aggressive first: fewer phases (a phase's steps merged
+// into its neighbour), fewer params, DP toward 1, fewer elements, fewer steps, and simpler
+// options (one bucket, no 65536 padding, offload 0 or 1, bf16, seed 0). Every candidate is a
+// valid scenario.
+std::vector<sim::Scenario> domain_shrinks(const sim::Scenario& s);
+
+// The default judge: runs the scenario (memory store) and reports the first failing property
+// in property order, restricted to `properties` when non-empty.
+Judge property_judge(model::RevisionRegistry& registry, std::vector<std::string> properties = {});
+
+SearchResult search(const SearchOptions& options, const Judge& judge);
+
+// A found scenario as a replayable file: named, described, with the search's seed and case.
+// `tag` (optional) names the search part, e.g. "cross-revision".
+nlohmann::json found_scenario_json(const Failure& f, uint64_t seed, const std::string& how,
+                                   const std::string& tag = "");
+
+// JUnit XML with one <testcase> per property (or per finding name), for CI.
+struct JunitCase {
+  std::string classname;
+  std::string name;
+  bool failed = false;
+  std::string message;
+  std::string text;
+};
+std::string junit_xml(const std::string& suite, const std::vector<JunitCase>& cases);
+
+}  // namespace ckptsim::properties

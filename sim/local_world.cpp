@@ -1,0 +1,422 @@
+#include "sim/local_world.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <thread>
+#include <utility>
+
+#include "model/errors.h"
+
+namespace ckptsim::sim {
+
+PeerAborted::PeerAborted(int aborting_rank, std::string reason, int observing_rank, CollectiveOp op,
+                         uint64_t sequence_number)
+    : std::runtime_error(fmt::format("rank {} in {} (sequence number {}): rank {} aborted: {}",
+                                     observing_rank, op_name(op), sequence_number, aborting_rank,
+                                     reason)),
+      aborting_rank_(aborting_rank),
+      reason_(std::move(reason)) {}
+
+// ---------------------------------------------------------------------------------------
+// ProcessGroup: the c10d base-class behavior, every collective fails loudly.
+
+// ---------------------------------------------------------------------------------------
+// LocalWorld
+
+LocalWorld::LocalWorld(int world_size) : world_size_(world_size) {
+  if (world_size < 1 || world_size > kWorldSizeMax) {
+    throw std::invalid_argument(
+        fmt::format("world size {} is outside [1, kWorldSizeMax={}]", world_size, kWorldSizeMax));
+  }
+  calls_.resize(static_cast<std::size_t>(world_size));
+  departures_.resize(static_cast<std::size_t>(world_size));
+  posted_by_rank_.resize(static_cast<std::size_t>(world_size));
+}
+
+void LocalWorld::abort(int rank, std::string reason) {
+  CKPTSIM_CHECK(rank >= 0 && rank < world_size_,
+                fmt::format("abort by rank {} outside world of size {}", rank, world_size_));
+  std::lock_guard lock(mu_);
+  if (!abort_) abort_ = AbortInfo{rank, std::move(reason)};
+  cv_.notify_all();
+}
+
+void LocalWorld::depart(int rank, std::optional<std::string> error) {
+  CKPTSIM_CHECK(rank >= 0 && rank < world_size_,
+                fmt::format("depart by rank {} outside world of size {}", rank, world_size_));
+  Departure departure;
+  if (error) {
+    departure.with_error = true;
+    departure.origin_rank = rank;
+    departure.reason = std::move(*error);
+  }
+  std::lock_guard lock(mu_);
+  depart_locked(rank, std::move(departure));
+}
+
+void LocalWorld::depart_locked(int rank, Departure departure) {
+  const auto r = static_cast<std::size_t>(rank);
+  CKPTSIM_CHECK(!departures_[r].has_value(), fmt::format("rank {} departed twice", rank));
+  CKPTSIM_CHECK(!calls_[r].has_value(),
+                fmt::format("rank {} departed while posted to a collective", rank));
+  departure.collectives_posted = posted_by_rank_[r];
+  departures_[r] = std::move(departure);
+  ++departed_count_;
+  resolve_if_complete_locked();
+}
+
+std::optional<AbortInfo> LocalWorld::abort_info() const {
+  std::lock_guard lock(mu_);
+  return abort_;
+}
+
+int LocalWorld::departed_count() const {
+  std::lock_guard lock(mu_);
+  return departed_count_;
+}
+
+int LocalWorld::blocked_count() const {
+  std::lock_guard lock(mu_);
+  return blocked_count_;
+}
+
+std::string LocalWorld::describe_locked(int rank) const {
+  const Call& c = *calls_[static_cast<std::size_t>(rank)];
+  std::string text = fmt::format("rank {} called {} (sequence number {}, {} bytes", rank,
+                                 op_name(c.op), c.sequence_number, c.checked_bytes);
+  if (c.op == CollectiveOp::kBroadcastObject) text += fmt::format(", root {}", c.root);
+  return text + ")";
+}
+
+LocalWorld::Resolution LocalWorld::resolution_from_departures_locked() const {
+  // Lowest rank that left with its own error, else with a propagated one, else normally.
+  std::optional<int> primary, secondary, returned;
+  for (int r = world_size_ - 1; r >= 0; --r) {
+    const std::optional<Departure>& d = departures_[static_cast<std::size_t>(r)];
+    if (!d) continue;
+    if (!d->with_error) {
+      returned = r;
+    } else if (d->secondary) {
+      secondary = r;
+    } else {
+      primary = r;
+    }
+  }
+  Resolution resolution;
+  if (primary || secondary) {
+    const Departure& d = *departures_[static_cast<std::size_t>(primary ? *primary : *secondary)];
+    resolution.kind = Resolution::Kind::kPeerFailed;
+    resolution.rank = d.origin_rank;
+    resolution.reason = d.reason;
+  } else {
+    CKPTSIM_CHECK(returned.has_value(), "resolving departures with no departed rank");
+    resolution.kind = Resolution::Kind::kPeerReturned;
+    resolution.rank = *returned;
+    resolution.collectives = departures_[static_cast<std::size_t>(*returned)]->collectives_posted;
+  }
+  return resolution;
+}
+
+void LocalWorld::resolve_if_complete_locked() {
+  // After an explicit abort nothing resolves: every posted rank throws PeerAborted.
+  if (abort_ || posted_count_ == 0 || posted_count_ + departed_count_ < world_size_) return;
+  if (departed_count_ > 0) {
+    resolution_ = resolution_from_departures_locked();
+  } else {
+    resolution_ = Resolution{};
+    resolution_.mismatch = find_mismatch_locked();
+    if (!resolution_.mismatch.empty()) {
+      resolution_.kind = Resolution::Kind::kMismatch;
+    } else {
+      try {
+        execute_locked();
+      } catch (const std::exception& e) {
+        // Only allocation can fail here; fail every posted rank rather than strand them.
+        resolution_.kind = Resolution::Kind::kPeerFailed;
+        resolution_.reason = fmt::format("collective failed inside the world: {}", e.what());
+      }
+    }
+  }
+  for (auto& c : calls_) c.reset();
+  posted_count_ = 0;
+  ++generation_;
+  cv_.notify_all();
+}
+
+void LocalWorld::throw_resolution_locked(int rank, const Call& call) const {
+  switch (resolution_.kind) {
+    case Resolution::Kind::kOk:
+      return;
+    case Resolution::Kind::kMismatch:
+      throw CollectiveMismatch(fmt::format("{} (seen by rank {})", resolution_.mismatch, rank));
+    case Resolution::Kind::kPeerFailed:
+      throw PeerAborted(resolution_.rank, resolution_.reason, rank, call.op, call.sequence_number);
+    case Resolution::Kind::kPeerReturned:
+      throw CollectiveMismatch(fmt::format(
+          "collective mismatch: rank {} called {} (sequence number {}) but rank {} returned "
+          "from its function after {} collectives and will never join",
+          rank, op_name(call.op), call.sequence_number, resolution_.rank, resolution_.collectives));
+  }
+}
+
+std::string LocalWorld::find_mismatch_locked() const {
+  const Call& first = *calls_[0];
+  for (int r = 1; r < world_size_; ++r) {
+    const Call& c = *calls_[static_cast<std::size_t>(r)];
+    if (c.op != first.op || c.sequence_number != first.sequence_number ||
+        c.checked_bytes != first.checked_bytes || c.root != first.root) {
+      return fmt::format("collective mismatch at rendezvous {}: {} but {}", generation_,
+                         describe_locked(0), describe_locked(r));
+    }
+  }
+  return {};
+}
+
+void LocalWorld::execute_locked() {
+  const std::size_t n_ranks = static_cast<std::size_t>(world_size_);
+  auto call = [&](std::size_t r) -> const Call& { return *calls_[r]; };
+  auto floats_in = [&](std::size_t r) {
+    return reinterpret_cast<const float*>(call(r).input.data());
+  };
+  switch (call(0).op) {
+    case CollectiveOp::kReduceScatterSum:
+    case CollectiveOp::kAllReduceSum: {
+      // Sum everything into scratch first (invariant 4), rank by rank so that each element
+      // is ((in_0 + in_1) + in_2) + ... (invariant 1).
+      const std::size_t total = call(0).input.size() / sizeof(float);
+      scratch_floats_.assign(floats_in(0), floats_in(0) + total);
+      for (std::size_t r = 1; r < n_ranks; ++r) {
+        const float* in = floats_in(r);
+        for (std::size_t i = 0; i < total; ++i) scratch_floats_[i] += in[i];
+      }
+      const bool scatter = call(0).op == CollectiveOp::kReduceScatterSum;
+      const std::size_t out_bytes = call(0).output.size();
+      for (std::size_t r = 0; r < n_ranks; ++r) {
+        const float* src = scratch_floats_.data() + (scatter ? r * (out_bytes / sizeof(float)) : 0);
+        if (out_bytes > 0) std::memcpy(call(r).output.data(), src, out_bytes);
+      }
+      return;
+    }
+    case CollectiveOp::kAllGather: {
+      const std::size_t n = call(0).input.size();
+      scratch_bytes_.resize(n * n_ranks);
+      if (n == 0) return;
+      for (std::size_t r = 0; r < n_ranks; ++r) {
+        std::memcpy(scratch_bytes_.data() + r * n, call(r).input.data(), n);
+      }
+      for (std::size_t r = 0; r < n_ranks; ++r) {
+        std::memcpy(call(r).output.data(), scratch_bytes_.data(), n * n_ranks);
+      }
+      return;
+    }
+    case CollectiveOp::kAllGatherObject: {
+      std::vector<std::vector<char>> gathered;
+      gathered.reserve(n_ranks);
+      for (std::size_t r = 0; r < n_ranks; ++r) gathered.push_back(*call(r).object_input);
+      for (std::size_t r = 0; r < n_ranks; ++r) *call(r).objects_output = gathered;
+      return;
+    }
+    case CollectiveOp::kBroadcastObject: {
+      const std::vector<char> value = *call(static_cast<std::size_t>(call(0).root)).object_input;
+      for (std::size_t r = 0; r < n_ranks; ++r) *call(r).object_output = value;
+      return;
+    }
+    case CollectiveOp::kBarrier:
+      return;
+  }
+  CKPTSIM_CHECK(false, "rendezvous with an unknown collective op");
+}
+
+void LocalWorld::rendezvous(int rank, const Call& call) {
+  std::unique_lock lock(mu_);
+  if (abort_) {
+    throw PeerAborted(abort_->rank, abort_->reason, rank, call.op, call.sequence_number);
+  }
+  const auto r = static_cast<std::size_t>(rank);
+  CKPTSIM_CHECK(!departures_[r].has_value(),
+                fmt::format("rank {} called {} after it departed", rank, op_name(call.op)));
+  CKPTSIM_CHECK(
+      !calls_[r].has_value(),
+      fmt::format("rank {} posted twice to one rendezvous: two threads share a rank", rank));
+  calls_[r] = call;
+  ++posted_count_;
+  ++posted_by_rank_[r];
+  const uint64_t generation = generation_;
+  resolve_if_complete_locked();
+  if (generation_ == generation) {
+    ++blocked_count_;
+    cv_.wait(lock, [&] { return generation_ != generation || abort_.has_value(); });
+    --blocked_count_;
+    if (generation_ == generation) {
+      // Explicit abort: this rendezvous will never resolve; withdraw to keep the state whole.
+      calls_[r].reset();
+      --posted_count_;
+      throw PeerAborted(abort_->rank, abort_->reason, rank, call.op, call.sequence_number);
+    }
+  }
+  // resolution_ cannot change before every rank, this one included, has posted again or left.
+  throw_resolution_locked(rank, call);
+}
+
+std::vector<RankOutcome> LocalWorld::run(const std::function<void(ProcessGroup&)>& f) {
+  {
+    std::lock_guard lock(mu_);
+    CKPTSIM_CHECK(!ran_, "LocalWorld::run called twice on one world");
+    ran_ = true;
+  }
+  std::vector<RankOutcome> outcomes(static_cast<std::size_t>(world_size_));
+  for (int rank = 0; rank < world_size_; ++rank) {
+    outcomes[static_cast<std::size_t>(rank)].rank = rank;
+  }
+  auto body = [&](int rank) noexcept {
+    RankOutcome& outcome = outcomes[static_cast<std::size_t>(rank)];
+    Departure departure;
+    try {
+      LocalProcessGroup pg(*this, rank);
+      f(pg);
+    } catch (const PeerAborted& e) {
+      outcome.error = std::current_exception();
+      outcome.error_message = e.what();
+      departure = Departure{true, true, e.aborting_rank(), e.reason(), 0};
+    } catch (const std::exception& e) {
+      outcome.error = std::current_exception();
+      outcome.error_message = model::exception_text(e);
+      departure = Departure{true, false, rank, outcome.error_message, 0};
+    } catch (...) {
+      outcome.error = std::current_exception();
+      outcome.error_message = "exception not derived from std::exception";
+      departure = Departure{true, false, rank, outcome.error_message, 0};
+    }
+    std::lock_guard lock(mu_);
+    depart_locked(rank, std::move(departure));
+  };
+
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(world_size_ - 1));
+  try {
+    for (int rank = 1; rank < world_size_; ++rank) threads.emplace_back(body, rank);
+  } catch (const std::exception& e) {
+    // Started ranks may be blocked in a collective; wake them before joining.
+    abort(static_cast<int>(threads.size()) + 1,
+          fmt::format("could not start the thread of this rank: {}", e.what()));
+    for (auto& t : threads) t.join();
+    throw;
+  }
+  body(0);
+  for (auto& t : threads) t.join();
+  return outcomes;
+}
+
+// ---------------------------------------------------------------------------------------
+// LocalProcessGroup
+
+namespace {
+
+void check_payload(std::size_t bytes, CollectiveOp op) {
+  CKPTSIM_CHECK(bytes <= kCollectiveBytesMax,
+                fmt::format("{} payload of {} bytes exceeds kCollectiveBytesMax={}", op_name(op),
+                            bytes, kCollectiveBytesMax));
+}
+
+}  // namespace
+
+LocalProcessGroup::LocalProcessGroup(LocalWorld& world, int rank) : world_(world), rank_(rank) {
+  CKPTSIM_CHECK(rank >= 0 && rank < world.size(),
+                fmt::format("rank {} outside world of size {}", rank, world.size()));
+}
+
+void LocalProcessGroup::reduce_scatter_sum(std::span<const float> input, std::span<float> output) {
+  LocalWorld::Call call;
+  call.op = CollectiveOp::kReduceScatterSum;
+  call.sequence_number = next_sequence_number();
+  CKPTSIM_CHECK(input.size() == output.size() * static_cast<std::size_t>(size()),
+                fmt::format("reduce_scatter_sum on rank {}: input of {} elements is not world "
+                            "size {} times output of {}",
+                            rank_, input.size(), size(), output.size()));
+  check_payload(input.size_bytes(), call.op);
+  call.checked_bytes = input.size_bytes();
+  call.input = std::as_bytes(input);
+  call.output = std::as_writable_bytes(output);
+  world_.rendezvous(rank_, call);
+}
+
+void LocalProcessGroup::all_reduce_sum(std::span<float> data) {
+  LocalWorld::Call call;
+  call.op = CollectiveOp::kAllReduceSum;
+  call.sequence_number = next_sequence_number();
+  check_payload(data.size_bytes(), call.op);
+  call.checked_bytes = data.size_bytes();
+  call.input = std::as_bytes(data);
+  call.output = std::as_writable_bytes(data);
+  world_.rendezvous(rank_, call);
+}
+
+void LocalProcessGroup::all_gather(std::span<const std::byte> input, std::span<std::byte> output) {
+  LocalWorld::Call call;
+  call.op = CollectiveOp::kAllGather;
+  call.sequence_number = next_sequence_number();
+  CKPTSIM_CHECK(output.size() == input.size() * static_cast<std::size_t>(size()),
+                fmt::format("all_gather on rank {}: output of {} bytes is not world size {} "
+                            "times input of {}",
+                            rank_, output.size(), size(), input.size()));
+  check_payload(input.size(), call.op);
+  call.checked_bytes = input.size();
+  call.input = input;
+  call.output = output;
+  world_.rendezvous(rank_, call);
+}
+
+std::vector<std::vector<char>> LocalProcessGroup::all_gather_object(
+    const std::vector<char>& bytes) {
+  LocalWorld::Call call;
+  call.op = CollectiveOp::kAllGatherObject;
+  call.sequence_number = next_sequence_number();
+  check_payload(bytes.size(), call.op);
+  std::vector<std::vector<char>> gathered;
+  call.object_input = &bytes;
+  call.objects_output = &gathered;
+  world_.rendezvous(rank_, call);
+  return gathered;
+}
+
+std::vector<char> LocalProcessGroup::broadcast_object(const std::vector<char>& bytes, int root) {
+  LocalWorld::Call call;
+  call.op = CollectiveOp::kBroadcastObject;
+  call.sequence_number = next_sequence_number();
+  CKPTSIM_CHECK(root >= 0 && root < size(),
+                fmt::format("broadcast_object on rank {}: root {} outside world of size {}", rank_,
+                            root, size()));
+  if (root == rank_) check_payload(bytes.size(), call.op);
+  std::vector<char> received;
+  call.root = root;
+  call.object_input = &bytes;
+  call.object_output = &received;
+  world_.rendezvous(rank_, call);
+  return received;
+}
+
+void LocalProcessGroup::barrier() {
+  LocalWorld::Call call;
+  call.op = CollectiveOp::kBarrier;
+  call.sequence_number = next_sequence_number();
+  world_.rendezvous(rank_, call);
+}
+
+void rethrow_root_cause(const std::vector<RankOutcome>& outcomes) {
+  const RankOutcome* first_failure = nullptr;
+  for (const RankOutcome& outcome : outcomes) {
+    if (outcome.ok()) continue;
+    if (first_failure == nullptr) first_failure = &outcome;
+    try {
+      std::rethrow_exception(outcome.error);
+    } catch (const PeerAborted&) {
+      continue;
+    } catch (...) {
+      throw;
+    }
+  }
+  if (first_failure != nullptr) std::rethrow_exception(first_failure->error);
+}
+
+}  // namespace ckptsim::sim

@@ -1,0 +1,174 @@
+// dist_checkpointing save/load (spec §9.3-9.4): LNOs dropped at save, common state from rank
+// 0 only, ShardedTensors read in place (identity kept) and resliced for another DP size,
+// missing keys and shape mismatches raise upstream's errors.
+// Mutations caught: load allocating new tensors instead of filling the request's
+// (LoadFillsRequestTensorsInPlace); LNOs persisted (LnosAreNotSaved); no reslicing
+// (ReslicesPiecesForAnotherDpSize); shape check missing (GlobalShapeMismatchRaises).
+#include <gtest/gtest.h>
+
+#include <ATen/ops/add.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/zeros.h>
+
+#include "model/errors.h"
+#include "model/megatron/mapping.h"
+#include "model/megatron/serialization.h"
+#include "sim/local_world.h"
+
+using namespace ckptsim;
+using namespace ckptsim::model;
+
+namespace {
+
+Value piece(const std::string& key, at::Tensor data, int64_t global, int64_t offset) {
+  ShardedTensor st;
+  st.key = key;
+  st.dtype = data.scalar_type();
+  st.local_shape = {data.numel()};
+  st.global_shape = {global};
+  st.global_offset = {offset};
+  st.replica_id = {0, 0, 0};
+  st.data = std::move(data);
+  return Value(ShardedTensor::make(std::move(st)));
+}
+
+// Runs f(rank, group) on `n` ranks and rethrows the first real error.
+void on_ranks(int n, const std::function<void(int, ProcessGroup&)>& f) {
+  sim::LocalWorld world(n);
+  const auto outcomes = world.run([&](ProcessGroup& pg) { f(pg.rank(), pg); });
+  sim::rethrow_root_cause(outcomes);
+}
+
+}  // namespace
+
+TEST(Serialization, LnosAreNotSavedAndCommonIsRank0s) {
+  MemoryStorage store;
+  on_ranks(2, [&](int rank, ProcessGroup& pg) {
+    Value sd = dict_value(
+        {{"iteration", Value(7)},
+         {"local", make_nonpersistent(Value(rank))},
+         {"rank_field", Value(rank)},
+         {"t", piece("t", at::arange(4, at::TensorOptions().dtype(at::kFloat)).add(4 * rank), 8,
+                     4 * rank)}});
+    const SaveReport report = save(sd, store, pg);
+    EXPECT_EQ(report.common_state_differences.empty(), rank == 0)
+        << "rank 1's rank_field differs from rank 0's";
+  });
+  auto common = read_common_state(store);
+  ASSERT_TRUE(common.is_ok());
+  EXPECT_EQ(common.value().dict()->at("iteration").as_int(), 7);
+  EXPECT_EQ(common.value().dict()->at("rank_field").as_int(), 0);
+  EXPECT_FALSE(common.value().dict()->contains("local"));
+  EXPECT_FALSE(common.value().dict()->contains("t"));
+  auto pieces = read_checkpoint_pieces(store);
+  ASSERT_TRUE(pieces.is_ok());
+  EXPECT_EQ(pieces.value().size(), 2u);
+}
+
+TEST(Serialization, LoadFillsRequestTensorsInPlaceAndReslicesForAnotherDpSize) {
+  MemoryStorage store;
+  // Saved by 2 ranks: [0,1,2,3] and [4,5,6,7].
+  on_ranks(2, [&](int rank, ProcessGroup& pg) {
+    save(dict_value(
+             {{"t", piece("t", at::arange(4, at::TensorOptions().dtype(at::kFloat)).add(4 * rank),
+                          8, 4 * rank)}}),
+         store, pg);
+  });
+  // Loaded by 4 ranks of 2 elements, plus a LNO and a request-side plain leaf.
+  on_ranks(4, [&](int rank, ProcessGroup& pg) {
+    Runtime rt(1, 0, rank);
+    at::Tensor buffer = at::zeros({2});
+    at::Tensor local = at::zeros({1});
+    const Value request = dict_value({{"t", piece("t", buffer, 8, 2 * rank)},
+                                      {"mine", make_nonpersistent(Value(local))},
+                                      {"plain", Value(123)}});
+    const Value loaded = load(request, store, pg, rt, {});
+    EXPECT_TRUE(loaded.dict()->at("t").tensor().is_same(buffer))
+        << "read in place into the request's tensor";
+    EXPECT_EQ(buffer[0].item<float>(), static_cast<float>(2 * rank));
+    EXPECT_EQ(buffer[1].item<float>(), static_cast<float>(2 * rank + 1));
+    EXPECT_TRUE(loaded.dict()->at("mine").tensor().is_same(local))
+        << "LNO gives back the local object";
+    EXPECT_FALSE(loaded.dict()->contains("plain"))
+        << "request-side plain leaves come only from common state";
+  });
+}
+
+TEST(Serialization, MissingKeyAndGlobalShapeMismatchRaise) {
+  MemoryStorage store;
+  on_ranks(1, [&](int, ProcessGroup& pg) {
+    save(dict_value({{"t", piece("t", at::zeros({4}), 4, 0)}}), store, pg);
+  });
+  on_ranks(1, [&](int rank, ProcessGroup& pg) {
+    Runtime rt(1, 0, rank);
+    EXPECT_THROW(load(dict_value({{"u", piece("u", at::zeros({4}), 4, 0)}}), store, pg, rt, {}),
+                 PyKeyError);
+    EXPECT_THROW(load(dict_value({{"t", piece("t", at::zeros({4}), 5, 0)}}), store, pg, rt, {}),
+                 CheckpointingException);
+  });
+}
+
+TEST(Serialization, CommonLeafCollidingWithLnoRaisesDuplicateLeaf) {
+  MemoryStorage store;
+  on_ranks(1, [&](int, ProcessGroup& pg) {
+    save(dict_value({{"opt", dict_value({{"step", Value(5)}})}}), store, pg);
+  });
+  on_ranks(1, [&](int rank, ProcessGroup& pg) {
+    Runtime rt(1, 0, rank);
+    try {
+      load(dict_value({{"opt", dict_value({{"step", make_nonpersistent(Value(1))}})}}), store, pg,
+           rt, {});
+      FAIL() << "expected the duplicate leaf";
+    } catch (const MergeError& e) {
+      EXPECT_EQ(repr(e.path()), "('opt', 'step')");
+    }
+  });
+}
+
+namespace {
+
+Value object(const std::string& key, int64_t offset, int replica) {
+  ShardedObject so;
+  so.key = key;
+  so.data = Value(offset);
+  so.global_shape = {2};
+  so.global_offset = {offset};
+  so.replica_id = {replica};
+  return Value(ShardedObject::make(std::move(so)));
+}
+
+}  // namespace
+
+// The end-of-save exchange: every rank learns every piece (in rank order), rank 0 lists each
+// sharded object once with its main replica, and two main replicas of one object raise.
+// Mutations caught: a rank reporting only its own pieces; objects listed per replica.
+TEST(Serialization, EveryRankLearnsAllPiecesAndObjectsAreListedOnce) {
+  MemoryStorage store;
+  on_ranks(3, [&](int rank, ProcessGroup& pg) {
+    const Value sd = dict_value({{"t", piece("t", at::zeros({2}).add(rank), 6, 2 * rank)},
+                                 {"o", object("o", rank % 2, rank / 2)}});
+    const SaveReport report = save(sd, store, pg);
+    ASSERT_EQ(report.pieces.size(), 3u);
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_EQ(report.pieces[static_cast<size_t>(r)].rank, r);
+      EXPECT_EQ(report.pieces[static_cast<size_t>(r)].global_offset, 2 * r);
+    }
+  });
+  ASSERT_TRUE(store.read_file("objects/o/shard_0_2.pt").is_ok());
+  ASSERT_TRUE(store.read_file("objects/o/shard_1_2.pt").is_ok());
+  auto meta = store.read_file("metadata.json");
+  ASSERT_TRUE(meta.is_ok());
+  const std::string text(meta.value().begin(), meta.value().end());
+  size_t listed = 0;
+  for (size_t at = text.find("\"objects/o/"); at != std::string::npos;
+       at = text.find("\"objects/o/", at + 1))
+    ++listed;
+  EXPECT_EQ(listed, 2u) << "two objects (offsets 0 and 1), each listed once: " << text;
+
+  MemoryStorage clash;
+  EXPECT_THROW(on_ranks(2,
+                        [&](int, ProcessGroup& pg) {
+                          save(dict_value({{"o", object("o", 0, 0)}}), clash, pg);
+                        }),
+               CheckpointingException);
+}

@@ -1,0 +1,122 @@
+// The Value tree's Python semantics (model/tree.h invariants 1-3) and Key reprs.
+// Mutations caught: Dict::copy deep-copying (DictCopyIsShallow), Dict::set moving an existing
+// key to the end (OverwriteKeepsPosition), deepcopy not preserving aliasing
+// (DeepcopyPreservesAliasing), Value::is comparing tensor values (TensorIdentity).
+#include <gtest/gtest.h>
+
+#include <ATen/ops/ones.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/zeros.h>
+
+#include "model/errors.h"
+#include "model/megatron/mapping.h"
+#include "model/py/value.h"
+
+using namespace ckptsim::model;
+
+TEST(Tree, ValuesShareContainersByReference) {
+  auto d = Dict::make();
+  Value a(d);
+  Value b = a;  // Python: b = a
+  b.dict()->set("k", Value(1));
+  EXPECT_EQ(a.dict()->at("k").as_int(), 1);
+  EXPECT_TRUE(a.is(b));
+}
+
+TEST(Tree, DictCopyIsShallow) {
+  auto inner = Dict::make();
+  auto d = Dict::make({{"inner", Value(inner)}});
+  DictPtr c = d->copy();
+  c->set("x", Value(2));
+  EXPECT_FALSE(d->contains("x"));
+  EXPECT_TRUE(c->at("inner").is(d->at("inner")));
+}
+
+TEST(Tree, OverwriteKeepsPositionPopMovesToEnd) {
+  auto d = Dict::make({{"a", Value(1)}, {"b", Value(2)}, {"c", Value(3)}});
+  d->set("a", Value(10));
+  EXPECT_EQ(d->keys().front(), Key("a"));
+  // tensors["param"] = tensors.pop("master_param") puts 'param' last.
+  d->set("param", d->pop("b"));
+  const auto keys = d->keys();
+  ASSERT_EQ(keys.size(), 3u);
+  EXPECT_EQ(keys[2], Key("param"));
+  EXPECT_EQ(keys[1], Key("c"));
+  EXPECT_THROW(d->pop("missing"), PyKeyError);
+}
+
+TEST(Tree, TensorIdentityAssignVersusCopy) {
+  at::Tensor live = at::zeros({3});
+  at::Tensor loaded = at::ones({3});
+  Value slot(live);
+  // Copy in place: same object, new values.
+  at::Tensor s = slot.tensor();
+  s.copy_(loaded);
+  EXPECT_TRUE(slot.tensor().is_same(live));
+  EXPECT_EQ(live.sum().item<float>(), 3.0F);
+  // Assignment: the slot now holds the other object.
+  slot = Value(loaded);
+  EXPECT_FALSE(slot.is(Value(live)));
+  EXPECT_TRUE(slot.is(Value(loaded)));
+  // A view is a different object over the same storage.
+  Value view(live.narrow(0, 0, 2));
+  EXPECT_FALSE(view.is(Value(live)));
+}
+
+TEST(Tree, DeepcopyPreservesAliasingAndClonesTensors) {
+  at::Tensor t = at::zeros({2});
+  auto shared = Dict::make({{"t", Value(t)}});
+  Value root = dict_value({{"a", Value(shared)}, {"b", Value(shared)}});
+  Value c = deepcopy(root);
+  EXPECT_TRUE(c.dict()->at("a").is(c.dict()->at("b")));
+  EXPECT_FALSE(c.dict()->at("a").is(root.dict()->at("a")));
+  EXPECT_FALSE(c.dict()->at("a").dict()->at("t").tensor().is_same(t));
+}
+
+TEST(Tree, KeyReprsArePython) {
+  EXPECT_EQ(Key("step").repr(), "'step'");
+  EXPECT_EQ(Key(3).repr(), "3");
+  EXPECT_EQ(Key::tuple({Key::symbol("torch.bfloat16"), Key::symbol("torch.float32")}).repr(),
+            "(torch.bfloat16, torch.float32)");
+  EXPECT_EQ(Key::tuple({Key("a")}).repr(), "('a',)");
+  EXPECT_FALSE(Key(1) == Key("1"));
+  EXPECT_EQ(Value(5.0).repr(), "5.0");
+  EXPECT_EQ(Value(at::scalar_tensor(5.0)).repr(), "tensor(5.)");
+  EXPECT_EQ(Value::tuple({Value(0.9), Value(0.95)}).repr(), "(0.9, 0.95)");
+}
+
+TEST(Tree, PyEqualFollowsPython) {
+  EXPECT_TRUE(py_equal(Value(1), Value(1.0)));
+  EXPECT_TRUE(py_equal(Value(true), Value(1)));
+  EXPECT_FALSE(py_equal(Value("1"), Value(1)));
+  EXPECT_TRUE(py_equal(dict_value({{"a", Value(1)}, {"b", Value(2)}}),
+                       dict_value({{"b", Value(2)}, {"a", Value(1)}})));
+  EXPECT_FALSE(py_equal(list_value({Value(1)}), list_value({Value(1), Value(2)})));
+  EXPECT_THROW(py_equal(Value(at::zeros({2})), Value(at::zeros({2}))), UpstreamError);
+}
+
+TEST(Mapping, ShardedTensorValidatesLikePostInit) {
+  ShardedTensor ok;
+  ok.key = "k";
+  ok.data = at::zeros({4});
+  ok.local_shape = {4};
+  ok.global_shape = {10};
+  ok.global_offset = {6};
+  EXPECT_NO_THROW(ShardedTensor::make(ok));
+  ShardedTensor bad_shape = ok;
+  bad_shape.local_shape = {5};
+  EXPECT_THROW(ShardedTensor::make(bad_shape), CheckpointingException);
+  ShardedTensor flattened = ok;
+  flattened.flattened_range = std::make_pair(int64_t{0}, int64_t{2});
+  EXPECT_THROW(ShardedTensor::make(flattened), CheckpointingException);
+  ShardedTensor regular = ok;
+  regular.axis_fragmentations = Shape{3};
+  EXPECT_THROW(ShardedTensor::make(regular), CheckpointingException);  // 6 % 4 != 0
+  ShardedObject so;
+  so.key = "optimizer.distributed.dp_group_idx_0.optimizer";
+  so.global_shape = {1};
+  so.global_offset = {0};
+  EXPECT_EQ(so.unique_key(), "optimizer.distributed.dp_group_idx_0.optimizer/shard_0_1");
+  EXPECT_TRUE(is_main_replica({0, 0, 0}));
+  EXPECT_FALSE(is_main_replica({0, 0, 1}));
+}

@@ -1,0 +1,311 @@
+// The property search: generators that only make valid, replayable scenarios; shrinking to
+// small cases; and, for every property, a mutation control — a deliberately broken model
+// variant (a buggy revision or a fault site) that the SEARCH finds, not just a hand-written
+// scenario. Mutations this file catches: a generator emitting an invalid scenario
+// (GeneratedScenariosReplay), shrinking that accepts another cause (ShrinkKeepsTheSignature),
+// a property that can never fail under search (MutationControls.*).
+#include "search/search.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
+
+#include "tests/testing.h"
+
+using namespace ckptsim;
+
+namespace {
+
+properties::SearchResult run_search(properties::GeneratorConfig g,
+                                    const std::vector<std::string>& only, int64_t cases,
+                                    uint64_t seed = 1) {
+  properties::SearchOptions o;
+  o.generator = std::move(g);
+  o.seed = seed;
+  o.cases = cases;
+  o.keep_going = false;
+  o.shrink_runs_max = 400;
+  return properties::search(o, properties::property_judge(test::registry(), only));
+}
+
+int64_t dp_max(const sim::Scenario& s) {
+  int64_t m = 0;
+  for (const auto& p : s.phases) m = std::max(m, p.dp);
+  return m;
+}
+
+void ensure_profile(const std::string& name, const std::string& json) {
+  if (!test::registry().get(name).is_ok()) {
+    ASSERT_TRUE(test::registry().add(json, "search_test.cpp").is_ok());
+  }
+}
+
+}  // namespace
+
+RC_GTEST_PROP(Generators, GeneratedScenariosReplay, ()) {
+  properties::GeneratorConfig g;
+  g.revisions = {"upstream-2874", "fix-complete"};
+  const sim::Scenario s = *properties::gen_scenario(g);
+  auto parsed =
+      sim::parse_scenario(sim::scenario_to_json(s).dump(), "generated.json", test::registry());
+  RC_ASSERT(parsed.is_ok());
+  RC_ASSERT(sim::scenario_to_json(parsed.value()) == sim::scenario_to_json(s));
+  RC_ASSERT(s.params.size() >= 1u && s.params.size() <= 6u);
+  RC_ASSERT(s.phases.size() >= 1u && s.phases.size() <= 4u);
+}
+
+// Domain shrinks halve the distance still to go: a size that must stay at least `need` is
+// found in O(log n) accepted shrinks (n - 1 alone took one step per element).
+TEST(Generators, DomainShrinksConvergeInLogarithmicSteps) {
+  sim::Scenario s = test::scenario_file("scenarios/bug2-step-reset-dp2-to-4.json");
+  s.params.resize(1);
+  s.params[0].numel = 4000;
+  s.phases[0].dp = 31;
+  s.bucket_size.reset();
+  auto holds = [](const sim::Scenario& c) {
+    return c.params.size() == 1 && c.params[0].numel >= 65 && c.phases[0].dp >= 3;
+  };
+  ASSERT_TRUE(holds(s));
+  int steps = 0;
+  for (bool progressed = true; progressed && steps < 1000;) {
+    progressed = false;
+    for (const auto& c : properties::domain_shrinks(s)) {
+      if (holds(c)) {
+        s = c;
+        ++steps;
+        progressed = true;
+        break;
+      }
+    }
+  }
+  EXPECT_EQ(s.params[0].numel, 65);
+  EXPECT_EQ(s.phases[0].dp, 3);
+  EXPECT_LE(steps, 40);  // log2(4000) + log2(31) accepted shrinks, and then some
+}
+
+RC_GTEST_PROP(Generators, PaddedBucketsDrawSmallDp, ()) {
+  properties::GeneratorConfig g;
+  g.stateful = *rc::gen::arbitrary<bool>();
+  const sim::Scenario s = *properties::gen_for(g);
+  for (const auto& p : s.phases) {
+    RC_ASSERT(p.dp <= (s.pad_buckets_for_high_nccl_busbw ? properties::kPaddedDpMax : g.dp_max));
+  }
+}
+
+RC_GTEST_PROP(Generators, DomainShrinksAreValidAndSmaller, ()) {
+  properties::GeneratorConfig g;
+  const sim::Scenario s = *properties::gen_scenario(g);
+  for (const auto& c : properties::domain_shrinks(s)) {
+    RC_ASSERT(sim::parse_scenario(sim::scenario_to_json(c).dump(), "shrunk.json", test::registry())
+                  .is_ok());
+    RC_ASSERT(c.params.size() <= s.params.size());
+    RC_ASSERT(c.phases.size() <= s.phases.size());
+    RC_ASSERT(c.total_steps() <= s.total_steps());
+  }
+}
+
+// Small fix-complete scenarios: every property must hold on them.
+static properties::GeneratorConfig small_fix_complete(bool stateful) {
+  properties::GeneratorConfig g;
+  g.revisions = {"fix-complete"};
+  g.params_max = 3;
+  g.phases_max = 3;
+  g.dp_max = 8;
+  g.stateful = stateful;
+  return g;
+}
+
+RC_GTEST_PROP(PropertiesAsALibrary, FixCompleteKeepsEveryPropertyOnGeneratedScenarios, ()) {
+  const properties::GeneratorConfig g = small_fix_complete(false);
+  const sim::Scenario s = *properties::gen_scenario(g);
+  const auto run = test::run(s);
+  for (const auto& r : properties::check_all(run)) {
+    RC_ASSERT(r.verdict != properties::Verdict::kFail);
+  }
+}
+
+// Every resumed shard's step counter against the command model: the step each phase resumes at
+// (CycleModel::start_steps). Empty when they agree; else the first disagreement.
+static std::string counters_against_model(const sim::RunResult& run) {
+  const std::vector<int64_t> expected = properties::expected_start_steps(run.scenario);
+  for (const auto& ph : run.phases) {
+    if (ph.index == 0 || !ph.after_load) continue;
+    for (const auto& sh : ph.after_load->shards) {
+      if (sh.counter && *sh.counter != static_cast<double>(expected[ph.index])) {
+        return fmt::format("phase {} param {} rank {}: counter {} after load, model says {}",
+                           ph.index, sh.param, sh.rank, *sh.counter, expected[ph.index]);
+      }
+    }
+  }
+  return "";
+}
+
+RC_GTEST_PROP(Generators, StatefulScenariosReplayAndResumeWhereTheModelSays, ()) {
+  const properties::GeneratorConfig g = small_fix_complete(true);
+  const sim::Scenario s = *properties::gen_scenario_stateful(g);
+  RC_ASSERT(sim::parse_scenario(sim::scenario_to_json(s).dump(), "generated.json", test::registry())
+                .is_ok());
+  RC_ASSERT(s.phases.size() >= 1u && s.phases.size() <= 3u);
+  const auto run = test::run(s);
+  for (const auto& r : properties::check_all(run)) {
+    RC_ASSERT(r.verdict != properties::Verdict::kFail);
+  }
+  const std::string mismatch = counters_against_model(run);
+  RC_ASSERT_FALSE(!mismatch.empty());
+}
+
+TEST(Generators, ModelCountersSeeTheStepReset) {
+  // The control for the model check above: upstream-2874 resumes the offloaded AdamW at 1.
+  const auto bad = test::run(test::scenario_file("scenarios/bug2-step-reset-dp2-to-4.json"));
+  EXPECT_NE(counters_against_model(bad), "");
+  const auto good = test::run(test::scenario_file("scenarios/bug2-fixed-dp2-to-4.json"));
+  EXPECT_EQ(counters_against_model(good), "");
+}
+
+TEST(Generators, StatefulCrossRevisionScenariosChangeRevision) {
+  properties::GeneratorConfig g;
+  g.revisions = {"miles-main", "upstream-2874"};
+  g.require_revision_change = true;
+  g.stateful = true;
+  const auto gen = properties::gen_for(g);
+  for (int seed = 0; seed < 50; ++seed) {
+    const sim::Scenario s = gen(rc::Random(seed), 50).value();
+    bool changed = false;
+    for (size_t i = 1; i < s.phases.size(); ++i)
+      changed |= s.phases[i].revision != s.phases[i - 1].revision;
+    EXPECT_TRUE(changed) << sim::scenario_to_json(s).dump();
+  }
+}
+
+TEST(Search, StatefulSearchFindsTheStepResetSmall) {
+  properties::GeneratorConfig g;
+  g.revisions = {"upstream-2874"};
+  g.kinds = {model::OptimizerKind::kHybrid};
+  g.stateful = true;
+  const auto r = run_search(g, {"step_matches_uninterrupted"}, 300);
+  ASSERT_EQ(r.failures.size(), 1u);
+  const auto& m = r.failures.front().minimal;
+  EXPECT_LE(m.params.size(), 2u);
+  EXPECT_EQ(m.phases.size(), 2u);
+  EXPECT_EQ(test::verdict(test::run(m), "step_matches_uninterrupted").verdict,
+            properties::Verdict::kFail);
+}
+
+TEST(Search, FindsTheStepResetSmallAndReproducibly) {
+  properties::GeneratorConfig g;
+  g.revisions = {"upstream-2874"};
+  g.kinds = {model::OptimizerKind::kHybrid};
+  const auto a = run_search(g, {"step_matches_uninterrupted"}, 300);
+  ASSERT_EQ(a.failures.size(), 1u);
+  const auto& f = a.failures.front();
+  EXPECT_EQ(f.finding.property, "step_matches_uninterrupted");
+  EXPECT_LE(f.minimal.params.size(), 2u);
+  EXPECT_LE(f.minimal.phases.size(), 2u);
+  EXPECT_LE(dp_max(f.minimal), 2);
+  // The minimal scenario replays to the same failure.
+  const auto replay = test::run(f.minimal);
+  EXPECT_EQ(test::verdict(replay, "step_matches_uninterrupted").verdict,
+            properties::Verdict::kFail);
+  // Same seed, same search.
+  const auto b = run_search(g, {"step_matches_uninterrupted"}, 300);
+  ASSERT_EQ(b.failures.size(), 1u);
+  EXPECT_EQ(b.failures.front().case_index, f.case_index);
+  EXPECT_EQ(sim::scenario_to_json(b.failures.front().minimal), sim::scenario_to_json(f.minimal));
+}
+
+TEST(Search, ShrinkKeepsTheSignature) {
+  properties::GeneratorConfig g;
+  g.revisions = {"upstream-2874"};
+  const auto r = run_search(g, {}, 200);
+  ASSERT_FALSE(r.failures.empty());
+  for (const auto& f : r.failures) {
+    const auto replay = test::run(f.minimal);
+    const auto res = test::verdict(replay, f.finding.property);
+    EXPECT_EQ(res.signature, f.finding.signature) << f.finding.detail;
+  }
+}
+
+TEST(Search, FindsTheDuplicateLeafAcrossRevisionsSmall) {
+  properties::GeneratorConfig g;
+  g.revisions = {"miles-main", "upstream-2874"};
+  g.require_revision_change = true;
+  g.kinds = {model::OptimizerKind::kHybrid};
+  const auto r = run_search(g, {"no_duplicate_leaves"}, 300);
+  ASSERT_EQ(r.failures.size(), 1u);
+  const auto& m = r.failures.front().minimal;
+  EXPECT_LE(m.params.size(), 2u);
+  EXPECT_LE(m.phases.size(), 2u);
+  EXPECT_LE(dp_max(m), 2);
+  EXPECT_NE(r.failures.front().finding.detail.find("'step')"), std::string::npos)
+      << r.failures.front().finding.detail;
+}
+
+// ---- Mutation controls: every property fails under search on a broken variant. ---------------
+
+struct Control {
+  std::string property;
+  std::vector<std::string> revisions;
+  std::vector<std::string> faults;
+  std::vector<model::OptimizerKind> kinds;
+  bool change = false;
+};
+
+class MutationControls : public ::testing::TestWithParam<Control> {};
+
+TEST_P(MutationControls, SearchFindsTheBrokenVariant) {
+  ensure_profile("test-b9-aliased-steps",
+                 R"({"name": "test-b9-aliased-steps", "extends": "fix-complete",
+      "description": "fix-complete with B9 put back", "switches": {"pure_torch_load_clones_step": false}})");
+  const Control& c = GetParam();
+  properties::GeneratorConfig g;
+  g.revisions = c.revisions;
+  g.faults = c.faults;
+  g.require_revision_change = c.change;
+  if (!c.kinds.empty()) g.kinds = c.kinds;
+  const auto r = run_search(g, {c.property}, 300);
+  ASSERT_EQ(r.failures.size(), 1u) << c.property << " never failed in " << r.cases_run << " cases";
+  EXPECT_EQ(r.failures.front().finding.property, c.property);
+  // The same search on the unbroken variant finds nothing for this property (fault-based controls).
+  if (!c.faults.empty()) {
+    g.faults.clear();
+    EXPECT_TRUE(run_search(g, {c.property}, 100).failures.empty())
+        << c.property << " fails without the fault";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryProperty, MutationControls,
+    ::testing::Values(
+        Control{"no_duplicate_leaves",
+                {"miles-main", "upstream-2874"},
+                {},
+                {model::OptimizerKind::kHybrid},
+                true},
+        Control{"resume_completes", {"upstream-pre-2874"}, {}, {model::OptimizerKind::kHybrid}},
+        Control{
+            "step_matches_uninterrupted", {"upstream-2874"}, {}, {model::OptimizerKind::kHybrid}},
+        Control{"trajectory_matches_uninterrupted", {"fix-complete"}, {"load.perturb_exp_avg"}, {}},
+        Control{"shards_tile_buckets", {"fix-complete"}, {"dp_reshardable.drop_end_padding"}, {}},
+        Control{
+            "common_state_rank_independent", {"fix-complete"}, {"save.rank_dependent_common"}, {}},
+        Control{"layout_invariants", {"fix-complete"}, {"layout.misalign_param_start"}, {}},
+        Control{"round_trip_identity", {"fix-complete"}, {"load.perturb_exp_avg"}, {}},
+        Control{"reshard_round_trip_bytes", {"fix-complete"}, {"load.perturb_exp_avg"}, {}},
+        Control{"step_tensors_not_aliased",
+                {"test-b9-aliased-steps"},
+                {},
+                {model::OptimizerKind::kTorchAdamW}}),
+    [](const ::testing::TestParamInfo<Control>& info) { return info.param.property; });
+
+TEST(MutationControls, CoverEveryProperty) {
+  std::vector<std::string> covered = {
+      "no_duplicate_leaves",        "resume_completes",
+      "step_matches_uninterrupted", "trajectory_matches_uninterrupted",
+      "shards_tile_buckets",        "common_state_rank_independent",
+      "layout_invariants",          "round_trip_identity",
+      "reshard_round_trip_bytes",   "step_tensors_not_aliased"};
+  for (const auto& p : properties::all_properties()) {
+    EXPECT_NE(std::find(covered.begin(), covered.end(), p.name), covered.end())
+        << p.name << " has no search control";
+  }
+}
