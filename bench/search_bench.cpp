@@ -15,10 +15,10 @@ using namespace ckptsim;
 void BM_SearchCase(benchmark::State& state, const char* revision) {
   at::set_num_threads(1);
   auto registry = model::RevisionRegistry::load_embedded().value();
-  properties::GeneratorConfig g;
-  g.revisions = {revision};
-  const auto gen = properties::gen_scenario(g);
-  const auto judge = properties::property_judge(registry);
+  search::GeneratorConfig g;
+  g.revisions = {sim::resolve_revision(registry, revision).value()};
+  const auto gen = search::gen_scenario(g);
+  const auto judge = search::property_judge();
   int64_t k = 0;
   int64_t failing = 0;
   for (auto _ : state) {

@@ -38,13 +38,11 @@
 // judges, e.g. a resume whose load crashed); only pass counts as ok.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <functional>
 #include <string>
 #include <vector>
 
-#include "sim/driver.h"
+#include "sim/record.h"
 
 namespace ckptsim::properties {
 
@@ -71,27 +69,17 @@ struct PropertyResult {
 
 struct Property {
   std::string name;
-  std::string description;
+  std::string description;  // one line, for listings
+  // Pure: reads only the run, never the model; never throws for any recorded run (a run the
+  // simulator could not finish is judged not_evaluated or fail, not an exception).
   std::function<PropertyResult(const sim::RunResult&)> check;
 };
 
 const std::vector<Property>& all_properties();
 const Property* find_property(const std::string& name);
+// "no_duplicate_leaves, resume_completes, ...", for messages that list the valid names.
+std::string property_names();
 std::vector<PropertyResult> check_all(const sim::RunResult& run);
 bool all_ok(const std::vector<PropertyResult>& results);
-
-// Checks a scenario's "expect" block (already known to be an object with only the fields
-// ok, properties, detail_contains): "ok" a bool, "properties" an object from known property
-// names to true, false or a verdict name, "detail_contains" an object from known property
-// names to strings. The message names the file and the field.
-Status validate_expect(const nlohmann::json& expect, const std::string& source);
-
-// A bundled scenario's "expect" block against the verdicts. Empty when they agree; otherwise
-// one line per disagreement.
-std::vector<std::string> expectation_mismatches(const nlohmann::json& expect,
-                                                const std::vector<PropertyResult>& results);
-
-// {"ok", "properties": [{"name", "ok", "verdict", "detail"}]}
-nlohmann::json results_to_json(const std::vector<PropertyResult>& results);
 
 }  // namespace ckptsim::properties

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <map>
 
+#include "properties/step.h"
+
 namespace ckptsim::report {
 
 namespace {
@@ -13,13 +15,6 @@ std::string num(const std::optional<double>& x) {
   if (!x.has_value() || std::isnan(*x)) return "—";
   if (*x == std::floor(*x)) return fmt::format("{:.0f}", *x);
   return fmt::format("{:.6g}", *x);
-}
-
-const sim::ShardRecord* shard_at(const sim::ModelState& st, size_t p, int64_t e) {
-  for (const auto& s : st.shards) {
-    if (s.param == p && s.range.start <= e && e < s.range.end) return &s;
-  }
-  return nullptr;
 }
 
 std::string phase_outcome(const sim::PhaseRecord& p) {
@@ -62,31 +57,23 @@ std::string step_table(const sim::RunResult& run, size_t rows_max) {
                  const std::string& expected) {
     const std::string shard = fmt::format("{}[{}:{}]@r{}", run.scenario.params[s.param].name,
                                           s.range.start, s.range.end, s.rank);
+    const std::string part = sim::part_name(s.part);
     for (auto& r : rows) {
-      if (r.when == when && r.part == s.part && r.observed == observed && r.expected == expected) {
+      if (r.when == when && r.part == part && r.observed == observed && r.expected == expected) {
         r.shards.push_back(shard);
         return;
       }
     }
-    rows.push_back({when, s.part, observed, expected, {shard}});
+    rows.push_back({when, part, observed, expected, {shard}});
   };
   for (const auto& p : run.phases) {
-    if (!p.ran || p.index == 0 || !p.after_load.has_value()) continue;
-    const sim::ModelState* ref = run.reference_at(p.start_step);
-    for (const auto& s : p.after_load->shards) {
-      const sim::ShardRecord* rs =
-          ref != nullptr ? shard_at(*ref, s.param, s.range.start) : nullptr;
-      add(fmt::format("phase {} after load (step {})", p.index, p.start_step), s,
-          "counter " + num(s.counter),
-          "counter " + num(rs != nullptr ? rs->counter : std::nullopt));
-    }
-    for (const auto& st : p.after_step) {
-      const sim::ModelState* rst = run.reference_at(st.global_step);
-      for (const auto& s : st.shards) {
-        const sim::ShardRecord* rs =
-            rst != nullptr ? shard_at(*rst, s.param, s.range.start) : nullptr;
-        add(fmt::format("phase {} step {}", p.index, st.global_step), s, "t=" + num(s.step_used),
-            "t=" + num(rs != nullptr ? rs->step_used : std::nullopt));
+    for (const auto& c : properties::step_comparisons(run, p)) {
+      if (c.moment == properties::StepComparison::Moment::kAfterLoad) {
+        add(fmt::format("phase {} after load (step {})", p.index, p.start_step), c.shard,
+            "counter " + num(c.observed), "counter " + num(c.expected));
+      } else {
+        add(fmt::format("phase {} step {}", p.index, c.global_step), c.shard,
+            "t=" + num(c.observed), "t=" + num(c.expected));
       }
     }
   }
@@ -114,12 +101,12 @@ std::string step_table(const sim::RunResult& run, size_t rows_max) {
 std::string scenario_section(const ScenarioReport& r) {
   const sim::RunResult& run = *r.run;
   const sim::Scenario& s = run.scenario;
-  std::string out = fmt::format("## {}\n\n", s.name.empty() ? s.source : s.name);
+  std::string out = fmt::format("## {}\n\n", s.name);
   if (!s.description.empty()) out += s.description + "\n\n";
   std::string params;
   for (const auto& p : s.params) {
     params += fmt::format("{}{} ({}, {})", params.empty() ? "" : ", ", p.name, p.numel,
-                          p.dtype == at::kBFloat16 ? "bf16" : "fp32");
+                          model::dtype_name(p.dtype));
   }
   out += fmt::format("- file: `{}`, seed {}, trace hash `{:016x}`\n", s.source, s.seed,
                      run.trace_hash);
@@ -128,8 +115,8 @@ std::string scenario_section(const ScenarioReport& r) {
                      s.optimizer.kind == model::OptimizerKind::kHybrid
                          ? fmt::format(" (offload_fraction {})", s.optimizer.offload_fraction)
                          : "",
-                     s.optimizer.lr, s.optimizer.beta1, s.optimizer.beta2, s.optimizer.eps,
-                     s.optimizer.weight_decay);
+                     s.optimizer.adam.lr, s.optimizer.adam.beta1, s.optimizer.adam.beta2,
+                     s.optimizer.adam.eps, s.optimizer.adam.weight_decay);
   out += fmt::format("- params: {}; bucket_size {}; sharding {}\n", params,
                      s.bucket_size ? std::to_string(*s.bucket_size) : "None (one bucket)",
                      s.sharding_type);
@@ -188,8 +175,7 @@ std::string render(const std::vector<ScenarioReport>& reports,
         failing +=
             (failing.empty() ? "" : ", ") + res.name + " " + properties::verdict_name(res.verdict);
     }
-    const std::string name =
-        r.run->scenario.name.empty() ? r.run->scenario.source : r.run->scenario.name;
+    const std::string& name = r.run->scenario.name;
     out += fmt::format(
         "| {} | {} | {} | {} |\n", name, revisions, failing.empty() ? "all pass" : failing,
         !r.has_expectations ? "—" : (r.expectation_mismatches.empty() ? "yes" : "**no**"));

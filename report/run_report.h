@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "properties/properties.h"
-#include "sim/driver.h"
+#include "sim/record.h"
 
 namespace ckptsim::report {
 

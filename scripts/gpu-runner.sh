@@ -25,7 +25,7 @@
 # fmt::v9 / fmt::v12, and libtorch uses fmt header-only internally), so the only hazard is
 # which headers a translation unit of ours sees. With CKPTSIM_FMT_HEADER_ONLY=ON the build
 # links fmt::fmt-header-only (FMT_HEADER_ONLY: fmt 9 is compiled into our objects, no libfmt
-# is linked or loaded) and puts fmt's include directory before libtorch's on ckptsim_core, so
+# is linked or loaded) and puts fmt's include directory before libtorch's on ckptsim_model, so
 # every <fmt/...> of ours is fmt 9. The GPU targets themselves use no fmt at all.
 #
 # Environment: CKPTSIM_DEBS, CKPTSIM_DEPS_PREFIX, CKPTSIM_GPU_BUILD_DIR (default build-gpu),
@@ -98,7 +98,7 @@ export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
 export CMAKE_POLICY_VERSION_MINIMUM=3.5
 
 common=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DCKPTSIM_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc"
-        -DCKPTSIM_FMT_HEADER_ONLY=ON -DCKPTSIM_CUDA_PTXAS_VERBOSE=ON
+        -DCKPTSIM_FMT_HEADER_ONLY=ON -DCKPTSIM_CUDA_PTXAS_VERBOSE=ON -DCKPTSIM_GPU_TESTS=EACH
         -DPYTHON_EXECUTABLE="$(command -v "$python")"  # libtorch's CUDA CMake hashes nvrtc with it
         "-DCMAKE_PREFIX_PATH=$prefix/usr${torch_prefix:+;$torch_prefix}")
 targets=(ckptsim_gpu_tests ckptsim_gpu_bench ckptsim_kernel_ptx)

@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 #include <rapidcheck/state.h>
 
-namespace ckptsim::properties {
+#include "model/faults.h"
+
+namespace ckptsim::search {
 
 namespace {
 
@@ -22,7 +24,8 @@ rc::Gen<model::ParamSpec> gen_param() {
   return gen::exec([] {
     model::ParamSpec p;
     p.numel = *gen_numel();
-    p.dtype = *gen::weightedElement<at::ScalarType>({{3, at::kBFloat16}, {1, at::kFloat}});
+    p.dtype = *gen::weightedElement<model::DType>(
+        {{3, model::DType::kBFloat16}, {1, model::DType::kFloat32}});
     p.wd_mult = *gen::weightedElement<double>({{3, 1.0}, {1, 0.0}});
     return p;
   });
@@ -57,12 +60,31 @@ rc::Gen<double> gen_offload() {
 
 }  // namespace
 
+Status GeneratorConfig::validate() const {
+  auto range = [](const char* flag, int64_t v, int64_t hi) {
+    return v >= 1 && v <= hi
+               ? Status::ok()
+               : Status::invalid_input(fmt::format("{} must be in [1, {}], got {}", flag, hi, v));
+  };
+  for (Status s : {range("--dp-max", dp_max, sim::Scenario::kDpMax),
+                   range("--params-max", params_max, kParamsMaxLimit),
+                   range("--phases-max", phases_max, kPhasesMaxLimit)}) {
+    if (!s.is_ok()) return s;
+  }
+  for (const auto& fault : faults) {
+    if (!model::is_fault_site(fault))
+      return Status::invalid_input("--fault: unknown fault site " + fault);
+  }
+  return Status::ok();
+}
+
 int64_t phase_dp_max(const GeneratorConfig& config, const sim::Scenario& s) {
   return s.pad_buckets_for_high_nccl_busbw ? std::min<int64_t>(config.dp_max, kPaddedDpMax)
                                            : config.dp_max;
 }
 
 rc::Gen<sim::Scenario> gen_scenario(const GeneratorConfig& config) {
+  CKPTSIM_CHECK(!config.revisions.empty(), "a generator config names no revision");
   return gen::exec([config] {
     // The case's size: gen::resize below bounds the container lengths, and would otherwise
     // also shrink every element generator's range (RapidCheck passes the size down).
@@ -78,11 +100,11 @@ rc::Gen<sim::Scenario> gen_scenario(const GeneratorConfig& config) {
       s.params.resize(static_cast<size_t>(config.params_max));
     for (size_t i = 0; i < s.params.size(); ++i) s.params[i].name = fmt::format("p{}", i);
     s.optimizer.kind = *gen::elementOf(config.kinds);
-    s.optimizer.lr = 0.01;
-    s.optimizer.beta1 = 0.9;
-    s.optimizer.beta2 = 0.95;
-    s.optimizer.eps = 1e-8;
-    s.optimizer.weight_decay = 0.1;
+    s.optimizer.adam.lr = 0.01;
+    s.optimizer.adam.beta1 = 0.9;
+    s.optimizer.adam.beta2 = 0.95;
+    s.optimizer.adam.eps = 1e-8;
+    s.optimizer.adam.weight_decay = 0.1;
     if (s.optimizer.kind == model::OptimizerKind::kHybrid) {
       s.optimizer.offload_fraction = *gen_offload();
       s.optimizer.overlap_cpu_optimizer_d2h_h2d =
@@ -98,7 +120,7 @@ rc::Gen<sim::Scenario> gen_scenario(const GeneratorConfig& config) {
                                          sim::PhaseSpec p;
                                          p.dp = *gen_dp(dp_max);
                                          p.steps = *gen_steps(config.steps_max);
-                                         p.revision = *gen::elementOf(config.revisions);
+                                         p.set_revision(*gen::elementOf(config.revisions));
                                          return p;
                                        }));
     s.phases = *gen::resize(config.phases_max,
@@ -112,8 +134,8 @@ rc::Gen<sim::Scenario> gen_scenario(const GeneratorConfig& config) {
       if (!changed) {
         if (s.phases.size() == 1) s.phases.push_back(s.phases.front());
         const std::string& last = s.phases[s.phases.size() - 2].revision;
-        s.phases.back().revision =
-            last == config.revisions[0] ? config.revisions[1] : config.revisions[0];
+        s.phases.back().set_revision(last == config.revisions[0].name ? config.revisions[1]
+                                                                      : config.revisions[0]);
         if (s.phases.back().steps == 0) s.phases.back().steps = 1;
       }
     }
@@ -144,7 +166,7 @@ struct Train : CycleCommand {
 
 struct SaveResume : CycleCommand {
   int64_t dp;
-  std::string revision;
+  sim::Revision revision;
   explicit SaveResume(const CycleModel& m)
       : dp(*gen_dp(m.dp_max)), revision(*gen::elementOf(m.revisions)) {}
   void checkPreconditions(const CycleModel& m) const override {
@@ -159,11 +181,11 @@ struct SaveResume : CycleCommand {
   void run(const CycleModel&, ScenarioBuilder& b) const override {
     sim::PhaseSpec p;
     p.dp = dp;
-    p.revision = revision;
+    p.set_revision(revision);
     b.phases.push_back(p);
   }
   void show(std::ostream& os) const override {
-    os << "SaveResume(dp=" << dp << ", " << revision << ")";
+    os << "SaveResume(dp=" << dp << ", " << revision.name << ")";
   }
 };
 
@@ -190,7 +212,7 @@ rc::Gen<sim::Scenario> gen_scenario_stateful(const GeneratorConfig& config) {
     ScenarioBuilder builder;
     sim::PhaseSpec first;
     first.dp = m0.dp;
-    first.revision = m0.revision;
+    first.set_revision(m0.revision);
     builder.phases.push_back(first);
     rc::state::runAll(commands, m0, builder);
     CycleModel end = m0;
@@ -228,4 +250,4 @@ rc::Gen<sim::Scenario> gen_for(const GeneratorConfig& config) {
   });
 }
 
-}  // namespace ckptsim::properties
+}  // namespace ckptsim::search

@@ -28,11 +28,16 @@
 
 #include "sim/scenario.h"
 
-namespace ckptsim::properties {
+namespace ckptsim::search {
 
 struct GeneratorConfig {
-  // Phase revisions are drawn from these (one entry: every phase uses it).
-  std::vector<std::string> revisions = {"upstream-2874"};
+  // The ranges a user may set (check/gate --params-max, --phases-max, --dp-max).
+  static constexpr int kParamsMaxLimit = 64;
+  static constexpr int kPhasesMaxLimit = 16;
+
+  // Phase revisions are drawn from these (one entry: every phase uses it), resolved once by
+  // the caller (sim::resolve_revision). REQUIRES: at least one.
+  std::vector<sim::Revision> revisions;
   // With two or more revisions: at least one phase differs from the previous phase's revision
   // (a checkpoint saved by one revision, resumed by another).
   bool require_revision_change = false;
@@ -46,6 +51,10 @@ struct GeneratorConfig {
   int64_t steps_max = 6;
   // Draw the phases as a RapidCheck stateful command sequence (gen_scenario_stateful).
   bool stateful = false;
+
+  // The limits above, each error naming the flag that sets it ("--dp-max must be in [1, 512],
+  // got 0"); unknown fault sites too.
+  Status validate() const;
 };
 
 rc::Gen<sim::Scenario> gen_scenario(const GeneratorConfig& config);
@@ -68,12 +77,12 @@ int64_t phase_dp_max(const GeneratorConfig& config, const sim::Scenario& s);
 // each phase must resume at; `expected_start_steps` replays a scenario's commands through it.
 struct CycleModel {
   int64_t dp = 1;
-  std::string revision;
+  sim::Revision revision;
   int64_t steps_in_phase = 0;
   int64_t total_steps = 0;
   std::vector<int64_t> start_steps = {0};  // global step each phase starts at
   // From the generator config.
-  std::vector<std::string> revisions;
+  std::vector<sim::Revision> revisions;
   int phases_max = 4;
   int64_t dp_max = 32;
   int64_t steps_max = 6;
@@ -85,4 +94,4 @@ std::vector<int64_t> expected_start_steps(const sim::Scenario& s);
 // gen_scenario or gen_scenario_stateful, as the config says.
 rc::Gen<sim::Scenario> gen_for(const GeneratorConfig& config);
 
-}  // namespace ckptsim::properties
+}  // namespace ckptsim::search

@@ -3,36 +3,16 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
 
 #include "model/py/runtime.h"
+#include "sim/driver.h"
 
-namespace ckptsim::properties {
+namespace ckptsim::search {
 
 namespace {
-
-std::string xml_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out.push_back(c);
-    }
-  }
-  return out;
-}
 
 // RapidCheck's generation context (rc::detail::ImplicitParam) lives in process-wide stacks:
 // two threads evaluating generators or shrinks at once would corrupt them (invariant 4).
@@ -51,29 +31,25 @@ class Clock {
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
-// The fields domain_shrinks() edits, as text (cheap equality for de-duplication).
-std::string shrink_key(const sim::Scenario& s) {
-  std::string k =
-      fmt::format("{}|{}|{}|{}|{}|{}|", s.seed, s.bucket_size.value_or(-1),
-                  s.pad_buckets_for_high_nccl_busbw, s.optimizer.offload_fraction,
-                  s.optimizer.overlap_cpu_optimizer_d2h_h2d, static_cast<int>(s.optimizer.kind));
-  for (const auto& p : s.params)
-    k += fmt::format("{}:{}:{}:{};", p.numel, static_cast<int>(p.dtype), p.wd_mult, p.lr_mult);
-  k += "|";
-  for (const auto& p : s.phases)
-    k += fmt::format("{}:{}:{}:{};", p.dp, p.steps, p.revision, p.save);
-  return k;
-}
-
-void push_unique(std::vector<sim::Scenario>& out, const sim::Scenario& c,
-                 const sim::Scenario& from) {
-  const std::string k = shrink_key(c);
-  if (k == shrink_key(from)) return;
-  for (const auto& o : out) {
-    if (shrink_key(o) == k) return;
+// Shrink candidates without repeats: a candidate is kept unless it equals the scenario it
+// shrinks or an earlier candidate, compared as scenario files (sim::scenario_to_json).
+class Candidates {
+ public:
+  explicit Candidates(const sim::Scenario& from) : from_(key(from)) {}
+  void add(const sim::Scenario& c) {
+    std::string k = key(c);
+    if (k == from_ || std::find(keys_.begin(), keys_.end(), k) != keys_.end()) return;
+    keys_.push_back(std::move(k));
+    out_.push_back(c);
   }
-  out.push_back(c);
-}
+  std::vector<sim::Scenario> take() { return std::move(out_); }
+
+ private:
+  static std::string key(const sim::Scenario& s) { return sim::scenario_to_json(s).dump(); }
+  std::string from_;
+  std::vector<std::string> keys_;
+  std::vector<sim::Scenario> out_;
+};
 
 // Values from lo up to n (exclusive), most aggressive first: lo, then n - d for
 // d = (n - lo) / 2, (n - lo) / 4, ..., 1 — so an accepted shrink halves the distance still to
@@ -92,7 +68,7 @@ std::vector<int64_t> toward(int64_t lo, int64_t n) {
 }  // namespace
 
 std::vector<sim::Scenario> domain_shrinks(const sim::Scenario& s) {
-  std::vector<sim::Scenario> out;
+  Candidates out(s);
   // Fewer phases: merge phase i into phase i-1 (its steps run before the checkpoint instead),
   // or drop the first phase (its steps move to the next), or drop the last.
   for (size_t i = 0; i < s.phases.size() && s.phases.size() > 1; ++i) {
@@ -104,7 +80,7 @@ std::vector<sim::Scenario> domain_shrinks(const sim::Scenario& s) {
     }
     c.phases.erase(c.phases.begin() + static_cast<std::ptrdiff_t>(i));
     c.phases.back().save = true;
-    push_unique(out, c, s);
+    out.add(c);
   }
   // Fewer params.
   for (size_t i = 0; i < s.params.size() && s.params.size() > 1; ++i) {
@@ -113,14 +89,14 @@ std::vector<sim::Scenario> domain_shrinks(const sim::Scenario& s) {
     for (size_t k = 0; k < c.params.size(); ++k) c.params[k].name = fmt::format("p{}", k);
     if (c.bucket_size && *c.bucket_size > c.total_numel() + 64)
       c.bucket_size = c.total_numel() + 64;
-    push_unique(out, c, s);
+    out.add(c);
   }
   // DP toward 1.
   for (size_t i = 0; i < s.phases.size(); ++i) {
     for (int64_t dp : toward(1, s.phases[i].dp)) {
       sim::Scenario c = s;
       c.phases[i].dp = dp;
-      push_unique(out, c, s);
+      out.add(c);
     }
   }
   // Fewer elements.
@@ -128,7 +104,7 @@ std::vector<sim::Scenario> domain_shrinks(const sim::Scenario& s) {
     for (int64_t n : toward(1, s.params[i].numel)) {
       sim::Scenario c = s;
       c.params[i].numel = n;
-      push_unique(out, c, s);
+      out.add(c);
     }
   }
   // Fewer steps.
@@ -136,14 +112,14 @@ std::vector<sim::Scenario> domain_shrinks(const sim::Scenario& s) {
     for (int64_t k : toward(0, s.phases[i].steps)) {
       sim::Scenario c = s;
       c.phases[i].steps = k;
-      push_unique(out, c, s);
+      out.add(c);
     }
   }
   // Simpler options.
   auto variant = [&](auto&& edit) {
     sim::Scenario c = s;
     edit(c);
-    push_unique(out, c, s);
+    out.add(c);
   };
   if (s.bucket_size) variant([](sim::Scenario& c) { c.bucket_size.reset(); });
   if (s.pad_buckets_for_high_nccl_busbw)
@@ -161,26 +137,27 @@ std::vector<sim::Scenario> domain_shrinks(const sim::Scenario& s) {
     }
   }
   for (size_t i = 0; i < s.params.size(); ++i) {
-    if (s.params[i].dtype != at::kBFloat16)
-      variant([i](sim::Scenario& c) { c.params[i].dtype = at::kBFloat16; });
+    if (s.params[i].dtype != model::DType::kBFloat16)
+      variant([i](sim::Scenario& c) { c.params[i].dtype = model::DType::kBFloat16; });
     if (s.params[i].wd_mult != 1.0) variant([i](sim::Scenario& c) { c.params[i].wd_mult = 1.0; });
   }
   if (s.seed != 0) variant([](sim::Scenario& c) { c.seed = 0; });
-  return out;
+  return out.take();
 }
 
-Judge property_judge(model::RevisionRegistry& registry, std::vector<std::string> only) {
-  return [&registry, only](const sim::Scenario& s) -> std::optional<Finding> {
-    auto run = sim::run_scenario(s, registry);
+Judge property_judge(std::vector<std::string> only) {
+  return [only](const sim::Scenario& s) -> std::optional<Finding> {
+    auto run = sim::run_scenario(s);
     CKPTSIM_CHECK(run.is_ok(), "a generated scenario could not run: " + run.status().to_string());
-    for (const auto& p : all_properties()) {
+    for (const auto& p : properties::all_properties()) {
       if (!only.empty() && std::find(only.begin(), only.end(), p.name) == only.end()) continue;
-      const PropertyResult r = p.check(run.value());
-      if (r.verdict == Verdict::kFail) {
+      const properties::PropertyResult r = p.check(run.value());
+      if (r.verdict == properties::Verdict::kFail) {
         const std::string revision = r.phase >= 0 && static_cast<size_t>(r.phase) < s.phases.size()
                                          ? s.phases[r.phase].revision
                                          : "";
-        return Finding{r.name, r.signature.empty() ? r.name : r.signature, r.detail, revision};
+        return Finding{r.name, r.signature.empty() ? r.name : r.signature, r.detail, revision,
+                       std::nullopt};
       }
     }
     return std::nullopt;
@@ -223,7 +200,7 @@ SearchResult search(const SearchOptions& options, const Judge& judge) {
     if (!finding) continue;
     const bool known =
         std::any_of(result.failures.begin(), result.failures.end(),
-                    [&](const Failure& f) { return f.finding.signature == finding->signature; });
+                    [&](const Failure& f) { return f.finding.same_cause(*finding); });
     if (known) continue;
 
     // Shrink toward the same signature.
@@ -245,7 +222,7 @@ SearchResult search(const SearchOptions& options, const Judge& judge) {
         rc_lock.unlock();
         const std::optional<Finding> f = judge(value);
         rc_lock.lock();
-        if (f && f->signature == current.signature) {
+        if (f && f->same_cause(current)) {
           shrinkable = *candidate;
           current = *f;
           ++failure.shrink_steps;
@@ -265,7 +242,7 @@ SearchResult search(const SearchOptions& options, const Judge& judge) {
         ++failure.shrink_runs;
         ++result.judge_runs;
         const std::optional<Finding> f = judge(candidate);
-        if (f && f->signature == current.signature) {
+        if (f && f->same_cause(current)) {
           minimal = candidate;
           current = *f;
           ++failure.shrink_steps;
@@ -300,25 +277,27 @@ nlohmann::json found_scenario_json(const Failure& f, uint64_t seed, const std::s
   return sim::scenario_to_json(s);
 }
 
-std::string junit_xml(const std::string& suite, const std::vector<JunitCase>& cases) {
-  int failures = 0;
-  for (const auto& c : cases) failures += c.failed ? 1 : 0;
-  std::string out = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
-  out += fmt::format("<testsuites tests=\"{}\" failures=\"{}\">\n", cases.size(), failures);
-  out += fmt::format("  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\">\n", xml_escape(suite),
-                     cases.size(), failures);
-  for (const auto& c : cases) {
-    out += fmt::format("    <testcase classname=\"{}\" name=\"{}\"", xml_escape(c.classname),
-                       xml_escape(c.name));
-    if (!c.failed) {
-      out += "/>\n";
-      continue;
-    }
-    out += fmt::format(">\n      <failure message=\"{}\">{}</failure>\n    </testcase>\n",
-                       xml_escape(c.message), xml_escape(c.text));
+Status prepare_out_dir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec || !std::filesystem::is_directory(dir, ec)) {
+    return Status::io_error(dir + ": cannot create the output directory" +
+                            (ec ? ": " + ec.message() : ""));
   }
-  out += "  </testsuite>\n</testsuites>\n";
-  return out;
+  return Status::ok();
 }
 
-}  // namespace ckptsim::properties
+Result<std::string> write_found(const std::string& dir, const Failure& failure, uint64_t seed,
+                                const std::string& how, const std::string& tag) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Status::io_error(dir + ": cannot create: " + ec.message());
+  const nlohmann::json j = found_scenario_json(failure, seed, how, tag);
+  const std::string path = dir + "/" + j["name"].get<std::string>() + ".json";
+  std::ofstream out(path);
+  if (!out) return Status::io_error(path + ": cannot write");
+  out << j.dump(2) << "\n";
+  return path;
+}
+
+}  // namespace ckptsim::search

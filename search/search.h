@@ -15,7 +15,7 @@
 //      with `ckptsim run` to the same verdict (its JSON is written through the scenario
 //      parser's own format, and re-parsed before it is reported).
 //   2. Shrinking never drifts to another bug: a candidate counts only if it fails with the
-//      same signature as the case it shrinks.
+//      same cause (Finding::same_cause) as the case it shrinks.
 //   3. Every loop is bounded: cases_max, shrink_runs_max and an optional wall-clock budget
 //      (the only clock in the search; it decides when to stop, never what a case is).
 //   4. Searches may run concurrently on several threads (the gate runs two at once): RapidCheck
@@ -32,7 +32,17 @@
 #include "properties/properties.h"
 #include "search/generators.h"
 
-namespace ckptsim::properties {
+namespace ckptsim::search {
+
+// How a gate classes a finding (search/gate.h says how it is decided).
+enum class GateClass {
+  kNew,          // the same scenario run entirely on the baseline keeps the property (or fails
+                 // it for another cause)
+  kNewCompat,    // a baseline phase fails on a checkpoint the candidate wrote, while the
+                 // all-baseline run keeps the property: the baseline cannot resume from it
+  kPreExisting,  // the baseline fails it too
+  kUnresolved,   // the all-baseline run never reached the property: new or not cannot be told
+};
 
 // What a judge reports about one scenario: the first finding, or nothing.
 struct Finding {
@@ -40,6 +50,13 @@ struct Finding {
   std::string signature;
   std::string detail;
   std::string phase_revision;  // the revision of the phase where it was seen ("" if none)
+  std::optional<GateClass> gate_class;  // set by the gate's judge
+
+  // Two findings have the same cause when property signature and gate class agree: the search
+  // keeps one minimal scenario per cause and shrinks only toward the same cause.
+  bool same_cause(const Finding& other) const {
+    return signature == other.signature && gate_class == other.gate_class;
+  }
 };
 
 using Judge = std::function<std::optional<Finding>(const sim::Scenario&)>;
@@ -74,7 +91,7 @@ struct SearchResult {
   bool stopped_by_time = false;
   double seconds = 0;             // wall clock, the whole search
   double shrink_seconds = 0;      // of which shrinking
-  std::vector<Failure> failures;  // one per signature, in the order found
+  std::vector<Failure> failures;  // one per cause, in the order found
 };
 
 // Smaller neighbours of a scenario, most aggressive first: fewer phases (a phase's steps merged
@@ -85,7 +102,7 @@ std::vector<sim::Scenario> domain_shrinks(const sim::Scenario& s);
 
 // The default judge: runs the scenario (memory store) and reports the first failing property
 // in property order, restricted to `properties` when non-empty.
-Judge property_judge(model::RevisionRegistry& registry, std::vector<std::string> properties = {});
+Judge property_judge(std::vector<std::string> properties = {});
 
 SearchResult search(const SearchOptions& options, const Judge& judge);
 
@@ -94,14 +111,11 @@ SearchResult search(const SearchOptions& options, const Judge& judge);
 nlohmann::json found_scenario_json(const Failure& f, uint64_t seed, const std::string& how,
                                    const std::string& tag = "");
 
-// JUnit XML with one <testcase> per property (or per finding name), for CI.
-struct JunitCase {
-  std::string classname;
-  std::string name;
-  bool failed = false;
-  std::string message;
-  std::string text;
-};
-std::string junit_xml(const std::string& suite, const std::vector<JunitCase>& cases);
+// Creates `dir` (and its parents) if needed: output locations are checked before a search that
+// may take minutes, not after it.
+Status prepare_out_dir(const std::string& dir);
+// Writes found_scenario_json into `dir` as <name>.json and returns its path.
+Result<std::string> write_found(const std::string& dir, const Failure& failure, uint64_t seed,
+                                const std::string& how, const std::string& tag = "");
 
-}  // namespace ckptsim::properties
+}  // namespace ckptsim::search

@@ -38,9 +38,9 @@ inline int32_t units_of(uint64_t hash) {
 }
 
 void check_common(const GradientSpec& spec, int64_t step, int64_t param_index) {
-  CKPTSIM_CHECK(spec.samples_per_step >= 1 && spec.samples_per_step <= kSamplesPerStepMax,
-                fmt::format("samples_per_step {} outside [1, kSamplesPerStepMax={}]",
-                            spec.samples_per_step, kSamplesPerStepMax));
+  CKPTSIM_CHECK(spec.samples_per_step >= 1 && spec.samples_per_step <= kGradientSamplesMax,
+                fmt::format("samples_per_step {} outside [1, kGradientSamplesMax={}]",
+                            spec.samples_per_step, kGradientSamplesMax));
   CKPTSIM_CHECK(step >= 1, fmt::format("gradient for step {}: steps are 1-based", step));
   CKPTSIM_CHECK(param_index >= 0, fmt::format("gradient for param index {}", param_index));
 }
@@ -67,7 +67,7 @@ void local_gradient(const GradientSpec& spec, int64_t step, int64_t param_index,
   const uint64_t prefix = param_step_hash(spec.seed, step, param_index);
   for (std::size_t i = 0; i < out.size(); ++i) {
     const uint64_t element_hash = link(prefix, element_begin + static_cast<int64_t>(i));
-    // Integer accumulation: |sum| <= kSamplesPerStepMax * kGradMagnitudeMax < 2^24 (header
+    // Integer accumulation: |sum| <= kGradientSamplesMax * kGradMagnitudeMax < 2^24 (header
     // invariant 1), so the conversion below is exact and equals any fp32 summation order.
     int32_t sum_units = 0;
     for (int64_t s = dp_rank; s < spec.samples_per_step; s += dp_size) {

@@ -39,15 +39,15 @@ namespace ckptsim::sim {
 inline constexpr int kGradExponent = 16;
 inline constexpr float kGradUnit = 0x1p-16f;  // 2^-kGradExponent
 inline constexpr int32_t kGradMagnitudeMax = 1023;
-inline constexpr int64_t kSamplesPerStepMax = 16384;  // global batch, in samples
-static_assert(kSamplesPerStepMax * kGradMagnitudeMax < (int64_t{1} << 24),
+inline constexpr int64_t kGradientSamplesMax = 16384;  // global batch, in samples
+static_assert(kGradientSamplesMax * kGradMagnitudeMax < (int64_t{1} << 24),
               "invariant 1: every partial sum must be an integer multiple of 2^-16 below 2^24");
 static_assert(kGradUnit * float(1 << kGradExponent) == 1.0f, "kGradUnit is 2^-kGradExponent");
 
 struct GradientSpec {
   uint64_t seed = 0;
   int64_t samples_per_step =
-      1;  // global batch; REQUIRES: 1 <= samples_per_step <= kSamplesPerStepMax
+      1;  // global batch; REQUIRES: 1 <= samples_per_step <= kGradientSamplesMax
 };
 
 // REQUIRES: step >= 1; param_index >= 0; element >= 0; 0 <= sample < spec.samples_per_step.
@@ -59,7 +59,7 @@ float sample_gradient(const GradientSpec& spec, int64_t step, int64_t param_inde
 // [element_begin, element_begin + out.size()) of param `param_index`, written to out[i].
 // A rank with no samples (dp_size > samples_per_step) gets zeros.
 // REQUIRES: step >= 1; param_index >= 0; element_begin >= 0; 1 <= dp_size;
-// 0 <= dp_rank < dp_size; spec.samples_per_step in [1, kSamplesPerStepMax].
+// 0 <= dp_rank < dp_size; spec.samples_per_step in [1, kGradientSamplesMax].
 void local_gradient(const GradientSpec& spec, int64_t step, int64_t param_index,
                     int64_t element_begin, int64_t dp_rank, int64_t dp_size, std::span<float> out);
 

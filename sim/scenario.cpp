@@ -116,6 +116,214 @@ int64_t Scenario::total_numel() const {
   return n;
 }
 
+namespace {
+
+Status parse_params(const Reader& r, const json& j, Scenario& s) {
+  if (!j.contains("params") || !j["params"].is_array() || j["params"].empty()) {
+    return r.error("params", "must be a non-empty array of {name, numel, dtype}");
+  }
+  if (j["params"].size() > Scenario::kParamsMax) {
+    return r.error("params", fmt::format("at most {} params, got {}", Scenario::kParamsMax,
+                                         j["params"].size()));
+  }
+  std::set<std::string> names;
+  for (size_t i = 0; i < j["params"].size(); ++i) {
+    const json& p = j["params"][i];
+    const std::string path = fmt::format("params[{}]", i);
+    if (!p.is_object()) return r.error(path, "must be an object");
+    CKPTSIM_TRY(r.check_fields(p, path, {"name", "numel", "dtype", "wd_mult", "lr_mult"}));
+    model::ParamSpec spec;
+    CKPTSIM_TRY(r.string(p, "name", path + ".name", spec.name));
+    if (spec.name.empty() || !names.insert(spec.name).second) {
+      return r.error(path + ".name",
+                     "must be a non-empty name used once, got \"" + spec.name + "\"");
+    }
+    CKPTSIM_TRY(r.integer(p, "numel", path + ".numel", 1, Scenario::kParamNumelMax, spec.numel));
+    std::string dtype;
+    CKPTSIM_TRY(r.string(p, "dtype", path + ".dtype", dtype));
+    const auto parsed = model::parse_dtype(dtype);
+    if (!parsed.has_value()) {
+      return r.error(path + ".dtype", "must be \"bf16\" or \"fp32\", got \"" + dtype + "\"");
+    }
+    spec.dtype = *parsed;
+    CKPTSIM_TRY(r.number(p, "wd_mult", path + ".wd_mult", 0.0, 1e6, spec.wd_mult, 1.0));
+    CKPTSIM_TRY(r.number(p, "lr_mult", path + ".lr_mult", 0.0, 1e6, spec.lr_mult, 1.0));
+    s.params.push_back(spec);
+  }
+  if (s.total_numel() > Scenario::kTotalNumelMax) {
+    return r.error("params", fmt::format("total numel {} exceeds {}", s.total_numel(),
+                                         Scenario::kTotalNumelMax));
+  }
+  return Status::ok();
+}
+
+Status parse_hybrid_options(const Reader& r, const json& o, model::OptimizerConfig& c) {
+  if (c.kind == model::OptimizerKind::kHybrid) {
+    CKPTSIM_TRY(r.number(o, "offload_fraction", "optimizer.offload_fraction", 0.0, 1.0,
+                         c.offload_fraction));
+    return r.boolean(o, "overlap_cpu_optimizer_d2h_h2d", "optimizer.overlap_cpu_optimizer_d2h_h2d",
+                     c.overlap_cpu_optimizer_d2h_h2d, false);
+  }
+  for (const char* field : {"offload_fraction", "overlap_cpu_optimizer_d2h_h2d"}) {
+    if (o.contains(field)) {
+      return r.error(std::string("optimizer.") + field, "applies only to kind \"hybrid\"");
+    }
+  }
+  return Status::ok();
+}
+
+Status parse_optimizer(const Reader& r, const json& j, model::OptimizerConfig& c) {
+  if (!j.contains("optimizer") || !j["optimizer"].is_object())
+    return r.error("optimizer", "is required (an object)");
+  const json& o = j["optimizer"];
+  CKPTSIM_TRY(r.check_fields(o, "optimizer",
+                             {"kind", "offload_fraction", "lr", "betas", "eps", "weight_decay",
+                              "overlap_cpu_optimizer_d2h_h2d"}));
+  std::string kind;
+  CKPTSIM_TRY(r.string(o, "kind", "optimizer.kind", kind));
+  const auto parsed = model::parse_optimizer_kind(kind);
+  if (!parsed.has_value()) {
+    return r.error("optimizer.kind", "must be one of " + model::optimizer_kind_names() +
+                                         ", got \"" + kind + "\"");
+  }
+  c.kind = *parsed;
+  CKPTSIM_TRY(parse_hybrid_options(r, o, c));
+  CKPTSIM_TRY(r.number(o, "lr", "optimizer.lr", 0.0, 10.0, c.adam.lr));
+  if (!o.contains("betas") || !o["betas"].is_array() || o["betas"].size() != 2 ||
+      !o["betas"][0].is_number() || !o["betas"][1].is_number()) {
+    return r.error("optimizer.betas",
+                   "must be two numbers [beta1, beta2], got " +
+                       (o.contains("betas") ? o["betas"].dump() : std::string("nothing")));
+  }
+  c.adam.beta1 = o["betas"][0].get<double>();
+  c.adam.beta2 = o["betas"][1].get<double>();
+  if (!(c.adam.beta1 >= 0 && c.adam.beta1 < 1 && c.adam.beta2 >= 0 && c.adam.beta2 < 1)) {
+    return r.error("optimizer.betas", "each beta must be in [0, 1), got " + o["betas"].dump());
+  }
+  CKPTSIM_TRY(r.number(o, "eps", "optimizer.eps", 1e-30, 1.0, c.adam.eps));
+  return r.number(o, "weight_decay", "optimizer.weight_decay", 0.0, 10.0, c.adam.weight_decay);
+}
+
+Status parse_layout(const Reader& r, const json& j, Scenario& s) {
+  if (j.contains("bucket_size") && !j["bucket_size"].is_null()) {
+    int64_t b = 0;
+    CKPTSIM_TRY(r.integer(j, "bucket_size", "bucket_size", 1, int64_t{1} << 40, b));
+    s.bucket_size = b;
+  }
+  CKPTSIM_TRY(r.boolean(j, "pad_buckets_for_high_nccl_busbw", "pad_buckets_for_high_nccl_busbw",
+                        s.pad_buckets_for_high_nccl_busbw, false));
+  CKPTSIM_TRY(r.string(j, "sharding_type", "sharding_type", s.sharding_type,
+                       std::string("dp_reshardable")));
+  if (s.sharding_type != "dp_reshardable") {
+    return r.error("sharding_type",
+                   "only \"dp_reshardable\" is modeled, got \"" + s.sharding_type + "\"");
+  }
+  CKPTSIM_TRY(r.integer(j, "samples_per_step", "samples_per_step", 1, Scenario::kSamplesPerStepMax,
+                        s.samples_per_step, 8));
+  if ((s.samples_per_step & (s.samples_per_step - 1)) != 0) {
+    // Gradients are averaged by multiplying with 1/samples_per_step before the reduce-scatter
+    // (as DDP scales before reducing); only a power of two keeps that exact on every rank.
+    return r.error("samples_per_step",
+                   fmt::format("must be a power of two, got {}", s.samples_per_step));
+  }
+  return Status::ok();
+}
+
+// A profile file named by a relative path: next to the scenario file if it is there, else
+// relative to the current directory.
+std::string profile_path_beside(const std::string& revision, const std::string& source) {
+  if (revision.size() > 5 && revision.ends_with(".json") &&
+      std::filesystem::path(revision).is_relative()) {
+    const auto dir = std::filesystem::path(source).parent_path();
+    const auto beside = dir / revision;
+    std::error_code ec;
+    if (!dir.empty() && std::filesystem::is_regular_file(beside, ec)) return beside.string();
+  }
+  return revision;
+}
+
+Status parse_phase(const Reader& r, const json& p, const std::string& path, bool last,
+                   const std::string& source, model::RevisionRegistry& registry,
+                   PhaseSpec& phase) {
+  if (!p.is_object()) return r.error(path, "must be an object");
+  CKPTSIM_TRY(r.check_fields(p, path, {"dp", "revision", "steps", "save"}));
+  CKPTSIM_TRY(r.integer(p, "dp", path + ".dp", 1, Scenario::kDpMax, phase.dp));
+  std::string revision;
+  CKPTSIM_TRY(r.string(p, "revision", path + ".revision", revision));
+  auto resolved = resolve_revision(registry, profile_path_beside(revision, source));
+  if (!resolved.is_ok()) return r.error(path + ".revision", resolved.status().message());
+  phase.set_revision(resolved.value());
+  CKPTSIM_TRY(r.integer(p, "steps", path + ".steps", 0, Scenario::kStepsMax, phase.steps));
+  CKPTSIM_TRY(r.boolean(p, "save", path + ".save", phase.save, true));
+  if (!phase.save && !last) {
+    return r.error(path + ".save",
+                   "must be true: the next phase resumes from this phase's checkpoint");
+  }
+  return Status::ok();
+}
+
+Status parse_phases(const Reader& r, const json& j, const std::string& source,
+                    model::RevisionRegistry& registry, Scenario& s) {
+  if (!j.contains("phases") || !j["phases"].is_array() || j["phases"].empty()) {
+    return r.error("phases", "must be a non-empty array of {dp, revision, steps}");
+  }
+  const size_t n = j["phases"].size();
+  if (n > Scenario::kPhasesMax) {
+    return r.error("phases", fmt::format("at most {} phases, got {}", Scenario::kPhasesMax, n));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    PhaseSpec phase;
+    CKPTSIM_TRY(parse_phase(r, j["phases"][i], fmt::format("phases[{}]", i), i + 1 == n, source,
+                            registry, phase));
+    s.phases.push_back(std::move(phase));
+  }
+  if (s.total_steps() > Scenario::kStepsMax) {
+    return r.error("phases",
+                   fmt::format("total steps {} exceed {}", s.total_steps(), Scenario::kStepsMax));
+  }
+  if (s.total_numel() *
+          std::max<int64_t>(1, s.total_steps() + static_cast<int64_t>(s.phases.size())) >
+      Scenario::kStateElementsMax) {
+    return r.error(
+        "phases",
+        fmt::format("total numel x steps exceeds {} (the recorded states would be too large)",
+                    Scenario::kStateElementsMax));
+  }
+  return Status::ok();
+}
+
+Status parse_faults_and_expect(const Reader& r, const json& j, Scenario& s) {
+  if (j.contains("faults")) {
+    if (!j["faults"].is_array()) return r.error("faults", "must be an array of fault site names");
+    for (size_t i = 0; i < j["faults"].size(); ++i) {
+      const json& f = j["faults"][i];
+      if (!f.is_string() || !model::is_fault_site(f.get<std::string>())) {
+        std::string known;
+        for (const auto& site : model::fault_sites())
+          known += (known.empty() ? "" : ", ") + site.name;
+        return r.error(fmt::format("faults[{}]", i),
+                       "unknown fault site " + f.dump() + " (known: " + known + ")");
+      }
+      s.faults.push_back(f.get<std::string>());
+    }
+  }
+  if (j.contains("expect")) {
+    const json& e = j["expect"];
+    if (!e.is_object()) return r.error("expect", "must be an object");
+    CKPTSIM_TRY(r.check_fields(e, "expect", {"ok", "properties", "detail_contains"}));
+    s.expect = e;
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<Revision> resolve_revision(model::RevisionRegistry& registry, const std::string& name) {
+  auto profile = registry.get(name);
+  if (!profile.is_ok()) return profile.status();
+  return Revision{name, std::make_shared<const model::RevisionProfile>(profile.value())};
+}
+
 Result<Scenario> parse_scenario(const std::string& json_text, const std::string& source,
                                 model::RevisionRegistry& registry) {
   const Reader r(source);
@@ -140,188 +348,11 @@ Result<Scenario> parse_scenario(const std::string& json_text, const std::string&
   // path was spelled.
   if (s.name.empty()) s.name = std::filesystem::path(source).stem().string();
   CKPTSIM_TRY(r.string(j, "description", "description", s.description, std::string()));
-
-  // params
-  if (!j.contains("params") || !j["params"].is_array() || j["params"].empty()) {
-    return r.error("params", "must be a non-empty array of {name, numel, dtype}");
-  }
-  if (j["params"].size() > Scenario::kParamsMax) {
-    return r.error("params", fmt::format("at most {} params, got {}", Scenario::kParamsMax,
-                                         j["params"].size()));
-  }
-  std::set<std::string> names;
-  for (size_t i = 0; i < j["params"].size(); ++i) {
-    const json& p = j["params"][i];
-    const std::string path = fmt::format("params[{}]", i);
-    if (!p.is_object()) return r.error(path, "must be an object");
-    CKPTSIM_TRY(r.check_fields(p, path, {"name", "numel", "dtype", "wd_mult", "lr_mult"}));
-    model::ParamSpec spec;
-    CKPTSIM_TRY(r.string(p, "name", path + ".name", spec.name));
-    if (spec.name.empty() || !names.insert(spec.name).second) {
-      return r.error(path + ".name",
-                     "must be a non-empty name used once, got \"" + spec.name + "\"");
-    }
-    CKPTSIM_TRY(r.integer(p, "numel", path + ".numel", 1, Scenario::kNumelMax, spec.numel));
-    std::string dtype;
-    CKPTSIM_TRY(r.string(p, "dtype", path + ".dtype", dtype));
-    if (dtype == "bf16") {
-      spec.dtype = at::kBFloat16;
-    } else if (dtype == "fp32") {
-      spec.dtype = at::kFloat;
-    } else {
-      return r.error(path + ".dtype", "must be \"bf16\" or \"fp32\", got \"" + dtype + "\"");
-    }
-    CKPTSIM_TRY(r.number(p, "wd_mult", path + ".wd_mult", 0.0, 1e6, spec.wd_mult, 1.0));
-    CKPTSIM_TRY(r.number(p, "lr_mult", path + ".lr_mult", 0.0, 1e6, spec.lr_mult, 1.0));
-    s.params.push_back(spec);
-  }
-  if (s.total_numel() > Scenario::kTotalNumelMax) {
-    return r.error("params", fmt::format("total numel {} exceeds {}", s.total_numel(),
-                                         Scenario::kTotalNumelMax));
-  }
-
-  // optimizer
-  if (!j.contains("optimizer") || !j["optimizer"].is_object())
-    return r.error("optimizer", "is required (an object)");
-  const json& o = j["optimizer"];
-  CKPTSIM_TRY(r.check_fields(o, "optimizer",
-                             {"kind", "offload_fraction", "lr", "betas", "eps", "weight_decay",
-                              "overlap_cpu_optimizer_d2h_h2d"}));
-  std::string kind;
-  CKPTSIM_TRY(r.string(o, "kind", "optimizer.kind", kind));
-  if (kind == "fused_adam") {
-    s.optimizer.kind = model::OptimizerKind::kFusedAdam;
-  } else if (kind == "torch_adamw") {
-    s.optimizer.kind = model::OptimizerKind::kTorchAdamW;
-  } else if (kind == "hybrid") {
-    s.optimizer.kind = model::OptimizerKind::kHybrid;
-  } else {
-    return r.error("optimizer.kind",
-                   "must be one of fused_adam, torch_adamw, hybrid, got \"" + kind + "\"");
-  }
-  if (s.optimizer.kind == model::OptimizerKind::kHybrid) {
-    CKPTSIM_TRY(r.number(o, "offload_fraction", "optimizer.offload_fraction", 0.0, 1.0,
-                         s.optimizer.offload_fraction));
-    CKPTSIM_TRY(r.boolean(o, "overlap_cpu_optimizer_d2h_h2d",
-                          "optimizer.overlap_cpu_optimizer_d2h_h2d",
-                          s.optimizer.overlap_cpu_optimizer_d2h_h2d, false));
-  } else {
-    if (o.contains("offload_fraction")) {
-      return r.error("optimizer.offload_fraction", "applies only to kind \"hybrid\"");
-    }
-    if (o.contains("overlap_cpu_optimizer_d2h_h2d")) {
-      return r.error("optimizer.overlap_cpu_optimizer_d2h_h2d", "applies only to kind \"hybrid\"");
-    }
-  }
-  CKPTSIM_TRY(r.number(o, "lr", "optimizer.lr", 0.0, 10.0, s.optimizer.lr));
-  if (!o.contains("betas") || !o["betas"].is_array() || o["betas"].size() != 2 ||
-      !o["betas"][0].is_number() || !o["betas"][1].is_number()) {
-    return r.error("optimizer.betas",
-                   "must be two numbers [beta1, beta2], got " +
-                       (o.contains("betas") ? o["betas"].dump() : std::string("nothing")));
-  }
-  s.optimizer.beta1 = o["betas"][0].get<double>();
-  s.optimizer.beta2 = o["betas"][1].get<double>();
-  if (!(s.optimizer.beta1 >= 0 && s.optimizer.beta1 < 1 && s.optimizer.beta2 >= 0 &&
-        s.optimizer.beta2 < 1)) {
-    return r.error("optimizer.betas", "each beta must be in [0, 1), got " + o["betas"].dump());
-  }
-  CKPTSIM_TRY(r.number(o, "eps", "optimizer.eps", 1e-30, 1.0, s.optimizer.eps));
-  CKPTSIM_TRY(
-      r.number(o, "weight_decay", "optimizer.weight_decay", 0.0, 10.0, s.optimizer.weight_decay));
-
-  // layout
-  if (j.contains("bucket_size") && !j["bucket_size"].is_null()) {
-    int64_t b = 0;
-    CKPTSIM_TRY(r.integer(j, "bucket_size", "bucket_size", 1, int64_t{1} << 40, b));
-    s.bucket_size = b;
-  }
-  CKPTSIM_TRY(r.boolean(j, "pad_buckets_for_high_nccl_busbw", "pad_buckets_for_high_nccl_busbw",
-                        s.pad_buckets_for_high_nccl_busbw, false));
-  CKPTSIM_TRY(r.string(j, "sharding_type", "sharding_type", s.sharding_type,
-                       std::string("dp_reshardable")));
-  if (s.sharding_type != "dp_reshardable") {
-    return r.error("sharding_type",
-                   "only \"dp_reshardable\" is modeled, got \"" + s.sharding_type + "\"");
-  }
-  CKPTSIM_TRY(r.integer(j, "samples_per_step", "samples_per_step", 1, Scenario::kSamplesPerStepMax,
-                        s.samples_per_step, 8));
-  if ((s.samples_per_step & (s.samples_per_step - 1)) != 0) {
-    // Gradients are averaged by multiplying with 1/samples_per_step before the reduce-scatter
-    // (as DDP scales before reducing); only a power of two keeps that exact on every rank.
-    return r.error("samples_per_step",
-                   fmt::format("must be a power of two, got {}", s.samples_per_step));
-  }
-
-  // phases
-  if (!j.contains("phases") || !j["phases"].is_array() || j["phases"].empty()) {
-    return r.error("phases", "must be a non-empty array of {dp, revision, steps}");
-  }
-  if (j["phases"].size() > Scenario::kPhasesMax) {
-    return r.error("phases", fmt::format("at most {} phases, got {}", Scenario::kPhasesMax,
-                                         j["phases"].size()));
-  }
-  for (size_t i = 0; i < j["phases"].size(); ++i) {
-    const json& p = j["phases"][i];
-    const std::string path = fmt::format("phases[{}]", i);
-    if (!p.is_object()) return r.error(path, "must be an object");
-    CKPTSIM_TRY(r.check_fields(p, path, {"dp", "revision", "steps", "save"}));
-    PhaseSpec phase;
-    CKPTSIM_TRY(r.integer(p, "dp", path + ".dp", 1, Scenario::kDpMax, phase.dp));
-    CKPTSIM_TRY(r.string(p, "revision", path + ".revision", phase.revision));
-    // A profile file named by a relative path: next to the scenario file if it is there (a bug
-    // report ships the two together), else relative to the current directory.
-    if (phase.revision.size() > 5 && phase.revision.ends_with(".json") &&
-        std::filesystem::path(phase.revision).is_relative()) {
-      const auto beside = std::filesystem::path(source).parent_path() / phase.revision;
-      std::error_code ec;
-      if (!std::filesystem::path(source).parent_path().empty() &&
-          std::filesystem::is_regular_file(beside, ec))
-        phase.revision = beside.string();
-    }
-    auto profile = registry.get(phase.revision);
-    if (!profile.is_ok()) return r.error(path + ".revision", profile.status().message());
-    CKPTSIM_TRY(r.integer(p, "steps", path + ".steps", 0, Scenario::kStepsMax, phase.steps));
-    CKPTSIM_TRY(r.boolean(p, "save", path + ".save", phase.save, true));
-    if (!phase.save && i + 1 < j["phases"].size()) {
-      return r.error(path + ".save",
-                     "must be true: the next phase resumes from this phase's checkpoint");
-    }
-    s.phases.push_back(phase);
-  }
-  if (s.total_steps() > Scenario::kStepsMax) {
-    return r.error("phases",
-                   fmt::format("total steps {} exceed {}", s.total_steps(), Scenario::kStepsMax));
-  }
-  if (s.total_numel() *
-          std::max<int64_t>(1, s.total_steps() + static_cast<int64_t>(s.phases.size())) >
-      Scenario::kStateElementsMax) {
-    return r.error(
-        "phases",
-        fmt::format("total numel x steps exceeds {} (the recorded states would be too large)",
-                    Scenario::kStateElementsMax));
-  }
-
-  if (j.contains("faults")) {
-    if (!j["faults"].is_array()) return r.error("faults", "must be an array of fault site names");
-    for (size_t i = 0; i < j["faults"].size(); ++i) {
-      const json& f = j["faults"][i];
-      if (!f.is_string() || !model::is_fault_site(f.get<std::string>())) {
-        std::string known;
-        for (const auto& site : model::fault_sites())
-          known += (known.empty() ? "" : ", ") + site.name;
-        return r.error(fmt::format("faults[{}]", i),
-                       "unknown fault site " + f.dump() + " (known: " + known + ")");
-      }
-      s.faults.push_back(f.get<std::string>());
-    }
-  }
-  if (j.contains("expect")) {
-    const json& e = j["expect"];
-    if (!e.is_object()) return r.error("expect", "must be an object");
-    CKPTSIM_TRY(r.check_fields(e, "expect", {"ok", "properties", "detail_contains"}));
-    s.expect = e;
-  }
+  CKPTSIM_TRY(parse_params(r, j, s));
+  CKPTSIM_TRY(parse_optimizer(r, j, s.optimizer));
+  CKPTSIM_TRY(parse_layout(r, j, s));
+  CKPTSIM_TRY(parse_phases(r, j, source, registry, s));
+  CKPTSIM_TRY(parse_faults_and_expect(r, j, s));
   return s;
 }
 
@@ -345,16 +376,16 @@ json scenario_to_json(const Scenario& s) {
   for (const auto& p : s.params) {
     json pj{{"name", p.name},
             {"numel", p.numel},
-            {"dtype", p.dtype == at::kBFloat16 ? "bf16" : "fp32"}};
+            {"dtype", model::dtype_name(p.dtype)}};
     if (p.wd_mult != 1.0) pj["wd_mult"] = p.wd_mult;
     if (p.lr_mult != 1.0) pj["lr_mult"] = p.lr_mult;
     j["params"].push_back(pj);
   }
   json o{{"kind", model::optimizer_kind_name(s.optimizer.kind)},
-         {"lr", s.optimizer.lr},
-         {"betas", {s.optimizer.beta1, s.optimizer.beta2}},
-         {"eps", s.optimizer.eps},
-         {"weight_decay", s.optimizer.weight_decay}};
+         {"lr", s.optimizer.adam.lr},
+         {"betas", {s.optimizer.adam.beta1, s.optimizer.adam.beta2}},
+         {"eps", s.optimizer.adam.eps},
+         {"weight_decay", s.optimizer.adam.weight_decay}};
   if (s.optimizer.kind == model::OptimizerKind::kHybrid) {
     o["offload_fraction"] = s.optimizer.offload_fraction;
     if (s.optimizer.overlap_cpu_optimizer_d2h_h2d) o["overlap_cpu_optimizer_d2h_h2d"] = true;

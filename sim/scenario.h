@@ -16,8 +16,9 @@
 //   * phases                [{dp*, revision*, steps*, save (default true)}]
 //     faults                [fault site names] — deliberately broken model variants, for
 //                            testing the checkers (see model/faults.h)
-//     expect                {"ok": bool, "properties": {name: bool}, "detail_contains":
-//                            {name: text}} — the verdicts a bundled scenario must give
+//     expect                {"ok": bool, "properties": {name: bool | verdict name},
+//                            "detail_contains": {name: text}} — the verdicts a bundled
+//                            scenario must give (checked by properties/expect.h)
 //
 // Invariants:
 //   1. Unknown fields are errors (a typo in a bug report must not be silently ignored).
@@ -28,27 +29,42 @@
 
 #include <nlohmann/json.hpp>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "model/megatron/distrib_optimizer.h"
-#include "model/megatron/distributed_data_parallel.h"
+#include "model/config.h"
 #include "model/revision.h"
 #include "model/status.h"
 
 namespace ckptsim::sim {
 
+// A revision as a phase names it, resolved once: the name (or profile path) as written, and
+// the profile it resolved to.
+struct Revision {
+  std::string name;
+  std::shared_ptr<const model::RevisionProfile> profile;
+};
+// Resolves a profile name, or a profile file path ending in ".json".
+Result<Revision> resolve_revision(model::RevisionRegistry& registry, const std::string& name);
+
 struct PhaseSpec {
   int64_t dp = 1;
-  std::string revision;
+  std::string revision;                                  // as written (name or profile path)
+  std::shared_ptr<const model::RevisionProfile> profile;  // what it resolved to (never null)
   int64_t steps = 0;
   bool save = true;
+
+  void set_revision(const Revision& r) {
+    revision = r.name;
+    profile = r.profile;
+  }
 };
 
 struct Scenario {
   static constexpr size_t kParamsMax = 256;
-  static constexpr int64_t kNumelMax = 1 << 20;
+  static constexpr int64_t kParamNumelMax = 1 << 20;
   static constexpr int64_t kTotalNumelMax = 1 << 22;
   static constexpr size_t kPhasesMax = 64;
   static constexpr int64_t kDpMax = 512;
@@ -57,7 +73,7 @@ struct Scenario {
   // Bound on total numel x total steps, so the recorded per-step states stay small.
   static constexpr int64_t kStateElementsMax = int64_t{1} << 24;
 
-  std::string name;
+  std::string name;  // never empty once parsed: a file's stem when the file names none
   std::string description;
   std::string source;  // the file it came from
   uint64_t seed = 0;
@@ -69,13 +85,17 @@ struct Scenario {
   int64_t samples_per_step = 8;
   std::vector<PhaseSpec> phases;
   std::vector<std::string> faults;
-  nlohmann::json expect;  // null when absent
+  // The raw "expect" block (null when absent), forwarded as written: properties/expect.h
+  // parses and validates it (expectations are a checker's concept, not the simulator's).
+  nlohmann::json expect;
 
   int64_t total_steps() const;
   int64_t total_numel() const;
 };
 
-// Parses and validates. `registry` resolves phase revisions (a name or a profile path).
+// Parses and validates. `registry` resolves phase revisions (a name or a profile path); a
+// relative profile path is looked up beside the scenario file first (a bug report ships the two
+// together), then in the current directory, and the phase keeps the path that was found.
 Result<Scenario> parse_scenario(const std::string& json_text, const std::string& source,
                                 model::RevisionRegistry& registry);
 Result<Scenario> load_scenario_file(const std::string& path, model::RevisionRegistry& registry);

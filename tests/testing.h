@@ -38,9 +38,20 @@ inline sim::Scenario scenario_file(const std::string& relative) {
 }
 
 inline sim::RunResult run(const sim::Scenario& s, const sim::RunOptions& options = {}) {
-  auto r = sim::run_scenario(s, registry(), options);
+  auto r = sim::run_scenario(s, options);
   if (!r.is_ok()) throw std::runtime_error(r.status().to_string());
   return std::move(r.value());
+}
+
+// Resolved revisions, for generator configs.
+inline std::vector<sim::Revision> revisions(const std::vector<std::string>& names) {
+  std::vector<sim::Revision> out;
+  for (const auto& n : names) {
+    auto r = sim::resolve_revision(registry(), n);
+    if (!r.is_ok()) throw std::runtime_error(r.status().to_string());
+    out.push_back(r.value());
+  }
+  return out;
 }
 
 inline properties::PropertyResult verdict(const sim::RunResult& run, const std::string& property) {

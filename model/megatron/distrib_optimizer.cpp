@@ -10,6 +10,7 @@
 #include "model/faults.h"
 #include "model/megatron/dict_utils.h"
 #include "model/megatron/mapping.h"
+#include "model/megatron/optimizer_key.h"
 
 namespace ckptsim::model {
 
@@ -64,22 +65,6 @@ std::string size_repr(const at::Tensor& t) {
 }
 
 }  // namespace
-
-std::string optimizer_kind_name(OptimizerKind k) {
-  switch (k) {
-    case OptimizerKind::kFusedAdam:
-      return "fused_adam";
-    case OptimizerKind::kTorchAdamW:
-      return "torch_adamw";
-    case OptimizerKind::kHybrid:
-      return "hybrid";
-  }
-  return "?";
-}
-
-std::string kernel_kind_name(KernelKind k) {
-  return k == KernelKind::kTorchAdamW ? "torch AdamW" : "FusedAdam";
-}
 
 double py_item(const at::Tensor& t) {
   if (t.numel() != 1) {
@@ -177,6 +162,12 @@ void DistributedOptimizer::build_optimizer_group_ranges() {
     opt_group_ranges_[g].orig_group = param_groups_[g];
 }
 
+std::optional<size_t> DistributedOptimizer::model_param_of(
+    const at::Tensor& shard_or_main_param) const {
+  const size_t* p = shard_owner_.find(shard_or_main_param);
+  return p != nullptr ? std::optional<size_t>(*p) : std::nullopt;
+}
+
 const ParamRangeMap& DistributedOptimizer::range_map(size_t model_param) const {
   const auto& rm = param_range_maps_.at(model_param);
   CKPTSIM_CHECK(rm.has_value(), "model param has no range on this rank");
@@ -235,26 +226,26 @@ void DistributedOptimizer::build_model_and_main_param_groups() {
 void DistributedOptimizer::create_inner_optimizer() {
   std::vector<DictPtr> groups;
   for (const GroupRange& g : opt_group_ranges_) groups.push_back(g.orig_group);
-  const Value betas = Value::tuple({Value(config_.beta1), Value(config_.beta2)});
+  const Value betas = Value::tuple({Value(config_.adam.beta1), Value(config_.adam.beta2)});
   switch (config_.kind) {
     case OptimizerKind::kFusedAdam: {
       // get_megatron_optimizer: TE Adam(params, lr, weight_decay, betas, eps, adam_w_mode=True).
       optimizer_ =
           std::make_unique<FusedAdam>(rt_, groups,
-                                      Dict::make({{"lr", Value(config_.lr)},
-                                                  {"weight_decay", Value(config_.weight_decay)},
+                                      Dict::make({{"lr", Value(config_.adam.lr)},
+                                                  {"weight_decay", Value(config_.adam.weight_decay)},
                                                   {"betas", betas},
-                                                  {"eps", Value(config_.eps)}}));
+                                                  {"eps", Value(config_.adam.eps)}}));
       optimizer_->load_state_dict(optimizer_->state_dict());
       break;
     }
     case OptimizerKind::kTorchAdamW: {
       optimizer_ =
           std::make_unique<TorchAdamW>(rt_, groups,
-                                       Dict::make({{"lr", Value(config_.lr)},
-                                                   {"weight_decay", Value(config_.weight_decay)},
+                                       Dict::make({{"lr", Value(config_.adam.lr)},
+                                                   {"weight_decay", Value(config_.adam.weight_decay)},
                                                    {"betas", betas},
-                                                   {"eps", Value(config_.eps)}}));
+                                                   {"eps", Value(config_.adam.eps)}}));
       optimizer_->load_state_dict(optimizer_->state_dict());
       break;
     }
@@ -269,10 +260,10 @@ void DistributedOptimizer::create_inner_optimizer() {
           {"pin_cpu_grads", Value(true)},
           {"pin_cpu_params", Value(true)},
           {"overlap_cpu_optimizer_d2h_h2d", Value(config_.overlap_cpu_optimizer_d2h_h2d)},
-          {"lr", Value(config_.lr)},
-          {"weight_decay", Value(config_.weight_decay)},
+          {"lr", Value(config_.adam.lr)},
+          {"weight_decay", Value(config_.adam.weight_decay)},
           {"betas", betas},
-          {"eps", Value(config_.eps)},
+          {"eps", Value(config_.adam.eps)},
           {"bias_correction", Value(true)},
           {"fused", Value(true)},
       });
@@ -326,7 +317,6 @@ void DistributedOptimizer::step() {
   copy_group_grads(model_fp32_groups_, shard_fp32_groups_);
 
   optimizer_->step();
-  record_step_uses();
 
   // _copy_main_params_to_model_params (precision-aware optimizers write the params themselves).
   if (!precision_aware()) {
@@ -338,58 +328,11 @@ void DistributedOptimizer::step() {
   }
 }
 
-void DistributedOptimizer::record_step_uses() {
-  last_step_uses_.clear();
-  auto owner = [&](const at::Tensor& t) {
-    const size_t* p = shard_owner_.find(t);
-    CKPTSIM_CHECK(p != nullptr, "an optimizer param that is no shard of a model param");
-    return *p;
-  };
-  if (auto* h = hdo()) {
-    for (const auto& cpu : h->cpu_optimizers) {
-      for (const auto& u : cpu->last_used_steps()) {
-        const at::Tensor& orig =
-            h->inner_param_to_orig_param.at(u.param, "inner_param_to_orig_param");
-        last_step_uses_.push_back({owner(orig), "HDO cpu AdamW", KernelKind::kTorchAdamW, u.step});
-      }
-    }
-    if (h->gpu_optimizer) {
-      size_t used = 0;
-      for (const Value& gv : *h->gpu_optimizer->param_groups) {
-        const auto params = group_params(*gv.dict());
-        if (params.empty()) continue;
-        const double t = static_cast<double>(h->gpu_optimizer->last_used_steps().at(used++));
-        for (const at::Tensor& inner : params) {
-          const at::Tensor& orig =
-              h->inner_param_to_orig_param.at(inner, "inner_param_to_orig_param");
-          last_step_uses_.push_back({owner(orig), "HDO gpu FusedAdam", KernelKind::kFusedAdam, t});
-        }
-      }
-    }
-    return;
-  }
-  if (auto* adamw = dynamic_cast<TorchAdamW*>(optimizer_.get())) {
-    for (const auto& u : adamw->last_used_steps()) {
-      last_step_uses_.push_back({owner(u.param), "AdamW", KernelKind::kTorchAdamW, u.step});
-    }
-    return;
-  }
-  auto* fused = dynamic_cast<FusedAdam*>(optimizer_.get());
-  size_t used = 0;
-  for (const Value& gv : *fused->param_groups) {
-    const auto params = group_params(*gv.dict());
-    if (params.empty()) continue;
-    const double t = static_cast<double>(fused->last_used_steps().at(used++));
-    for (const at::Tensor& p : params)
-      last_step_uses_.push_back({owner(p), "FusedAdam", KernelKind::kFusedAdam, t});
-  }
-}
-
 // ---------------------------------------------------------------------------------------------
 // state_dict / load_state_dict.
 
 std::optional<double> DistributedOptimizer::hdo_step_for_state_dict() {
-  HybridDeviceOptimizer* h = hdo();
+  HybridDeviceOptimizer* h = mutable_hdo();
   for (Optimizer* sub : h->sub_optimizers()) {
     if (dynamic_cast<TorchAdamW*>(sub) == nullptr) continue;
     if (sub->state.empty()) continue;
@@ -477,14 +420,10 @@ Value DistributedOptimizer::state_dict() {
   return dict_value({{"optimizer", Value(optimizer_sd)}});
 }
 
-void DistributedOptimizer::load_state_dict(const Value& state_dict) {
-  const Dict& sd = *state_dict.dict();
-  if (optimizer_->state.empty()) {
-    if (HybridDeviceOptimizer* h = hdo()) h->dummy_step();
-  }
-
-  // Group matching by identity tuple; the saved group's scalars (incl. 'step') win.
-  std::vector<std::pair<std::vector<Value>, DictPtr>> param_groups_map;
+// load_state_dict's param_groups_map: each saved group by its identity tuple (a later group
+// with the same identity wins, as a Python dict assignment does).
+DistributedOptimizer::SavedGroups DistributedOptimizer::saved_param_groups(const Dict& sd) {
+  SavedGroups param_groups_map;
   for (const Value& gv : *sd.at("optimizer").dict()->at("param_groups").list()) {
     auto needed = make_needed_groups(*gv.dict());
     auto it = std::find_if(param_groups_map.begin(), param_groups_map.end(),
@@ -495,7 +434,13 @@ void DistributedOptimizer::load_state_dict(const Value& state_dict) {
       param_groups_map.emplace_back(std::move(needed), gv.dict());
     }
   }
-  const Value inner_state_dict = optimizer_->state_dict();
+  return param_groups_map;
+}
+
+// Each live group with the saved group of the same identity: the saved scalars (incl. 'step')
+// win, the live 'params' stay.
+ListPtr DistributedOptimizer::matched_param_groups(const SavedGroups& param_groups_map,
+                                                   const Value& inner_state_dict) {
   auto state_dict_param_groups = List::make();
   for (const Value& gv : *inner_state_dict.dict()->at("param_groups").list()) {
     const auto needed = make_needed_groups(*gv.dict());
@@ -507,44 +452,47 @@ void DistributedOptimizer::load_state_dict(const Value& state_dict) {
     g->set("params", gv.dict()->at("params"));
     state_dict_param_groups->append(Value(g));
   }
+  return state_dict_param_groups;
+}
 
-  Value state_dict_state;
-  if (optimizer_->state.empty()) {
-    // Allocate dummy state (torch.empty) keyed by state_order; real data comes later.
-    std::vector<std::pair<int64_t, DictPtr>> entries;
-    for (size_t b = 0; b < gbuf_ranges_.size(); ++b) {
-      for (const BucketShard& shard : gbuf_ranges_[b]) {
-        for (const auto& [local_index, rm] : shard.param_map) {
-          const size_t p = ddp_.buffers()[b].params.at(local_index);
-          const auto& [g, o] = *model_param_group_index_map_.at(p);
-          const int64_t state_order = inner_state_dict.dict()
-                                          ->at("param_groups")
-                                          .list()
-                                          ->at(g)
-                                          .dict()
-                                          ->at("params")
-                                          .list()
-                                          ->at(o)
-                                          .as_int();
-          const int64_t numel = rm.gbuf_world.size();
-          auto tensors =
-              Dict::make({{"exp_avg", Value(rt_.empty({numel}, at::kFloat, Device::kCuda))},
-                          {"exp_avg_sq", Value(rt_.empty({numel}, at::kFloat, Device::kCuda))}});
-          if (precision_aware())
-            tensors->set("master_param", Value(rt_.empty({numel}, at::kFloat, Device::kCuda)));
-          entries.emplace_back(state_order, tensors);
-        }
+// The state of an optimizer that never stepped: torch.empty tensors keyed by state order, as
+// load_state_dict allocates them for the real data to be copied in later.
+Value DistributedOptimizer::dummy_state(const Value& inner_state_dict) {
+  std::vector<std::pair<int64_t, DictPtr>> entries;
+  for (size_t b = 0; b < gbuf_ranges_.size(); ++b) {
+    for (const BucketShard& shard : gbuf_ranges_[b]) {
+      for (const auto& [local_index, rm] : shard.param_map) {
+        const size_t p = ddp_.buffers()[b].params.at(local_index);
+        const auto& [g, o] = *model_param_group_index_map_.at(p);
+        const int64_t state_order = inner_state_dict.dict()
+                                        ->at("param_groups")
+                                        .list()
+                                        ->at(g)
+                                        .dict()
+                                        ->at("params")
+                                        .list()
+                                        ->at(o)
+                                        .as_int();
+        const int64_t numel = rm.gbuf_world.size();
+        auto tensors =
+            Dict::make({{"exp_avg", Value(rt_.empty({numel}, at::kFloat, Device::kCuda))},
+                        {"exp_avg_sq", Value(rt_.empty({numel}, at::kFloat, Device::kCuda))}});
+        if (precision_aware())
+          tensors->set("master_param", Value(rt_.empty({numel}, at::kFloat, Device::kCuda)));
+        entries.emplace_back(state_order, tensors);
       }
     }
-    std::stable_sort(entries.begin(), entries.end(),
-                     [](const auto& a, const auto& b) { return a.first < b.first; });
-    auto d = Dict::make();
-    for (const auto& [order, tensors] : entries) d->set(order, Value(tensors));
-    state_dict_state = Value(d);
-  } else {
-    state_dict_state = inner_state_dict.dict()->at("state");
   }
+  std::stable_sort(entries.begin(), entries.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  auto d = Dict::make();
+  for (const auto& [order, tensors] : entries) d->set(order, Value(tensors));
+  return Value(d);
+}
 
+// The saved step, put into the state to be loaded: pure torch gives every entry one shared
+// tensor (B9), HDO a clone per entry of its own state.
+void DistributedOptimizer::restore_step(const Dict& sd, Value& state_dict_state) {
   if (!have_apex_or_te()) {
     // Pure torch: one distinct step over the saved groups, one tensor shared by every entry (B9).
     std::vector<Value> steps;
@@ -581,7 +529,7 @@ void DistributedOptimizer::load_state_dict(const Value& state_dict) {
                       Value(switches_.pure_torch_load_clones_step ? rt_.clone(step) : step));
       }
     }
-  } else if (HybridDeviceOptimizer* h = hdo()) {
+  } else if (HybridDeviceOptimizer* h = mutable_hdo()) {
     std::vector<Value> steps;
     for (const Value& gv : *sd.at("optimizer").dict()->at("param_groups").list()) {
       const Dict& g = *gv.dict();
@@ -598,7 +546,19 @@ void DistributedOptimizer::load_state_dict(const Value& state_dict) {
       for (auto& [p, v] : h->state) v->set("step", Value(rt_.clone(step)));
     }
   }
+}
 
+void DistributedOptimizer::load_state_dict(const Value& state_dict) {
+  const Dict& sd = *state_dict.dict();
+  if (optimizer_->state.empty()) {
+    if (HybridDeviceOptimizer* h = mutable_hdo()) h->dummy_step();
+  }
+  const SavedGroups saved_groups = saved_param_groups(sd);
+  const Value inner_state_dict = optimizer_->state_dict();
+  const ListPtr state_dict_param_groups = matched_param_groups(saved_groups, inner_state_dict);
+  Value state_dict_state = optimizer_->state.empty() ? dummy_state(inner_state_dict)
+                                                     : inner_state_dict.dict()->at("state");
+  restore_step(sd, state_dict_state);
   optimizer_->load_state_dict(
       dict_value({{"state", state_dict_state}, {"param_groups", Value(state_dict_param_groups)}}));
 
@@ -710,8 +670,7 @@ Value DistributedOptimizer::sharded_param_state_dp_reshardable(bool is_loading) 
   Value state = get_parameter_state_dp_reshardable();
   for (const char* per_bucket_key : {"per_bucket_numel", "per_bucket_numel_unpadded"}) {
     ShardedObject so;
-    so.key = fmt::format("optimizer.distributed.dp_group_idx_{}.{}", data_parallel_group_idx_,
-                         per_bucket_key);
+    so.key = format_object_key(data_parallel_group_idx_, per_bucket_key);
     so.data = state.dict()->at(per_bucket_key);
     so.global_shape = {1};
     so.global_offset = {0};
@@ -734,118 +693,129 @@ Value DistributedOptimizer::sharded_param_state_dp_reshardable(bool is_loading) 
           throw PyAssertionError("assert gbuf_world_numel % data_parallel_world_size == 0 failed",
                                  site("sharded_param_state_dp_reshardable()"));
         }
-        const int64_t local_numel = numel / dp_size;
-        const std::string sharded_bucket_key =
-            fmt::format("optimizer.distributed.dp_group_idx_{}.gbuf_idx_{}.dtype_{}.bucket_idx_{}",
-                        data_parallel_group_idx_, gbuf_idx, dtype.repr(), bucket_idx);
-
-        if (bucket_state->empty()) {
-          // Revision switch allow_empty_bucket (B12 fix): a rank whose shard holds no param
-          // element writes its in-range padding (if any) instead of asserting.
-          if (!switches_.allow_empty_bucket) {
-            throw PyAssertionError("empty bucket encountered",
-                                   site("sharded_param_state_dp_reshardable()"));
-          }
-          // Always one entry, so that no rank's bucket list is empty: an empty list would be
-          // compacted away by extract_matching_values and shift every later bucket's position.
-          const int64_t in_range =
-              std::clamp<int64_t>(unpadded - dp_rank * local_numel, 0, local_numel);
-          auto pad = Dict::make();
-          for (const char* k : {"param", "exp_avg", "exp_avg_sq"}) {
-            pad->set(k, Value(rt_.empty({in_range}, at::kFloat, Device::kCuda)));
-          }
-          pad->set("gbuf_local_start", Value(int64_t{0}));
-          pad->set("gbuf_local_end", Value(in_range));
-          pad->set("padding", Value(true));
-          bucket_state->append(Value(pad));
-        }
-
-        // Padding between (and around) params so the pieces tile the shard up to U.
-        std::vector<std::pair<size_t, DictPtr>> all_pad_tensors;
-        const auto n = static_cast<int64_t>(bucket_state->size());
-        for (int64_t i = -1; i < n && n > 0; ++i) {
-          const int64_t next_param_start = i == n - 1 ? local_numel
-                                                      : bucket_state->at(static_cast<size_t>(i + 1))
-                                                            .dict()
-                                                            ->at("gbuf_local_start")
-                                                            .as_int();
-          const int64_t cur_param_end =
-              i == -1
-                  ? 0
-                  : bucket_state->at(static_cast<size_t>(i)).dict()->at("gbuf_local_end").as_int();
-          const int64_t world_param_end = dp_rank * local_numel + cur_param_end;
-          // Fault site dp_reshardable.drop_end_padding: lose the pad after the last param.
-          if (i == n - 1 && rt_.fault(fault::kDropEndPadding)) continue;
-          if (next_param_start != cur_param_end && world_param_end < unpadded) {
-            // Python's bucket_state[-1] is the last entry: the template for the front pad.
-            const Dict& templ = *bucket_state->at(static_cast<size_t>(i == -1 ? n - 1 : i)).dict();
-            auto pad = Dict::make();
-            for (const auto& [k, v] : templ) {
-              if (!v.is_tensor()) continue;
-              pad->set(k, Value(rt_.empty({next_param_start - cur_param_end},
-                                          v.tensor().scalar_type(), rt_.device_of(v.tensor()))));
-            }
-            pad->set("gbuf_local_start", Value(cur_param_end));
-            pad->set("gbuf_local_end", Value(next_param_start));
-            pad->set("padding", Value(true));
-            all_pad_tensors.emplace_back(static_cast<size_t>(i + 1), pad);
-          }
-        }
-        for (auto it = all_pad_tensors.rbegin(); it != all_pad_tensors.rend(); ++it) {
-          bucket_state->insert(it->first, Value(it->second));
-        }
-
-        for (Value& entry_v : *bucket_state) {
-          Dict& tensors = *entry_v.dict();
-          const int64_t gbuf_local_start = tensors.pop("gbuf_local_start").as_int();
-          const int64_t gbuf_local_end = tensors.pop("gbuf_local_end").as_int();
-          if (!tensors.contains("padding")) tensors.set("padding", Value(false));
-          // Revision switch omit_step_when_loading (Fix B): the load request has no 'step'.
-          if (is_loading && switches_.omit_step_when_loading) tensors.erase("step");
-          for (auto& [key, value] : tensors) {
-            if (key == Key("padding")) {
-              value = make_nonpersistent(value);
-              continue;
-            }
-            if (key == Key("step")) {
-              // Revision switch sharded_step: the one line PR #2874 added (and RX-MILES's own).
-              if (switches_.sharded_step == ShardedStepMode::kNonpersistent) {
-                value = make_nonpersistent(value);
-                continue;
-              }
-              if (switches_.sharded_step == ShardedStepMode::kRawLeaf) continue;
-            }
-            if (!value.is_tensor()) {
-              throw UpstreamError("AttributeError",
-                                  "'" + value.type_name() + "' object has no attribute 'shape'",
-                                  site("sharded_param_state_dp_reshardable()"));
-            }
-            const at::Tensor& t = value.tensor();
-            if (!(t.dim() == 1 && t.size(0) == gbuf_local_end - gbuf_local_start)) {
-              throw PyAssertionError(
-                  fmt::format("({}, {}, {})", size_repr(t), gbuf_local_start, gbuf_local_end),
-                  site("sharded_param_state_dp_reshardable()"));
-            }
-            ShardedTensor st;
-            st.key = sharded_bucket_key + "." + key.str();
-            st.data = t;
-            st.dtype = t.scalar_type();
-            st.local_shape = {t.size(0)};
-            st.global_shape = {unpadded};
-            st.global_offset = {dp_rank * local_numel + gbuf_local_start};
-            // Under allow_empty_bucket a zero-length pad of a rank past numel_unpadded sits at its
-            // end.
-            if (switches_.allow_empty_bucket)
-              st.global_offset[0] = std::min(st.global_offset[0], unpadded);
-            st.axis_fragmentations = std::nullopt;
-            st.replica_id = {distributed_optimizer_instance_id_, 0, 0};
-            value = Value(ShardedTensor::make(std::move(st)));
-          }
-        }
+        const OptimizerBucketKey key{data_parallel_group_idx_, static_cast<int64_t>(gbuf_idx),
+                                     dtype.repr(), static_cast<int64_t>(bucket_idx), ""};
+        const ShardExtent extent{dp_rank, numel / dp_size, unpadded};
+        pad_bucket_state(*bucket_state, extent);
+        wrap_bucket_entries(*bucket_state, key, is_loading, extent);
       }
     }
   }
   return state;
+}
+
+// One bucket's entries of sharded_param_state_dp_reshardable, padded so that they tile this
+// rank's shard [0, local_numel) up to numel_unpadded.
+void DistributedOptimizer::pad_bucket_state(List& bucket_state, const ShardExtent& extent) {
+  if (bucket_state.empty()) {
+    // Revision switch allow_empty_bucket (B12 fix): a rank whose shard holds no param
+    // element writes its in-range padding (if any) instead of asserting.
+    if (!switches_.allow_empty_bucket) {
+      throw PyAssertionError("empty bucket encountered",
+                             site("sharded_param_state_dp_reshardable()"));
+    }
+    // Always one entry, so that no rank's bucket list is empty: an empty list would be
+    // compacted away by extract_matching_values and shift every later bucket's position.
+    const int64_t in_range =
+        std::clamp<int64_t>(extent.unpadded - extent.dp_rank * extent.local_numel, 0, extent.local_numel);
+    auto pad = Dict::make();
+    for (const char* k : {"param", "exp_avg", "exp_avg_sq"}) {
+      pad->set(k, Value(rt_.empty({in_range}, at::kFloat, Device::kCuda)));
+    }
+    pad->set("gbuf_local_start", Value(int64_t{0}));
+    pad->set("gbuf_local_end", Value(in_range));
+    pad->set("padding", Value(true));
+    bucket_state.append(Value(pad));
+  }
+
+  // Padding between (and around) params so the pieces tile the shard up to U.
+  std::vector<std::pair<size_t, DictPtr>> all_pad_tensors;
+  const auto n = static_cast<int64_t>(bucket_state.size());
+  for (int64_t i = -1; i < n && n > 0; ++i) {
+    const int64_t next_param_start = i == n - 1 ? extent.local_numel
+                                                : bucket_state.at(static_cast<size_t>(i + 1))
+                                                      .dict()
+                                                      ->at("gbuf_local_start")
+                                                      .as_int();
+    const int64_t cur_param_end =
+        i == -1
+            ? 0
+            : bucket_state.at(static_cast<size_t>(i)).dict()->at("gbuf_local_end").as_int();
+    const int64_t world_param_end = extent.dp_rank * extent.local_numel + cur_param_end;
+    // Fault site dp_reshardable.drop_end_padding: lose the pad after the last param.
+    if (i == n - 1 && rt_.fault(fault::kDropEndPadding)) continue;
+    if (next_param_start != cur_param_end && world_param_end < extent.unpadded) {
+      // Python's bucket_state[-1] is the last entry: the template for the front pad.
+      const Dict& templ = *bucket_state.at(static_cast<size_t>(i == -1 ? n - 1 : i)).dict();
+      auto pad = Dict::make();
+      for (const auto& [k, v] : templ) {
+        if (!v.is_tensor()) continue;
+        pad->set(k, Value(rt_.empty({next_param_start - cur_param_end},
+                                    v.tensor().scalar_type(), rt_.device_of(v.tensor()))));
+      }
+      pad->set("gbuf_local_start", Value(cur_param_end));
+      pad->set("gbuf_local_end", Value(next_param_start));
+      pad->set("padding", Value(true));
+      all_pad_tensors.emplace_back(static_cast<size_t>(i + 1), pad);
+    }
+  }
+  for (auto it = all_pad_tensors.rbegin(); it != all_pad_tensors.rend(); ++it) {
+    bucket_state.insert(it->first, Value(it->second));
+  }
+}
+
+// One bucket's entries as sharded_param_state_dp_reshardable wraps them: every tensor a
+// ShardedTensor of the bucket key, 'padding' an LNO, 'step' as the sharded_step switch says.
+void DistributedOptimizer::wrap_bucket_entries(List& bucket_state, OptimizerBucketKey bucket_key,
+                                               bool is_loading, const ShardExtent& extent) {
+  for (Value& entry_v : bucket_state) {
+    Dict& tensors = *entry_v.dict();
+    const int64_t gbuf_local_start = tensors.pop("gbuf_local_start").as_int();
+    const int64_t gbuf_local_end = tensors.pop("gbuf_local_end").as_int();
+    if (!tensors.contains("padding")) tensors.set("padding", Value(false));
+    // Revision switch omit_step_when_loading (Fix B): the load request has no 'step'.
+    if (is_loading && switches_.omit_step_when_loading) tensors.erase("step");
+    for (auto& [key, value] : tensors) {
+      if (key == Key("padding")) {
+        value = make_nonpersistent(value);
+        continue;
+      }
+      if (key == Key("step")) {
+        // Revision switch sharded_step: the one line PR #2874 added (and RX-MILES's own).
+        if (switches_.sharded_step == ShardedStepMode::kNonpersistent) {
+          value = make_nonpersistent(value);
+          continue;
+        }
+        if (switches_.sharded_step == ShardedStepMode::kRawLeaf) continue;
+      }
+      if (!value.is_tensor()) {
+        throw UpstreamError("AttributeError",
+                            "'" + value.type_name() + "' object has no attribute 'shape'",
+                            site("sharded_param_state_dp_reshardable()"));
+      }
+      const at::Tensor& t = value.tensor();
+      if (!(t.dim() == 1 && t.size(0) == gbuf_local_end - gbuf_local_start)) {
+        throw PyAssertionError(
+            fmt::format("({}, {}, {})", size_repr(t), gbuf_local_start, gbuf_local_end),
+            site("sharded_param_state_dp_reshardable()"));
+      }
+      ShardedTensor st;
+      bucket_key.state = key.str();
+      st.key = format_bucket_key(bucket_key);
+      st.data = t;
+      st.dtype = t.scalar_type();
+      st.local_shape = {t.size(0)};
+      st.global_shape = {extent.unpadded};
+      st.global_offset = {extent.dp_rank * extent.local_numel + gbuf_local_start};
+      // Under allow_empty_bucket a zero-length pad of a rank past numel_unpadded sits at its
+      // end.
+      if (switches_.allow_empty_bucket)
+        st.global_offset[0] = std::min(st.global_offset[0], extent.unpadded);
+      st.axis_fragmentations = std::nullopt;
+      st.replica_id = {distributed_optimizer_instance_id_, 0, 0};
+      value = Value(ShardedTensor::make(std::move(st)));
+    }
+  }
 }
 
 void DistributedOptimizer::load_parameter_state_from_dp_reshardable(const Value& state_dict) {
@@ -906,7 +876,7 @@ void DistributedOptimizer::load_parameter_state_from_dp_reshardable(const Value&
   }
   // Revision switch dp_reshardable_load_syncs_hdo (B11).
   if (switches_.dp_reshardable_load_syncs_hdo) {
-    if (HybridDeviceOptimizer* h = hdo()) h->sync_hdo_state_to_sub_optimizers();
+    if (HybridDeviceOptimizer* h = mutable_hdo()) h->sync_hdo_state_to_sub_optimizers();
   }
 }
 
@@ -926,7 +896,7 @@ void DistributedOptimizer::init_empty_state() {
     s->set("exp_avg", Value(rt_.zeros_like(p)));
     s->set("exp_avg_sq", Value(rt_.zeros_like(p)));
   };
-  if (HybridDeviceOptimizer* h = hdo()) {
+  if (HybridDeviceOptimizer* h = mutable_hdo()) {
     for (Optimizer* sub : h->sub_optimizers()) {
       for (const Value& gv : *sub->param_groups) {
         for (const at::Tensor& p : group_params(*gv.dict())) init_adam(*sub, p);
@@ -949,8 +919,7 @@ Value DistributedOptimizer::sharded_state_dict(const Value& model_sharded_state_
   // ShardedObject whose main replica is DP rank 0.
   for (auto& [k, v] : *sd.dict()) {
     ShardedObject so;
-    so.key =
-        fmt::format("optimizer.distributed.dp_group_idx_{}.{}", data_parallel_group_idx_, k.str());
+    so.key = format_object_key(data_parallel_group_idx_, k.str());
     so.data = v;
     so.global_shape = {1};
     so.global_offset = {0};
@@ -967,83 +936,6 @@ Value DistributedOptimizer::sharded_state_dict(const Value& model_sharded_state_
   sd.dict()->set("param_state", sharded_param_state_dp_reshardable(is_loading));
   sd.dict()->set("param_state_sharding_type", Value(sharding_type));
   return sd;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Introspection.
-
-std::vector<ShardSnapshot> DistributedOptimizer::snapshot() {
-  auto to_vec = [](const Value* v) {
-    std::vector<float> out;
-    if (v == nullptr || !v->is_tensor()) return out;
-    at::Tensor t = v->tensor().to(at::kFloat).to(at::kCPU).contiguous();
-    out.assign(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
-    return out;
-  };
-  // Ground truth, not the index maps: walk the params the inner optimizer actually updates
-  // (so a B8 group_order mix-up shows as wrong data, not as a wrong snapshot).
-  std::vector<ShardSnapshot> out;
-  std::vector<const void*> step_objects;  // per snapshot entry, the step tensor's identity
-  for (const Value& gv : *optimizer_->param_groups) {
-    for (const at::Tensor& x : group_params(*gv.dict())) {
-      const size_t* owner_param = shard_owner_.find(x);
-      CKPTSIM_CHECK(owner_param != nullptr, "an optimizer param that is no shard of a model param");
-      ShardSnapshot snap;
-      snap.model_param = *owner_param;
-      snap.param_range = range_map(*owner_param).param;
-      Optimizer* owner = optimizer_.get();
-      at::Tensor master = x;
-      const Dict* group = gv.dict().get();
-      if (HybridDeviceOptimizer* h = hdo()) {
-        master = h->param_to_inner_param.at(x, "param_to_inner_param");
-        owner = nullptr;
-        for (Optimizer* sub : h->sub_optimizers()) {
-          for (const Value& sg : *sub->param_groups) {
-            for (const at::Tensor& q : group_params(*sg.dict())) {
-              if (q.is_same(master)) {
-                owner = sub;
-                group = sg.dict().get();
-              }
-            }
-          }
-        }
-        CKPTSIM_CHECK(owner != nullptr, "HDO inner param owned by no sub-optimizer");
-        snap.part = dynamic_cast<TorchAdamW*>(owner) ? "HDO cpu AdamW" : "HDO gpu FusedAdam";
-      } else {
-        snap.part = dynamic_cast<TorchAdamW*>(owner) ? "AdamW" : "FusedAdam";
-      }
-      snap.kernel =
-          dynamic_cast<TorchAdamW*>(owner) ? KernelKind::kTorchAdamW : KernelKind::kFusedAdam;
-      const Value master_value(master);
-      snap.master = to_vec(&master_value);
-      const void* step_object = nullptr;
-      if (const DictPtr* st = owner->state.find(master)) {
-        snap.exp_avg = to_vec((*st)->find("exp_avg"));
-        snap.exp_avg_sq = to_vec((*st)->find("exp_avg_sq"));
-        if (snap.kernel == KernelKind::kTorchAdamW) {
-          if (const Value* v = (*st)->find("step");
-              v != nullptr && v->is_tensor() && v->tensor().numel() == 1) {
-            snap.step = py_item(v->tensor());
-            step_object = v->tensor().unsafeGetTensorImpl();
-          }
-        }
-      }
-      if (snap.kernel == KernelKind::kFusedAdam) {
-        if (const Value* v = group->find("step"); v != nullptr && !v->is_none())
-          snap.step = v->as_float();
-      }
-      step_objects.push_back(step_object);
-      out.push_back(std::move(snap));
-    }
-  }
-  // Identity comparison only (never ordered by address).
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (step_objects[i] == nullptr) continue;
-    for (size_t j = 0; j < out.size(); ++j) {
-      if (i != j && step_objects[j] == step_objects[i]) ++out[i].step_aliases;
-    }
-  }
-  return out;
 }
 
 }  // namespace ckptsim::model

@@ -30,56 +30,22 @@
 #include <string>
 #include <vector>
 
+#include "model/config.h"
 #include "model/megatron/distributed_data_parallel.h"
 #include "model/megatron/hybrid_optimizer.h"
+#include "model/megatron/optimizer_key.h"
 #include "model/megatron/param_and_grad_buffer.h"
 #include "model/revision.h"
-#include "model/torch/optimizer.h"
+#include "model/torch/adamw.h"
+#include "model/transformer_engine/fused_adam.h"
 
 namespace ckptsim::model {
 
-enum class OptimizerKind { kFusedAdam, kTorchAdamW, kHybrid };
-std::string optimizer_kind_name(OptimizerKind k);  // "fused_adam", "torch_adamw", "hybrid"
-
-struct OptimizerConfig {
-  OptimizerKind kind = OptimizerKind::kFusedAdam;
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.0;
-  double offload_fraction = 0.0;               // hybrid only
-  bool overlap_cpu_optimizer_d2h_h2d = false;  // hybrid only: one CPU AdamW per param
-};
-
-// Which Adam kernel updated (or will update) a shard, and with which bias-correction step.
-enum class KernelKind { kTorchAdamW, kFusedAdam };
-std::string kernel_kind_name(KernelKind k);
-
-struct StepUse {
-  size_t model_param = 0;  // index into the model's params
-  std::string part;        // "FusedAdam", "AdamW", "HDO cpu AdamW", "HDO gpu FusedAdam"
-  KernelKind kernel = KernelKind::kFusedAdam;
-  double step = 0;  // the t the kernel used
-};
-
-// The optimizer state of one model param's shard on this rank, as the kernels see it.
-struct ShardSnapshot {
-  size_t model_param = 0;
-  Range param_range;  // sub-range of the flattened model param
-  KernelKind kernel = KernelKind::kFusedAdam;
-  std::string part;
-  std::vector<float> master;   // fp32 master (main param / HDO inner param)
-  std::vector<float> exp_avg;  // empty if the state does not exist yet
-  std::vector<float> exp_avg_sq;
-  std::optional<double> step;  // the step counter the next update will advance from
-  // How many other shards on this rank hold the very same step tensor object (torch AdamW
-  // steps are per-param objects; >0 is B9's aliasing).
-  int step_aliases = 0;
-};
-
 class DistributedOptimizer {
  public:
+  // Mirrors distrib_optimizer.py DistributedOptimizer.__init__ over the optimizer that
+  // optimizer/__init__.py get_megatron_optimizer() builds for `config` (see
+  // create_inner_optimizer). REQUIRES: every param of `ddp` is in one of its buffers.
   DistributedOptimizer(Runtime& rt, DistributedDataParallel& ddp, const OptimizerConfig& config,
                        const RevisionSwitches& switches);
 
@@ -87,27 +53,66 @@ class DistributedOptimizer {
   // Mirrors OptimizerParamScheduler.step(): every group's lr and weight_decay from the base
   // values times the group's lr_mult / wd_mult.
   void apply_schedule(double lr, double weight_decay);
-  // Mirrors MixedPrecisionOptimizer/DistributedOptimizer step without clipping: main grads
-  // from the grad buffer, inner step, main params back into the param buffer (the caller
-  // then all-gathers the params).
+  // Mirrors MixedPrecisionOptimizer.step() / DistributedOptimizer.step() without clipping:
+  // _copy_model_grads_to_main_grads, the inner step, _copy_main_params_to_model_params (the
+  // caller then all-gathers the params: DDP start_param_sync).
   void step();
-  const std::vector<StepUse>& last_step_uses() const { return last_step_uses_; }
 
   // --- checkpointing ---------------------------------------------------------------------------
+  // Each method mirrors the distrib_optimizer.py method of the same name. "Reads"/"writes" name
+  // the state a later call sees; the two side effects marked SIDE EFFECT are what bug 2 (the
+  // step reset on resume) is made of.
+
+  // Mirrors state_dict(): the inner optimizer's state_dict() without 'state', each param
+  // group's 'step' taken from the inner optimizer (per-param AdamW steps must agree:
+  // `assert len(steps) == 1`; HDO: from its CPU AdamW, or as hdo_step_source says).
+  // Reads the live inner state; writes nothing.
   Value state_dict();
+  // Mirrors load_state_dict(): matches saved groups to live ones by identity keys, loads the
+  // saved group scalars (incl. 'step') into the inner optimizer over dummy or live state, then
+  // the param state (param_state_sharding_type must be dp_reshardable).
+  // SIDE EFFECT: when the inner state is empty, runs HDO.dummy_step() first (HDO only), which
+  // creates CPU AdamW states whose 'step' is 1 — the value captured later by _get.
   void load_state_dict(const Value& state_dict);
+  // Mirrors sharded_state_dict(model_sharded_state_dict, is_loading, metadata): state_dict()
+  // with every top-level value a ShardedObject, plus 'param_state' from
+  // sharded_param_state_dp_reshardable(is_loading). `model_sharded_state_dict` is upstream's
+  // argument; the dp_reshardable path does not read it.
+  // SIDE EFFECT: with is_loading, first calls load_state_dict(state_dict()) to create state to
+  // load into (for HDO this runs dummy_step(), see above).
+  // REQUIRES: sharding_type == "dp_reshardable" (NotImplementedError otherwise).
   Value sharded_state_dict(const Value& model_sharded_state_dict, bool is_loading,
                            const std::string& sharding_type);
+  // Mirrors _get_main_param_and_optimizer_states(): {'param': main param, state tensors...}.
+  // Returns the LIVE objects (HDO: the very tensors in HDO.state), so a request built from it
+  // aliases the optimizer. Inserts {} into the state of a param that had none (defaultdict).
   DictPtr get_main_param_and_optimizer_states(size_t model_param);
+  // Mirrors _set_main_param_and_optimizer_states(): HDO ASSIGNS each value into its state
+  // (the request's objects become the live state); the other optimizers copy_ into the live
+  // tensors. REQUIRES: model_param has a shard on this rank.
   void set_main_param_and_optimizer_states(size_t model_param, const Dict& tensors);
+  // Mirrors get_parameter_state_dp_reshardable(): per buffer, dtype and bucket, this rank's
+  // _get entries with their gbuf_local ranges, plus per_bucket_numel(_unpadded).
   Value get_parameter_state_dp_reshardable();
+  // Mirrors sharded_param_state_dp_reshardable(is_loading): the entries above padded so that
+  // they tile the rank's shard up to numel_unpadded, each tensor a ShardedTensor of the bucket
+  // key, the 'step' handled as the sharded_step switch says. Asserts 'empty bucket
+  // encountered' for a rank that owns no element of a bucket (unless allow_empty_bucket).
   Value sharded_param_state_dp_reshardable(bool is_loading);
+  // Mirrors load_parameter_state_from_dp_reshardable(): checks per_bucket_numel_unpadded
+  // against this run's, then _set for every non-padding entry of every bucket.
   void load_parameter_state_from_dp_reshardable(const Value& state_dict);
 
-  // --- introspection (read-only; for checkers) -------------------------------------------------
-  Optimizer& optimizer() { return *optimizer_; }
-  HybridDeviceOptimizer* hdo() { return dynamic_cast<HybridDeviceOptimizer*>(optimizer_.get()); }
-  std::vector<ShardSnapshot> snapshot();
+  // --- read-only accessors (for the simulator's probe, sim/probe.h) ---------------------------
+  const Optimizer& optimizer() const { return *optimizer_; }
+  // The HybridDeviceOptimizer when the inner optimizer is one, else null.
+  const HybridDeviceOptimizer* hdo() const {
+    return dynamic_cast<const HybridDeviceOptimizer*>(optimizer_.get());
+  }
+  // The model param a shard view or main param belongs to; nullopt for any other tensor.
+  std::optional<size_t> model_param_of(const at::Tensor& shard_or_main_param) const;
+  // This rank's range map of a model param. REQUIRES: the param has a shard on this rank.
+  const ParamRangeMap& range_map(size_t model_param) const;
   const std::vector<std::vector<BucketShard>>& gbuf_ranges() const { return gbuf_ranges_; }
   bool have_apex_or_te() const { return config_.kind != OptimizerKind::kTorchAdamW; }
   bool precision_aware() const { return config_.kind == OptimizerKind::kHybrid; }
@@ -118,14 +123,37 @@ class DistributedOptimizer {
     DictPtr orig_group;
   };
 
+  HybridDeviceOptimizer* mutable_hdo() {
+    return dynamic_cast<HybridDeviceOptimizer*>(optimizer_.get());
+  }
+  // Mirrors optimizer/__init__.py _get_param_groups().
   void build_param_groups();
+  // Mirrors _build_optimizer_group_ranges().
   void build_optimizer_group_ranges();
+  // Mirrors _build_model_and_main_param_groups().
   void build_model_and_main_param_groups();
+  // The inner optimizer get_megatron_optimizer() builds (TE FusedAdam, torch AdamW, or the
+  // HybridDeviceOptimizer with its defaults), installed over the shard groups as
+  // DistributedOptimizer.__init__ does.
   void create_inner_optimizer();
-  const ParamRangeMap& range_map(size_t model_param) const;
   at::Tensor optimizer_param(size_t model_param);  // param_groups[g]['params'][o]
   std::optional<double> hdo_step_for_state_dict();
-  void record_step_uses();
+  // load_state_dict's pieces: the saved groups by identity, matched to the live ones; the
+  // dummy state of an optimizer that never stepped; the saved step put into every state.
+  using SavedGroups = std::vector<std::pair<std::vector<Value>, DictPtr>>;
+  static SavedGroups saved_param_groups(const Dict& saved);
+  static ListPtr matched_param_groups(const SavedGroups& saved, const Value& inner_state_dict);
+  Value dummy_state(const Value& inner_state_dict);
+  void restore_step(const Dict& saved, Value& state_dict_state);
+  // sharded_param_state_dp_reshardable's pieces, for one bucket of one buffer.
+  struct ShardExtent {
+    int64_t dp_rank = 0;
+    int64_t local_numel = 0;  // the bucket's numel / dp_size
+    int64_t unpadded = 0;     // the bucket's numel_unpadded
+  };
+  void pad_bucket_state(List& bucket_state, const ShardExtent& extent);
+  void wrap_bucket_entries(List& bucket_state, OptimizerBucketKey key, bool is_loading,
+                           const ShardExtent& extent);
   void init_empty_state();
 
   Runtime& rt_;
@@ -151,7 +179,6 @@ class DistributedOptimizer {
   std::vector<std::vector<at::Tensor>> shard_fp32_from_float16_groups_;
   std::vector<std::optional<ParamRangeMap>> param_range_maps_;  // per model param, this rank
   TensorMap<size_t> shard_owner_;  // shard view / main param -> model param
-  std::vector<StepUse> last_step_uses_;
 };
 
 // Python's Tensor.item() on a tensor that must hold one element (RuntimeError otherwise).

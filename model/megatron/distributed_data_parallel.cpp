@@ -16,27 +16,27 @@ Key ParamAndGradBuffer::dtype_key() const {
       {Key::symbol(torch_dtype_name(param_dtype)), Key::symbol(torch_dtype_name(grad_dtype))});
 }
 
+at::ScalarType scalar_type(DType d) { return d == DType::kBFloat16 ? at::kBFloat16 : at::kFloat; }
+
 DistributedDataParallel::DistributedDataParallel(Runtime& rt, std::vector<ParamSpec> specs,
                                                  const LayoutOptions& layout,
                                                  ProcessGroup& dp_group)
     : rt_(rt), dp_group_(dp_group), specs_(std::move(specs)) {
   CKPTSIM_CHECK(!specs_.empty(), "a model needs at least one param");
-  CKPTSIM_CHECK(specs_.size() <= kParamsMax, fmt::format("more than {} params", kParamsMax));
+  CKPTSIM_CHECK(specs_.size() <= kModelParamsMax, fmt::format("more than {} params", kModelParamsMax));
   CKPTSIM_CHECK(layout.dp_size == dp_group.size(), "layout dp_size must equal the DP group size");
   // Buffers per (param_dtype, grad_dtype), in order of first appearance (invariant 1).
   buffer_of_.resize(specs_.size());
   for (size_t i = 0; i < specs_.size(); ++i) {
     const ParamSpec& s = specs_[i];
     CKPTSIM_CHECK(s.numel >= 1, "param " + s.name + " must have numel >= 1");
-    CKPTSIM_CHECK(s.dtype == at::kBFloat16 || s.dtype == at::kFloat,
-                  "param " + s.name + " must be bf16 or fp32");
     for (size_t j = 0; j < i; ++j)
       CKPTSIM_CHECK(specs_[j].name != s.name, "duplicate param name " + s.name);
     size_t b = 0;
-    while (b < buffers_.size() && buffers_[b].param_dtype != s.dtype) ++b;
+    while (b < buffers_.size() && buffers_[b].param_dtype != scalar_type(s.dtype)) ++b;
     if (b == buffers_.size()) {
       buffers_.emplace_back();
-      buffers_.back().param_dtype = s.dtype;
+      buffers_.back().param_dtype = scalar_type(s.dtype);
       buffers_.back().grad_dtype = at::kFloat;
     }
     buffer_of_[i] = {b, buffers_[b].params.size()};
@@ -134,7 +134,7 @@ Value DistributedDataParallel::sharded_state_dict() {
     ShardedTensor st;
     st.key = specs_[i].name;
     st.data = params_[i];
-    st.dtype = specs_[i].dtype;
+    st.dtype = scalar_type(specs_[i].dtype);
     st.local_shape = {specs_[i].numel};
     st.global_shape = {specs_[i].numel};
     st.global_offset = {0};

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "model/config.h"
 #include "model/megatron/param_and_grad_buffer.h"
 #include "model/process_group.h"
 #include "model/py/runtime.h"
@@ -28,13 +29,8 @@
 
 namespace ckptsim::model {
 
-struct ParamSpec {
-  std::string name;
-  int64_t numel = 0;
-  at::ScalarType dtype = at::kBFloat16;
-  double wd_mult = 1.0;  // param group key: weight decay multiplier (0 for biases/norms)
-  double lr_mult = 1.0;
-};
+// The torch dtype of a param dtype.
+at::ScalarType scalar_type(DType d);
 
 // Mirrors param_and_grad_buffer.py _ParamAndGradBuffer (the parts the optimizer uses).
 struct ParamAndGradBuffer {
@@ -51,7 +47,7 @@ struct ParamAndGradBuffer {
 
 class DistributedDataParallel {
  public:
-  static constexpr size_t kParamsMax = 4096;
+  static constexpr size_t kModelParamsMax = 4096;
 
   // REQUIRES: params non-empty, names unique, numel >= 1, dtype bf16 or fp32.
   DistributedDataParallel(Runtime& rt, std::vector<ParamSpec> specs, const LayoutOptions& layout,

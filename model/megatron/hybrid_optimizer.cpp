@@ -8,8 +8,6 @@ namespace {
 
 bool is_floating32(const at::Tensor& t) { return t.scalar_type() == at::kFloat; }
 
-std::vector<DictPtr> to_group_vector(const std::vector<DictPtr>& groups) { return groups; }
-
 }  // namespace
 
 HybridDeviceOptimizer::HybridDeviceOptimizer(Runtime& rt, std::vector<DictPtr> groups,
@@ -116,11 +114,11 @@ void HybridDeviceOptimizer::init_sub_optimizers() {
     }
   } else if (!groups.cpu_param_groups.empty()) {
     cpu_optimizers.push_back(
-        std::make_unique<TorchAdamW>(rt_, to_group_vector(groups.cpu_param_groups)));
+        std::make_unique<TorchAdamW>(rt_, groups.cpu_param_groups));
   }
   gpu_optimizer.reset();
   if (!groups.gpu_param_groups.empty()) {
-    gpu_optimizer = std::make_unique<FusedAdam>(rt_, to_group_vector(groups.gpu_param_groups));
+    gpu_optimizer = std::make_unique<FusedAdam>(rt_, groups.gpu_param_groups);
   }
   cpu_copy_map_grad = {};
 }

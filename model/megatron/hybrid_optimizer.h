@@ -27,7 +27,8 @@
 #include <vector>
 
 #include "model/revision.h"
-#include "model/torch/optimizer.h"
+#include "model/torch/adamw.h"
+#include "model/transformer_engine/fused_adam.h"
 
 namespace ckptsim::model {
 

@@ -13,7 +13,7 @@
 // then split into dp equal shards of L = S / dp elements; rank r owns
 // [O + r*L, O + (r+1)*L) and, for every param intersecting it, a ParamRangeMap.
 //
-// Invariants (check_layout_invariants() checks all of them and names the culprit):
+// Invariants (properties/layout_checks.h checks all of them and names the culprit):
 //   1. (I1) For each bucket: S % dp == 0, S % 128 == 0, U <= S, S == pad(U, divisor);
 //      every param start is a multiple of 64.
 //   2. (structure) Buckets are contiguous from offset 0; buffer numel is the last bucket's
@@ -47,16 +47,17 @@
 #include <utility>
 #include <vector>
 
+#include "model/config.h"
 #include "model/status.h"
 
 namespace ckptsim::model {
 
 // Limits: exceeding one throws InvariantViolation rather than overflowing or hanging.
-inline constexpr int64_t kDpSizeMax = 4096;
+// (kDpSizeMax is in model/config.h, beside LayoutOptions.)
 inline constexpr size_t kParamsPerBufferMax = 65536;
 // Per param and for the whole padded buffer. 2^40 keeps every sum of kParamsPerBufferMax
 // params plus padding far from int64 overflow.
-inline constexpr int64_t kNumelMax = int64_t{1} << 40;
+inline constexpr int64_t kBufferNumelMax = int64_t{1} << 40;
 
 // Upstream's alignment constants (param_and_grad_buffer.py _pad_start_of_param_if_needed,
 // _pad_end_of_bucket_if_needed).
@@ -75,12 +76,6 @@ struct Range {
   bool operator==(const Range&) const = default;
   // Upstream's Range.__str__: "start,end [size]".
   std::string repr() const;
-};
-
-struct LayoutOptions {
-  int64_t dp_size = 1;                           // REQUIRES: 1 <= dp_size <= kDpSizeMax
-  std::optional<int64_t> bucket_size;            // nullopt = one bucket (upstream None); else >= 1
-  bool pad_buckets_for_high_nccl_busbw = false;  // divisor lcm(dp,128,65536) instead of lcm(dp,128)
 };
 
 // ceil(x / divisor) * divisor, upstream's _pad(). REQUIRES: x >= 0, divisor >= 1.
@@ -116,8 +111,8 @@ struct BufferLayout {
 };
 
 // Mirrors param_and_grad_buffer.py _ParamAndGradBuffer.__init__ (layout part).
-// REQUIRES: 1 <= param_numels.size() <= kParamsPerBufferMax; every numel in [1, kNumelMax];
-// valid options (see LayoutOptions); the padded buffer numel <= kNumelMax.
+// REQUIRES: 1 <= param_numels.size() <= kParamsPerBufferMax; every numel in [1, kBufferNumelMax];
+// valid options (see LayoutOptions); the padded buffer numel <= kBufferNumelMax.
 // Throws InvariantViolation otherwise.
 BufferLayout build_buffer_layout(std::span<const int64_t> param_numels,
                                  const LayoutOptions& options);
@@ -153,18 +148,5 @@ BucketShard build_bucket_shard(const BufferLayout& layout, size_t bucket_idx, in
 // build_bucket_shard for every rank 0..dp_size-1, in rank order. Same REQUIRES.
 std::vector<BucketShard> build_bucket_shards(const BufferLayout& layout, size_t bucket_idx,
                                              int64_t dp_size);
-
-// Checks invariants 1-3 of the header for `layout` sharded at options.dp_size (the layout is
-// expected to have been built with `options`). Returns ok, or a corruption Status whose
-// message names the invariant, the bucket/param/rank and the expected vs observed values.
-// Never throws for a malformed layout (that is what it is for); throws only when
-// options.dp_size is outside [1, kDpSizeMax].
-Status check_layout_invariants(const BufferLayout& layout, const LayoutOptions& options);
-
-// Invariant 3 (I2) alone, for externally supplied shards of one bucket (one per rank, rank
-// order) — lets a canary feed a tampered shard. REQUIRES: the layout passes invariants 1-2,
-// bucket_idx < layout.buckets.size().
-Status check_bucket_shards(const BufferLayout& layout, size_t bucket_idx, int64_t dp_size,
-                           std::span<const BucketShard> shards);
 
 }  // namespace ckptsim::model

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <map>
 
 #include "model/errors.h"
@@ -153,11 +154,16 @@ void throw_if_error(const Status& s) {
   if (!s.is_ok()) throw CheckpointingException(s.to_string(), "serialization.py (storage)");
 }
 
-at::ScalarType dtype_from_name(const std::string& name) {
+std::optional<at::ScalarType> dtype_from_name_checked(const std::string& name) {
   for (at::ScalarType t : {at::kFloat, at::kBFloat16, at::kHalf, at::kDouble, at::kShort, at::kInt,
                            at::kLong, at::kBool, at::kByte}) {
     if (torch_dtype_name(t) == name) return t;
   }
+  return std::nullopt;
+}
+
+at::ScalarType dtype_from_name(const std::string& name) {
+  if (auto t = dtype_from_name_checked(name)) return *t;
   throw CheckpointingException("unknown dtype " + name + " in " + kMetadataFile,
                                "serialization.py load()");
 }
@@ -341,10 +347,8 @@ Result<Value> read_common_state(const Storage& storage) {
   return unpickle_value(bytes.value());
 }
 
-Value load(const Value& sharded_state_dict, Storage& storage, ProcessGroup& group, Runtime& rt,
-           const LoadOptions& options, LoadReport* report) {
-  (void)rt;
-  (void)group;
+Value load(const Value& sharded_state_dict, const Storage& storage, const LoadOptions& options,
+           LoadReport* report) {
   auto pieces_r = read_checkpoint_pieces(storage);
   if (!pieces_r.is_ok()) {
     throw CheckpointingException(pieces_r.status().to_string(),
@@ -452,6 +456,51 @@ Value load(const Value& sharded_state_dict, Storage& storage, ProcessGroup& grou
       sharded);
   merge(common, sharded, options.merge);
   return common;
+}
+
+Result<std::map<std::string, std::vector<float>>> read_checkpoint_tensors(
+    const Storage& storage, const std::vector<SavedPiece>& pieces, std::string_view key_prefix) {
+  std::map<std::string, std::vector<float>> out;
+  std::map<std::string, std::vector<char>> files;
+  for (const auto& p : pieces) {
+    if (!std::string_view(p.key).starts_with(key_prefix)) continue;
+    auto error = [&](const std::string& what) {
+      return Status::corruption(fmt::format("{}: key {}: {}", p.file, p.key, what));
+    };
+    if (p.global_numel < 0 || p.numel < 0 || p.global_offset < 0 || p.byte_offset < 0 ||
+        p.global_offset > p.global_numel || p.numel > p.global_numel - p.global_offset) {
+      return error(fmt::format("piece [{}, {}) outside the tensor's [0, {})", p.global_offset,
+                               p.global_offset + p.numel, p.global_numel));
+    }
+    auto dtype = dtype_from_name_checked(p.dtype);
+    if (!dtype.has_value()) return error("unknown dtype " + p.dtype);
+    auto& values = out[p.key];
+    if (values.empty()) {
+      values.assign(static_cast<size_t>(p.global_numel), std::numeric_limits<float>::quiet_NaN());
+    } else if (values.size() != static_cast<size_t>(p.global_numel)) {
+      return error(fmt::format("global numel {} differs from another piece's {}", p.global_numel,
+                               values.size()));
+    }
+    auto it = files.find(p.file);
+    if (it == files.end()) {
+      auto bytes = storage.read_file(p.file);
+      if (!bytes.is_ok()) return bytes.status();
+      it = files.emplace(p.file, std::move(bytes.value())).first;
+    }
+    const size_t elem = c10::elementSize(*dtype);
+    const auto size = static_cast<size_t>(p.numel) * elem;
+    if (static_cast<size_t>(p.byte_offset) > it->second.size() ||
+        size > it->second.size() - static_cast<size_t>(p.byte_offset)) {
+      return error(fmt::format("bytes [{}, {}) past the end of the file ({} bytes)", p.byte_offset,
+                               static_cast<size_t>(p.byte_offset) + size, it->second.size()));
+    }
+    at::Tensor src = at::empty({p.numel}, at::TensorOptions().dtype(*dtype));
+    std::memcpy(src.data_ptr(), it->second.data() + p.byte_offset, size);
+    const at::Tensor f = src.to(at::kFloat);
+    std::copy(f.data_ptr<float>(), f.data_ptr<float>() + p.numel,
+              values.begin() + static_cast<std::ptrdiff_t>(p.global_offset));
+  }
+  return out;
 }
 
 }  // namespace ckptsim::model

@@ -8,7 +8,7 @@
 //   common.pt             rank 0's common state, torch::pickle_save (torch.load can read it)
 //   metadata.json         every saved tensor piece and object, written by rank 0 at the end
 //   shards/rank_<r>.bin   the raw bytes of the tensor pieces rank r was main replica of
-//   objects/<unique_key>  each ShardedObject, pickled by its main replica
+//   objects/<unique_key>.pt  each ShardedObject, pickled by its main replica
 //
 // Invariants (each is a behavior a bug depends on):
 //   1. save: LocalNonpersistentObjects are dropped; everything that is neither a ShardedBase
@@ -24,7 +24,9 @@
 //      shape mismatch is upstream's CheckpointingException.
 #pragma once
 
+#include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "model/megatron/dict_utils.h"
@@ -44,6 +46,7 @@ struct SavedPiece {
   int rank = 0;
   std::string file;
   int64_t byte_offset = 0;
+  bool operator==(const SavedPiece&) const = default;
 };
 
 struct SaveReport {
@@ -69,13 +72,20 @@ struct LoadOptions {
 // sharded state dict. The state dict is consumed (LNOs dropped as upstream does in place).
 SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup& group);
 
-// Mirrors serialization.py load(). Collective. Returns the loaded state dict.
-Value load(const Value& sharded_state_dict, Storage& storage, ProcessGroup& group, Runtime& rt,
-           const LoadOptions& options, LoadReport* report = nullptr);
+// Mirrors serialization.py load(). Every rank calls it with its own request (it reads only;
+// no collective is needed here). Returns the loaded state dict.
+Value load(const Value& sharded_state_dict, const Storage& storage, const LoadOptions& options,
+           LoadReport* report = nullptr);
 
 // The pieces listed in a checkpoint's metadata.json (for checkers). Status names the file.
 Result<std::vector<SavedPiece>> read_checkpoint_pieces(const Storage& storage);
 // The checkpoint's common state (for checkers and reports).
 Result<Value> read_common_state(const Storage& storage);
+// Every saved tensor whose key starts with `key_prefix`, assembled from its pieces as one
+// global tensor of floats (NaN where no piece was saved). Every read is bounds-checked: a
+// piece outside its tensor, bytes past the end of a file, an unknown dtype or pieces that
+// disagree on the global size are a corruption Status naming the file and the key.
+Result<std::map<std::string, std::vector<float>>> read_checkpoint_tensors(
+    const Storage& storage, const std::vector<SavedPiece>& pieces, std::string_view key_prefix);
 
 }  // namespace ckptsim::model

@@ -94,7 +94,7 @@ class Runtime {
   Rng garbage_;
   Rng randn_;
   // Storage identity -> simulated device; the c10::Storage keeps the key alive (lookup only).
-  std::unordered_map<const void*, std::pair<c10::Storage, Device>> devices_;
+  std::unordered_map<const void*, std::pair<c10::Storage, Device>> devices_;  // lookup only
   TensorMap<at::Tensor> grads_;
   std::vector<std::string> faults_;
   std::vector<std::pair<std::string, int64_t>> firings_;

@@ -368,7 +368,7 @@ namespace {
 
 struct DeepCopier {
   // Lookup only (never iterated), so the address-keyed map cannot affect any order.
-  std::unordered_map<const void*, Value> memo;
+  std::unordered_map<const void*, Value> memo;  // lookup only
 
   Value copy(const Value& v) {
     switch (v.kind()) {

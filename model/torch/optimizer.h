@@ -16,7 +16,7 @@
 // Ownership and identity: param_groups, the group dicts, the params lists and the per-param
 // state dicts are shared Python objects (DictPtr/ListPtr); code that upstream assigns
 // (`opt.state = new_state`, `group['step'] = x`) assigns here too. Math runs in
-// model/adam_math.h on the tensors' fp32 storage.
+// model/kernels/adam_math.h on the tensors' fp32 storage.
 //
 // Invariants:
 //   1. state iterates in insertion order; state[p] is keyed by tensor identity.
@@ -25,7 +25,9 @@
 //      anything else is an InvariantViolation, not a silent wrong answer.
 #pragma once
 
+#include <initializer_list>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -81,53 +83,14 @@ class Optimizer {
   Runtime& rt_;
 };
 
-// Mirrors torch.optim.AdamW.
-class TorchAdamW final : public Optimizer {
- public:
-  // `defaults` overrides torch's defaults (lr=1e-3, betas=(0.9,0.999), eps=1e-8,
-  // weight_decay=1e-2, amsgrad=False, foreach=None, maximize=False, capturable=False,
-  // differentiable=False, fused=None).
-  TorchAdamW(Runtime& rt, std::vector<DictPtr> groups, DictPtr defaults = nullptr);
-  std::string class_name() const override { return "AdamW"; }
-  Value class_symbol() const override;
-  void step() override;
-
-  // The step tensor values each param used in the last step(), in group/param order (for
-  // the simulator's bias-correction trace).
-  struct UsedStep {
-    at::Tensor param;
-    double step;
-  };
-  const std::vector<UsedStep>& last_used_steps() const { return last_used_steps_; }
-
- protected:
-  void after_setstate() override;
-
- private:
-  std::vector<UsedStep> last_used_steps_;
-};
-
-// Mirrors transformer_engine/pytorch/optimizers/fused_adam.py FusedAdam (fp32, no master).
-class FusedAdam final : public Optimizer {
- public:
-  FusedAdam(Runtime& rt, std::vector<DictPtr> groups, DictPtr defaults = nullptr);
-  std::string class_name() const override { return "FusedAdam"; }
-  Value class_symbol() const override;
-  void step() override;
-  Value state_dict() override;
-  void load_state_dict(const Value& state_dict) override;
-
-  // TE get_unscaled_state / set_scaled_state for fp32 states (what our paths use).
-  at::Tensor get_unscaled_state(const at::Tensor& param, const std::string& name);
-  void set_scaled_state(const at::Tensor& param, const std::string& name, const at::Tensor& value);
-
-  // The group step each non-empty group used in the last step(), in group order.
-  const std::vector<int64_t>& last_used_steps() const { return last_used_steps_; }
-
- private:
-  void initialize_state(const at::Tensor& param, const std::string& name, bool zero_buffer);
-  std::vector<int64_t> last_used_steps_;
-};
+// Shared by the Adam implementations (torch/adamw.h, transformer_engine/fused_adam.h):
+// torch's size check of elementwise operands (RuntimeError naming `site`); a tensor's fp32
+// storage as a span (InvariantViolation unless defined, fp32, contiguous, at most 1-D); a
+// group's boolean option (false when absent or None); torch's defaults under `base`'s values.
+void check_same_size(const at::Tensor& a, const at::Tensor& b, const char* site);
+std::span<float> fp32_span(const at::Tensor& t, const char* what);
+bool group_flag(const Dict& group, const char* key);
+DictPtr with_defaults(DictPtr base, std::initializer_list<Dict::Item> torch_defaults);
 
 // Hyper-parameters of one group as the kernels take them (lr, betas, eps, weight_decay,
 // bias_correction) read from the group dict the way the Python step() reads them.

@@ -39,8 +39,8 @@ TEST_P(GpuScenario, SameVerdictsAndTraceAsOnTheCpu) {
   cpu.device = sim::DeviceChoice::kCpu;
   sim::RunOptions gpu;
   gpu.device = sim::DeviceChoice::kCuda;
-  auto a = sim::run_scenario(s.value(), registry, cpu);
-  auto b = sim::run_scenario(s.value(), registry, gpu);
+  auto a = sim::run_scenario(s.value(), cpu);
+  auto b = sim::run_scenario(s.value(), gpu);
   ASSERT_TRUE(a.is_ok() && b.is_ok());
   EXPECT_FALSE(a.value().gpu_resident);
   EXPECT_TRUE(b.value().gpu_resident);

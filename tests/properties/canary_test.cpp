@@ -3,6 +3,7 @@
 // the same scenario without the breakage. A property that passed both would assert nothing.
 #include <gtest/gtest.h>
 
+#include "model/faults.h"
 #include "tests/testing.h"
 
 using namespace ckptsim;
@@ -144,6 +145,35 @@ TEST(PropertyCanary, StepTensorsNotAliasedCatchesB9) {
                                 "torch_adamw", 0, 1, 1, "fix-complete", "fix-complete"))),
                             "step_tensors_not_aliased")
                   .ok());
+}
+
+// Every fault site names the property that must catch it (FaultSite::caught_by): switched on in
+// a scenario where it fires, it fails exactly that property (the others may fail too), and the
+// same scenario without it keeps that property.
+TEST(PropertyCanary, EveryFaultSiteFailsThePropertyItNames) {
+  // w1 of 100 elements leaves a gap [100, 128) at the end of rank 0's shard at DP 4, where the
+  // dropped end pad shows (see ShardsTileBucketsCatchesADroppedPad).
+  auto scenario = [](const std::string& fault) {
+    std::string json = test::two_phase_json(
+        "hybrid", 1.0, 2, 4, "fix-recommended", "fix-recommended",
+        fault.empty() ? "" : R"(, "faults": [")" + fault + R"("])");
+    json.replace(json.find("\"numel\": 130"), 12, "\"numel\": 100");
+    return test::scenario_from_json(json);
+  };
+  ASSERT_FALSE(model::fault_sites().empty());
+  const auto clean_run = test::run(scenario(""));
+  for (const auto& site : model::fault_sites()) {
+    ASSERT_NE(properties::find_property(site.caught_by), nullptr) << site.name;
+    const auto run = test::run(scenario(site.name));
+    int64_t fired = 0;
+    for (const auto& p : run.phases) {
+      for (const auto& [name, count] : p.fault_firings) fired += name == site.name ? count : 0;
+    }
+    EXPECT_GT(fired, 0) << site.name << " never fired";
+    EXPECT_EQ(test::verdict(run, site.caught_by).verdict, properties::Verdict::kFail)
+        << site.name << " is not caught by " << site.caught_by;
+    EXPECT_TRUE(test::verdict(clean_run, site.caught_by).ok()) << site.caught_by;
+  }
 }
 
 TEST(PropertyCanary, EveryPropertyHasACanaryHere) {

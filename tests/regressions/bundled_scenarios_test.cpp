@@ -6,6 +6,7 @@
 
 #include <filesystem>
 
+#include "properties/expect.h"
 #include "tests/testing.h"
 
 namespace {
@@ -32,7 +33,9 @@ TEST_P(BundledScenario, GivesItsExpectedVerdicts) {
   ASSERT_FALSE(s.expect.is_null()) << "every bundled scenario states its expected verdicts";
   const auto run = ckptsim::test::run(s);
   const auto results = ckptsim::properties::check_all(run);
-  const auto mismatches = ckptsim::properties::expectation_mismatches(s.expect, results);
+  const auto expect = ckptsim::properties::parse_expectation(s.expect, GetParam());
+  ASSERT_TRUE(expect.is_ok()) << expect.status().to_string();
+  const auto mismatches = ckptsim::properties::expectation_mismatches(*expect.value(), results);
   for (const auto& m : mismatches) ADD_FAILURE() << GetParam() << ": " << m;
 }
 
@@ -51,7 +54,8 @@ class FoundScenario : public ::testing::TestWithParam<std::string> {};
 // under fix-complete, keeps every property.
 TEST_P(FoundScenario, PassesUnderFixComplete) {
   auto s = ckptsim::test::scenario_file("scenarios/" + GetParam());
-  for (auto& p : s.phases) p.revision = "fix-complete";
+  const auto fix = ckptsim::test::revisions({"fix-complete"}).front();
+  for (auto& p : s.phases) p.set_revision(fix);
   const auto run = ckptsim::test::run(s);
   for (const auto& r : ckptsim::properties::check_all(run))
     EXPECT_TRUE(r.ok()) << GetParam() << ": " << r.name << ": " << r.detail;

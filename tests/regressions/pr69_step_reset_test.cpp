@@ -15,7 +15,7 @@ TEST(Pr69StepReset, Upstream2874RestartsTheStepAtDp2To4) {
   ASSERT_TRUE(resumed.after_load.has_value());
   EXPECT_EQ(resumed.start_step, 5);
   for (const auto& s : resumed.after_load->shards) {
-    EXPECT_EQ(s.part, "HDO cpu AdamW");
+    EXPECT_EQ(s.part, sim::OptimizerPart::kHdoCpuAdamW);
     ASSERT_TRUE(s.counter.has_value());
     EXPECT_EQ(*s.counter, 1.0) << "the skeleton-time step (HDO.dummy_step) survived the load";
   }

@@ -16,16 +16,16 @@ using namespace ckptsim;
 
 namespace {
 
-properties::SearchResult run_search(properties::GeneratorConfig g,
+search::SearchResult run_search(search::GeneratorConfig g,
                                     const std::vector<std::string>& only, int64_t cases,
                                     uint64_t seed = 1) {
-  properties::SearchOptions o;
+  search::SearchOptions o;
   o.generator = std::move(g);
   o.seed = seed;
   o.cases = cases;
   o.keep_going = false;
   o.shrink_runs_max = 400;
-  return properties::search(o, properties::property_judge(test::registry(), only));
+  return search::search(o, search::property_judge(only));
 }
 
 int64_t dp_max(const sim::Scenario& s) {
@@ -43,9 +43,9 @@ void ensure_profile(const std::string& name, const std::string& json) {
 }  // namespace
 
 RC_GTEST_PROP(Generators, GeneratedScenariosReplay, ()) {
-  properties::GeneratorConfig g;
-  g.revisions = {"upstream-2874", "fix-complete"};
-  const sim::Scenario s = *properties::gen_scenario(g);
+  search::GeneratorConfig g;
+  g.revisions = test::revisions({"upstream-2874", "fix-complete"});
+  const sim::Scenario s = *search::gen_scenario(g);
   auto parsed =
       sim::parse_scenario(sim::scenario_to_json(s).dump(), "generated.json", test::registry());
   RC_ASSERT(parsed.is_ok());
@@ -69,7 +69,7 @@ TEST(Generators, DomainShrinksConvergeInLogarithmicSteps) {
   int steps = 0;
   for (bool progressed = true; progressed && steps < 1000;) {
     progressed = false;
-    for (const auto& c : properties::domain_shrinks(s)) {
+    for (const auto& c : search::domain_shrinks(s)) {
       if (holds(c)) {
         s = c;
         ++steps;
@@ -84,18 +84,20 @@ TEST(Generators, DomainShrinksConvergeInLogarithmicSteps) {
 }
 
 RC_GTEST_PROP(Generators, PaddedBucketsDrawSmallDp, ()) {
-  properties::GeneratorConfig g;
+  search::GeneratorConfig g;
+  g.revisions = test::revisions({"upstream-2874"});
   g.stateful = *rc::gen::arbitrary<bool>();
-  const sim::Scenario s = *properties::gen_for(g);
+  const sim::Scenario s = *search::gen_for(g);
   for (const auto& p : s.phases) {
-    RC_ASSERT(p.dp <= (s.pad_buckets_for_high_nccl_busbw ? properties::kPaddedDpMax : g.dp_max));
+    RC_ASSERT(p.dp <= (s.pad_buckets_for_high_nccl_busbw ? search::kPaddedDpMax : g.dp_max));
   }
 }
 
 RC_GTEST_PROP(Generators, DomainShrinksAreValidAndSmaller, ()) {
-  properties::GeneratorConfig g;
-  const sim::Scenario s = *properties::gen_scenario(g);
-  for (const auto& c : properties::domain_shrinks(s)) {
+  search::GeneratorConfig g;
+  g.revisions = test::revisions({"upstream-2874"});
+  const sim::Scenario s = *search::gen_scenario(g);
+  for (const auto& c : search::domain_shrinks(s)) {
     RC_ASSERT(sim::parse_scenario(sim::scenario_to_json(c).dump(), "shrunk.json", test::registry())
                   .is_ok());
     RC_ASSERT(c.params.size() <= s.params.size());
@@ -105,9 +107,9 @@ RC_GTEST_PROP(Generators, DomainShrinksAreValidAndSmaller, ()) {
 }
 
 // Small fix-complete scenarios: every property must hold on them.
-static properties::GeneratorConfig small_fix_complete(bool stateful) {
-  properties::GeneratorConfig g;
-  g.revisions = {"fix-complete"};
+static search::GeneratorConfig small_fix_complete(bool stateful) {
+  search::GeneratorConfig g;
+  g.revisions = test::revisions({"fix-complete"});
   g.params_max = 3;
   g.phases_max = 3;
   g.dp_max = 8;
@@ -116,8 +118,8 @@ static properties::GeneratorConfig small_fix_complete(bool stateful) {
 }
 
 RC_GTEST_PROP(PropertiesAsALibrary, FixCompleteKeepsEveryPropertyOnGeneratedScenarios, ()) {
-  const properties::GeneratorConfig g = small_fix_complete(false);
-  const sim::Scenario s = *properties::gen_scenario(g);
+  const search::GeneratorConfig g = small_fix_complete(false);
+  const sim::Scenario s = *search::gen_scenario(g);
   const auto run = test::run(s);
   for (const auto& r : properties::check_all(run)) {
     RC_ASSERT(r.verdict != properties::Verdict::kFail);
@@ -127,7 +129,7 @@ RC_GTEST_PROP(PropertiesAsALibrary, FixCompleteKeepsEveryPropertyOnGeneratedScen
 // Every resumed shard's step counter against the command model: the step each phase resumes at
 // (CycleModel::start_steps). Empty when they agree; else the first disagreement.
 static std::string counters_against_model(const sim::RunResult& run) {
-  const std::vector<int64_t> expected = properties::expected_start_steps(run.scenario);
+  const std::vector<int64_t> expected = search::expected_start_steps(run.scenario);
   for (const auto& ph : run.phases) {
     if (ph.index == 0 || !ph.after_load) continue;
     for (const auto& sh : ph.after_load->shards) {
@@ -141,8 +143,8 @@ static std::string counters_against_model(const sim::RunResult& run) {
 }
 
 RC_GTEST_PROP(Generators, StatefulScenariosReplayAndResumeWhereTheModelSays, ()) {
-  const properties::GeneratorConfig g = small_fix_complete(true);
-  const sim::Scenario s = *properties::gen_scenario_stateful(g);
+  const search::GeneratorConfig g = small_fix_complete(true);
+  const sim::Scenario s = *search::gen_scenario_stateful(g);
   RC_ASSERT(sim::parse_scenario(sim::scenario_to_json(s).dump(), "generated.json", test::registry())
                 .is_ok());
   RC_ASSERT(s.phases.size() >= 1u && s.phases.size() <= 3u);
@@ -163,11 +165,11 @@ TEST(Generators, ModelCountersSeeTheStepReset) {
 }
 
 TEST(Generators, StatefulCrossRevisionScenariosChangeRevision) {
-  properties::GeneratorConfig g;
-  g.revisions = {"miles-main", "upstream-2874"};
+  search::GeneratorConfig g;
+  g.revisions = test::revisions({"miles-main", "upstream-2874"});
   g.require_revision_change = true;
   g.stateful = true;
-  const auto gen = properties::gen_for(g);
+  const auto gen = search::gen_for(g);
   for (int seed = 0; seed < 50; ++seed) {
     const sim::Scenario s = gen(rc::Random(seed), 50).value();
     bool changed = false;
@@ -178,8 +180,8 @@ TEST(Generators, StatefulCrossRevisionScenariosChangeRevision) {
 }
 
 TEST(Search, StatefulSearchFindsTheStepResetSmall) {
-  properties::GeneratorConfig g;
-  g.revisions = {"upstream-2874"};
+  search::GeneratorConfig g;
+  g.revisions = test::revisions({"upstream-2874"});
   g.kinds = {model::OptimizerKind::kHybrid};
   g.stateful = true;
   const auto r = run_search(g, {"step_matches_uninterrupted"}, 300);
@@ -192,8 +194,8 @@ TEST(Search, StatefulSearchFindsTheStepResetSmall) {
 }
 
 TEST(Search, FindsTheStepResetSmallAndReproducibly) {
-  properties::GeneratorConfig g;
-  g.revisions = {"upstream-2874"};
+  search::GeneratorConfig g;
+  g.revisions = test::revisions({"upstream-2874"});
   g.kinds = {model::OptimizerKind::kHybrid};
   const auto a = run_search(g, {"step_matches_uninterrupted"}, 300);
   ASSERT_EQ(a.failures.size(), 1u);
@@ -214,8 +216,8 @@ TEST(Search, FindsTheStepResetSmallAndReproducibly) {
 }
 
 TEST(Search, ShrinkKeepsTheSignature) {
-  properties::GeneratorConfig g;
-  g.revisions = {"upstream-2874"};
+  search::GeneratorConfig g;
+  g.revisions = test::revisions({"upstream-2874"});
   const auto r = run_search(g, {}, 200);
   ASSERT_FALSE(r.failures.empty());
   for (const auto& f : r.failures) {
@@ -226,8 +228,8 @@ TEST(Search, ShrinkKeepsTheSignature) {
 }
 
 TEST(Search, FindsTheDuplicateLeafAcrossRevisionsSmall) {
-  properties::GeneratorConfig g;
-  g.revisions = {"miles-main", "upstream-2874"};
+  search::GeneratorConfig g;
+  g.revisions = test::revisions({"miles-main", "upstream-2874"});
   g.require_revision_change = true;
   g.kinds = {model::OptimizerKind::kHybrid};
   const auto r = run_search(g, {"no_duplicate_leaves"}, 300);
@@ -250,6 +252,14 @@ struct Control {
   bool change = false;
 };
 
+// How ctest and gtest name a control: "<property> on <revisions> [faults]" (gtest would print
+// the struct's bytes).
+void PrintTo(const Control& c, std::ostream* os) {
+  *os << c.property << " on";
+  for (const auto& r : c.revisions) *os << " " << r;
+  for (const auto& f : c.faults) *os << " +" << f;
+}
+
 class MutationControls : public ::testing::TestWithParam<Control> {};
 
 TEST_P(MutationControls, SearchFindsTheBrokenVariant) {
@@ -257,8 +267,8 @@ TEST_P(MutationControls, SearchFindsTheBrokenVariant) {
                  R"({"name": "test-b9-aliased-steps", "extends": "fix-complete",
       "description": "fix-complete with B9 put back", "switches": {"pure_torch_load_clones_step": false}})");
   const Control& c = GetParam();
-  properties::GeneratorConfig g;
-  g.revisions = c.revisions;
+  search::GeneratorConfig g;
+  g.revisions = test::revisions(c.revisions);
   g.faults = c.faults;
   g.require_revision_change = c.change;
   if (!c.kinds.empty()) g.kinds = c.kinds;

@@ -66,8 +66,8 @@ rc::Gen<int64_t> samples_per_step_gen() {
   return rc::gen::weightedOneOf<int64_t>({
       {4, rc::gen::inRange<int64_t>(1, 65)},
       {3, rc::gen::inRange<int64_t>(65, 2049)},
-      {1, rc::gen::just(kSamplesPerStepMax)},
-      {1, rc::gen::inRange<int64_t>(kSamplesPerStepMax - 64, kSamplesPerStepMax + 1)},
+      {1, rc::gen::just(kGradientSamplesMax)},
+      {1, rc::gen::inRange<int64_t>(kGradientSamplesMax - 64, kGradientSamplesMax + 1)},
   });
 }
 
@@ -268,10 +268,10 @@ TEST(Gradients, PreconditionsAreChecked) {
   EXPECT_THROW(local_gradient(spec, 1, 0, -5, 0, 1, out), InvariantViolation);
   EXPECT_THROW(local_gradient(GradientSpec{.seed = 1, .samples_per_step = 0}, 1, 0, 0, 0, 1, out),
                InvariantViolation);
-  EXPECT_THROW(local_gradient(GradientSpec{.seed = 1, .samples_per_step = kSamplesPerStepMax + 1},
+  EXPECT_THROW(local_gradient(GradientSpec{.seed = 1, .samples_per_step = kGradientSamplesMax + 1},
                               1, 0, 0, 0, 1, out),
                InvariantViolation);
-  EXPECT_NO_THROW(local_gradient(GradientSpec{.seed = 1, .samples_per_step = kSamplesPerStepMax}, 1,
+  EXPECT_NO_THROW(local_gradient(GradientSpec{.seed = 1, .samples_per_step = kGradientSamplesMax}, 1,
                                  0, 0, 0, 1, out));
   // A rank without samples (dp_size > samples_per_step) gets +0.0 exactly.
   local_gradient(spec, 1, 0, 0, 7, 8, out);

@@ -16,8 +16,8 @@ using namespace ckptsim::model;
 namespace {
 
 struct OneRank {
-  std::vector<ParamSpec> specs = {{"w0", 200, at::kBFloat16, 1.0, 1.0},
-                                  {"w1", 100, at::kBFloat16, 1.0, 1.0}};
+  std::vector<ParamSpec> specs = {{"w0", 200, DType::kBFloat16, 1.0, 1.0},
+                                  {"w1", 100, DType::kBFloat16, 1.0, 1.0}};
   RevisionSwitches switches;
   OptimizerConfig config;
   std::function<void(Runtime&, DistributedDataParallel&, DistributedOptimizer&)> body;

@@ -1,9 +1,9 @@
-// Tests of model/layout.h: buffer layout, buckets, padding and DP sharding (spec §2, §15 I1-I2).
+// Tests of model/megatron/param_and_grad_buffer.h: buffer layout, buckets, padding and DP sharding (spec §2, §15 I1-I2).
 //
 // Every expected value below was written by hand from the spec (§2.1 pseudocode, §2.3 table)
 // and the arithmetic shown in the comments, never printed from the code under test.
 //
-// Mutations of layout.cpp, all tried locally (then reverted), and the tests that failed:
+// Mutations of param_and_grad_buffer.cpp (and of properties/layout_checks.cpp), all tried locally (then reverted), and the tests that failed:
 //   - param start not padded to 64: LayoutGolden.*, LayoutMultiBucket.FourParamsTwoBuckets,
 //       LayoutDpNotDividing128.*, LayoutHighNcclBusbw.*, LayoutProperty.* (and canaries whose
 //       untampered baseline changed).
@@ -35,9 +35,14 @@
 #include <vector>
 
 #include "model/errors.h"
+#include "properties/layout_checks.h"
 
 namespace ckptsim::model {
 namespace {
+
+// The checkers of properties/ are the oracle for every layout built here.
+using properties::check_bucket_shards;
+using properties::check_layout_invariants;
 
 LayoutOptions opts(int64_t dp_size, std::optional<int64_t> bucket_size = std::nullopt,
                    bool pad_buckets_for_high_nccl_busbw = false) {
@@ -331,9 +336,9 @@ TEST(LayoutRequires, RejectsBadInputs) {
   EXPECT_THROW(build_buffer_layout(kWorkedExample, opts(0)), InvariantViolation);
   EXPECT_THROW(build_buffer_layout(kWorkedExample, opts(kDpSizeMax + 1)), InvariantViolation);
   EXPECT_THROW(build_buffer_layout(kWorkedExample, opts(1, 0)), InvariantViolation);
-  EXPECT_THROW(build_buffer_layout(std::vector<int64_t>{kNumelMax + 1}, {}), InvariantViolation);
-  // Two params of kNumelMax each overflow the buffer limit.
-  EXPECT_THROW(build_buffer_layout(std::vector<int64_t>{kNumelMax, kNumelMax}, {}),
+  EXPECT_THROW(build_buffer_layout(std::vector<int64_t>{kBufferNumelMax + 1}, {}), InvariantViolation);
+  // Two params of kBufferNumelMax each overflow the buffer limit.
+  EXPECT_THROW(build_buffer_layout(std::vector<int64_t>{kBufferNumelMax, kBufferNumelMax}, {}),
                InvariantViolation);
   EXPECT_THROW(build_buffer_layout(std::vector<int64_t>(kParamsPerBufferMax + 1, 1), {}),
                InvariantViolation);

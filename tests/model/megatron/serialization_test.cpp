@@ -6,6 +6,8 @@
 // (ReslicesPiecesForAnotherDpSize); shape check missing (GlobalShapeMismatchRaises).
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <ATen/ops/add.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/zeros.h>
@@ -82,7 +84,7 @@ TEST(Serialization, LoadFillsRequestTensorsInPlaceAndReslicesForAnotherDpSize) {
     const Value request = dict_value({{"t", piece("t", buffer, 8, 2 * rank)},
                                       {"mine", make_nonpersistent(Value(local))},
                                       {"plain", Value(123)}});
-    const Value loaded = load(request, store, pg, rt, {});
+    const Value loaded = load(request, store, {});
     EXPECT_TRUE(loaded.dict()->at("t").tensor().is_same(buffer))
         << "read in place into the request's tensor";
     EXPECT_EQ(buffer[0].item<float>(), static_cast<float>(2 * rank));
@@ -101,9 +103,9 @@ TEST(Serialization, MissingKeyAndGlobalShapeMismatchRaise) {
   });
   on_ranks(1, [&](int rank, ProcessGroup& pg) {
     Runtime rt(1, 0, rank);
-    EXPECT_THROW(load(dict_value({{"u", piece("u", at::zeros({4}), 4, 0)}}), store, pg, rt, {}),
+    EXPECT_THROW(load(dict_value({{"u", piece("u", at::zeros({4}), 4, 0)}}), store, {}),
                  PyKeyError);
-    EXPECT_THROW(load(dict_value({{"t", piece("t", at::zeros({4}), 5, 0)}}), store, pg, rt, {}),
+    EXPECT_THROW(load(dict_value({{"t", piece("t", at::zeros({4}), 5, 0)}}), store, {}),
                  CheckpointingException);
   });
 }
@@ -116,8 +118,7 @@ TEST(Serialization, CommonLeafCollidingWithLnoRaisesDuplicateLeaf) {
   on_ranks(1, [&](int rank, ProcessGroup& pg) {
     Runtime rt(1, 0, rank);
     try {
-      load(dict_value({{"opt", dict_value({{"step", make_nonpersistent(Value(1))}})}}), store, pg,
-           rt, {});
+      load(dict_value({{"opt", dict_value({{"step", make_nonpersistent(Value(1))}})}}), store, {});
       FAIL() << "expected the duplicate leaf";
     } catch (const MergeError& e) {
       EXPECT_EQ(repr(e.path()), "('opt', 'step')");
@@ -171,4 +172,61 @@ TEST(Serialization, EveryRankLearnsAllPiecesAndObjectsAreListedOnce) {
                           save(dict_value({{"o", object("o", 0, 0)}}), clash, pg);
                         }),
                CheckpointingException);
+}
+
+// read_checkpoint_tensors assembles each key's pieces into its global tensor and refuses, with a
+// message naming the file and the key, every piece it cannot place: outside its tensor, past
+// the end of its file. Mutations caught: the range check dropped (a piece past its tensor
+// writes past the buffer: ReadCheckpointTensorsRefusesAPiecePastItsTensor, under ASan a crash),
+// the file-size check dropped (RefusesBytesPastTheFile).
+TEST(Serialization, ReadCheckpointTensorsAssemblesPiecesWithGapsAsNaN) {
+  MemoryStorage store;
+  const std::vector<float> bytes = {1, 2, 3, 4, 5};
+  ASSERT_TRUE(store
+                  .write_file("f.bin", std::span<const char>(reinterpret_cast<const char*>(
+                                                                 bytes.data()),
+                                                             bytes.size() * sizeof(float)))
+                  .is_ok());
+  // key k: [0, 2) from floats 0..1, [3, 5) from floats 2..3; element 2 saved by no one.
+  const std::vector<SavedPiece> pieces = {
+      {"p.k", "torch.float32", 5, 0, 2, 0, "f.bin", 0},
+      {"p.k", "torch.float32", 5, 3, 2, 1, "f.bin", 8},
+      {"other", "torch.float32", 1, 0, 1, 0, "f.bin", 16},
+  };
+  auto r = read_checkpoint_tensors(store, pieces, "p.");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_EQ(r.value().size(), 1u);
+  const std::vector<float>& k = r.value().at("p.k");
+  ASSERT_EQ(k.size(), 5u);
+  EXPECT_EQ(k[0], 1);
+  EXPECT_EQ(k[1], 2);
+  EXPECT_TRUE(std::isnan(k[2]));
+  EXPECT_EQ(k[3], 3);
+  EXPECT_EQ(k[4], 4);
+}
+
+TEST(Serialization, ReadCheckpointTensorsRefusesAPiecePastItsTensor) {
+  MemoryStorage store;
+  const std::vector<char> bytes(64, 0);
+  ASSERT_TRUE(store.write_file("f.bin", bytes).is_ok());
+  // 4 elements at offset 3 of a tensor of 5: one past the end.
+  const std::vector<SavedPiece> past = {{"p.k", "torch.float32", 5, 3, 4, 0, "f.bin", 0}};
+  auto r = read_checkpoint_tensors(store, past, "p.");
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("f.bin: key p.k: piece [3, 7) outside the tensor's [0, 5)"),
+            std::string::npos)
+      << r.status().message();
+}
+
+TEST(Serialization, ReadCheckpointTensorsRefusesBytesPastTheFile) {
+  MemoryStorage store;
+  const std::vector<char> bytes(16, 0);  // 4 floats
+  ASSERT_TRUE(store.write_file("f.bin", bytes).is_ok());
+  const std::vector<SavedPiece> past = {{"p.k", "torch.float32", 8, 0, 4, 0, "f.bin", 4}};
+  auto r = read_checkpoint_tensors(store, past, "p.");
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("past the end of the file (16 bytes)"), std::string::npos)
+      << r.status().message();
+  const std::vector<SavedPiece> dtype = {{"p.k", "torch.complex64", 4, 0, 1, 0, "f.bin", 0}};
+  EXPECT_FALSE(read_checkpoint_tensors(store, dtype, "p.").is_ok());
 }

@@ -9,7 +9,8 @@
 #include <ATen/ops/full.h>
 #include <ATen/ops/ones.h>
 
-#include "model/torch/optimizer.h"
+#include "model/torch/adamw.h"
+#include "model/transformer_engine/fused_adam.h"
 
 using namespace ckptsim::model;
 

@@ -1,0 +1,67 @@
+// The ckptsim commands as library calls: each takes its options, writes what the user reads
+// to `out` (and errors and progress lines to `err`), and returns the exit code. cli/main.cpp
+// only binds flags to these options; tests call the commands directly.
+//
+// Exit codes (every command): 0 all properties hold (with --expect: every scenario gave the
+// verdicts its "expect" block names; check: no failure found; gate: no new failure); 1 a
+// property failed (or a verdict was not the expected one, or the gate found a new failure);
+// 2 invalid input (a message names the file and the field); 3 an internal error of ckptsim
+// itself (an invariant of ours broke: a bug to report, never a verdict) — main() maps an
+// escaping exception to 3.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace ckptsim::app {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFail = 1;
+inline constexpr int kExitInvalid = 2;
+inline constexpr int kExitInternal = 3;
+
+struct RunCommand {
+  std::vector<std::string> files;
+  bool json = false;
+  bool expect = false;
+  bool memory = false;
+  bool quiet = false;
+  std::string report;
+  std::string checkpoint_root = "ckptsim-checkpoints";
+  std::string trace;
+  std::vector<std::string> profiles;
+  std::string device = "auto";
+};
+
+// The options of a search (check, gate). Defaults are the CLI's.
+struct SearchCommand {
+  uint64_t seed = 1;
+  int64_t cases = 500;
+  double time_budget = 0;
+  std::string out_dir = "ckptsim-found";
+  std::string junit;  // check only
+  bool json = false;
+  bool keep_going = true;  // check: false with --first
+  bool quiet = false;
+  std::vector<std::string> properties;
+  std::vector<std::string> kinds;
+  std::vector<std::string> faults;
+  std::vector<std::string> profiles;
+  int64_t dp_max = 32;
+  int params_max = 6;
+  int phases_max = 4;
+  bool stateful = false;
+  int jobs = 0;  // gate: searches at once (0: two where there are two cores)
+};
+
+int run_command(const RunCommand& c, std::ostream& out, std::ostream& err);
+int revisions_command(bool json, const std::vector<std::string>& profiles, std::ostream& out,
+                      std::ostream& err);
+int check_command(const SearchCommand& c, const std::string& revision, std::ostream& out,
+                  std::ostream& err);
+int gate_command(const SearchCommand& c, const std::string& baseline,
+                 const std::string& candidate, std::ostream& out, std::ostream& err);
+
+}  // namespace ckptsim::app

@@ -1,0 +1,60 @@
+// What a model run is configured with: the params, the optimizer and the buffer layout
+// options. Plain data without libtorch, so that scenarios, generators, reports and the CLI can
+// carry a configuration without compiling ATen's headers (only model/ turns it into tensors).
+//
+// Invariants:
+//   1. One name table per enum: dtype_name()/parse_dtype() and optimizer_kind_name()/
+//      parse_optimizer_kind() are the only places the user-facing names are spelled.
+//   2. Defaults are upstream's (OptimizerConfig: torch's Adam defaults; LayoutOptions: one
+//      bucket, no 65536 padding).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "model/kernels/adam_math.h"
+
+namespace ckptsim::model {
+
+// The param dtypes a model can hold (bf16 training: bf16 params, and fp32 ones such as norms).
+enum class DType { kBFloat16, kFloat32 };
+std::string dtype_name(DType d);                          // "bf16", "fp32"
+std::optional<DType> parse_dtype(std::string_view name);  // inverse of dtype_name
+
+struct ParamSpec {
+  std::string name;
+  int64_t numel = 0;
+  DType dtype = DType::kBFloat16;
+  double wd_mult = 1.0;  // param group key: weight decay multiplier (0 for biases/norms)
+  double lr_mult = 1.0;
+};
+
+// The inner optimizer Megatron builds (get_megatron_optimizer): TE FusedAdam when TE/apex is
+// installed, torch AdamW when not (HAVE_APEX_OR_TE false), the HybridDeviceOptimizer with
+// --optimizer-cpu-offload.
+enum class OptimizerKind { kFusedAdam, kTorchAdamW, kHybrid };
+std::string optimizer_kind_name(OptimizerKind k);  // "fused_adam", "torch_adamw", "hybrid"
+std::optional<OptimizerKind> parse_optimizer_kind(std::string_view name);
+// "fused_adam, torch_adamw, hybrid", for messages that list the valid names.
+std::string optimizer_kind_names();
+
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::kFusedAdam;
+  AdamHyper adam;                              // lr, betas, eps, weight_decay (bias_correction on)
+  double offload_fraction = 0.0;               // hybrid only
+  bool overlap_cpu_optimizer_d2h_h2d = false;  // hybrid only: one CPU AdamW per param
+};
+
+// Limits of one DP group and one buffer: exceeding one throws InvariantViolation rather than
+// overflowing or hanging.
+inline constexpr int64_t kDpSizeMax = 4096;
+
+struct LayoutOptions {
+  int64_t dp_size = 1;                           // REQUIRES: 1 <= dp_size <= kDpSizeMax
+  std::optional<int64_t> bucket_size;            // nullopt = one bucket (upstream None); else >= 1
+  bool pad_buckets_for_high_nccl_busbw = false;  // divisor lcm(dp,128,65536) instead of lcm(dp,128)
+};
+
+}  // namespace ckptsim::model

@@ -1,0 +1,59 @@
+// The training loop's side of a checkpoint, for one model chunk: what state dict it asks
+// dist_checkpointing to save or load, in which order it loads, and one training step.
+// Mirrors megatron/training/checkpointing.py generate_state_dict(), save_checkpoint() and
+// load_checkpoint() (the dist_checkpointing path), and megatron/training/training.py
+// train_step() without the forward/backward pass (the caller's `backward` fills the grads).
+//
+// Invariants:
+//   1. Load order is upstream's: build the load request (generate_state_dict with
+//      is_loading=True, which runs the optimizer's sharded_state_dict(is_loading=True) and so
+//      its side effects, see distrib_optimizer.h), dist_checkpointing.load, then
+//      model.load_state_dict, then optimizer.load_state_dict.
+//   2. A training step is zero_grad_buffer → backward → finish_grad_sync → schedule → step →
+//      start_param_sync, as upstream's train_step with overlap off.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "model/megatron/distrib_optimizer.h"
+#include "model/megatron/distributed_data_parallel.h"
+#include "model/megatron/serialization.h"
+#include "model/process_group.h"
+#include "model/py/runtime.h"
+#include "model/revision.h"
+#include "model/storage.h"
+
+namespace ckptsim::model {
+
+// Mirrors checkpointing.py generate_state_dict() for one model chunk:
+// {checkpoint_version, iteration, model, optimizer}. The fault site
+// save.rank_dependent_common adds a common leaf that differs per rank (saving only).
+Value generate_state_dict(DistributedDataParallel& ddp, DistributedOptimizer& opt,
+                          int64_t iteration, bool is_loading, const std::string& sharding_type,
+                          Runtime& rt);
+
+// Mirrors checkpointing.py load_checkpoint() (dist_checkpointing, non-strict=False path):
+// returns the checkpoint's iteration. Collective over `group`. The switches that change the
+// load itself (merge_truncates_param_state_lists, load_strips_common_param_state) are read
+// from `switches`; `report` (optional) receives what the load did not cover.
+int64_t load_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
+                        const Storage& storage, ProcessGroup& group,
+                        const RevisionSwitches& switches, const std::string& sharding_type,
+                        Runtime& rt, LoadReport* report = nullptr);
+
+// Mirrors checkpointing.py save_checkpoint(): generate_state_dict(is_loading=False) then
+// dist_checkpointing.save. Collective over `group`.
+SaveReport save_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
+                           int64_t iteration, Storage& storage, ProcessGroup& group,
+                           const std::string& sharding_type, Runtime& rt);
+
+// Mirrors training.py train_step() with overlap off and no clipping: `backward(i, main_grad)`
+// writes model param i's local gradient into its main_grad view (fp32), then the grads are
+// reduce-scattered, the schedule applied (lr, weight_decay times each group's multipliers),
+// the optimizer stepped and the params all-gathered.
+void train_step(DistributedDataParallel& ddp, DistributedOptimizer& opt, double lr,
+                double weight_decay, const std::function<void(size_t, at::Tensor&)>& backward);
+
+}  // namespace ckptsim::model

@@ -1,0 +1,182 @@
+// Checkpoint family: what a save writes. shards_tile_buckets (the pieces tile every bucket's
+// [0, numel_unpadded) exactly once: I3, I4), common_state_rank_independent (only rank 0's
+// common state is persisted, so every rank's must equal it: I8) and reshard_round_trip_bytes
+// (resume and save again without a step writes the same param bytes at any DP size: I5).
+#include <fmt/format.h>
+
+#include <map>
+
+#include "model/megatron/optimizer_key.h"
+#include "properties/common.h"
+
+namespace ckptsim::properties {
+
+namespace {
+
+using Pieces = std::map<std::string, std::vector<const model::SavedPiece*>>;
+
+// The failure of one checkpoint's tiling, as a detail; nullopt when every bucket has its keys
+// and every key is tiled.
+std::optional<std::string> tiling_failure(const sim::PhaseRecord& p, const Pieces& by_key) {
+  // Every bucket of every buffer has its keys, at the bucket's numel_unpadded.
+  for (size_t g = 0; g < p.buffers.size(); ++g) {
+    for (size_t b = 0; b < p.buffers[g].numel_unpadded.size(); ++b) {
+      bool found = false;
+      for (const auto& [key, pieces] : by_key) {
+        const auto k = model::parse_bucket_key(key);
+        if (k->dp_group_idx != 0 || k->gbuf_idx != static_cast<int64_t>(g) ||
+            k->dtype != p.buffers[g].dtype_key || k->bucket_idx != static_cast<int64_t>(b)) {
+          continue;
+        }
+        found = true;
+        if (pieces.front()->global_numel != p.buffers[g].numel_unpadded[b]) {
+          return fmt::format("{} checkpoint: key {} has global shape ({},), expected "
+                             "numel_unpadded {}",
+                             phase_label(p), key, pieces.front()->global_numel,
+                             p.buffers[g].numel_unpadded[b]);
+        }
+      }
+      if (!found) {
+        return fmt::format("{} checkpoint: bucket {} of buffer {} {} has no saved optimizer state",
+                           phase_label(p), b, g, p.buffers[g].dtype_key);
+      }
+    }
+  }
+  for (const auto& [key, pieces] : by_key) {
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    for (const auto* piece : pieces)
+      ranges.emplace_back(piece->global_offset, piece->global_offset + piece->numel);
+    std::sort(ranges.begin(), ranges.end());
+    const int64_t total = pieces.front()->global_numel;
+    int64_t cursor = 0;
+    for (const auto& [b, e] : ranges) {
+      if (b > cursor) {
+        return fmt::format(
+            "{} checkpoint: key {}: elements [{}, {}) of [0, {}) were saved by no rank (a gap)",
+            phase_label(p), key, cursor, b, total);
+      }
+      if (b < cursor) {
+        return fmt::format(
+            "{} checkpoint: key {}: elements [{}, {}) of [0, {}) were saved twice (an overlap)",
+            phase_label(p), key, b, std::min(cursor, e), total);
+      }
+      cursor = e;
+    }
+    if (cursor != total) {
+      return fmt::format(
+          "{} checkpoint: key {}: pieces end at {}, expected exactly numel_unpadded {} ({})",
+          phase_label(p), key, cursor, total,
+          cursor < total ? "a gap at the end" : "past the end");
+    }
+  }
+  return std::nullopt;
+}
+
+// The first param-region element of `key` that differs between two saves, as a detail.
+std::optional<std::string> bytes_difference(const sim::RunResult& run, const sim::PhaseRecord& p,
+                                            const std::string& key,
+                                            const std::vector<float>& old_values,
+                                            const std::vector<float>& new_values) {
+  const auto k = model::parse_bucket_key(key);
+  if (!k || static_cast<size_t>(k->gbuf_idx) >= p.layouts.size() ||
+      static_cast<size_t>(k->bucket_idx) >= p.layouts[k->gbuf_idx].buckets.size()) {
+    return std::nullopt;
+  }
+  const model::BufferLayout& layout = p.layouts[k->gbuf_idx];
+  const model::BucketLayout& bucket = layout.buckets[k->bucket_idx];
+  for (size_t local : bucket.params) {
+    const model::ParamIndex& pi = layout.param_index_map[local];
+    for (int64_t e = pi.start - bucket.offset; e < pi.end - bucket.offset; ++e) {
+      const auto i = static_cast<size_t>(e);
+      if (i >= old_values.size() || i >= new_values.size()) continue;
+      if (bitwise_equal(old_values[i], new_values[i])) continue;
+      return fmt::format(
+          "{} saved again without a step (dp {} -> {}): {}[{}] (a param element) is {}, was {} in "
+          "phase {}'s checkpoint",
+          phase_label(p), run.phases[p.index - 1].spec.dp, p.spec.dp, key, e, num(new_values[i]),
+          num(old_values[i]), p.index - 1);
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+PropertyResult shards_tile_buckets(const sim::RunResult& run) {
+  PropertyResult r = pass("shards_tile_buckets");
+  int checkpoints = 0;
+  int keys_checked = 0;
+  for (const auto& p : run.phases) {
+    if (!p.ran || p.saved_pieces.empty()) continue;
+    ++checkpoints;
+    Pieces by_key;
+    for (const auto& piece : p.saved_pieces) {
+      if (model::parse_bucket_key(piece.key).has_value()) by_key[piece.key].push_back(&piece);
+    }
+    if (auto detail = tiling_failure(p, by_key)) {
+      return fail(std::move(r), static_cast<int>(p.index), "shards_tile_buckets", *detail);
+    }
+    if (!p.checkpoint_read_error.empty()) {
+      return fail(std::move(r), static_cast<int>(p.index), "shards_tile_buckets",
+                  fmt::format("{} checkpoint: a saved piece cannot be read back: {}",
+                              phase_label(p), p.checkpoint_read_error));
+    }
+    keys_checked += static_cast<int>(by_key.size());
+  }
+  r.detail =
+      fmt::format("{} checkpoint(s): {} optimizer keys tile [0, numel_unpadded) exactly once",
+                  checkpoints, keys_checked);
+  return r;
+}
+
+PropertyResult common_state_rank_independent(const sim::RunResult& run) {
+  PropertyResult r = pass("common_state_rank_independent");
+  int saves = 0;
+  for (const auto& p : run.phases) {
+    if (!p.ran || p.common_differences.empty()) continue;
+    ++saves;
+    for (size_t rank = 0; rank < p.common_differences.size(); ++rank) {
+      const auto& differences = p.common_differences[rank];
+      if (differences.empty()) continue;
+      return fail(std::move(r), static_cast<int>(p.index), "common_state_rank_independent",
+                  fmt::format("{} save: rank {}'s common state differs from rank 0's (only rank "
+                              "0's is persisted): {}{}",
+                              phase_label(p), rank, differences.front(),
+                              differences.size() > 1
+                                  ? fmt::format(" (+{} more)", differences.size() - 1)
+                                  : ""));
+    }
+  }
+  r.detail = fmt::format("{} save(s): every rank's common state equals rank 0's", saves);
+  return r;
+}
+
+PropertyResult reshard_round_trip_bytes(const sim::RunResult& run) {
+  PropertyResult r = pass("reshard_round_trip_bytes");
+  int compared = 0;
+  for (const auto& p : run.phases) {
+    if (!p.ran || p.index == 0 || p.spec.steps != 0 || p.checkpoint_values.empty()) continue;
+    const auto& before = run.phases[p.index - 1].checkpoint_values;
+    if (before.empty()) continue;
+    ++compared;
+    for (const auto& [key, old_values] : before) {
+      auto it = p.checkpoint_values.find(key);
+      if (it == p.checkpoint_values.end()) {
+        return fail(std::move(r), static_cast<int>(p.index),
+                    "reshard_round_trip_bytes:missing_key",
+                    fmt::format("{} saved again without a step, but key {} of phase {}'s "
+                                "checkpoint is missing",
+                                phase_label(p), key, p.index - 1));
+      }
+      if (auto d = bytes_difference(run, p, key, old_values, it->second)) {
+        return fail(std::move(r), static_cast<int>(p.index), "reshard_round_trip_bytes", *d);
+      }
+    }
+  }
+  r.detail = fmt::format(
+      "{} save-after-load pair(s) with no step between wrote identical param-region bytes",
+      compared);
+  return r;
+}
+
+}  // namespace ckptsim::properties

@@ -1,0 +1,115 @@
+#include "properties/common.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+
+namespace ckptsim::properties {
+
+namespace {
+
+// Moments as Adam sees them: state that does not exist yet is zeros.
+std::vector<std::vector<float>> effective_moments(
+    const std::vector<std::vector<float>>& m, const std::vector<std::vector<uint8_t>>& present) {
+  std::vector<std::vector<float>> out = m;
+  for (size_t p = 0; p < out.size() && p < present.size(); ++p) {
+    for (size_t e = 0; e < out[p].size() && e < present[p].size(); ++e) {
+      if (present[p][e] == 0) out[p][e] = 0.0F;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+PropertyResult pass(const std::string& name) { return PropertyResult{name, Verdict::kPass, "", ""}; }
+
+PropertyResult fail(PropertyResult r, int phase, std::string signature, std::string detail) {
+  r.verdict = Verdict::kFail;
+  r.phase = phase;
+  r.signature = std::move(signature);
+  r.detail = std::move(detail);
+  return r;
+}
+
+PropertyResult mark_not_evaluated(PropertyResult r, const std::string& why) {
+  r.verdict = Verdict::kNotEvaluated;
+  r.detail = "not evaluated: " + why;
+  return r;
+}
+
+std::string phase_label(const sim::PhaseRecord& p) {
+  return fmt::format("phase {} (dp={}, {})", p.index, p.spec.dp, p.spec.revision);
+}
+
+std::string param_name(const sim::RunResult& run, size_t p) {
+  return run.scenario.params.at(p).name;
+}
+
+std::string shard_label(const sim::RunResult& run, const sim::ShardRecord& s) {
+  return fmt::format("{} on {}[{}:{}] (rank {})", sim::part_name(s.part), param_name(run, s.param),
+                     s.range.start, s.range.end, s.rank);
+}
+
+std::string num(double x) {
+  if (std::isnan(x)) return "none";
+  if (x == std::floor(x) && std::fabs(x) < 1e15) return fmt::format("{:.0f}", x);
+  return fmt::format("{:.9g}", x);
+}
+
+double counter_value(const std::optional<double>& c) { return c.value_or(0.0); }
+
+std::string message_shape(const std::string& m) {
+  std::string out;
+  for (char c : m) {
+    if (out.size() >= 48) break;
+    if (std::isdigit(static_cast<unsigned char>(c))) {
+      if (out.empty() || out.back() != '#') out.push_back('#');
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+const sim::RankError* first_primary(const std::vector<sim::RankError>& errors) {
+  for (const auto& e : errors) {
+    if (!e.secondary) return &e;
+  }
+  return errors.empty() ? nullptr : &errors.front();
+}
+
+bool bitwise_equal(float a, float b) {
+  if (std::isnan(a) && std::isnan(b)) return true;
+  uint32_t x = 0;
+  uint32_t y = 0;
+  std::memcpy(&x, &a, 4);
+  std::memcpy(&y, &b, 4);
+  return x == y;
+}
+
+bool within_tolerance(float observed, float expected, bool bf16) {
+  if (std::isnan(observed) || std::isnan(expected))
+    return std::isnan(observed) && std::isnan(expected);
+  const double d = std::fabs(static_cast<double>(observed) - static_cast<double>(expected));
+  if (bf16) {
+    // One bf16 ulp at the expected value's magnitude (8 significand bits).
+    int exp = 0;
+    std::frexp(static_cast<double>(expected), &exp);
+    return d <= std::ldexp(1.0, exp - 8) + kTrajectoryAtol;
+  }
+  return d <= kTrajectoryAtol + kTrajectoryRtol * std::fabs(static_cast<double>(expected));
+}
+
+ComparedFields::ComparedFields(const sim::GlobalState& a, const sim::GlobalState& b)
+    : a_m_(effective_moments(a.exp_avg, a.moments_present)),
+      a_v_(effective_moments(a.exp_avg_sq, a.moments_present)),
+      b_m_(effective_moments(b.exp_avg, b.moments_present)),
+      b_v_(effective_moments(b.exp_avg_sq, b.moments_present)),
+      fields_{{{"master param", &a.master, &b.master},
+               {"exp_avg", &a_m_, &b_m_},
+               {"exp_avg_sq", &a_v_, &b_v_},
+               {"model param", &a.param, &b.param}}} {}
+
+}  // namespace ckptsim::properties

@@ -1,0 +1,213 @@
+// Trajectory family: trajectory_matches_uninterrupted (master params, moments and model params
+// equal the uninterrupted run after every step and load: I13, I16) and round_trip_identity (a
+// load gives back exactly what was saved: I13).
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "properties/common.h"
+
+namespace ckptsim::properties {
+
+namespace {
+
+// Compares recorded states with the uninterrupted run's, element by element: bit for bit where
+// the same kind of kernel updated the element in both runs so far, within tolerance where a
+// reshard moved it to another kernel kind (remembered per element).
+class TrajectoryComparison {
+ public:
+  explicit TrajectoryComparison(const sim::RunResult& run) : run_(run) {
+    for (const auto& p : run.scenario.params)
+      moved_.emplace_back(static_cast<size_t>(p.numel), uint8_t{0});
+  }
+
+  // Remembers which elements a step ran under another kernel kind than the reference's.
+  void update_moved(const sim::GlobalState& st, const sim::GlobalState& ref) {
+    for (const auto& s : st.shards) {
+      for (int64_t e = s.range.start; e < s.range.end; ++e) {
+        const sim::ShardRecord* rs = ref.shard_at(s.param, e);
+        if (rs == nullptr || rs->kernel() != s.kernel()) moved_[s.param][static_cast<size_t>(e)] = 1;
+      }
+    }
+  }
+
+  // A failed result when `st` differs from `ref`; nullopt when they agree.
+  std::optional<PropertyResult> compare(const PropertyResult& r, const sim::PhaseRecord& phase,
+                                        const sim::GlobalState& st, const sim::GlobalState& ref,
+                                        const char* when) {
+    ++states_;
+    const ComparedFields compared(st, ref);  // a: observed, b: expected
+    for (const auto& f : compared.fields()) {
+      if (f.a->empty() || f.b->empty()) continue;
+      for (size_t p = 0; p < run_.scenario.params.size(); ++p) {
+        if (auto detail = compare_param(f, p, phase, st, when)) {
+          return fail(r, static_cast<int>(phase.index),
+                      std::string("trajectory_matches_uninterrupted:") + f.name, *detail);
+        }
+      }
+    }
+    return std::nullopt;
+  }
+
+  std::string summary() const {
+    return fmt::format(
+        "{} states compared with the uninterrupted run: {} element values bit for bit, {} within "
+        "tolerance (moved between kernel kinds)",
+        states_, bitwise_, tolerant_);
+  }
+
+ private:
+  std::optional<std::string> compare_param(const ComparedFields::Field& f, size_t p,
+                                           const sim::PhaseRecord& phase,
+                                           const sim::GlobalState& st, const char* when) {
+    const auto& params = run_.scenario.params;
+    const auto& o = (*f.a)[p];
+    const auto& x = (*f.b)[p];
+    const bool bf16 =
+        std::string(f.name) == "model param" && params[p].dtype == model::DType::kBFloat16;
+    int64_t differing = 0;
+    double max_diff = 0;
+    int64_t first = -1;
+    bool first_moved = false;
+    for (size_t e = 0; e < o.size(); ++e) {
+      const bool m = moved_[p][e] != 0;
+      const bool ok = m ? within_tolerance(o[e], x[e], bf16) : bitwise_equal(o[e], x[e]);
+      (m ? tolerant_ : bitwise_)++;
+      if (ok) continue;
+      ++differing;
+      max_diff = std::max(max_diff, std::fabs(static_cast<double>(o[e]) - static_cast<double>(x[e])));
+      if (first < 0) {
+        first = static_cast<int64_t>(e);
+        first_moved = m;
+      }
+    }
+    if (differing == 0) return std::nullopt;
+    const sim::ShardRecord* s = st.shard_at(p, first);
+    return fmt::format(
+        "{}, {} global step {}: {} of {}[{}] is {} (uninterrupted run: {}); comparison {}; {} of "
+        "{} elements of {} differ, max |diff| {:.3g}{}",
+        phase_label(phase), when, st.global_step, f.name, params[p].name, first, num(o[first]),
+        num(x[first]),
+        first_moved ? fmt::format("within tolerance (rtol {:g}, atol {:g}; the reshard moved the "
+                                  "element to another kernel kind)",
+                                  kTrajectoryRtol, kTrajectoryAtol)
+                    : "bitwise (the same kernel kind updated the element in both runs)",
+        differing, o.size(), params[p].name, max_diff,
+        s != nullptr ? ", updated by " + shard_label(run_, *s) : "");
+  }
+
+  const sim::RunResult& run_;
+  std::vector<std::vector<uint8_t>> moved_;  // per param and element: ever moved
+  int64_t bitwise_ = 0;
+  int64_t tolerant_ = 0;
+  int64_t states_ = 0;
+};
+
+// Per element, the step counter of the shard that holds it (none counts as 0).
+std::vector<double> element_counters(const sim::GlobalState& st, size_t p, int64_t numel) {
+  std::vector<double> out(static_cast<size_t>(numel), 0.0);
+  for (const auto& s : st.shards) {
+    if (s.param != p) continue;
+    for (int64_t e = s.range.start; e < s.range.end && e < numel; ++e)
+      out[static_cast<size_t>(e)] = counter_value(s.counter);
+  }
+  return out;
+}
+
+// What differs between the loaded and the saved state, as (signature part, detail); nullopt
+// when the load gave everything back.
+std::optional<std::pair<std::string, std::string>> round_trip_difference(
+    const sim::RunResult& run, const sim::GlobalState& loaded, const sim::GlobalState& saved) {
+  const ComparedFields compared(loaded, saved);
+  for (const auto& f : compared.fields()) {
+    for (size_t q = 0; q < run.scenario.params.size() && q < f.a->size() && q < f.b->size(); ++q) {
+      for (size_t e = 0; e < (*f.a)[q].size(); ++e) {
+        if (bitwise_equal((*f.a)[q][e], (*f.b)[q][e])) continue;
+        return std::make_pair(std::string(f.name),
+                              fmt::format("{} of {}[{}] is {} after the load, {} when saved",
+                                          f.name, param_name(run, q), e, num((*f.a)[q][e]),
+                                          num((*f.b)[q][e])));
+      }
+    }
+  }
+  for (size_t q = 0; q < run.scenario.params.size(); ++q) {
+    const int64_t n = run.scenario.params[q].numel;
+    const auto a = element_counters(loaded, q, n);
+    const auto b = element_counters(saved, q, n);
+    for (size_t e = 0; e < a.size(); ++e) {
+      if (a[e] == b[e]) continue;
+      const sim::ShardRecord* s = loaded.shard_at(q, static_cast<int64_t>(e));
+      return std::make_pair(
+          std::string("step"),
+          fmt::format("the step counter of {} is {} after the load, {} when saved",
+                      s != nullptr ? shard_label(run, *s) : param_name(run, q), num(a[e]),
+                      num(b[e])));
+    }
+  }
+  if (loaded.param_groups != saved.param_groups) {
+    return std::make_pair(std::string("param_groups"),
+                          fmt::format("param groups after the load {} ; when saved {}",
+                                      loaded.param_groups, saved.param_groups));
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+PropertyResult trajectory_matches_uninterrupted(const sim::RunResult& run) {
+  PropertyResult r = pass("trajectory_matches_uninterrupted");
+  TrajectoryComparison comparison(run);
+  std::string not_evaluated;
+  for (const auto& p : run.phases) {
+    if (!p.ran) continue;
+    if (p.index > 0) {
+      if (!p.after_load.has_value()) {
+        if (not_evaluated.empty()) not_evaluated = phase_label(p) + ": the load did not complete";
+        continue;
+      }
+      // A restored state holds no kernel decision yet: compare with the history so far.
+      if (const sim::GlobalState* ref = run.reference_at(p.after_load->global_step)) {
+        if (auto f = comparison.compare(r, p, *p.after_load, *ref, "after the load at")) return *f;
+      }
+    }
+    for (const auto& st : p.after_step) {
+      const sim::GlobalState* ref = run.reference_at(st.global_step);
+      if (ref == nullptr) continue;
+      comparison.update_moved(st, *ref);
+      if (auto f = comparison.compare(r, p, st, *ref, "after")) return *f;
+    }
+  }
+  if (!not_evaluated.empty()) return mark_not_evaluated(std::move(r), not_evaluated);
+  r.detail = comparison.summary();
+  return r;
+}
+
+PropertyResult round_trip_identity(const sim::RunResult& run) {
+  PropertyResult r = pass("round_trip_identity");
+  int loads = 0;
+  std::string not_evaluated;
+  for (const auto& p : run.phases) {
+    if (!p.ran || p.index == 0) continue;
+    const auto& prev = run.phases[p.index - 1];
+    const sim::GlobalState* saved = prev.at_save.has_value() ? &*prev.at_save : nullptr;
+    if (!p.after_load.has_value() || saved == nullptr) {
+      if (not_evaluated.empty()) not_evaluated = phase_label(p) + ": the load did not complete";
+      continue;
+    }
+    ++loads;
+    if (auto d = round_trip_difference(run, *p.after_load, *saved)) {
+      return fail(std::move(r), static_cast<int>(p.index), "round_trip_identity:" + d->first,
+                  fmt::format("{}: the load did not give back what phase {} saved at global "
+                              "step {}: {}",
+                              phase_label(p), p.index - 1, saved->global_step, d->second));
+    }
+  }
+  if (!not_evaluated.empty() && loads == 0) return mark_not_evaluated(std::move(r), not_evaluated);
+  r.detail = fmt::format(
+      "{} load(s) gave back the saved master params, moments, model params, step counters and "
+      "param groups exactly",
+      loads);
+  return r;
+}
+
+}  // namespace ckptsim::properties

@@ -1,0 +1,21 @@
+// JUnit XML, for CI systems that show test results: one <testcase> per property (check) or
+// per finding (gate).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace ckptsim::report {
+
+struct JunitCase {
+  std::string classname;
+  std::string name;
+  bool failed = false;
+  std::string message;
+  std::string text;
+};
+
+// One <testsuite> named `suite` inside <testsuites>; every attribute and text XML-escaped.
+std::string junit_xml(const std::string& suite, const std::vector<JunitCase>& cases);
+
+}  // namespace ckptsim::report

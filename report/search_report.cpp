@@ -1,0 +1,127 @@
+#include "report/search_report.h"
+
+#include <fmt/format.h>
+
+#include "report/run_report.h"
+
+namespace ckptsim::report {
+
+std::vector<JunitCase> check_junit_cases(const std::string& revision,
+                                         const std::vector<ReportedFailure>& reported,
+                                         const std::string& repeat) {
+  std::vector<JunitCase> cases;
+  for (const auto& p : properties::all_properties()) {
+    JunitCase c{"ckptsim.check." + revision, p.name, false, "", ""};
+    for (const auto& r : reported) {
+      const search::Finding& f = r.failure->finding;
+      if (f.property != p.name) continue;
+      c.failed = true;
+      c.message = f.detail;
+      c.text += fmt::format("{}\nminimal scenario: {}\nreplay: ckptsim run {}\nrepeat: {}\n\n",
+                            f.detail, r.file, r.file, repeat);
+    }
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+std::vector<JunitCase> gate_junit_cases(const std::vector<ReportedFailure>& reported,
+                                        const std::string& repeat) {
+  std::vector<JunitCase> cases;
+  for (const auto& r : reported) {
+    const search::Finding& f = r.failure->finding;
+    cases.push_back({"ckptsim.gate." + r.classification.substr(0, r.classification.find(' ')),
+                     f.property + " (" + r.file + ")", r.counts_as_new, f.detail,
+                     fmt::format("{}\nreplay: ckptsim run {}\nrepeat: {}\n", f.detail, r.file,
+                                 repeat)});
+  }
+  if (cases.empty()) cases.push_back({"ckptsim.gate", "no new failure", false, "", ""});
+  return cases;
+}
+
+std::string gate_markdown(const std::string& baseline, const std::string& candidate,
+                          const std::string& repeat, const search::GateResult& result,
+                          const std::vector<ReportedFailure>& reported) {
+  std::string md = fmt::format("# ckptsim gate: {} → {}\n\n", baseline, candidate);
+  md += fmt::format("Verdict: **{}**.\n\n", result.introduced()
+                                                ? "the candidate introduces failures"
+                                                : "no new failure found");
+  md += fmt::format("Repeat: `{}`\n\n", repeat);
+  md += fmt::format(
+      "| search | cases | simulator runs | findings | seconds ({}) | of which shrinking |\n",
+      result.concurrent ? "the two at once" : "one after the other");
+  md += "|---|---|---|---|---|---|\n";
+  for (const auto& part : result.parts) {
+    const search::SearchResult& s = part.result;
+    md += fmt::format("| {} | {}{} | {} | {} | {:.1f} | {:.1f} |\n", part.name, s.cases_run,
+                      s.stopped_by_time ? " (time budget)" : "", s.judge_runs, s.failures.size(),
+                      s.seconds, s.shrink_seconds);
+  }
+  md += "\n| class | property | minimal scenario | params | phases | detail |\n";
+  md += "|---|---|---|---|---|---|\n";
+  for (const auto& r : reported) {
+    const search::Failure& f = *r.failure;
+    md += fmt::format("| {} | {} | `{}` | {} | {} | {} |\n",
+                      r.counts_as_new ? "**" + r.classification + "**" : r.classification,
+                      f.finding.property, r.file, f.minimal.params.size(),
+                      f.minimal.phases.size(), md_escape(f.finding.detail));
+  }
+  if (reported.empty()) md += "| — | — | — | — | — | no failure found |\n";
+  md +=
+      "\n\"new\": the candidate fails a property that the same scenario run entirely on the "
+      "baseline keeps (or fails differently). \"new (the baseline cannot resume from it)\": a "
+      "phase running the baseline fails on a checkpoint the candidate wrote, while the "
+      "all-baseline run keeps the property. \"pre-existing\": the baseline fails it too. "
+      "\"unresolved\": the all-baseline run stops before it can judge that property (e.g. its "
+      "own load fails), so new or not cannot be told (not counted as new). Replay any finding "
+      "with `ckptsim run <file>`.\n";
+  return md;
+}
+
+nlohmann::json failure_json(const ReportedFailure& r) {
+  const search::Failure& f = *r.failure;
+  int64_t dp_max = 0;
+  for (const auto& p : f.minimal.phases) dp_max = std::max(dp_max, p.dp);
+  nlohmann::json j{{"property", f.finding.property},
+                   {"signature", f.finding.signature},
+                   {"detail", f.finding.detail},
+                   {"scenario_file", r.file},
+                   {"case", f.case_index},
+                   {"shrink_steps", f.shrink_steps},
+                   {"params", f.minimal.params.size()},
+                   {"phases", f.minimal.phases.size()},
+                   {"dp_max", dp_max}};
+  if (!r.classification.empty()) j["classification"] = r.classification;
+  return j;
+}
+
+nlohmann::json check_json(const std::string& revision, uint64_t seed,
+                          const search::SearchResult& result, const std::string& repeat,
+                          const std::vector<ReportedFailure>& reported,
+                          const std::vector<JunitCase>& cases) {
+  nlohmann::json j{{"ok", reported.empty()},
+                   {"seed", seed},
+                   {"revision", revision},
+                   {"cases", result.cases_run},
+                   {"simulator_runs", result.judge_runs},
+                   {"stopped_by_time", result.stopped_by_time},
+                   {"repeat", repeat},
+                   {"failures", nlohmann::json::array()},
+                   {"properties", nlohmann::json::array()}};
+  for (const auto& r : reported) j["failures"].push_back(failure_json(r));
+  for (const auto& c : cases)
+    j["properties"].push_back({{"name", c.name}, {"ok", !c.failed}, {"detail", c.message}});
+  return j;
+}
+
+nlohmann::json gate_json(const std::string& baseline, const std::string& candidate,
+                         uint64_t seed, const std::string& repeat, bool introduced,
+                         const std::vector<ReportedFailure>& reported) {
+  nlohmann::json j{{"ok", !introduced},      {"baseline", baseline},
+                   {"candidate", candidate}, {"seed", seed},
+                   {"repeat", repeat},       {"findings", nlohmann::json::array()}};
+  for (const auto& r : reported) j["findings"].push_back(failure_json(r));
+  return j;
+}
+
+}  // namespace ckptsim::report

@@ -1,0 +1,175 @@
+#include "sim/probe.h"
+
+#include "model/errors.h"
+
+namespace ckptsim::sim {
+
+namespace {
+
+using model::Dict;
+using model::Optimizer;
+using model::TorchAdamW;
+using model::Value;
+
+std::vector<float> floats(const Value* v) {
+  std::vector<float> out;
+  if (v == nullptr || !v->is_tensor()) return out;
+  const at::Tensor t = v->tensor().to(at::kFloat).to(at::kCPU).contiguous();
+  out.assign(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
+  return out;
+}
+
+size_t owner_of(const model::DistributedOptimizer& opt, const at::Tensor& t) {
+  const std::optional<size_t> p = opt.model_param_of(t);
+  CKPTSIM_CHECK(p.has_value(), "an optimizer param that is no shard of a model param");
+  return *p;
+}
+
+bool is_adamw(const Optimizer* o) { return dynamic_cast<const TorchAdamW*>(o) != nullptr; }
+
+// Where an optimizer param's state lives: the sub-optimizer (HDO) or the inner optimizer, the
+// group that holds it, and the master tensor the kernel updates.
+struct StateOwner {
+  const Optimizer* optimizer = nullptr;
+  const Dict* group = nullptr;
+  at::Tensor master;
+  OptimizerPart part = OptimizerPart::kFusedAdam;
+};
+
+StateOwner state_owner(const model::DistributedOptimizer& opt, const at::Tensor& x,
+                       const Dict& group) {
+  const model::HybridDeviceOptimizer* h = opt.hdo();
+  if (h == nullptr) {
+    return {&opt.optimizer(), &group, x,
+            is_adamw(&opt.optimizer()) ? OptimizerPart::kAdamW : OptimizerPart::kFusedAdam};
+  }
+  StateOwner out;
+  out.master = h->param_to_inner_param.at(x, "param_to_inner_param");
+  for (Optimizer* sub : h->sub_optimizers()) {
+    for (const Value& sg : *sub->param_groups) {
+      for (const at::Tensor& q : model::group_params(*sg.dict())) {
+        if (q.is_same(out.master)) {
+          out.optimizer = sub;
+          out.group = sg.dict().get();
+        }
+      }
+    }
+  }
+  CKPTSIM_CHECK(out.optimizer != nullptr, "HDO inner param owned by no sub-optimizer");
+  out.part = is_adamw(out.optimizer) ? OptimizerPart::kHdoCpuAdamW : OptimizerPart::kHdoGpuFusedAdam;
+  return out;
+}
+
+// One shard's snapshot; `step_object` receives the identity of its step tensor (or null).
+ShardSnapshot snapshot_one(const model::DistributedOptimizer& opt, const at::Tensor& x,
+                           const Dict& group, const void*& step_object) {
+  ShardSnapshot snap;
+  snap.model_param = owner_of(opt, x);
+  snap.param_range = opt.range_map(snap.model_param).param;
+  const StateOwner owner = state_owner(opt, x, group);
+  snap.part = owner.part;
+  const Value master_value(owner.master);
+  snap.master = floats(&master_value);
+  step_object = nullptr;
+  if (const model::DictPtr* st = owner.optimizer->state.find(owner.master)) {
+    snap.exp_avg = floats((*st)->find("exp_avg"));
+    snap.exp_avg_sq = floats((*st)->find("exp_avg_sq"));
+    if (snap.kernel() == KernelKind::kTorchAdamW) {
+      if (const Value* v = (*st)->find("step");
+          v != nullptr && v->is_tensor() && v->tensor().numel() == 1) {
+        snap.step = model::py_item(v->tensor());
+        step_object = v->tensor().unsafeGetTensorImpl();
+      }
+    }
+  }
+  if (snap.kernel() == KernelKind::kFusedAdam) {
+    if (const Value* v = owner.group->find("step"); v != nullptr && !v->is_none())
+      snap.step = v->as_float();
+  }
+  return snap;
+}
+
+// FusedAdam's group steps of the last step(), one per non-empty group, given to every param.
+void fused_uses(const model::DistributedOptimizer& opt, const model::FusedAdam& fused,
+                const model::HybridDeviceOptimizer* h, OptimizerPart part,
+                std::vector<StepUse>& out) {
+  size_t used = 0;
+  for (const Value& gv : *fused.param_groups) {
+    const auto params = model::group_params(*gv.dict());
+    if (params.empty()) continue;
+    const double t = static_cast<double>(fused.last_used_steps().at(used++));
+    for (const at::Tensor& p : params) {
+      const at::Tensor& orig =
+          h != nullptr ? h->inner_param_to_orig_param.at(p, "inner_param_to_orig_param") : p;
+      out.push_back({owner_of(opt, orig), part, t});
+    }
+  }
+}
+
+}  // namespace
+
+std::string part_name(OptimizerPart part) {
+  switch (part) {
+    case OptimizerPart::kFusedAdam:
+      return "FusedAdam";
+    case OptimizerPart::kAdamW:
+      return "AdamW";
+    case OptimizerPart::kHdoCpuAdamW:
+      return "HDO cpu AdamW";
+    case OptimizerPart::kHdoGpuFusedAdam:
+      return "HDO gpu FusedAdam";
+  }
+  return "?";
+}
+
+KernelKind kernel_of(OptimizerPart part) {
+  return part == OptimizerPart::kAdamW || part == OptimizerPart::kHdoCpuAdamW
+             ? KernelKind::kTorchAdamW
+             : KernelKind::kFusedAdam;
+}
+
+std::vector<ShardSnapshot> snapshot(const model::DistributedOptimizer& opt) {
+  std::vector<ShardSnapshot> out;
+  std::vector<const void*> step_objects;  // per snapshot entry, the step tensor's identity
+  for (const Value& gv : *opt.optimizer().param_groups) {
+    for (const at::Tensor& x : model::group_params(*gv.dict())) {
+      const void* step_object = nullptr;
+      out.push_back(snapshot_one(opt, x, *gv.dict(), step_object));
+      step_objects.push_back(step_object);
+    }
+  }
+  // Identity comparison only (never ordered by address).
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (step_objects[i] == nullptr) continue;
+    for (size_t j = 0; j < out.size(); ++j) {
+      if (i != j && step_objects[j] == step_objects[i]) ++out[i].step_aliases;
+    }
+  }
+  return out;
+}
+
+std::vector<StepUse> step_uses(const model::DistributedOptimizer& opt) {
+  std::vector<StepUse> out;
+  if (const model::HybridDeviceOptimizer* h = opt.hdo()) {
+    for (const auto& cpu : h->cpu_optimizers) {
+      for (const auto& u : cpu->last_used_steps()) {
+        const at::Tensor& orig =
+            h->inner_param_to_orig_param.at(u.param, "inner_param_to_orig_param");
+        out.push_back({owner_of(opt, orig), OptimizerPart::kHdoCpuAdamW, u.step});
+      }
+    }
+    if (h->gpu_optimizer) fused_uses(opt, *h->gpu_optimizer, h, OptimizerPart::kHdoGpuFusedAdam, out);
+    return out;
+  }
+  if (const auto* adamw = dynamic_cast<const TorchAdamW*>(&opt.optimizer())) {
+    for (const auto& u : adamw->last_used_steps())
+      out.push_back({owner_of(opt, u.param), OptimizerPart::kAdamW, u.step});
+    return out;
+  }
+  const auto* fused = dynamic_cast<const model::FusedAdam*>(&opt.optimizer());
+  CKPTSIM_CHECK(fused != nullptr, "an inner optimizer that is neither HDO, AdamW nor FusedAdam");
+  fused_uses(opt, *fused, nullptr, OptimizerPart::kFusedAdam, out);
+  return out;
+}
+
+}  // namespace ckptsim::sim

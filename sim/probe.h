@@ -1,0 +1,65 @@
+// The simulator's probe: reads one rank's optimizer state the way a checker needs it, through
+// the DistributedOptimizer's read-only accessors, after the modeled code has run. The model
+// itself records nothing for checkers (FoundationDB's simulator reaches into the system under
+// test the same way: through seams, never by instrumenting it).
+//
+// Invariants:
+//   1. Reading never changes the model: no call here mutates an optimizer, a tensor or a
+//      Runtime stream (so a probed run and an unprobed run are the same run).
+//   2. The snapshot walks the params the inner optimizer actually updates, not the index maps,
+//      so a mix-up in the maps (B8) shows as wrong data rather than as a wrong snapshot.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/megatron/distrib_optimizer.h"
+
+namespace ckptsim::sim {
+
+// Which Adam of the optimizer holds (and steps) a shard.
+enum class OptimizerPart {
+  kFusedAdam,         // TE FusedAdam, the inner optimizer
+  kAdamW,             // torch AdamW, the inner optimizer (no TE/apex)
+  kHdoCpuAdamW,       // HybridDeviceOptimizer's CPU torch AdamW
+  kHdoGpuFusedAdam,   // HybridDeviceOptimizer's GPU FusedAdam
+};
+// "FusedAdam", "AdamW", "HDO cpu AdamW", "HDO gpu FusedAdam" (reports, details, signatures).
+std::string part_name(OptimizerPart part);
+
+// Which Adam kernel updates a part's shards (torch AdamW and FusedAdam round differently).
+enum class KernelKind { kTorchAdamW, kFusedAdam };
+KernelKind kernel_of(OptimizerPart part);
+
+// The bias-correction step t one part used for one model param's shard in the last step().
+struct StepUse {
+  size_t model_param = 0;
+  OptimizerPart part = OptimizerPart::kFusedAdam;
+  double step = 0;
+};
+
+// The optimizer state of one model param's shard on this rank, as the kernels see it.
+struct ShardSnapshot {
+  size_t model_param = 0;
+  model::Range param_range;  // sub-range of the flattened model param
+  OptimizerPart part = OptimizerPart::kFusedAdam;
+  std::vector<float> master;  // fp32 master (main param / HDO inner param)
+  std::vector<float> exp_avg;  // empty if the state does not exist yet
+  std::vector<float> exp_avg_sq;
+  std::optional<double> step;  // the step counter the next update will advance from
+  // How many other shards on this rank hold the very same step tensor object (torch AdamW
+  // steps are per-param objects; >0 is B9's aliasing).
+  int step_aliases = 0;
+
+  KernelKind kernel() const { return kernel_of(part); }
+};
+
+// Every shard this rank's optimizer updates, in param-group order.
+std::vector<ShardSnapshot> snapshot(const model::DistributedOptimizer& opt);
+
+// The step each part used in the last step() (read from the Adams' own records of it), in
+// part and group order. REQUIRES: called after opt.step() and before anything else steps.
+std::vector<StepUse> step_uses(const model::DistributedOptimizer& opt);
+
+}  // namespace ckptsim::sim

@@ -1,0 +1,202 @@
+#include "sim/record.h"
+
+#include <fmt/format.h>
+
+#include <limits>
+
+#include "model/megatron/mapping.h"
+#include "model/py/pickle_codec.h"
+
+namespace ckptsim::sim {
+
+namespace {
+
+using model::Value;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+std::vector<float> tensor_floats(const at::Tensor& t) {
+  const at::Tensor f = t.to(at::kFloat).to(at::kCPU).contiguous();
+  return {f.data_ptr<float>(), f.data_ptr<float>() + f.numel()};
+}
+
+// Python repr of a value as a checkpoint would give it back: pickling writes a symbol (a class
+// object) as its name string, so symbols print as strings here.
+std::string checkpoint_repr(const Value& v) {
+  switch (v.kind()) {
+    case Value::Kind::kSymbol:
+      return model::py_str_repr(v.as_symbol().name);
+    case Value::Kind::kDict: {
+      std::string out = "{";
+      for (const auto& [k, item] : *v.dict()) {
+        if (out.size() > 1) out += ", ";
+        out += k.repr() + ": " + checkpoint_repr(item);
+      }
+      return out + "}";
+    }
+    case Value::Kind::kList: {
+      std::string out = "[";
+      for (const auto& item : *v.list()) {
+        if (out.size() > 1) out += ", ";
+        out += checkpoint_repr(item);
+      }
+      return out + "]";
+    }
+    default:
+      return v.repr();
+  }
+}
+
+// Rank 0's state_dict() param groups as a checkpoint would hold them.
+std::string groups_text(model::DistributedOptimizer& opt) {
+  try {
+    return checkpoint_repr(opt.state_dict().dict()->at("optimizer").dict()->at("param_groups"));
+  } catch (const model::UpstreamError& e) {
+    return std::string("<state_dict() raised ") + e.what() + ">";
+  }
+}
+
+GlobalState empty_state(const Scenario& s, int64_t global_step) {
+  GlobalState st;
+  st.global_step = global_step;
+  for (const auto& p : s.params) {
+    const auto n = static_cast<size_t>(p.numel);
+    st.master.emplace_back(n, kNaN);
+    st.exp_avg.emplace_back(n, kNaN);
+    st.exp_avg_sq.emplace_back(n, kNaN);
+    st.moments_present.emplace_back(n, 0);
+  }
+  return st;
+}
+
+// Writes one rank's shard into the whole-model arrays.
+void put_shard(GlobalState& st, const ShardSnapshot& shard) {
+  const auto begin = static_cast<std::ptrdiff_t>(shard.param_range.start);
+  const auto size = static_cast<size_t>(shard.param_range.size());
+  auto put = [&](std::vector<float>& dst, const std::vector<float>& src) {
+    // A state tensor of the wrong size (an upstream mix-up such as B8) leaves the elements
+    // unreported (NaN), which the trajectory check reports as missing state.
+    if (src.size() != size) return;
+    std::copy(src.begin(), src.end(), dst.begin() + begin);
+  };
+  put(st.master[shard.model_param], shard.master);
+  put(st.exp_avg[shard.model_param], shard.exp_avg);
+  put(st.exp_avg_sq[shard.model_param], shard.exp_avg_sq);
+  if (shard.exp_avg.size() == size) {
+    std::fill_n(st.moments_present[shard.model_param].begin() + begin, size, uint8_t{1});
+  }
+}
+
+}  // namespace
+
+RankState capture(model::DistributedOptimizer& opt, const model::DistributedDataParallel& ddp,
+                  int rank, bool with_groups) {
+  RankState out;
+  out.shards = snapshot(opt);
+  if (rank == 0) {
+    for (size_t i = 0; i < ddp.num_params(); ++i) out.params.push_back(tensor_floats(ddp.param(i)));
+    if (with_groups) out.groups = groups_text(opt);
+  }
+  return out;
+}
+
+uint64_t rank_state_hash(const RankState& state) {
+  uint64_t h = fnv1a(nullptr, 0);
+  for (const auto& s : state.shards) {
+    h = fnv1a(&s.model_param, sizeof s.model_param, h);
+    h = fnv1a(s.master.data(), s.master.size() * sizeof(float), h);
+    h = fnv1a(s.exp_avg.data(), s.exp_avg.size() * sizeof(float), h);
+    h = fnv1a(s.exp_avg_sq.data(), s.exp_avg_sq.size() * sizeof(float), h);
+    const double step = s.step.value_or(-1.0);
+    h = fnv1a(&step, sizeof step, h);
+  }
+  for (const auto& p : state.params) h = fnv1a(p.data(), p.size() * sizeof(float), h);
+  return h;
+}
+
+GlobalState gather_state(const Scenario& s, int64_t global_step,
+                         const std::vector<const RankState*>& ranks) {
+  GlobalState st = empty_state(s, global_step);
+  if (!ranks.empty() && ranks.front() != nullptr) {
+    st.param = ranks.front()->params;
+    st.param_groups = ranks.front()->groups;
+  }
+  // Invariant 1: which rank holds each element (-1: none yet).
+  std::vector<std::vector<int>> holder;
+  for (const auto& p : s.params) holder.emplace_back(static_cast<size_t>(p.numel), -1);
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    if (ranks[r] == nullptr) continue;
+    for (const auto& shard : ranks[r]->shards) {
+      for (int64_t e = shard.param_range.start; e < shard.param_range.end; ++e) {
+        int& h = holder.at(shard.model_param).at(static_cast<size_t>(e));
+        CKPTSIM_CHECK(h < 0, fmt::format("element {} of param {} held by ranks {} and {}", e,
+                                         s.params[shard.model_param].name, h, r));
+        h = static_cast<int>(r);
+      }
+      put_shard(st, shard);
+      ShardRecord rec;
+      rec.param = shard.model_param;
+      rec.range = shard.param_range;
+      rec.rank = static_cast<int>(r);
+      rec.step_aliases = shard.step_aliases;
+      rec.part = shard.part;
+      rec.counter = shard.step;
+      for (const auto& u : ranks[r]->uses) {
+        if (u.model_param == shard.model_param) rec.step_used = u.step;
+      }
+      st.shards.push_back(rec);
+    }
+  }
+  return st;
+}
+
+uint64_t fnv1a(const void* data, size_t n, uint64_t h) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+uint64_t GlobalState::hash() const {
+  uint64_t h = fnv1a(&global_step, sizeof global_step);
+  for (const auto* group : {&master, &exp_avg, &exp_avg_sq, &param}) {
+    for (const auto& v : *group) h = fnv1a(v.data(), v.size() * sizeof(float), h);
+  }
+  for (const auto& s : shards) {
+    const double c = s.counter.value_or(-1.0);
+    const double u = s.step_used.value_or(-1.0);
+    h = fnv1a(&c, sizeof c, h);
+    h = fnv1a(&u, sizeof u, h);
+  }
+  return h;
+}
+
+const ShardRecord* GlobalState::shard_at(size_t param, int64_t element) const {
+  for (const auto& s : shards) {
+    if (s.param == param && s.range.start <= element && element < s.range.end) return &s;
+  }
+  return nullptr;
+}
+
+std::string RankError::summary() const {
+  std::string out = fmt::format("rank {} {}: {}: {}", rank, stage, py_type, message);
+  if (!site.empty()) out += " [" + site + "]";
+  return out;
+}
+
+const GlobalState* PhaseRecord::final_state() const {
+  if (!after_step.empty()) return &after_step.back();
+  if (after_load.has_value()) return &*after_load;
+  if (index > 0) return nullptr;  // the load failed: the phase never had a state to save
+  return initial.has_value() ? &*initial : nullptr;
+}
+
+const GlobalState* RunResult::reference_at(int64_t global_step) const {
+  if (global_step == 0) return &reference_initial;
+  if (global_step < 1 || global_step > static_cast<int64_t>(reference.size())) return nullptr;
+  return &reference[static_cast<size_t>(global_step - 1)];
+}
+
+}  // namespace ckptsim::sim

@@ -1,0 +1,154 @@
+// What the simulator records of a run: per rank, the state it captured at each point (a
+// RankState); over all ranks, the whole model's state at each global step (a GlobalState); per
+// phase, its outcome (a PhaseRecord); and the run with its reference run (a RunResult). The
+// checkers of properties/ read only these records, never the model.
+//
+// Invariants (checked when a state is gathered, not assumed):
+//   1. Every element of every param is held by at most one rank's shard.
+//   2. A GlobalState's arrays are full length per param; NaN marks an element no rank
+//      reported (a state tensor of the wrong size, an upstream mix-up such as B8).
+//   3. Hashes are FNV-1a over the exact bits, so two runs hash equal iff they recorded the same
+//      values (the trace hash of a rerun is compared by a test).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/errors.h"
+#include "model/megatron/distributed_data_parallel.h"
+#include "model/megatron/serialization.h"
+#include "sim/probe.h"
+#include "sim/scenario.h"
+
+namespace ckptsim::sim {
+
+// What one rank captured at one point of a phase.
+struct RankState {
+  std::vector<ShardSnapshot> shards;
+  std::vector<StepUse> uses;               // after a step: the t each part used
+  std::vector<std::vector<float>> params;  // rank 0 only: every model param, full length
+  std::string groups;                      // rank 0 only, where asked: the saved param groups
+};
+
+// Captures this rank's state. `with_groups`: also rank 0's param groups as a checkpoint holds
+// them (state_dict() after a pickle round trip, or what state_dict() raised).
+RankState capture(model::DistributedOptimizer& opt, const model::DistributedDataParallel& ddp,
+                  int rank, bool with_groups);
+// The trace's hash of one rank's state: its shards (master, moments, counter) and params.
+uint64_t rank_state_hash(const RankState& state);
+
+// An error one rank met in one stage of a phase.
+struct RankError {
+  int rank = 0;
+  std::string stage;    // "init", "load", "train", "save"
+  std::string py_type;  // upstream exception class, or "PeerAborted" / "InvariantViolation"
+  std::string message;
+  std::string site;        // upstream file and function
+  bool secondary = false;  // this rank only stopped because another rank failed
+  std::optional<model::MergeError::Kind> merge_kind;
+  model::KeyPath merge_path;
+
+  std::string summary() const;  // "rank 1 load: ValueError: ... [dict_utils.py merge()]"
+};
+
+// One shard of one model param on one rank at one point of a run.
+struct ShardRecord {
+  size_t param = 0;
+  model::Range range;  // sub-range of the flattened param
+  int rank = 0;
+  OptimizerPart part = OptimizerPart::kFusedAdam;
+  std::optional<double> counter;    // step counter the next update advances from
+  std::optional<double> step_used;  // t the kernel used in the step just taken
+  int step_aliases = 0;             // other shards on the rank sharing this step tensor object
+
+  KernelKind kernel() const { return kernel_of(part); }
+};
+
+// The whole model's optimizer and param state, gathered over every rank, at one global step
+// (after a step, a load or a save, or before anything).
+struct GlobalState {
+  int64_t global_step = 0;
+  // Per model param, full length; NaN where no rank reported the element.
+  std::vector<std::vector<float>> master;
+  std::vector<std::vector<float>> exp_avg;
+  std::vector<std::vector<float>> exp_avg_sq;
+  std::vector<std::vector<float>> param;  // the model (bf16/fp32) param after the all-gather
+  // Per element: does optimizer state (exp_avg/exp_avg_sq) exist yet? Adam creates it lazily,
+  // as zeros, so an element without state is equivalent to one whose moments are zero.
+  std::vector<std::vector<uint8_t>> moments_present;
+  std::vector<ShardRecord> shards;
+  // Rank 0's DistributedOptimizer.state_dict() param groups after a pickle round trip (what a
+  // checkpoint would hold), as text; or what state_dict() raised.
+  std::string param_groups;
+
+  // FNV-1a over global_step, master, exp_avg, exp_avg_sq and param (in that order, NaN as its
+  // bits) and every shard's counter and step_used (-1 for none); not over param_groups.
+  uint64_t hash() const;
+  // The shard that holds element `element` of model param `param`, or null.
+  const ShardRecord* shard_at(size_t param, int64_t element) const;
+};
+
+struct BufferInfo {
+  std::string dtype_key;                // "(torch.bfloat16, torch.float32)"
+  std::vector<int64_t> numel_unpadded;  // per bucket
+  bool operator==(const BufferInfo&) const = default;
+};
+
+struct PhaseRecord {
+  size_t index = 0;
+  PhaseSpec spec;
+  bool ran = false;
+  bool completed = false;         // load, every step and the save finished on every rank
+  int64_t start_step = 0;         // global steps done before this phase
+  std::vector<RankError> errors;  // first error of each failing rank
+  std::optional<GlobalState> after_load;
+  std::vector<GlobalState> after_step;
+  std::vector<model::SavedPiece> saved_pieces;               // when the save completed
+  std::vector<std::vector<std::string>> common_differences;  // per rank, vs rank 0
+  std::vector<std::string> load_uncovered;
+  std::vector<BufferInfo> buffers;
+  model::LayoutOptions layout_options;
+  std::vector<model::BufferLayout> layouts;  // rank 0's DDP buffers, in gbuf order
+  std::optional<GlobalState> initial;         // before any load or step (a fresh job)
+  // Right after the save (a save may initialize state, e.g. init_empty_state_before_save):
+  // what the checkpoint holds, as the optimizer sees it.
+  std::optional<GlobalState> at_save;
+  // The saved checkpoint, assembled: optimizer key -> global tensor as floats (NaN where no
+  // piece was saved). Empty when the save did not complete.
+  std::map<std::string, std::vector<float>> checkpoint_values;
+  // Why the saved pieces could not be read back (then checkpoint_values is empty); "" when
+  // they could.
+  std::string checkpoint_read_error;
+  std::vector<std::pair<std::string, int64_t>> fault_firings;
+
+  // The state this phase ended in (and saved): after its last step, else after its load, else
+  // its initial state.
+  const GlobalState* final_state() const;
+};
+
+struct RunResult {
+  Scenario scenario;
+  GlobalState reference_initial;
+  std::vector<GlobalState> reference;  // reference[k] = after global step k+1
+  std::vector<RankError> reference_errors;
+  std::vector<PhaseRecord> phases;
+  std::vector<std::string> trace;
+  uint64_t trace_hash = 0;
+  std::string checkpoint_location;  // "memory" or the directory
+  bool gpu_resident = false;        // 'cuda' state lived on a real GPU
+
+  const GlobalState* reference_at(int64_t global_step) const;  // nullptr when out of range
+};
+
+// Gathers the ranks' captures (rank order; null for a rank that captured nothing) into the
+// whole model's state. Param values and groups come from rank 0's capture.
+GlobalState gather_state(const Scenario& s, int64_t global_step,
+                         const std::vector<const RankState*>& ranks);
+
+// FNV-1a, used for state and trace hashes.
+uint64_t fnv1a(const void* data, size_t n, uint64_t h = 0xcbf29ce484222325ULL);
+
+}  // namespace ckptsim::sim
