@@ -107,11 +107,10 @@ void say_verdicts(const RunCommand& c, const report::ScenarioReport& rep, std::o
     }
   }
   const sim::RunResult& r = *rep.run;
-  out << fmt::format("  checkpoints: {}; device state on {}; trace hash {:016x}",
-                     r.checkpoint_location,
-                     r.gpu_resident ? "the GPU (CUDA FusedAdam kernel)"
-                                    : "the CPU (simulated 'cuda')",
-                     r.trace_hash)
+  out << fmt::format(
+             "  checkpoints: {}; device state on {}; trace hash {:016x}", r.checkpoint_location,
+             r.gpu_resident ? "the GPU (CUDA FusedAdam kernel)" : "the CPU (simulated 'cuda')",
+             r.trace_hash)
       << std::endl;
 }
 
@@ -175,8 +174,8 @@ Result<search::SearchOptions> search_options(const SearchCommand& c) {
     for (const auto& k : c.kinds) {
       const auto kind = model::parse_optimizer_kind(k);
       if (!kind.has_value()) {
-        return Status::invalid_input("--kind must be " + model::optimizer_kind_names() +
-                                     ", got " + k);
+        return Status::invalid_input("--kind must be " + model::optimizer_kind_names() + ", got " +
+                                     k);
       }
       g.kinds.push_back(*kind);
     }
@@ -263,7 +262,8 @@ int run_command(const RunCommand& c, std::ostream& out, std::ostream& err) {
       if (talk) out << "  " << line << std::endl;
     };
     std::string revisions;
-    for (const auto& p : s.scenario.phases) revisions += (revisions.empty() ? "" : ",") + p.revision;
+    for (const auto& p : s.scenario.phases)
+      revisions += (revisions.empty() ? "" : ",") + p.revision;
     if (talk) {
       out << fmt::format("seed={} revision={} scenario={}", s.scenario.seed, revisions,
                          s.scenario.name)
@@ -384,8 +384,8 @@ int check_command(const SearchCommand& c, const std::string& revision, std::ostr
   return reported.value().empty() ? kExitOk : kExitFail;
 }
 
-int gate_command(const SearchCommand& c, const std::string& baseline,
-                 const std::string& candidate, std::ostream& out, std::ostream& err) {
+int gate_command(const SearchCommand& c, const std::string& baseline, const std::string& candidate,
+                 std::ostream& out, std::ostream& err) {
   auto registry = load_registry(c.profiles);
   if (!registry.is_ok()) return invalid(err, registry.status().message());
   if (c.out_dir.empty()) return invalid(err, "--out is required");
@@ -429,18 +429,18 @@ int gate_command(const SearchCommand& c, const std::string& baseline,
     reported.value()[i].classification = search::gate_class_name(findings[i].gate_class);
     reported.value()[i].counts_as_new = search::counts_as_new(findings[i].gate_class);
   }
-  const std::string md = report::gate_markdown(baseline, candidate, repeat, result, reported.value());
-  for (Status s : {write_text(c.out_dir + "/gate-report.md", md),
-                   write_text(c.out_dir + "/junit.xml",
-                              report::junit_xml(
-                                  fmt::format("ckptsim gate {} -> {}", baseline, candidate),
-                                  report::gate_junit_cases(reported.value(), repeat)))}) {
+  const std::string md =
+      report::gate_markdown(baseline, candidate, repeat, result, reported.value());
+  for (Status s :
+       {write_text(c.out_dir + "/gate-report.md", md),
+        write_text(c.out_dir + "/junit.xml",
+                   report::junit_xml(fmt::format("ckptsim gate {} -> {}", baseline, candidate),
+                                     report::gate_junit_cases(reported.value(), repeat)))}) {
     if (!s.is_ok()) return invalid(err, s.message());
   }
   if (talk) {
     say_gate_findings(reported.value(), out);
-    out << "report: " << c.out_dir << "/gate-report.md, " << c.out_dir << "/junit.xml"
-        << std::endl;
+    out << "report: " << c.out_dir << "/gate-report.md, " << c.out_dir << "/junit.xml" << std::endl;
   }
   if (c.json) {
     out << report::gate_json(baseline, candidate, c.seed, repeat, result.introduced(),

@@ -61,7 +61,7 @@ int revisions_command(bool json, const std::vector<std::string>& profiles, std::
                       std::ostream& err);
 int check_command(const SearchCommand& c, const std::string& revision, std::ostream& out,
                   std::ostream& err);
-int gate_command(const SearchCommand& c, const std::string& baseline,
-                 const std::string& candidate, std::ostream& out, std::ostream& err);
+int gate_command(const SearchCommand& c, const std::string& baseline, const std::string& candidate,
+                 std::ostream& out, std::ostream& err);
 
 }  // namespace ckptsim::app

@@ -44,6 +44,81 @@ void add_search_flags(CLI::App* cmd, app::SearchCommand& f) {
                 "SaveResume(dp, revision))");
 }
 
+// What the command line asked for: one subcommand and its options.
+struct Flags {
+  app::RunCommand run;
+  bool revisions_json = false;
+  std::vector<std::string> revisions_profiles;
+  app::SearchCommand check;
+  std::string check_revision = "upstream-2874";
+  bool check_first = false;
+  app::SearchCommand gate;
+  std::string baseline;
+  std::string candidate;
+};
+
+CLI::App* add_run(CLI::App& app, app::RunCommand& f) {
+  auto* run = app.add_subcommand("run", "Run scenario files and check every property");
+  run->add_option("scenarios", f.files, "Scenario JSON files")->required();
+  run->add_flag("--json", f.json, "Print one JSON object with ok and properties");
+  run->add_flag("--expect", f.expect,
+                "Exit 0 when every scenario gives the verdicts of its \"expect\" block (bundled "
+                "reproductions)");
+  run->add_option("--report", f.report, "Write a Markdown report to this file");
+  run->add_option("--checkpoint-dir", f.checkpoint_root,
+                  "Directory for checkpoints, one folder per scenario")
+      ->capture_default_str();
+  run->add_flag("--memory", f.memory, "Keep checkpoints in memory instead of on disk");
+  run->add_option("--trace", f.trace, "Write the trace (one line per event) to this file");
+  run->add_option("--profile", f.profiles, "Extra revision profile JSON files");
+  run->add_flag("--quiet", f.quiet, "Print nothing but errors (and --json output)");
+  run->add_option(
+      "--device", f.device,
+      "Where 'cuda' state lives: auto (the GPU when one can hold it), cpu (simulated), cuda");
+  return run;
+}
+
+CLI::App* add_revisions(CLI::App& app, Flags& f) {
+  auto* revisions =
+      app.add_subcommand("revisions", "List the revision profiles and their switches");
+  revisions->add_flag("--json", f.revisions_json, "Print JSON");
+  revisions->add_option("--profile", f.revisions_profiles, "Extra revision profile JSON files");
+  return revisions;
+}
+
+CLI::App* add_check(CLI::App& app, Flags& f) {
+  auto* check = app.add_subcommand(
+      "check", "Search generated scenarios for a property failure and shrink it");
+  check->add_option("--revision", f.check_revision, "Revision profile every phase runs")
+      ->capture_default_str();
+  check->add_option("--junit", f.check.junit, "Write JUnit XML to this file");
+  check->add_option("--out", f.check.out_dir, "Directory for the minimal scenarios found")
+      ->capture_default_str();
+  check->add_flag(
+      "--first", f.check_first,
+      "Stop at the first failure (default: keep searching, one minimal case per cause)");
+  add_search_flags(check, f.check);
+  return check;
+}
+
+CLI::App* add_gate(CLI::App& app, Flags& f) {
+  f.gate.cases = 300;
+  f.gate.out_dir.clear();
+  auto* gate = app.add_subcommand(
+      "gate", "Judge a candidate revision against a baseline (new failures exit 1)");
+  gate->add_option("--baseline", f.baseline, "The revision in use today")->required();
+  gate->add_option("--candidate", f.candidate, "The revision under review")->required();
+  gate->add_option("--out", f.gate.out_dir,
+                   "Directory for the report, JUnit XML and minimal scenarios")
+      ->required();
+  add_search_flags(gate, f.gate);
+  gate->add_option("--jobs", f.gate.jobs,
+                   "Run the two searches at once (2) or one after the other (1); default: 2 where "
+                   "there are two cores. The findings are the same either way")
+      ->check(CLI::Range(0, 2));
+  return gate;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -52,65 +127,11 @@ int main(int argc, char** argv) {
   CLI::App app{
       "ckptsim: simulate Megatron-LM distributed-optimizer checkpoint save/resume and check it"};
   app.require_subcommand(1);
-  app::RunCommand run_flags;
-  auto* run = app.add_subcommand("run", "Run scenario files and check every property");
-  run->add_option("scenarios", run_flags.files, "Scenario JSON files")->required();
-  run->add_flag("--json", run_flags.json, "Print one JSON object with ok and properties");
-  run->add_flag("--expect", run_flags.expect,
-                "Exit 0 when every scenario gives the verdicts of its \"expect\" block (bundled "
-                "reproductions)");
-  run->add_option("--report", run_flags.report, "Write a Markdown report to this file");
-  run->add_option(
-      "--checkpoint-dir", run_flags.checkpoint_root,
-      "Directory for checkpoints, one folder per scenario (default: ckptsim-checkpoints)");
-  run->add_flag("--memory", run_flags.memory, "Keep checkpoints in memory instead of on disk");
-  run->add_option("--trace", run_flags.trace, "Write the trace (one line per event) to this file");
-  run->add_option("--profile", run_flags.profiles, "Extra revision profile JSON files");
-  run->add_flag("--quiet", run_flags.quiet, "Print nothing but errors (and --json output)");
-  run->add_option(
-      "--device", run_flags.device,
-      "Where 'cuda' state lives: auto (the GPU when one can hold it), cpu (simulated), cuda");
-
-  bool rev_json = false;
-  std::vector<std::string> rev_profiles;
-  auto* revisions =
-      app.add_subcommand("revisions", "List the revision profiles and their switches");
-  revisions->add_flag("--json", rev_json, "Print JSON");
-  revisions->add_option("--profile", rev_profiles, "Extra revision profile JSON files");
-
-  app::SearchCommand check_flags;
-  std::string check_revision = "upstream-2874";
-  auto* check = app.add_subcommand(
-      "check", "Search generated scenarios for a property failure and shrink it");
-  check->add_option("--revision", check_revision,
-                    "Revision profile every phase runs (default upstream-2874)");
-  check->add_option("--junit", check_flags.junit, "Write JUnit XML to this file");
-  check->add_option("--out", check_flags.out_dir,
-                    "Directory for the minimal scenarios found (default ckptsim-found)");
-  bool check_first = false;
-  check->add_flag(
-      "--first", check_first,
-      "Stop at the first failure (default: keep searching, one minimal case per cause)");
-  add_search_flags(check, check_flags);
-
-  app::SearchCommand gate_flags;
-  gate_flags.cases = 300;
-  gate_flags.out_dir.clear();
-  std::string baseline;
-  std::string candidate;
-  auto* gate = app.add_subcommand(
-      "gate", "Judge a candidate revision against a baseline (new failures exit 1)");
-  gate->add_option("--baseline", baseline, "The revision in use today")->required();
-  gate->add_option("--candidate", candidate, "The revision under review")->required();
-  gate->add_option("--out", gate_flags.out_dir,
-                   "Directory for the report, JUnit XML and minimal scenarios")
-      ->required();
-  add_search_flags(gate, gate_flags);
-  gate->add_option("--jobs", gate_flags.jobs,
-                   "Run the two searches at once (2) or one after the other (1); default: 2 where "
-                   "there are two cores. The findings are the same either way")
-      ->check(CLI::Range(0, 2));
-
+  Flags f;
+  CLI::App* run = add_run(app, f.run);
+  CLI::App* revisions = add_revisions(app, f);
+  CLI::App* check = add_check(app, f);
+  CLI::App* gate = add_gate(app, f);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -118,13 +139,14 @@ int main(int argc, char** argv) {
     return code == 0 ? app::kExitOk : app::kExitInvalid;
   }
   try {
-    if (*run) return app::run_command(run_flags, std::cout, std::cerr);
-    if (*revisions) return app::revisions_command(rev_json, rev_profiles, std::cout, std::cerr);
+    if (*run) return app::run_command(f.run, std::cout, std::cerr);
+    if (*revisions)
+      return app::revisions_command(f.revisions_json, f.revisions_profiles, std::cout, std::cerr);
     if (*check) {
-      check_flags.keep_going = !check_first;
-      return app::check_command(check_flags, check_revision, std::cout, std::cerr);
+      f.check.keep_going = !f.check_first;
+      return app::check_command(f.check, f.check_revision, std::cout, std::cerr);
     }
-    if (*gate) return app::gate_command(gate_flags, baseline, candidate, std::cout, std::cerr);
+    if (*gate) return app::gate_command(f.gate, f.baseline, f.candidate, std::cout, std::cerr);
   } catch (const std::exception& e) {
     std::cerr << "ckptsim: internal error (a bug in ckptsim, not a verdict on the scenario): "
               << e.what() << "\n";

@@ -30,10 +30,10 @@ std::optional<std::string> tiling_failure(const sim::PhaseRecord& p, const Piece
         }
         found = true;
         if (pieces.front()->global_numel != p.buffers[g].numel_unpadded[b]) {
-          return fmt::format("{} checkpoint: key {} has global shape ({},), expected "
-                             "numel_unpadded {}",
-                             phase_label(p), key, pieces.front()->global_numel,
-                             p.buffers[g].numel_unpadded[b]);
+          return fmt::format(
+              "{} checkpoint: key {} has global shape ({},), expected "
+              "numel_unpadded {}",
+              phase_label(p), key, pieces.front()->global_numel, p.buffers[g].numel_unpadded[b]);
         }
       }
       if (!found) {
@@ -65,8 +65,7 @@ std::optional<std::string> tiling_failure(const sim::PhaseRecord& p, const Piece
     if (cursor != total) {
       return fmt::format(
           "{} checkpoint: key {}: pieces end at {}, expected exactly numel_unpadded {} ({})",
-          phase_label(p), key, cursor, total,
-          cursor < total ? "a gap at the end" : "past the end");
+          phase_label(p), key, cursor, total, cursor < total ? "a gap at the end" : "past the end");
     }
   }
   return std::nullopt;
@@ -138,13 +137,13 @@ PropertyResult common_state_rank_independent(const sim::RunResult& run) {
     for (size_t rank = 0; rank < p.common_differences.size(); ++rank) {
       const auto& differences = p.common_differences[rank];
       if (differences.empty()) continue;
-      return fail(std::move(r), static_cast<int>(p.index), "common_state_rank_independent",
-                  fmt::format("{} save: rank {}'s common state differs from rank 0's (only rank "
-                              "0's is persisted): {}{}",
-                              phase_label(p), rank, differences.front(),
-                              differences.size() > 1
-                                  ? fmt::format(" (+{} more)", differences.size() - 1)
-                                  : ""));
+      return fail(
+          std::move(r), static_cast<int>(p.index), "common_state_rank_independent",
+          fmt::format(
+              "{} save: rank {}'s common state differs from rank 0's (only rank "
+              "0's is persisted): {}{}",
+              phase_label(p), rank, differences.front(),
+              differences.size() > 1 ? fmt::format(" (+{} more)", differences.size() - 1) : ""));
     }
   }
   r.detail = fmt::format("{} save(s): every rank's common state equals rank 0's", saves);
@@ -162,8 +161,7 @@ PropertyResult reshard_round_trip_bytes(const sim::RunResult& run) {
     for (const auto& [key, old_values] : before) {
       auto it = p.checkpoint_values.find(key);
       if (it == p.checkpoint_values.end()) {
-        return fail(std::move(r), static_cast<int>(p.index),
-                    "reshard_round_trip_bytes:missing_key",
+        return fail(std::move(r), static_cast<int>(p.index), "reshard_round_trip_bytes:missing_key",
                     fmt::format("{} saved again without a step, but key {} of phase {}'s "
                                 "checkpoint is missing",
                                 phase_label(p), key, p.index - 1));

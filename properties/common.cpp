@@ -23,7 +23,9 @@ std::vector<std::vector<float>> effective_moments(
 
 }  // namespace
 
-PropertyResult pass(const std::string& name) { return PropertyResult{name, Verdict::kPass, "", ""}; }
+PropertyResult pass(const std::string& name) {
+  return PropertyResult{name, Verdict::kPass, "", ""};
+}
 
 PropertyResult fail(PropertyResult r, int phase, std::string signature, std::string detail) {
   r.verdict = Verdict::kFail;

@@ -59,10 +59,10 @@ class ComparedFields {
 };
 
 // The properties, by family (one file each).
-PropertyResult no_duplicate_leaves(const sim::RunResult& run);            // resume.cpp
-PropertyResult resume_completes(const sim::RunResult& run);               // resume.cpp
-PropertyResult step_matches_uninterrupted(const sim::RunResult& run);     // step.cpp
-PropertyResult step_tensors_not_aliased(const sim::RunResult& run);       // step.cpp
+PropertyResult no_duplicate_leaves(const sim::RunResult& run);               // resume.cpp
+PropertyResult resume_completes(const sim::RunResult& run);                  // resume.cpp
+PropertyResult step_matches_uninterrupted(const sim::RunResult& run);        // step.cpp
+PropertyResult step_tensors_not_aliased(const sim::RunResult& run);          // step.cpp
 PropertyResult trajectory_matches_uninterrupted(const sim::RunResult& run);  // trajectory.cpp
 PropertyResult round_trip_identity(const sim::RunResult& run);               // trajectory.cpp
 PropertyResult shards_tile_buckets(const sim::RunResult& run);               // checkpoint.cpp

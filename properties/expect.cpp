@@ -82,7 +82,8 @@ std::vector<std::string> expectation_mismatches(const Expectation& expect,
     const PropertyResult* r = result_of(results, name);
     if (r == nullptr || r->detail.find(text) == std::string::npos) {
       out.push_back(fmt::format("{}: expected the detail to contain \"{}\", observed \"{}\"", name,
-                                text, r != nullptr ? r->detail : std::string("(no such property)")));
+                                text,
+                                r != nullptr ? r->detail : std::string("(no such property)")));
     }
   }
   return out;

@@ -24,8 +24,8 @@
 namespace ckptsim::properties {
 
 struct Expectation {
-  std::optional<bool> ok;                                          // all properties pass
-  std::vector<std::pair<std::string, Verdict>> verdicts;           // property, verdict
+  std::optional<bool> ok;                                            // all properties pass
+  std::vector<std::pair<std::string, Verdict>> verdicts;             // property, verdict
   std::vector<std::pair<std::string, std::string>> detail_contains;  // property, text
 };
 

@@ -35,8 +35,7 @@ PropertyResult layout_invariants(const sim::RunResult& run) {
       if (Status s = check_layout(layout, p.layout_options); !s.is_ok()) {
         return fail(std::move(r), static_cast<int>(p.index), "layout_invariants",
                     fmt::format("{} buffer {} ({}): {}", phase_label(p), g,
-                                g < p.buffers.size() ? p.buffers[g].dtype_key : "?",
-                                s.message()));
+                                g < p.buffers.size() ? p.buffers[g].dtype_key : "?", s.message()));
       }
       for (size_t b = 0; b < layout.buckets.size(); ++b) {
         auto [it, inserted] =

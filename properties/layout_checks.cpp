@@ -11,13 +11,13 @@
 namespace ckptsim::properties {
 
 using model::bucket_size_divisor;
-using model::build_bucket_shards;
-using model::ParamIndex;
-using model::pad_to_multiple;
-using model::Range;
 using model::BucketLayout;
+using model::build_bucket_shards;
 using model::kBucketEndAlignmentNumel;
 using model::kParamStartAlignmentNumel;
+using model::pad_to_multiple;
+using model::ParamIndex;
+using model::Range;
 
 namespace {
 

@@ -42,13 +42,12 @@ PropertyResult resume_completes(const sim::RunResult& run) {
   for (const auto& p : run.phases) {
     if (!p.ran) continue;
     if (const auto* e = first_primary(p.errors)) {
-      return fail(std::move(r), static_cast<int>(p.index),
-                  "resume_completes:" + e->stage + ":" + e->py_type + "@" + e->site + ":" +
-                      message_shape(e->message),
-                  fmt::format("{}: expected every rank to {} without error; observed {}",
-                              phase_label(p),
-                              p.index == 0 ? "train and save" : "load, train and save",
-                              e->summary()));
+      return fail(
+          std::move(r), static_cast<int>(p.index),
+          "resume_completes:" + e->stage + ":" + e->py_type + "@" + e->site + ":" +
+              message_shape(e->message),
+          fmt::format("{}: expected every rank to {} without error; observed {}", phase_label(p),
+                      p.index == 0 ? "train and save" : "load, train and save", e->summary()));
     }
     saves += p.spec.save ? 1 : 0;
     loads += p.index > 0 ? 1 : 0;

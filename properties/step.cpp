@@ -61,8 +61,7 @@ std::string joined_failures(const std::vector<std::string>& failures) {
   std::string detail = failures.front();
   if (failures.size() > 1)
     detail += fmt::format(" (+{} more mismatches; first ones: ", failures.size() - 1);
-  for (size_t i = 1; i < failures.size() && i < 4; ++i)
-    detail += (i > 1 ? "; " : "") + failures[i];
+  for (size_t i = 1; i < failures.size() && i < 4; ++i) detail += (i > 1 ? "; " : "") + failures[i];
   if (failures.size() > 1) detail += ")";
   return detail;
 }
@@ -117,7 +116,8 @@ PropertyResult step_matches_uninterrupted(const sim::RunResult& run) {
       failures.push_back(std::move(m));
     }
   }
-  if (!failures.empty()) return fail(std::move(r), first_phase, signature, joined_failures(failures));
+  if (!failures.empty())
+    return fail(std::move(r), first_phase, signature, joined_failures(failures));
   if (!not_evaluated.empty()) return mark_not_evaluated(std::move(r), not_evaluated);
   r.detail = fmt::format(
       "{} resume(s): {} step counters and bias-correction steps equal the uninterrupted run's",
@@ -137,12 +137,12 @@ PropertyResult step_tensors_not_aliased(const sim::RunResult& run) {
     return nullptr;
   };
   auto failed = [&](const sim::PhaseRecord& p, const sim::ShardRecord& s, const std::string& when) {
-    return fail(std::move(r), static_cast<int>(p.index),
-                "step_tensors_not_aliased:" + sim::part_name(s.part),
-                fmt::format("{} {}: the step tensor of {} is the same object as {} other param(s)' "
-                            "(each step() then advances it {} times)",
-                            phase_label(p), when, shard_label(run, s), s.step_aliases,
-                            s.step_aliases + 1));
+    return fail(
+        std::move(r), static_cast<int>(p.index),
+        "step_tensors_not_aliased:" + sim::part_name(s.part),
+        fmt::format("{} {}: the step tensor of {} is the same object as {} other param(s)' "
+                    "(each step() then advances it {} times)",
+                    phase_label(p), when, shard_label(run, s), s.step_aliases, s.step_aliases + 1));
   };
   for (const auto& p : run.phases) {
     if (!p.ran) continue;

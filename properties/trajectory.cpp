@@ -26,7 +26,8 @@ class TrajectoryComparison {
     for (const auto& s : st.shards) {
       for (int64_t e = s.range.start; e < s.range.end; ++e) {
         const sim::ShardRecord* rs = ref.shard_at(s.param, e);
-        if (rs == nullptr || rs->kernel() != s.kernel()) moved_[s.param][static_cast<size_t>(e)] = 1;
+        if (rs == nullptr || rs->kernel() != s.kernel())
+          moved_[s.param][static_cast<size_t>(e)] = 1;
       }
     }
   }
@@ -75,7 +76,8 @@ class TrajectoryComparison {
       (m ? tolerant_ : bitwise_)++;
       if (ok) continue;
       ++differing;
-      max_diff = std::max(max_diff, std::fabs(static_cast<double>(o[e]) - static_cast<double>(x[e])));
+      max_diff =
+          std::max(max_diff, std::fabs(static_cast<double>(o[e]) - static_cast<double>(x[e])));
       if (first < 0) {
         first = static_cast<int64_t>(e);
         first_moved = m;
@@ -123,10 +125,10 @@ std::optional<std::pair<std::string, std::string>> round_trip_difference(
     for (size_t q = 0; q < run.scenario.params.size() && q < f.a->size() && q < f.b->size(); ++q) {
       for (size_t e = 0; e < (*f.a)[q].size(); ++e) {
         if (bitwise_equal((*f.a)[q][e], (*f.b)[q][e])) continue;
-        return std::make_pair(std::string(f.name),
-                              fmt::format("{} of {}[{}] is {} after the load, {} when saved",
-                                          f.name, param_name(run, q), e, num((*f.a)[q][e]),
-                                          num((*f.b)[q][e])));
+        return std::make_pair(
+            std::string(f.name),
+            fmt::format("{} of {}[{}] is {} after the load, {} when saved", f.name,
+                        param_name(run, q), e, num((*f.a)[q][e]), num((*f.b)[q][e])));
       }
     }
   }

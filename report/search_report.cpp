@@ -30,10 +30,10 @@ std::vector<JunitCase> gate_junit_cases(const std::vector<ReportedFailure>& repo
   std::vector<JunitCase> cases;
   for (const auto& r : reported) {
     const search::Finding& f = r.failure->finding;
-    cases.push_back({"ckptsim.gate." + r.classification.substr(0, r.classification.find(' ')),
-                     f.property + " (" + r.file + ")", r.counts_as_new, f.detail,
-                     fmt::format("{}\nreplay: ckptsim run {}\nrepeat: {}\n", f.detail, r.file,
-                                 repeat)});
+    cases.push_back(
+        {"ckptsim.gate." + r.classification.substr(0, r.classification.find(' ')),
+         f.property + " (" + r.file + ")", r.counts_as_new, f.detail,
+         fmt::format("{}\nreplay: ckptsim run {}\nrepeat: {}\n", f.detail, r.file, repeat)});
   }
   if (cases.empty()) cases.push_back({"ckptsim.gate", "no new failure", false, "", ""});
   return cases;
@@ -43,9 +43,9 @@ std::string gate_markdown(const std::string& baseline, const std::string& candid
                           const std::string& repeat, const search::GateResult& result,
                           const std::vector<ReportedFailure>& reported) {
   std::string md = fmt::format("# ckptsim gate: {} → {}\n\n", baseline, candidate);
-  md += fmt::format("Verdict: **{}**.\n\n", result.introduced()
-                                                ? "the candidate introduces failures"
-                                                : "no new failure found");
+  md +=
+      fmt::format("Verdict: **{}**.\n\n", result.introduced() ? "the candidate introduces failures"
+                                                              : "no new failure found");
   md += fmt::format("Repeat: `{}`\n\n", repeat);
   md += fmt::format(
       "| search | cases | simulator runs | findings | seconds ({}) | of which shrinking |\n",
@@ -63,8 +63,8 @@ std::string gate_markdown(const std::string& baseline, const std::string& candid
     const search::Failure& f = *r.failure;
     md += fmt::format("| {} | {} | `{}` | {} | {} | {} |\n",
                       r.counts_as_new ? "**" + r.classification + "**" : r.classification,
-                      f.finding.property, r.file, f.minimal.params.size(),
-                      f.minimal.phases.size(), md_escape(f.finding.detail));
+                      f.finding.property, r.file, f.minimal.params.size(), f.minimal.phases.size(),
+                      md_escape(f.finding.detail));
   }
   if (reported.empty()) md += "| — | — | — | — | — | no failure found |\n";
   md +=
@@ -114,8 +114,8 @@ nlohmann::json check_json(const std::string& revision, uint64_t seed,
   return j;
 }
 
-nlohmann::json gate_json(const std::string& baseline, const std::string& candidate,
-                         uint64_t seed, const std::string& repeat, bool introduced,
+nlohmann::json gate_json(const std::string& baseline, const std::string& candidate, uint64_t seed,
+                         const std::string& repeat, bool introduced,
                          const std::vector<ReportedFailure>& reported) {
   nlohmann::json j{{"ok", !introduced},      {"baseline", baseline},
                    {"candidate", candidate}, {"seed", seed},

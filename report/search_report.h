@@ -39,8 +39,8 @@ nlohmann::json check_json(const std::string& revision, uint64_t seed,
                           const search::SearchResult& result, const std::string& repeat,
                           const std::vector<ReportedFailure>& reported,
                           const std::vector<JunitCase>& cases);
-nlohmann::json gate_json(const std::string& baseline, const std::string& candidate,
-                         uint64_t seed, const std::string& repeat, bool introduced,
+nlohmann::json gate_json(const std::string& baseline, const std::string& candidate, uint64_t seed,
+                         const std::string& repeat, bool introduced,
                          const std::vector<ReportedFailure>& reported);
 
 }  // namespace ckptsim::report

@@ -4,8 +4,8 @@
 set -euo pipefail
 
 packages=(
-  # build tools
-  g++ cmake ninja-build ccache pkg-config
+  # build tools, and the checks of scripts/tidy.sh
+  g++ cmake ninja-build ccache pkg-config clang-format clang-tidy
   # libraries (Debian 12 packages only; see README "Dependencies")
   libtorch-dev libgloo-dev librapidcheck-dev libgtest-dev libgmock-dev libeigen3-dev libfmt-dev
   libbenchmark-dev nlohmann-json3-dev libcli11-dev

@@ -31,6 +31,10 @@ class Clock {
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
+bool out_of_time(const SearchOptions& options, const Clock& clock) {
+  return options.time_budget_s > 0 && clock.seconds() >= options.time_budget_s;
+}
+
 // Shrink candidates without repeats: a candidate is kept unless it equals the scenario it
 // shrinks or an earlier candidate, compared as scenario files (sim::scenario_to_json).
 class Candidates {
@@ -67,8 +71,11 @@ std::vector<int64_t> toward(int64_t lo, int64_t n) {
 
 }  // namespace
 
-std::vector<sim::Scenario> domain_shrinks(const sim::Scenario& s) {
-  Candidates out(s);
+namespace {
+
+// Fewer phases (a phase's steps merged into its neighbour), fewer params, DP toward 1, fewer
+// elements, fewer steps.
+void add_smaller(const sim::Scenario& s, Candidates& out) {
   // Fewer phases: merge phase i into phase i-1 (its steps run before the checkpoint instead),
   // or drop the first phase (its steps move to the next), or drop the last.
   for (size_t i = 0; i < s.phases.size() && s.phases.size() > 1; ++i) {
@@ -115,6 +122,10 @@ std::vector<sim::Scenario> domain_shrinks(const sim::Scenario& s) {
       out.add(c);
     }
   }
+}
+
+// One bucket, no 65536 padding, offload 0 or 1, bf16, wd_mult 1, seed 0.
+void add_simpler(const sim::Scenario& s, Candidates& out) {
   // Simpler options.
   auto variant = [&](auto&& edit) {
     sim::Scenario c = s;
@@ -142,6 +153,14 @@ std::vector<sim::Scenario> domain_shrinks(const sim::Scenario& s) {
     if (s.params[i].wd_mult != 1.0) variant([i](sim::Scenario& c) { c.params[i].wd_mult = 1.0; });
   }
   if (s.seed != 0) variant([](sim::Scenario& c) { c.seed = 0; });
+}
+
+}  // namespace
+
+std::vector<sim::Scenario> domain_shrinks(const sim::Scenario& s) {
+  Candidates out(s);
+  add_smaller(s, out);
+  add_simpler(s, out);
   return out.take();
 }
 
@@ -164,6 +183,87 @@ Judge property_judge(std::vector<std::string> only) {
   };
 }
 
+namespace {
+
+// Shrinks one failing case toward the same cause, in two stages (search.h): RapidCheck's own
+// shrinks, then domain shrinks to a fixpoint. Every judge run counts against shrink_runs_max.
+class Shrinker {
+ public:
+  Shrinker(const SearchOptions& options, const Judge& judge, const Clock& clock,
+           SearchResult& result)
+      : options_(options), judge_(judge), clock_(clock), result_(result) {}
+
+  // REQUIRES: `lock` holds the RapidCheck mutex; it holds it again on return.
+  Failure shrink(rc::Shrinkable<sim::Scenario> shrinkable, Finding finding, int64_t case_index,
+                 std::unique_lock<std::mutex>& lock) {
+    Failure failure;
+    failure.original = shrinkable.value();
+    failure.case_index = case_index;
+    const double start = clock_.seconds();
+    Finding current = std::move(finding);
+    for (bool progressed = true; progressed && within_budget(failure);) {
+      progressed = false;
+      auto candidates = shrinkable.shrinks();
+      while (auto candidate = candidates.next()) {
+        if (!within_budget(failure)) break;
+        const sim::Scenario value = candidate->value();
+        lock.unlock();
+        const bool same = judged_same(value, failure, current);
+        lock.lock();
+        if (same) {
+          shrinkable = *candidate;
+          progressed = true;
+          break;
+        }
+      }
+    }
+    failure.minimal = shrinkable.value();
+    lock.unlock();
+    shrink_by_domain(failure, current);
+    lock.lock();
+    failure.finding = current;
+    result_.shrink_seconds += clock_.seconds() - start;
+    return failure;
+  }
+
+ private:
+  bool within_budget(const Failure& f) const {
+    return f.shrink_runs < options_.shrink_runs_max && !out_of_time(options_, clock_);
+  }
+
+  // Runs the judge on a candidate; true (and `current` updated) when it fails for the same cause.
+  bool judged_same(const sim::Scenario& candidate, Failure& failure, Finding& current) {
+    ++failure.shrink_runs;
+    ++result_.judge_runs;
+    const std::optional<Finding> f = judge_(candidate);
+    if (!f || !f->same_cause(current)) return false;
+    current = *f;
+    ++failure.shrink_steps;
+    return true;
+  }
+
+  void shrink_by_domain(Failure& failure, Finding& current) {
+    for (bool progressed = true; progressed && within_budget(failure);) {
+      progressed = false;
+      for (const sim::Scenario& candidate : domain_shrinks(failure.minimal)) {
+        if (!within_budget(failure)) break;
+        if (judged_same(candidate, failure, current)) {
+          failure.minimal = candidate;
+          progressed = true;
+          break;
+        }
+      }
+    }
+  }
+
+  const SearchOptions& options_;
+  const Judge& judge_;
+  const Clock& clock_;
+  SearchResult& result_;
+};
+
+}  // namespace
+
 SearchResult search(const SearchOptions& options, const Judge& judge) {
   CKPTSIM_CHECK(options.cases >= 0 && options.cases <= SearchOptions::kCasesMax,
                 "cases out of range");
@@ -172,13 +272,11 @@ SearchResult search(const SearchOptions& options, const Judge& judge) {
       "shrink_runs_max out of range");
   SearchResult result;
   const Clock clock;
-  auto out_of_time = [&] {
-    return options.time_budget_s > 0 && clock.seconds() >= options.time_budget_s;
-  };
+  Shrinker shrinker(options, judge, clock, result);
   const rc::Gen<sim::Scenario> gen = gen_for(options.generator);
   double last_progress = 0;
   for (int64_t k = 0; k < options.cases; ++k) {
-    if (out_of_time()) {
+    if (out_of_time(options, clock)) {
       result.stopped_by_time = true;
       break;
     }
@@ -202,64 +300,15 @@ SearchResult search(const SearchOptions& options, const Judge& judge) {
         std::any_of(result.failures.begin(), result.failures.end(),
                     [&](const Failure& f) { return f.finding.same_cause(*finding); });
     if (known) continue;
-
-    // Shrink toward the same signature.
-    Failure failure;
-    failure.original = original;
-    failure.case_index = k;
-    Finding current = *finding;
-    const double shrink_start = clock.seconds();
-    bool progressed = true;
     rc_lock.lock();
-    while (progressed && failure.shrink_runs < options.shrink_runs_max && !out_of_time()) {
-      progressed = false;
-      auto candidates = shrinkable.shrinks();
-      while (auto candidate = candidates.next()) {
-        if (failure.shrink_runs >= options.shrink_runs_max || out_of_time()) break;
-        ++failure.shrink_runs;
-        ++result.judge_runs;
-        const sim::Scenario value = candidate->value();
-        rc_lock.unlock();
-        const std::optional<Finding> f = judge(value);
-        rc_lock.lock();
-        if (f && f->same_cause(current)) {
-          shrinkable = *candidate;
-          current = *f;
-          ++failure.shrink_steps;
-          progressed = true;
-          break;
-        }
-      }
-    }
-    // Stage 2: domain shrinks to a fixpoint.
-    sim::Scenario minimal = shrinkable.value();
+    Failure failure = shrinker.shrink(std::move(shrinkable), *finding, k, rc_lock);
     rc_lock.unlock();
-    progressed = true;
-    while (progressed && failure.shrink_runs < options.shrink_runs_max && !out_of_time()) {
-      progressed = false;
-      for (const sim::Scenario& candidate : domain_shrinks(minimal)) {
-        if (failure.shrink_runs >= options.shrink_runs_max || out_of_time()) break;
-        ++failure.shrink_runs;
-        ++result.judge_runs;
-        const std::optional<Finding> f = judge(candidate);
-        if (f && f->same_cause(current)) {
-          minimal = candidate;
-          current = *f;
-          ++failure.shrink_steps;
-          progressed = true;
-          break;
-        }
-      }
-    }
-    result.shrink_seconds += clock.seconds() - shrink_start;
-    failure.minimal = minimal;
-    failure.finding = current;
-    result.failures.push_back(failure);
     if (options.progress) {
       options.progress(fmt::format("case {}: {} ({}); shrunk in {} steps over {} runs", k,
-                                   current.property, current.signature, failure.shrink_steps,
-                                   failure.shrink_runs));
+                                   failure.finding.property, failure.finding.signature,
+                                   failure.shrink_steps, failure.shrink_runs));
     }
+    result.failures.push_back(std::move(failure));
     if (!options.keep_going) break;
   }
   result.seconds = clock.seconds();

@@ -49,7 +49,7 @@ struct Finding {
   std::string property;
   std::string signature;
   std::string detail;
-  std::string phase_revision;  // the revision of the phase where it was seen ("" if none)
+  std::string phase_revision;           // the revision of the phase where it was seen ("" if none)
   std::optional<GateClass> gate_class;  // set by the gate's judge
 
   // Two findings have the same cause when property signature and gate class agree: the search

@@ -24,8 +24,8 @@ static_assert(kReferencePhaseId >= static_cast<int64_t>(Scenario::kPhasesMax));
 // Initial model params: k/64 with |k| <= 32, exact in bf16, deterministic in (seed, param,
 // element).
 float initial_value(uint64_t seed, size_t param, int64_t element) {
-  model::Rng r(model::mix_seed(model::mix_seed(seed ^ 0x5eedULL, param),
-                               static_cast<uint64_t>(element)));
+  model::Rng r(
+      model::mix_seed(model::mix_seed(seed ^ 0x5eedULL, param), static_cast<uint64_t>(element)));
   const int64_t k = static_cast<int64_t>(r.next_u64() % 65) - 32;
   return static_cast<float>(k) / 64.0F;
 }
@@ -84,8 +84,8 @@ void local_scaled_gradient(const Scenario& s, int64_t global_step, size_t param,
   at::Tensor host =
       grad.is_cuda() ? at::empty({grad.numel()}, at::TensorOptions().dtype(at::kFloat)) : grad;
   std::span<float> span{host.data_ptr<float>(), static_cast<size_t>(host.numel())};
-  local_gradient(GradientSpec{s.seed, s.samples_per_step}, global_step,
-                 static_cast<int64_t>(param), 0, rank, dp, span);
+  local_gradient(GradientSpec{s.seed, s.samples_per_step}, global_step, static_cast<int64_t>(param),
+                 0, rank, dp, span);
   const float scale = 1.0F / static_cast<float>(s.samples_per_step);
   for (float& x : span) x *= scale;
   if (grad.is_cuda()) grad.copy_(host);
@@ -167,8 +167,7 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, RankRecord& out) {
     iteration = train(job, ddp, opt, rank, iteration, out);
     if (job.save_to != nullptr) {
       stage = "save";
-      out.save =
-          model::save_checkpoint(ddp, opt, iteration, *job.save_to, pg, s.sharding_type, rt);
+      out.save = model::save_checkpoint(ddp, opt, iteration, *job.save_to, pg, s.sharding_type, rt);
       out.at_save = capture(opt, ddp, rank, true);
       out.trace.push_back(fmt::format("save phase={} rank={} iteration={} pieces={}", job.phase_id,
                                       rank, iteration, out.save->pieces.size()));
@@ -257,8 +256,9 @@ void run_reference(const Scenario& scenario, RunResult& result) {
   }
   for (const auto& e : result.reference_errors)
     result.trace.push_back("reference error " + e.summary());
-  result.trace.push_back(fmt::format("reference dp={} steps={} final={:016x}", job.dp, job.steps,
-                                     result.reference.empty() ? 0 : result.reference.back().hash()));
+  result.trace.push_back(
+      fmt::format("reference dp={} steps={} final={:016x}", job.dp, job.steps,
+                  result.reference.empty() ? 0 : result.reference.back().hash()));
 }
 
 // Paired assertions on what every rank of a phase must agree on (TigerBeetle's "positive and
@@ -287,14 +287,14 @@ void gather_phase(const Scenario& scenario, const std::vector<RankRecord>& outs,
                   const model::Storage& store, PhaseRecord& rec) {
   const size_t i = rec.index;
   if (i == 0 && !outs.front().layouts.empty()) {
-    rec.initial = gather_state(scenario, 0,
-                               states_of(outs, [](const RankRecord& o) { return &o.initial; }));
+    rec.initial =
+        gather_state(scenario, 0, states_of(outs, [](const RankRecord& o) { return &o.initial; }));
   }
   if (i > 0 && std::all_of(outs.begin(), outs.end(),
                            [](const RankRecord& o) { return o.after_load.has_value(); })) {
-    rec.after_load = gather_state(
-        scenario, rec.start_step,
-        states_of(outs, [](const RankRecord& o) { return &*o.after_load; }));
+    rec.after_load =
+        gather_state(scenario, rec.start_step,
+                     states_of(outs, [](const RankRecord& o) { return &*o.after_load; }));
   }
   size_t steps_everywhere = std::numeric_limits<size_t>::max();
   for (const auto& o : outs) steps_everywhere = std::min(steps_everywhere, o.steps.size());
@@ -316,9 +316,9 @@ void gather_phase(const Scenario& scenario, const std::vector<RankRecord>& outs,
     } else {
       rec.checkpoint_read_error = values.status().message();
     }
-    rec.at_save = gather_state(scenario,
-                               rec.start_step + static_cast<int64_t>(rec.after_step.size()),
-                               states_of(outs, [](const RankRecord& o) { return &o.at_save; }));
+    rec.at_save =
+        gather_state(scenario, rec.start_step + static_cast<int64_t>(rec.after_step.size()),
+                     states_of(outs, [](const RankRecord& o) { return &o.at_save; }));
   }
 }
 
@@ -392,11 +392,10 @@ Result<RunResult> run_scenario(const Scenario& scenario, const RunOptions& optio
   std::string why_not;
   const bool have_gpu = model::real_cuda_available(&why_not);
   if (options.device == DeviceChoice::kCuda && !have_gpu) {
-    return Status::invalid_input("--device cuda: no GPU can hold the state here (" + why_not +
-                                 ")");
+    return Status::invalid_input("--device cuda: no GPU can hold the state here (" + why_not + ")");
   }
-  result.gpu_resident = options.device == DeviceChoice::kCuda ||
-                        (options.device == DeviceChoice::kAuto && have_gpu);
+  result.gpu_resident =
+      options.device == DeviceChoice::kCuda || (options.device == DeviceChoice::kAuto && have_gpu);
   result.trace.push_back(options_line(scenario));
   auto root = open_storage(options, result.checkpoint_location);
   if (!root.is_ok()) return root.status();

@@ -56,7 +56,8 @@ StateOwner state_owner(const model::DistributedOptimizer& opt, const at::Tensor&
     }
   }
   CKPTSIM_CHECK(out.optimizer != nullptr, "HDO inner param owned by no sub-optimizer");
-  out.part = is_adamw(out.optimizer) ? OptimizerPart::kHdoCpuAdamW : OptimizerPart::kHdoGpuFusedAdam;
+  out.part =
+      is_adamw(out.optimizer) ? OptimizerPart::kHdoCpuAdamW : OptimizerPart::kHdoGpuFusedAdam;
   return out;
 }
 
@@ -158,7 +159,8 @@ std::vector<StepUse> step_uses(const model::DistributedOptimizer& opt) {
         out.push_back({owner_of(opt, orig), OptimizerPart::kHdoCpuAdamW, u.step});
       }
     }
-    if (h->gpu_optimizer) fused_uses(opt, *h->gpu_optimizer, h, OptimizerPart::kHdoGpuFusedAdam, out);
+    if (h->gpu_optimizer)
+      fused_uses(opt, *h->gpu_optimizer, h, OptimizerPart::kHdoGpuFusedAdam, out);
     return out;
   }
   if (const auto* adamw = dynamic_cast<const TorchAdamW*>(&opt.optimizer())) {

@@ -20,10 +20,10 @@ namespace ckptsim::sim {
 
 // Which Adam of the optimizer holds (and steps) a shard.
 enum class OptimizerPart {
-  kFusedAdam,         // TE FusedAdam, the inner optimizer
-  kAdamW,             // torch AdamW, the inner optimizer (no TE/apex)
-  kHdoCpuAdamW,       // HybridDeviceOptimizer's CPU torch AdamW
-  kHdoGpuFusedAdam,   // HybridDeviceOptimizer's GPU FusedAdam
+  kFusedAdam,        // TE FusedAdam, the inner optimizer
+  kAdamW,            // torch AdamW, the inner optimizer (no TE/apex)
+  kHdoCpuAdamW,      // HybridDeviceOptimizer's CPU torch AdamW
+  kHdoGpuFusedAdam,  // HybridDeviceOptimizer's GPU FusedAdam
 };
 // "FusedAdam", "AdamW", "HDO cpu AdamW", "HDO gpu FusedAdam" (reports, details, signatures).
 std::string part_name(OptimizerPart part);
@@ -44,7 +44,7 @@ struct ShardSnapshot {
   size_t model_param = 0;
   model::Range param_range;  // sub-range of the flattened model param
   OptimizerPart part = OptimizerPart::kFusedAdam;
-  std::vector<float> master;  // fp32 master (main param / HDO inner param)
+  std::vector<float> master;   // fp32 master (main param / HDO inner param)
   std::vector<float> exp_avg;  // empty if the state does not exist yet
   std::vector<float> exp_avg_sq;
   std::optional<double> step;  // the step counter the next update will advance from

@@ -112,7 +112,7 @@ struct PhaseRecord {
   std::vector<BufferInfo> buffers;
   model::LayoutOptions layout_options;
   std::vector<model::BufferLayout> layouts;  // rank 0's DDP buffers, in gbuf order
-  std::optional<GlobalState> initial;         // before any load or step (a fresh job)
+  std::optional<GlobalState> initial;        // before any load or step (a fresh job)
   // Right after the save (a save may initialize state, e.g. init_empty_state_before_save):
   // what the checkpoint holds, as the optimizer sees it.
   std::optional<GlobalState> at_save;

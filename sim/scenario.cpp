@@ -183,8 +183,8 @@ Status parse_optimizer(const Reader& r, const json& j, model::OptimizerConfig& c
   CKPTSIM_TRY(r.string(o, "kind", "optimizer.kind", kind));
   const auto parsed = model::parse_optimizer_kind(kind);
   if (!parsed.has_value()) {
-    return r.error("optimizer.kind", "must be one of " + model::optimizer_kind_names() +
-                                         ", got \"" + kind + "\"");
+    return r.error("optimizer.kind",
+                   "must be one of " + model::optimizer_kind_names() + ", got \"" + kind + "\"");
   }
   c.kind = *parsed;
   CKPTSIM_TRY(parse_hybrid_options(r, o, c));
@@ -243,8 +243,7 @@ std::string profile_path_beside(const std::string& revision, const std::string& 
 }
 
 Status parse_phase(const Reader& r, const json& p, const std::string& path, bool last,
-                   const std::string& source, model::RevisionRegistry& registry,
-                   PhaseSpec& phase) {
+                   const std::string& source, model::RevisionRegistry& registry, PhaseSpec& phase) {
   if (!p.is_object()) return r.error(path, "must be an object");
   CKPTSIM_TRY(r.check_fields(p, path, {"dp", "revision", "steps", "save"}));
   CKPTSIM_TRY(r.integer(p, "dp", path + ".dp", 1, Scenario::kDpMax, phase.dp));
@@ -374,9 +373,7 @@ json scenario_to_json(const Scenario& s) {
   if (!s.description.empty()) j["description"] = s.description;
   j["params"] = json::array();
   for (const auto& p : s.params) {
-    json pj{{"name", p.name},
-            {"numel", p.numel},
-            {"dtype", model::dtype_name(p.dtype)}};
+    json pj{{"name", p.name}, {"numel", p.numel}, {"dtype", model::dtype_name(p.dtype)}};
     if (p.wd_mult != 1.0) pj["wd_mult"] = p.wd_mult;
     if (p.lr_mult != 1.0) pj["lr_mult"] = p.lr_mult;
     j["params"].push_back(pj);

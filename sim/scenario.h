@@ -51,7 +51,7 @@ Result<Revision> resolve_revision(model::RevisionRegistry& registry, const std::
 
 struct PhaseSpec {
   int64_t dp = 1;
-  std::string revision;                                  // as written (name or profile path)
+  std::string revision;                                   // as written (name or profile path)
   std::shared_ptr<const model::RevisionProfile> profile;  // what it resolved to (never null)
   int64_t steps = 0;
   bool save = true;

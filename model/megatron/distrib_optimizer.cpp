@@ -230,22 +230,22 @@ void DistributedOptimizer::create_inner_optimizer() {
   switch (config_.kind) {
     case OptimizerKind::kFusedAdam: {
       // get_megatron_optimizer: TE Adam(params, lr, weight_decay, betas, eps, adam_w_mode=True).
-      optimizer_ =
-          std::make_unique<FusedAdam>(rt_, groups,
-                                      Dict::make({{"lr", Value(config_.adam.lr)},
-                                                  {"weight_decay", Value(config_.adam.weight_decay)},
-                                                  {"betas", betas},
-                                                  {"eps", Value(config_.adam.eps)}}));
+      optimizer_ = std::make_unique<FusedAdam>(
+          rt_, groups,
+          Dict::make({{"lr", Value(config_.adam.lr)},
+                      {"weight_decay", Value(config_.adam.weight_decay)},
+                      {"betas", betas},
+                      {"eps", Value(config_.adam.eps)}}));
       optimizer_->load_state_dict(optimizer_->state_dict());
       break;
     }
     case OptimizerKind::kTorchAdamW: {
-      optimizer_ =
-          std::make_unique<TorchAdamW>(rt_, groups,
-                                       Dict::make({{"lr", Value(config_.adam.lr)},
-                                                   {"weight_decay", Value(config_.adam.weight_decay)},
-                                                   {"betas", betas},
-                                                   {"eps", Value(config_.adam.eps)}}));
+      optimizer_ = std::make_unique<TorchAdamW>(
+          rt_, groups,
+          Dict::make({{"lr", Value(config_.adam.lr)},
+                      {"weight_decay", Value(config_.adam.weight_decay)},
+                      {"betas", betas},
+                      {"eps", Value(config_.adam.eps)}}));
       optimizer_->load_state_dict(optimizer_->state_dict());
       break;
     }
@@ -716,8 +716,8 @@ void DistributedOptimizer::pad_bucket_state(List& bucket_state, const ShardExten
     }
     // Always one entry, so that no rank's bucket list is empty: an empty list would be
     // compacted away by extract_matching_values and shift every later bucket's position.
-    const int64_t in_range =
-        std::clamp<int64_t>(extent.unpadded - extent.dp_rank * extent.local_numel, 0, extent.local_numel);
+    const int64_t in_range = std::clamp<int64_t>(
+        extent.unpadded - extent.dp_rank * extent.local_numel, 0, extent.local_numel);
     auto pad = Dict::make();
     for (const char* k : {"param", "exp_avg", "exp_avg_sq"}) {
       pad->set(k, Value(rt_.empty({in_range}, at::kFloat, Device::kCuda)));
@@ -732,15 +732,12 @@ void DistributedOptimizer::pad_bucket_state(List& bucket_state, const ShardExten
   std::vector<std::pair<size_t, DictPtr>> all_pad_tensors;
   const auto n = static_cast<int64_t>(bucket_state.size());
   for (int64_t i = -1; i < n && n > 0; ++i) {
-    const int64_t next_param_start = i == n - 1 ? extent.local_numel
-                                                : bucket_state.at(static_cast<size_t>(i + 1))
-                                                      .dict()
-                                                      ->at("gbuf_local_start")
-                                                      .as_int();
+    const int64_t next_param_start =
+        i == n - 1
+            ? extent.local_numel
+            : bucket_state.at(static_cast<size_t>(i + 1)).dict()->at("gbuf_local_start").as_int();
     const int64_t cur_param_end =
-        i == -1
-            ? 0
-            : bucket_state.at(static_cast<size_t>(i)).dict()->at("gbuf_local_end").as_int();
+        i == -1 ? 0 : bucket_state.at(static_cast<size_t>(i)).dict()->at("gbuf_local_end").as_int();
     const int64_t world_param_end = extent.dp_rank * extent.local_numel + cur_param_end;
     // Fault site dp_reshardable.drop_end_padding: lose the pad after the last param.
     if (i == n - 1 && rt_.fault(fault::kDropEndPadding)) continue;
@@ -750,8 +747,8 @@ void DistributedOptimizer::pad_bucket_state(List& bucket_state, const ShardExten
       auto pad = Dict::make();
       for (const auto& [k, v] : templ) {
         if (!v.is_tensor()) continue;
-        pad->set(k, Value(rt_.empty({next_param_start - cur_param_end},
-                                    v.tensor().scalar_type(), rt_.device_of(v.tensor()))));
+        pad->set(k, Value(rt_.empty({next_param_start - cur_param_end}, v.tensor().scalar_type(),
+                                    rt_.device_of(v.tensor()))));
       }
       pad->set("gbuf_local_start", Value(cur_param_end));
       pad->set("gbuf_local_end", Value(next_param_start));

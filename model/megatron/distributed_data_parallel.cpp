@@ -23,7 +23,8 @@ DistributedDataParallel::DistributedDataParallel(Runtime& rt, std::vector<ParamS
                                                  ProcessGroup& dp_group)
     : rt_(rt), dp_group_(dp_group), specs_(std::move(specs)) {
   CKPTSIM_CHECK(!specs_.empty(), "a model needs at least one param");
-  CKPTSIM_CHECK(specs_.size() <= kModelParamsMax, fmt::format("more than {} params", kModelParamsMax));
+  CKPTSIM_CHECK(specs_.size() <= kModelParamsMax,
+                fmt::format("more than {} params", kModelParamsMax));
   CKPTSIM_CHECK(layout.dp_size == dp_group.size(), "layout dp_size must equal the DP group size");
   // Buffers per (param_dtype, grad_dtype), in order of first appearance (invariant 1).
   buffer_of_.resize(specs_.size());

@@ -113,8 +113,7 @@ void HybridDeviceOptimizer::init_sub_optimizers() {
       }
     }
   } else if (!groups.cpu_param_groups.empty()) {
-    cpu_optimizers.push_back(
-        std::make_unique<TorchAdamW>(rt_, groups.cpu_param_groups));
+    cpu_optimizers.push_back(std::make_unique<TorchAdamW>(rt_, groups.cpu_param_groups));
   }
   gpu_optimizer.reset();
   if (!groups.gpu_param_groups.empty()) {

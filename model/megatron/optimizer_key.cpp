@@ -30,9 +30,8 @@ bool take(std::string_view& s, std::string_view prefix) {
 }  // namespace
 
 std::string format_bucket_prefix(const OptimizerBucketKey& key) {
-  return fmt::format("{}{}{}{}{}{}{}{}{}", kDistributedOptimizerKeyPrefix, kGroup,
-                     key.dp_group_idx, kGbuf, key.gbuf_idx, kDtype, key.dtype, kBucket,
-                     key.bucket_idx);
+  return fmt::format("{}{}{}{}{}{}{}{}{}", kDistributedOptimizerKeyPrefix, kGroup, key.dp_group_idx,
+                     kGbuf, key.gbuf_idx, kDtype, key.dtype, kBucket, key.bucket_idx);
 }
 
 std::string format_bucket_key(const OptimizerBucketKey& key) {

@@ -47,8 +47,9 @@ BufferLayout build_buffer_layout(std::span<const int64_t> param_numels,
                 fmt::format("{} params in one buffer exceed kParamsPerBufferMax={}",
                             param_numels.size(), kParamsPerBufferMax));
   for (size_t i = 0; i < param_numels.size(); ++i) {
-    CKPTSIM_CHECK(param_numels[i] >= 1 && param_numels[i] <= kBufferNumelMax,
-                  fmt::format("param {} numel {} outside [1, {}]", i, param_numels[i], kBufferNumelMax));
+    CKPTSIM_CHECK(
+        param_numels[i] >= 1 && param_numels[i] <= kBufferNumelMax,
+        fmt::format("param {} numel {} outside [1, {}]", i, param_numels[i], kBufferNumelMax));
   }
 
   BufferLayout layout;
@@ -90,8 +91,9 @@ BufferLayout build_buffer_layout(std::span<const int64_t> param_numels,
 
   layout.numel = bucket_start;
   for (const BucketLayout& b : layout.buckets) layout.numel_unpadded += b.numel_unpadded;
-  CKPTSIM_CHECK(layout.numel <= kBufferNumelMax,
-                fmt::format("buffer numel {} exceeds kBufferNumelMax={}", layout.numel, kBufferNumelMax));
+  CKPTSIM_CHECK(
+      layout.numel <= kBufferNumelMax,
+      fmt::format("buffer numel {} exceeds kBufferNumelMax={}", layout.numel, kBufferNumelMax));
   // Upstream asserts both right after the loop.
   CKPTSIM_CHECK(
       layout.numel_unpadded <= layout.numel,

@@ -154,9 +154,9 @@ TEST(PropertyCanary, EveryFaultSiteFailsThePropertyItNames) {
   // w1 of 100 elements leaves a gap [100, 128) at the end of rank 0's shard at DP 4, where the
   // dropped end pad shows (see ShardsTileBucketsCatchesADroppedPad).
   auto scenario = [](const std::string& fault) {
-    std::string json = test::two_phase_json(
-        "hybrid", 1.0, 2, 4, "fix-recommended", "fix-recommended",
-        fault.empty() ? "" : R"(, "faults": [")" + fault + R"("])");
+    std::string json =
+        test::two_phase_json("hybrid", 1.0, 2, 4, "fix-recommended", "fix-recommended",
+                             fault.empty() ? "" : R"(, "faults": [")" + fault + R"("])");
     json.replace(json.find("\"numel\": 130"), 12, "\"numel\": 100");
     return test::scenario_from_json(json);
   };

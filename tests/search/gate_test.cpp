@@ -30,9 +30,9 @@ const std::string kCause = "step_matches_uninterrupted:after_load:HDO cpu AdamW"
 }  // namespace
 
 TEST(GateClass, BaselineKeepingThePropertyMakesACandidateFailureNew) {
-  EXPECT_EQ(search::gate_class(finding(kCause, "candidate"), baseline_result(Verdict::kPass),
-                               "baseline"),
-            GateClass::kNew);
+  EXPECT_EQ(
+      search::gate_class(finding(kCause, "candidate"), baseline_result(Verdict::kPass), "baseline"),
+      GateClass::kNew);
 }
 
 TEST(GateClass, SameCauseOnTheBaselineIsPreExisting) {
@@ -52,9 +52,9 @@ TEST(GateClass, CandidateFailureWithAnotherBaselineCauseIsNew) {
 }
 
 TEST(GateClass, BaselinePhaseFailingOnTheCandidatesCheckpointIsNewCompat) {
-  EXPECT_EQ(search::gate_class(finding(kCause, "baseline"), baseline_result(Verdict::kPass),
-                               "baseline"),
-            GateClass::kNewCompat);
+  EXPECT_EQ(
+      search::gate_class(finding(kCause, "baseline"), baseline_result(Verdict::kPass), "baseline"),
+      GateClass::kNewCompat);
 }
 
 TEST(GateClass, BaselinePhaseFailingWhereTheBaselineFailsAnywayIsPreExisting) {

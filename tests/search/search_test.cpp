@@ -16,9 +16,8 @@ using namespace ckptsim;
 
 namespace {
 
-search::SearchResult run_search(search::GeneratorConfig g,
-                                    const std::vector<std::string>& only, int64_t cases,
-                                    uint64_t seed = 1) {
+search::SearchResult run_search(search::GeneratorConfig g, const std::vector<std::string>& only,
+                                int64_t cases, uint64_t seed = 1) {
   search::SearchOptions o;
   o.generator = std::move(g);
   o.seed = seed;

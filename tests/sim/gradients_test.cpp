@@ -271,8 +271,8 @@ TEST(Gradients, PreconditionsAreChecked) {
   EXPECT_THROW(local_gradient(GradientSpec{.seed = 1, .samples_per_step = kGradientSamplesMax + 1},
                               1, 0, 0, 0, 1, out),
                InvariantViolation);
-  EXPECT_NO_THROW(local_gradient(GradientSpec{.seed = 1, .samples_per_step = kGradientSamplesMax}, 1,
-                                 0, 0, 0, 1, out));
+  EXPECT_NO_THROW(local_gradient(GradientSpec{.seed = 1, .samples_per_step = kGradientSamplesMax},
+                                 1, 0, 0, 0, 1, out));
   // A rank without samples (dp_size > samples_per_step) gets +0.0 exactly.
   local_gradient(spec, 1, 0, 0, 7, 8, out);
   EXPECT_EQ(bits(out[0]), 0u);

@@ -1,9 +1,11 @@
-// Tests of model/megatron/param_and_grad_buffer.h: buffer layout, buckets, padding and DP sharding (spec §2, §15 I1-I2).
+// Tests of model/megatron/param_and_grad_buffer.h: buffer layout, buckets, padding and DP sharding
+// (spec §2, §15 I1-I2).
 //
 // Every expected value below was written by hand from the spec (§2.1 pseudocode, §2.3 table)
 // and the arithmetic shown in the comments, never printed from the code under test.
 //
-// Mutations of param_and_grad_buffer.cpp (and of properties/layout_checks.cpp), all tried locally (then reverted), and the tests that failed:
+// Mutations of param_and_grad_buffer.cpp (and of properties/layout_checks.cpp), all tried locally
+// (then reverted), and the tests that failed:
 //   - param start not padded to 64: LayoutGolden.*, LayoutMultiBucket.FourParamsTwoBuckets,
 //       LayoutDpNotDividing128.*, LayoutHighNcclBusbw.*, LayoutProperty.* (and canaries whose
 //       untampered baseline changed).
@@ -336,7 +338,8 @@ TEST(LayoutRequires, RejectsBadInputs) {
   EXPECT_THROW(build_buffer_layout(kWorkedExample, opts(0)), InvariantViolation);
   EXPECT_THROW(build_buffer_layout(kWorkedExample, opts(kDpSizeMax + 1)), InvariantViolation);
   EXPECT_THROW(build_buffer_layout(kWorkedExample, opts(1, 0)), InvariantViolation);
-  EXPECT_THROW(build_buffer_layout(std::vector<int64_t>{kBufferNumelMax + 1}, {}), InvariantViolation);
+  EXPECT_THROW(build_buffer_layout(std::vector<int64_t>{kBufferNumelMax + 1}, {}),
+               InvariantViolation);
   // Two params of kBufferNumelMax each overflow the buffer limit.
   EXPECT_THROW(build_buffer_layout(std::vector<int64_t>{kBufferNumelMax, kBufferNumelMax}, {}),
                InvariantViolation);

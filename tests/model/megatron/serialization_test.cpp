@@ -182,11 +182,11 @@ TEST(Serialization, EveryRankLearnsAllPiecesAndObjectsAreListedOnce) {
 TEST(Serialization, ReadCheckpointTensorsAssemblesPiecesWithGapsAsNaN) {
   MemoryStorage store;
   const std::vector<float> bytes = {1, 2, 3, 4, 5};
-  ASSERT_TRUE(store
-                  .write_file("f.bin", std::span<const char>(reinterpret_cast<const char*>(
-                                                                 bytes.data()),
-                                                             bytes.size() * sizeof(float)))
-                  .is_ok());
+  ASSERT_TRUE(
+      store
+          .write_file("f.bin", std::span<const char>(reinterpret_cast<const char*>(bytes.data()),
+                                                     bytes.size() * sizeof(float)))
+          .is_ok());
   // key k: [0, 2) from floats 0..1, [3, 5) from floats 2..3; element 2 saved by no one.
   const std::vector<SavedPiece> pieces = {
       {"p.k", "torch.float32", 5, 0, 2, 0, "f.bin", 0},
