@@ -1,0 +1,499 @@
+"""Runs the runs of replay plans on pools of worker processes and assembles the traces
+(torch-free: the coordinator only starts, feeds and watches `python -m replay.worker`).
+
+One pool of worker processes per Megatron checkout; worker i is rank i of every run it takes
+part in, so a plan's phases at DP 2 then DP 4 use workers 0-1 and then 0-3 of the same pool.
+Each run is a fresh process group (a new file:// store) and fresh Megatron objects: what a
+restarted job sees, except that the Python process (and so its imports) is reused.
+
+When a rank of a run fails, the others get `abort_grace_s` seconds to finish or fail on their
+own; a rank still running after that is stopped (its worker process is killed and replaced)
+and recorded as PeerAborted (secondary), as ckptsim's model records the ranks of a crashed job.
+An error that another rank's failure plausibly caused (a communication error after the first
+error) is marked secondary too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import checkouts as co
+from . import errors as errors_mod
+from . import plan as plan_mod
+from . import trace_schema as ts
+
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMM_ERROR_TYPES = {"DistBackendError", "DistNetworkError", "DistStoreError", "DistError", "PeerAborted"}
+COMM_ERROR_TEXT = re.compile(r"connection (closed|reset)|timed out|timeout|broken pipe|peer|nccl error|"
+                             r"gloo|socket|ProcessGroup", re.IGNORECASE)
+
+
+# ---------------------------------------------------------------------------------------------
+# Decisions (pure functions, tested without a GPU)
+# ---------------------------------------------------------------------------------------------
+def te_decision(kind: str, te_installed: bool, emulate_te: bool, standin: bool
+                ) -> Tuple[Optional[str], bool, Optional[str]]:
+    """(te mode of the run, stand-in injected, reason to skip it). TE "installed" includes apex
+    (Megatron takes the same branches with apex's FusedAdam)."""
+    if te_installed:
+        if kind == "torch_adamw":
+            return None, False, ("torch_adamw is Megatron's fallback without TE and apex; with TE installed "
+                                 "Megatron builds TE's FusedAdam instead")
+        return "real", False, None
+    if kind == "torch_adamw":
+        return "absent", False, None
+    if kind == "fused_adam":
+        if emulate_te and standin:
+            return "emulated", True, None
+        return None, False, ("fused_adam needs TE's FusedAdam, and TE is not installed here: pass --emulate-te "
+                             "--fused-adam-standin to replay it on the labelled stand-in")
+    if kind == "hybrid":
+        if emulate_te:
+            return "emulated", bool(standin), None
+        return "absent", False, None
+    return None, False, "unknown optimizer kind %r" % kind
+
+
+def backend_decision(requested: str, dp: int, gpus: int) -> Tuple[Optional[str], bool, List[int], Optional[str]]:
+    """(backend, coalescing workaround, device of each rank, reason it cannot run)."""
+    if gpus < 1:
+        return None, False, [], "no CUDA device is visible to the workers"
+    if requested == "nccl" or (requested == "auto" and dp <= gpus):
+        if dp > gpus:
+            return None, False, [], "--backend nccl needs one GPU per rank: DP %d, %d GPUs" % (dp, gpus)
+        return "nccl", False, list(range(dp)), None
+    if requested in ("gloo", "auto"):
+        return "gloo", True, [r % gpus for r in range(dp)], None
+    return None, False, [], "unknown backend %r" % requested
+
+
+def looks_like_peer_failure(ev: Dict[str, Any]) -> bool:
+    return ev.get("py_type") in COMM_ERROR_TYPES or bool(COMM_ERROR_TEXT.search(ev.get("message", "")))
+
+
+def order_events(per_rank: Dict[int, List[Dict[str, Any]]]) -> List[Dict[str, Any]]:
+    """Merges the ranks' event lists: by (position in the rank's own list, rank)."""
+    keyed = [((i, r), ev) for r, evs in per_rank.items() for i, ev in enumerate(evs)]
+    keyed.sort(key=lambda kv: kv[0])
+    return [ev for _, ev in keyed]
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker processes
+# ---------------------------------------------------------------------------------------------
+class Worker:
+    def __init__(self, python: str, checkout: str, index: int, log_dir: str, env: Dict[str, str]) -> None:
+        self.checkout = checkout
+        self.index = index
+        label = os.path.basename(checkout.rstrip("/")) or "checkout"
+        self.log_path = os.path.join(log_dir, "worker-%s-%d-%d.log" % (label, index, int(time.time() * 1000) % 100000))
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([python, "-u", "-m", "replay.worker", "--megatron", checkout, "--index", str(index)],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+                                    cwd=PACKAGE_PARENT, env=env)
+        os.set_blocking(self.proc.stdout.fileno(), False)
+        self.state = "starting"  # starting -> idle -> busy -> cleaning -> idle; dead
+        self.hello: Optional[Dict[str, Any]] = None
+        self._buf = b""
+        self.started = time.time()
+
+    def send(self, obj: Dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(obj) + "\n").encode("utf-8"))
+        self.proc.stdin.flush()
+
+    def read_messages(self) -> Tuple[List[Dict[str, Any]], bool]:
+        """Messages available now, and whether the pipe reached EOF."""
+        eof = False
+        while True:
+            try:
+                chunk = os.read(self.proc.stdout.fileno(), 1 << 20)
+            except BlockingIOError:
+                break
+            if not chunk:
+                eof = True
+                break
+            self._buf += chunk
+        msgs = []
+        while b"\n" in self._buf:
+            line, self._buf = self._buf.split(b"\n", 1)
+            if line.strip():
+                msgs.append(json.loads(line.decode("utf-8")))
+        return msgs, eof
+
+    def death(self) -> str:
+        rc = self.proc.poll()
+        if rc is None:
+            return "running"
+        if rc < 0:
+            try:
+                return "killed by signal %d (%s)" % (-rc, signal.Signals(-rc).name)
+            except ValueError:
+                return "killed by signal %d" % -rc
+        return "exited with status %d" % rc
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        self.state = "dead"
+        try:
+            self._log.close()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        if self.proc.poll() is None and self.state in ("idle", "starting"):
+            try:
+                self.send({"cmd": "exit"})
+                self.proc.wait(timeout=20)
+            except (OSError, subprocess.TimeoutExpired, BrokenPipeError):
+                pass
+        self.kill()
+
+
+class Coordinator:
+    def __init__(self, opts: Dict[str, Any]) -> None:
+        self.opts = opts
+        self.python = opts.get("python") or sys.executable
+        self.work = opts["work_dir"]
+        self.log_dir = os.path.join(self.work, "logs")
+        os.makedirs(self.log_dir, exist_ok=True)
+        self.pools: Dict[str, List[Worker]] = {}
+        self.env = dict(os.environ)
+        self.env.setdefault("NCCL_NVLS_ENABLE", "0")
+        self.env.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+        self.env.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+        self.env["PYTHONUNBUFFERED"] = "1"
+        self.env["PYTHONPATH"] = PACKAGE_PARENT + (os.pathsep + self.env["PYTHONPATH"] if self.env.get("PYTHONPATH") else "")
+        self._pg_counter = 0
+        self.last_hello: Optional[Dict[str, Any]] = None
+        self.print = opts.get("print", lambda s: print(s, flush=True))
+
+    # ------------------------------------------------------------------ pools
+    def _pump(self, workers: List[Worker], timeout: float) -> List[Tuple[Worker, Optional[Dict[str, Any]]]]:
+        """Waits up to `timeout` for messages of any of `workers`; (worker, None) means it died."""
+        sel = selectors.DefaultSelector()
+        live = [w for w in workers if w.state != "dead"]
+        for w in live:
+            sel.register(w.proc.stdout, selectors.EVENT_READ, w)
+        out: List[Tuple[Worker, Optional[Dict[str, Any]]]] = []
+        try:
+            ready = sel.select(timeout=max(0.0, timeout)) if live else []
+        finally:
+            sel.close()
+        for key, _ in ready:
+            w = key.data
+            msgs, eof = w.read_messages()
+            out.extend((w, m) for m in msgs)
+            if eof:
+                if w.proc.poll() is None:
+                    try:
+                        w.proc.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        w.proc.kill()
+                w.state = "dead"
+                out.append((w, None))
+        return out
+
+    def _wait_state(self, w: Worker, timeout: float) -> None:
+        """Drives a starting or cleaning worker to idle, or kills it after `timeout` seconds."""
+        deadline = time.time() + timeout
+        while w.state in ("starting", "cleaning") and time.time() < deadline:
+            for ww, msg in self._pump([w], deadline - time.time()):
+                if msg is None:
+                    continue
+                if msg.get("type") == "hello":
+                    ww.hello = msg
+                    self.last_hello = msg
+                    ww.state = "idle" if msg.get("ok") else "broken"
+                elif msg.get("type") == "ready":
+                    ww.state = "idle"
+        if w.state in ("starting", "cleaning"):
+            self.print("worker %d (%s) not ready after %.0f s: killed; log %s" % (w.index, w.checkout, timeout, w.log_path))
+            w.kill()
+
+    def workers_for(self, checkout: str, n: int) -> List[Worker]:
+        pool = self.pools.setdefault(checkout, [])
+        for i in range(n):
+            if i >= len(pool):
+                pool.append(None)  # type: ignore[arg-type]
+            w = pool[i]
+            if w is None or w.state == "dead":
+                pool[i] = Worker(self.python, checkout, i, self.log_dir, self.env)
+        ws = pool[:n]
+        for w in ws:
+            if w.state in ("starting", "cleaning"):
+                self._wait_state(w, float(self.opts.get("start_timeout_s", 300)))
+            if w.state == "dead":  # died while starting or cleaning: one more try
+                idx = pool.index(w)
+                pool[idx] = Worker(self.python, checkout, w.index, self.log_dir, self.env)
+                self._wait_state(pool[idx], float(self.opts.get("start_timeout_s", 300)))
+        return pool[:n]
+
+    def prestart(self, checkout: str, n: int) -> None:
+        """Starts (without waiting) the first n workers of a checkout's pool, so that the imports of
+        every pool overlap instead of running one after another."""
+        pool = self.pools.setdefault(checkout, [])
+        while len(pool) < n:
+            pool.append(Worker(self.python, checkout, len(pool), self.log_dir, self.env))
+
+    def probe(self, checkout: str) -> Optional[Dict[str, Any]]:
+        """The hello of worker 0 of a checkout's pool (starts it): torch, GPUs, TE."""
+        w = self.workers_for(checkout, 1)[0]
+        return w.hello
+
+    def close(self) -> None:
+        for pool in self.pools.values():
+            for w in pool:
+                if w is not None:
+                    w.close()
+
+    # ------------------------------------------------------------------ one run
+    def execute_run(self, plan_path: str, plan: Dict[str, Any], index: int, checkout: Optional[str],
+                    missing_reason: Optional[str], done: Dict[str, Dict[str, Any]], ckpt_root: str) -> Dict[str, Any]:
+        run = plan["runs"][index]
+        rec: Dict[str, Any] = {"id": run["id"], "dp": run["dp"], "revision": run["revision"],
+                               "start_step": run["start_step"], "steps": run["steps"], "load": bool(run["load"]),
+                               "save": bool(run["save"]), "events": []}
+        if "phase" in run:
+            rec["phase"] = run["phase"]
+
+        def skipped(reason: str) -> Dict[str, Any]:
+            rec["status"] = "skipped"
+            rec["skipped_reason"] = reason
+            return rec
+
+        src = plan_mod.load_source(plan, index)
+        if run["load"]:
+            rec["load_from"] = src
+            prev = done.get(src) if src else None
+            if prev is None or prev["status"] != "completed":
+                return skipped("%s did not complete, so there is no checkpoint to resume from" % (src or "no earlier run"))
+        if checkout is None:
+            return skipped(missing_reason or "no Megatron checkout for revision %s" % run["revision"])
+        reason = plan_mod.unsupported_reason(plan)
+        if reason:
+            return skipped(reason)
+        hello = self.probe(checkout)
+        if hello is None or not hello.get("ok"):
+            # The checkout does not even import: a real outcome of that revision on this machine.
+            rec["status"] = "failed"
+            rec["events"] = [_import_error_event(r, hello) for r in range(run["dp"])]
+            return rec
+        kind = plan["scenario"]["optimizer"]["kind"]
+        te_mode, standin, why = te_decision(kind, bool(hello.get("transformer_engine") or hello.get("apex")),
+                                            bool(self.opts.get("emulate_te")), bool(self.opts.get("fused_adam_standin")))
+        if why:
+            return skipped(why)
+        backend, workaround, devices, why = backend_decision(self.opts.get("backend", "auto"), run["dp"],
+                                                             int(hello.get("gpus", 0)))
+        if why:
+            return skipped(why)
+        rec.update({"backend": backend, "te": te_mode, "fused_adam_standin": standin,
+                    "coalescing_workaround": workaround, "devices": devices})
+        self._pg_counter += 1
+        pg_file = os.path.join(self.work, "pg", "store-%d-%d" % (os.getpid(), self._pg_counter))
+        os.makedirs(os.path.dirname(pg_file), exist_ok=True)
+        if os.path.exists(pg_file):
+            os.remove(pg_file)
+        save_dir = os.path.join(ckpt_root, run["id"]) if run["save"] else None
+        if save_dir and os.path.exists(save_dir):
+            shutil.rmtree(save_dir)
+        load_dir = os.path.join(ckpt_root, src) if run["load"] else None
+        workers = self.workers_for(checkout, run["dp"])
+        broken = [w for w in workers if w.state != "idle"]
+        if broken:
+            rec["status"] = "failed"
+            rec["events"] = [_import_error_event(r, workers[r].hello) if workers[r].state != "idle"
+                             else errors_mod.peer_aborted_event(r, "init", "another rank's worker could not start")
+                             for r in range(run["dp"])]
+            return rec
+        t0 = time.time()
+        job_id = "%s#%d:%s" % (os.path.basename(plan_path), self._pg_counter, run["id"])
+        for r, w in enumerate(workers):
+            w.send({"cmd": "run", "job_id": job_id, "plan_path": os.path.abspath(plan_path), "run_index": index,
+                    "rank": r, "device": devices[r], "backend": backend, "init_method": "file://" + pg_file,
+                    "collective_timeout_s": float(self.opts.get("collective_timeout_s", 120)),
+                    "te": te_mode, "standin": standin, "coalescing_workaround": workaround,
+                    "save_dir": save_dir, "load_dir": load_dir, "values": bool(self.opts.get("values"))})
+            w.state = "busy"
+        results = self._collect(workers, run, time.time() + float(self.opts.get("run_timeout_s", 900)))
+        rec["wall_s"] = round(time.time() - t0, 2)
+        per_rank: Dict[int, List[Dict[str, Any]]] = {}
+        notes: List[str] = []
+        first_error_at: Optional[float] = None
+        for r in range(run["dp"]):
+            res = results[r]
+            per_rank[r] = res.get("events", [])
+            notes.extend(res.get("notes", []))
+            if res.get("_error_at") is not None:
+                first_error_at = res["_error_at"] if first_error_at is None else min(first_error_at, res["_error_at"])
+        # Errors that another rank's failure plausibly caused are secondary.
+        for r in range(run["dp"]):
+            res = results[r]
+            if first_error_at is None or res.get("_error_at") is None or res["_error_at"] <= first_error_at:
+                continue
+            for ev in per_rank[r]:
+                if ev["at"] == "error" and looks_like_peer_failure(ev):
+                    ev["secondary"] = True
+        rec["events"] = order_events(per_rank)
+        rec["status"] = "failed" if any(ev["at"] == "error" for ev in rec["events"]) else "completed"
+        rec["_notes"] = sorted(set(notes))
+        rec["_timings"] = {r: results[r].get("timings", {}) for r in range(run["dp"])}
+        return rec
+
+    def _collect(self, workers: List[Worker], run: Dict[str, Any], deadline: float) -> Dict[int, Dict[str, Any]]:
+        results: Dict[int, Dict[str, Any]] = {}
+        streamed: Dict[int, List[Dict[str, Any]]] = {r: [] for r in range(len(workers))}
+        stage_of: Dict[int, str] = {r: "init" for r in range(len(workers))}
+        rank_of = {id(w): r for r, w in enumerate(workers)}
+        grace = float(self.opts.get("abort_grace_s", 15))
+        first_error: Optional[float] = None
+        while len(results) < len(workers):
+            now = time.time()
+            limit = deadline if first_error is None else min(deadline, first_error + grace)
+            if now >= limit:
+                why = ("the run exceeded its time limit (%.0f s)" % float(self.opts.get("run_timeout_s", 900))
+                       if first_error is None else "stopped after another rank failed")
+                for r, w in enumerate(workers):
+                    if r not in results:
+                        self.print("rank %d (worker %d) %s: killed; log %s" % (r, w.index, why, w.log_path))
+                        w.kill()
+                        ev = errors_mod.peer_aborted_event(r, stage_of[r], why)
+                        if first_error is None:
+                            ev.update({"py_type": "ReplayTimeout", "secondary": False})
+                        results[r] = {"events": streamed[r] + [ev], "_error_at": now}
+                break
+            for w, msg in self._pump([w for r, w in enumerate(workers) if r not in results or w.state == "cleaning"],
+                                     limit - now):
+                r = rank_of[id(w)]
+                if msg is not None and msg.get("type") == "ready":
+                    w.state = "idle"
+                    continue
+                if r in results:
+                    continue
+                if msg is not None and msg.get("type") == "event":
+                    streamed[r].append(msg["event"])
+                    continue
+                if msg is not None and msg.get("type") == "stage":
+                    stage_of[r] = msg["stage"]
+                    continue
+                if msg is None:
+                    ev = {"rank": r, "at": "error", "stage": stage_of[r], "py_type": "WorkerCrash",
+                          "message": "the worker process %s (log %s)" % (w.death(), w.log_path), "site": "",
+                          "site_line": None, "merge_path": None, "merge_kind": None, "secondary": False,
+                          "global_step": None}
+                    results[r] = {"events": streamed[r] + [ev], "_error_at": time.time()}
+                elif msg.get("type") == "result":
+                    w.state = "cleaning"
+                    if msg.get("fatal"):
+                        ev = {"rank": r, "at": "error", "stage": "init", "py_type": "ReplayRunnerError",
+                              "message": msg["fatal"], "site": "", "site_line": None, "merge_path": None,
+                              "merge_kind": None, "secondary": False, "global_step": None,
+                              "traceback": msg.get("traceback", "")}
+                        msg = dict(msg, events=[ev])
+                    if any(ev["at"] == "error" for ev in msg.get("events", [])):
+                        msg["_error_at"] = time.time()
+                    results[r] = msg
+                else:
+                    continue
+                if results.get(r, {}).get("_error_at") is not None and first_error is None:
+                    first_error = results[r]["_error_at"]
+        return results
+
+    # ------------------------------------------------------------------ one plan
+    def replay_plan(self, plan_path: str, plan: Dict[str, Any], mapping: Dict[str, str],
+                    missing: Dict[str, str]) -> Dict[str, Any]:
+        name = plan_mod.scenario_name(plan)
+        os.makedirs(os.path.join(self.work, "checkpoints"), exist_ok=True)
+        ckpt_root = tempfile.mkdtemp(prefix="ckpt-%s-" % re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:40],
+                                     dir=os.path.join(self.work, "checkpoints"))
+        done: Dict[str, Dict[str, Any]] = {}
+        runs = []
+        for i, run in enumerate(plan["runs"]):
+            rev = run["revision"]
+            rec = self.execute_run(plan_path, plan, i, mapping.get(rev), missing.get(rev), done, ckpt_root)
+            done[run["id"]] = rec
+            runs.append(rec)
+            line = "  %-10s dp=%d %-18s %-9s" % (rec["id"], rec["dp"], rev, rec["status"])
+            if rec.get("backend"):
+                line += " backend=%s te=%s" % (rec["backend"], rec["te"])
+            if rec.get("wall_s") is not None:
+                line += " %.1fs" % rec["wall_s"]
+            if rec.get("skipped_reason"):
+                line += " (%s)" % rec["skipped_reason"]
+            first = next((e for e in rec["events"] if e["at"] == "error" and not e.get("secondary")), None)
+            if first:
+                line += "\n      rank %d %s: %s: %s [%s]" % (first["rank"], first["stage"], first["py_type"],
+                                                           first["message"][:400].replace("\n", " "),
+                                                           first.get("site_line") or first.get("site"))
+            self.print(line)
+        if not self.opts.get("keep_checkpoints"):
+            shutil.rmtree(ckpt_root, ignore_errors=True)
+        return self._trace(plan_path, plan, mapping, runs)
+
+    def _trace(self, plan_path: str, plan: Dict[str, Any], mapping: Dict[str, str], runs: List[Dict[str, Any]]
+               ) -> Dict[str, Any]:
+        ran = [r for r in runs if r["status"] != "skipped" and r.get("backend")]
+        backends = sorted({r["backend"] for r in ran})
+        tes = sorted({r["te"] for r in ran})
+        hello = self.last_hello or {}
+        notes: List[str] = []
+        for r in runs:
+            notes.extend(r.pop("_notes", []))
+            r.pop("_timings", None)
+        te_env = "real" if (hello.get("transformer_engine") or hello.get("apex")) else "absent"
+        setup = {
+            "backend": backends[0] if len(backends) == 1 else ("mixed" if backends else ("nccl" if hello.get("gpus", 0) else "gloo")),
+            "gpus": int(hello.get("gpus", 0) or 0),
+            "coalescing_workaround": any(r.get("coalescing_workaround") for r in ran),
+            "te": tes[0] if len(tes) == 1 else ("mixed" if tes else te_env),
+            "fused_adam_standin": bool(self.opts.get("fused_adam_standin")),
+            "torch": hello.get("torch"),
+            "python": hello.get("python"),
+            "hash": ts.HASH_NAME,
+            "adaptations": sorted(set(notes)),
+            "collective_timeout_s": float(self.opts.get("collective_timeout_s", 120)),
+            "values": bool(self.opts.get("values")),
+            "device_names": hello.get("device_names", []),
+            "transformer_engine": bool(hello.get("transformer_engine")),
+            "apex": bool(hello.get("apex")),
+        }
+        megatron: Dict[str, Any] = {}
+        for rev, info in plan["revisions"].items():
+            d = mapping.get(rev)
+            megatron[rev] = co.describe(d, info.get("upstream")) if d else None
+        gen = plan.get("generator") or {}
+        return {"format": ts.FORMAT, "version": ts.VERSION, "source": "real", "megatron": megatron, "setup": setup,
+                "scenario": plan_mod.scenario_name(plan), "runs": runs,
+                "tool": {"name": "replay", "argv": self.opts.get("argv", [])},
+                "plan": {"path": os.path.abspath(plan_path), "synthetic": bool(gen.get("synthetic", False)),
+                         "generator": gen.get("tool")}}
+
+
+def _import_error_event(rank: int, hello: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    err = (hello or {}).get("error") or "the worker did not start"
+    py_type, _, message = err.partition(": ")
+    site, site_line = "", None
+    tb = (hello or {}).get("traceback", "")
+    for m in re.finditer(r'File "([^"]+)", line (\d+), in (\S+)', tb):
+        rel = errors_mod._package_relative(m.group(1))
+        if rel:
+            site, site_line = "%s %s()" % (os.path.basename(rel), m.group(3)), "%s:%s" % (rel, m.group(2))
+    return {"rank": rank, "at": "error", "stage": "init", "py_type": py_type or "ImportError", "message": message or err,
+            "site": site, "site_line": site_line, "merge_path": None, "merge_kind": None, "secondary": rank != 0,
+            "global_step": None, "traceback": tb}

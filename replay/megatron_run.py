@@ -1,0 +1,435 @@
+"""One run of a replay plan on one rank, on the real megatron.core (torch; worker processes only).
+
+The rank does what one process of a Megatron training job does, in the order
+megatron/training/{training,checkpointing}.py does it (replay/PLAN_AND_TRACE.md, "What a run
+does"): build the model (the scenario's params, in order, with the plan's initial values),
+DistributedDataParallel, get_megatron_optimizer() and an OptimizerParamScheduler; then, for a
+resumed phase, load the previous phase's checkpoint as load_checkpoint() does; then train the
+phase's steps on the plan's gradients; then save with dist_checkpointing.save() in the
+dp_reshardable format. After each of these points it records the optimizer state (step
+counters and hashes) as a trace event; an exception becomes an error event and ends the run.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import gc
+import json
+import os
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from . import errors as errors_mod
+from . import plan as plan_mod
+from . import trace_schema as ts
+from .emulation import STEP_RECORDER, Patches, apply_coalescing_workaround, apply_te_emulation
+
+_PLAN_CACHE: Dict[str, Tuple[float, Dict[str, Any]]] = {}
+SHARDING_METADATA = {"distrib_optim_sharding_type": "dp_reshardable", "singleton_local_shards": False,
+                     "chained_optim_avoid_prefix": True}
+
+
+def load_plan_cached(path: str) -> Dict[str, Any]:
+    mtime = os.path.getmtime(path)
+    hit = _PLAN_CACHE.get(path)
+    if hit and hit[0] == mtime:
+        return hit[1]
+    with open(path, "r", encoding="utf-8") as f:
+        plan = json.load(f)
+    _PLAN_CACHE.clear()  # one plan at a time is enough; plans can be large
+    _PLAN_CACHE[path] = (mtime, plan)
+    return plan
+
+
+def _tensor_f32_bytes(t: Any) -> Optional[bytes]:
+    if not isinstance(t, torch.Tensor):
+        return None
+    return t.detach().to(torch.float32).reshape(-1).contiguous().cpu().numpy().astype("<f4", copy=False).tobytes()
+
+
+def _num(x: Any) -> Optional[float]:
+    if x is None:
+        return None
+    if isinstance(x, torch.Tensor):
+        if x.numel() != 1:
+            return None
+        return float(x.item())
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, (int, float)):
+        return x
+    return None
+
+
+def _uses_group_step(opt: Any) -> bool:
+    """TE/apex FusedAdam (and the stand-in) keep `step` in the param group."""
+    return bool(getattr(opt, "ckptsim_standin", False)) or type(opt).__name__ == "FusedAdam"
+
+
+class RankRun:
+    """Executes job["run_index"] of job["plan_path"] as rank job["rank"]."""
+
+    def __init__(self, job: Dict[str, Any], log: Any) -> None:
+        self.job = job
+        self.log = log
+        self.plan = load_plan_cached(job["plan_path"])
+        self.run = self.plan["runs"][job["run_index"]]
+        self.rank = int(job["rank"])
+        self.dp = int(self.run["dp"])
+        self.params = plan_mod.params(self.plan)
+        self.offsets = plan_mod.split_offsets(self.plan)
+        self.scenario = self.plan["scenario"]
+        self.events: List[Dict[str, Any]] = []
+        self.notes: List[str] = []
+        self.timings: Dict[str, float] = {}
+        self.patches = Patches()
+        self.module = self.ddp = self.opt = self.sched = None
+        self.dist_ready = False
+        # Set by the worker: each event and each stage change is also sent as it happens, so a
+        # rank that is stopped later still has its events up to there in the trace.
+        self.on_event: Optional[Any] = None
+        self.on_stage: Optional[Any] = None
+
+    def _add(self, ev: Dict[str, Any]) -> None:
+        self.events.append(ev)
+        if self.on_event is not None:
+            self.on_event(ev)
+
+    def _stage(self, stage: str) -> str:
+        if self.on_stage is not None:
+            self.on_stage(stage)
+        return stage
+
+    # ------------------------------------------------------------------ setup
+    def _init_distributed(self) -> None:
+        from megatron.core import parallel_state as ps
+
+        dev = int(self.job["device"])
+        torch.cuda.set_device(dev)
+        dist.init_process_group(backend=self.job["backend"], init_method=self.job["init_method"],
+                                rank=self.rank, world_size=self.dp,
+                                timeout=datetime.timedelta(seconds=float(self.job["collective_timeout_s"])))
+        self.dist_ready = True
+        ps.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+
+    def _build(self) -> None:
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer.optimizer_config import ParamKey
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+        from megatron.core.transformer.module import MegatronModule
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+        sc = self.scenario
+        o = sc["optimizer"]
+        # calculate_per_token_loss=True: DDP's gradient_scaling_factor is 1.0 and the
+        # reduce-scatter sums (average_in_collective stays False): the plan's local gradients
+        # are already scaled by 1/samples_per_step, as ckptsim scales them.
+        tconf = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=1, bf16=True,
+                                  params_dtype=torch.bfloat16, calculate_per_token_loss=True)
+
+        class ReplayModel(MegatronModule):
+            def forward(self, x):  # never called: the replay writes gradients into main_grad
+                return x
+
+        module = ReplayModel(tconf)
+        init = self.plan["initial_params"]
+        inexact = []
+        for p in self.params:
+            vals = torch.frombuffer(bytearray(ts.decode_f32_bytes(init[p["name"]])), dtype=torch.float32)
+            dtype = torch.bfloat16 if p["dtype"] == "bf16" else torch.float32
+            t = vals.to(dtype)
+            if not torch.equal(t.float(), vals):
+                inexact.append(p["name"])
+            setattr(module, p["name"], torch.nn.Parameter(t.cuda()))
+        if inexact:
+            self.notes.append("initial values not exact in bf16 (rounded): %s" % ", ".join(inexact))
+        bucket_size = sc.get("bucket_size")
+        ddp_conf = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True,
+            # DDP keeps an explicit bucket_size only with overlap_grad_reduce (it sets None
+            # otherwise); the replay switches the overlap off again once the buffers exist.
+            overlap_grad_reduce=bucket_size is not None,
+            overlap_param_gather=False,
+            use_distributed_optimizer=True,
+            bucket_size=bucket_size,
+            pad_buckets_for_high_nccl_busbw=bool(sc.get("pad_buckets_for_high_nccl_busbw", False)),
+            average_in_collective=False,
+        )
+        ddp = DistributedDataParallel(config=tconf, ddp_config=ddp_conf, module=module)
+        if bucket_size is not None:
+            ddp.ddp_config.overlap_grad_reduce = False
+            self.notes.append("bucket_size %d: DDP built with overlap_grad_reduce=True (keeps the bucket size), "
+                              "then grad sync made synchronous" % bucket_size)
+        hybrid = o["kind"] == "hybrid"
+        oconf = OptimizerConfig(
+            optimizer="adam", lr=float(o["lr"]), min_lr=0.0, weight_decay=float(o["weight_decay"]),
+            adam_beta1=float(o["betas"][0]), adam_beta2=float(o["betas"][1]), adam_eps=float(o["eps"]),
+            bf16=True, params_dtype=torch.bfloat16, use_distributed_optimizer=True, clip_grad=0.0,
+            optimizer_cpu_offload=hybrid,
+            optimizer_offload_fraction=float(o.get("offload_fraction", 0.0)) if hybrid else 0.0,
+            overlap_cpu_optimizer_d2h_h2d=bool(o.get("overlap_cpu_optimizer_d2h_h2d", False)) if hybrid else False,
+            # Megatron's arguments require --use-precision-aware-optimizer with --optimizer-cpu-offload.
+            use_precision_aware_optimizer=hybrid,
+        )
+        # Param groups: exactly the scenario's wd_mult / lr_mult. An explicit (possibly empty)
+        # override dict replaces Megatron's standard one (which sets wd_mult=0 for 1-D params
+        # and biases). lr_mult is carried for the group identity; the lr itself comes from
+        # max_lr (OptimizerParamScheduler sets group['lr'] = max_lr and ignores lr_mult).
+        by_mults: Dict[Tuple[float, float], List[str]] = {}
+        for p in self.params:
+            if (p["wd_mult"], p["lr_mult"]) != (1.0, 1.0):
+                by_mults.setdefault((p["wd_mult"], p["lr_mult"]), []).append(p["name"])
+        overrides: Dict[Any, Dict[str, float]] = {}
+        for (wd_mult, lr_mult), names in by_mults.items():
+            ov: Dict[str, float] = {}
+            if wd_mult != 1.0:
+                ov["wd_mult"] = wd_mult
+            if lr_mult != 1.0:
+                ov["lr_mult"] = lr_mult
+                ov["max_lr"] = float(o["lr"]) * lr_mult
+            overrides[ParamKey(name=tuple(names))] = ov
+        opt = get_megatron_optimizer(oconf, [ddp], config_overrides=overrides)
+        sched = OptimizerParamScheduler(opt, init_lr=float(o["lr"]), max_lr=float(o["lr"]), min_lr=0.0,
+                                        lr_warmup_steps=0, lr_decay_steps=1, lr_decay_style="constant",
+                                        start_wd=float(o["weight_decay"]), end_wd=float(o["weight_decay"]),
+                                        wd_incr_steps=1, wd_incr_style="constant")
+        self.module, self.ddp, self.opt, self.sched = module, ddp, opt, sched
+
+    # ------------------------------------------------------------------ state
+    def _dist_opt(self) -> Any:
+        chained = getattr(self.opt, "chained_optimizers", None)
+        return chained[0] if chained else self.opt
+
+    def _pairs(self, dopt: Any) -> List[Tuple[Any, Any]]:
+        """(model param, the param the inner optimizer holds for its shard), in model order."""
+        pa = bool(getattr(dopt.config, "use_precision_aware_optimizer_no_fp8_or_ds_fp8", False))
+        pairs = []
+        for mg, s16, s32 in zip(dopt.model_float16_groups, dopt.shard_float16_groups,
+                                dopt.shard_fp32_from_float16_groups):
+            for mp, a, b in zip(mg, s16, s32):
+                pairs.append((mp, a if pa else b))
+        for mg, sg in zip(dopt.model_fp32_groups, dopt.shard_fp32_groups):
+            for mp, a in zip(mg, sg):
+                pairs.append((mp, a))
+        order = {id(p): i for i, (_, p) in enumerate(self.module.named_parameters())}
+        pairs.sort(key=lambda pr: order.get(id(pr[0]), 1 << 30))
+        return pairs
+
+    def _event(self, at: str, global_step: int, used: Optional[Dict[int, float]] = None) -> Dict[str, Any]:
+        from megatron.core.optimizer.cpu_offloading import HybridDeviceOptimizer
+
+        dopt = self._dist_opt()
+        inner = dopt.optimizer
+        names = {id(p): n for n, p in self.module.named_parameters()}
+        parts, hashes = [], {k: {} for k in ts.HASH_KINDS}
+        values: Dict[str, Dict[str, Optional[str]]] = {k: {} for k in ts.HASH_KINDS}
+        want_values = bool(self.job.get("values"))
+        step_ids: Dict[int, int] = {}
+        part_step_ids: List[Optional[int]] = []
+
+        def put(kind: str, name: str, t: Any) -> None:
+            raw = _tensor_f32_bytes(t)
+            hashes[kind][name] = None if raw is None else ts.hash_f32_bytes(raw)
+            if want_values:
+                values[kind][name] = None if raw is None else base64.b64encode(raw).decode("ascii")
+
+        for mp, x in self._pairs(dopt):
+            name = names.get(id(mp), "?")
+            r = dopt._get_model_param_range_map(mp)["param"]
+            if isinstance(inner, HybridDeviceOptimizer):
+                ix = inner.param_to_inner_param.get(x, x)
+                if x in inner.gpu_params_map_cpu_copy:
+                    sub = next((o for o in inner.cpu_optimizers
+                                if any(ix is q for g in o.param_groups for q in g["params"])), None)
+                    part = "HDO cpu AdamW"
+                else:
+                    sub = inner.gpu_optimizer
+                    part = "HDO gpu FusedAdam" if _uses_group_step(sub) else "HDO gpu AdamW"
+            else:
+                ix, sub = x, inner
+                part = "FusedAdam" if _uses_group_step(inner) else "AdamW"
+            state = sub.state.get(ix, {}) if sub is not None else {}
+            group = None
+            if sub is not None:
+                group = next((g for g in sub.param_groups if any(ix is q for q in g["params"])), None)
+            step_t = None
+            if _uses_group_step(sub):
+                counter = _num(group.get("step")) if group is not None else None
+                step_used = None
+                if at == "after_step":
+                    last = getattr(sub, "last_step_used", None)
+                    if last is not None:
+                        step_used = _num(last.get(id(ix)))
+                    else:  # real TE: the group step after the update is the t it used
+                        step_used = counter
+            else:
+                step_t = state.get("step")
+                counter = _num(step_t)
+                step_used = None
+                if at == "after_step":
+                    if used:
+                        step_used = _num(used.get(id(ix)))
+                    else:  # the recorder saw no torch Adam call: the counter after the update
+                        step_used = counter
+                        self.notes.append("step_used of torch Adam parts read from the counter after the step "
+                                          "(the step recorder saw no call)")
+            sid = id(step_t) if isinstance(step_t, torch.Tensor) else None
+            if sid is not None:
+                step_ids[sid] = step_ids.get(sid, 0) + 1
+            part_step_ids.append(sid)
+            parts.append({"part": part, "param": name, "range": [int(r.start), int(r.end)],
+                          "step": counter, "step_used": step_used})
+            put("master", name, ix)
+            put("exp_avg", name, state.get("exp_avg"))
+            put("exp_avg_sq", name, state.get("exp_avg_sq"))
+        for part, sid in zip(parts, part_step_ids):
+            part["step_aliases"] = (step_ids[sid] - 1) if sid is not None else 0
+        for n, p in self.module.named_parameters():
+            put("model_param", n, p)
+        ev = {"rank": self.rank, "at": at, "global_step": int(global_step), "parts": parts, "hashes": hashes}
+        if want_values:
+            ev["values"] = values
+        return ev
+
+    # ------------------------------------------------------------------ phases of a run
+    def _metadata(self, base: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        from megatron.core import parallel_state as ps
+
+        md = dict(SHARDING_METADATA if base is None else base)
+        md["dp_cp_group"] = ps.get_data_parallel_group(with_context_parallel=True)
+        return md
+
+    def _load(self) -> int:
+        """megatron/training/checkpointing.py load_checkpoint(), torch_dist format."""
+        from megatron.core import dist_checkpointing
+
+        ckpt = self.job["load_dir"]
+        common = dist_checkpointing.load_common_state_dict(ckpt)
+        md = dist_checkpointing.load_content_metadata(preloaded_state_dict=common) or {}
+        md = self._metadata(dict(md))
+        sd: Dict[str, Any] = {"checkpoint_version": 3.0}
+        sd["model"] = self.module.sharded_state_dict(metadata=md)
+        sd["optimizer"] = self.opt.sharded_state_dict(sd, is_loading=True, metadata=md)
+        loaded = dist_checkpointing.load(sd, ckpt)
+        iteration = int(loaded.get("iteration", common.get("iteration", 0)))
+        self.ddp.load_state_dict(loaded["model"], strict=True)
+        self.opt.load_state_dict(loaded["optimizer"])
+        torch.cuda.synchronize()
+        return iteration
+
+    def _step(self, k: int) -> Dict[int, float]:
+        """megatron/training/training.py train_step(): zero the grad buffers, gradients into
+        main_grad (here: the plan's), finalize (grad sync), optimizer.step(), scheduler.step()."""
+        self.ddp.zero_grad_buffer()
+        self.opt.zero_grad()
+        raw = ts.decode_f32_bytes(self.run["grads"][k][self.rank])
+        flat = torch.frombuffer(bytearray(raw), dtype=torch.float32)
+        for (name, b, e), (_, p) in zip(self.offsets, self.module.named_parameters()):
+            p.main_grad.copy_(flat[b:e].view(p.main_grad.shape).to(p.main_grad.device))
+        self.ddp.finish_grad_sync()
+        standins = [o for o in self._all_inner_optimizers() if hasattr(o, "last_step_used")]
+        for o in standins:
+            o.last_step_used.clear()
+        STEP_RECORDER.start()
+        try:
+            res = self.opt.step()
+            ok = bool(res[0]) if isinstance(res, tuple) else bool(res)
+        finally:
+            used = STEP_RECORDER.stop()
+        if ok:
+            self.sched.step(increment=1)
+        else:
+            self.notes.append("optimizer.step() reported no update at step %d" % (k + 1))
+        torch.cuda.synchronize()
+        return used
+
+    def _all_inner_optimizers(self) -> List[Any]:
+        inner = self._dist_opt().optimizer
+        subs = getattr(inner, "sub_optimizers", None)
+        return list(subs) if subs is not None else [inner]
+
+    def _save(self, iteration: int) -> None:
+        """megatron/training/checkpointing.py save_checkpoint(), torch_dist format."""
+        from megatron.core import dist_checkpointing
+
+        ckpt = self.job["save_dir"]
+        os.makedirs(ckpt, exist_ok=True)
+        md = self._metadata()
+        sd: Dict[str, Any] = {"checkpoint_version": 3.0, "iteration": int(iteration)}
+        sd["model"] = self.module.sharded_state_dict(metadata=md)
+        sd["optimizer"] = self.opt.sharded_state_dict(sd, metadata=md)
+        content = {k: v for k, v in md.items() if k != "dp_cp_group"}
+        dist_checkpointing.save(sd, ckpt, validate_access_integrity=True, content_metadata=content)
+        torch.cuda.synchronize()
+
+    # ------------------------------------------------------------------ driver
+    def execute(self) -> Dict[str, Any]:
+        stage, gs = self._stage("init"), int(self.run.get("start_step", 0))
+        status = "completed"
+        t0 = time.time()
+        try:
+            if self.job["te"] == "emulated":
+                apply_te_emulation(self.patches, bool(self.job["standin"]))
+            self._init_distributed()
+            if self.job["coalescing_workaround"]:
+                apply_coalescing_workaround(self.patches)
+            self._build()
+            self.timings["build_s"] = round(time.time() - t0, 3)
+            if self.run.get("load"):
+                stage = self._stage("load")
+                t = time.time()
+                it = self._load()
+                self.timings["load_s"] = round(time.time() - t, 3)
+                if it != gs:
+                    self.notes.append("the checkpoint's iteration is %d, the plan's start_step %d" % (it, gs))
+                gs = it
+                self._add(self._event("after_load", gs))
+            else:
+                self._add(self._event("init", gs))
+            stage = self._stage("train")
+            t = time.time()
+            for k in range(int(self.run["steps"])):
+                used = self._step(k)
+                gs += 1
+                self._add(self._event("after_step", gs, used))
+            self.timings["train_s"] = round(time.time() - t, 3)
+            if self.run.get("save"):
+                stage = self._stage("save")
+                t = time.time()
+                self._save(gs)
+                self.timings["save_s"] = round(time.time() - t, 3)
+                self._add(self._event("at_save", gs))
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # noqa: BLE001 - CheckpointException derives from BaseException
+            status = "failed"
+            self._add(errors_mod.error_event(e, self.rank, stage, gs))
+        self.timings["run_s"] = round(time.time() - t0, 3)
+        return {"status": status, "events": self.events, "notes": self.notes + self.patches.notes,
+                "timings": self.timings}
+
+    def cleanup(self) -> None:
+        self.patches.restore()
+        try:
+            from megatron.core import parallel_state as ps
+
+            ps.destroy_model_parallel()
+        except Exception:  # noqa: BLE001
+            pass
+        if self.dist_ready:
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001
+                pass
+        self.module = self.ddp = self.opt = self.sched = None
+        gc.collect()
+        try:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        except Exception:  # noqa: BLE001
+            pass

@@ -1,0 +1,364 @@
+"""The ckptsim replay plan, version 1: reading and validation (torch-free, standard library).
+
+A plan is what `ckptsim replay-plan SCENARIO -o plan.json` exports (replay/PLAN_AND_TRACE.md):
+the scenario, the revision profiles it names, the initial params, and one entry per run (the
+uninterrupted reference run, then one per phase) with every rank's local gradient at every
+step. The runner never recomputes ckptsim's gradients; it replays these.
+"""
+
+from __future__ import annotations
+
+import json
+import keyword
+import os
+import re
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from . import trace_schema as ts
+
+FORMAT = "ckptsim-replay-plan"
+VERSION = 1
+KINDS = ("fused_adam", "torch_adamw", "hybrid")
+UPSTREAM_REPOS = ("NVIDIA/Megatron-LM", "radixark/Megatron-LM")
+_SHA = re.compile(r"^[0-9a-f]{7,40}$")
+
+
+class PlanError(ValueError):
+    """A plan that does not follow the schema; the message names the file and the field."""
+
+
+def load_plan(path: str) -> Dict[str, Any]:
+    """Reads and validates a plan file; raises PlanError naming the file and every problem."""
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            plan = json.load(f)
+    except OSError as e:
+        raise PlanError("%s: cannot read: %s" % (path, e)) from None
+    except json.JSONDecodeError as e:
+        raise PlanError("%s: not valid JSON: %s" % (path, e)) from None
+    problems = validate_plan(plan)
+    if problems:
+        raise PlanError("%s: not a valid replay plan:\n  %s" % (path, "\n  ".join(problems)))
+    return plan
+
+
+def plan_paths(args: Sequence[str]) -> List[str]:
+    """Expands plan arguments: a file is itself; a directory gives its *.json files, sorted."""
+    out: List[str] = []
+    for a in args:
+        if os.path.isdir(a):
+            out.extend(os.path.join(a, n) for n in sorted(os.listdir(a)) if n.endswith(".json"))
+        else:
+            out.append(a)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------------------------
+def validate_plan(plan: Any) -> List[str]:
+    """Every schema problem of a parsed plan, as "field: problem" strings ([] = valid)."""
+    errs: List[str] = []
+
+    def err(path: str, what: str) -> None:
+        errs.append("%s: %s" % (path, what))
+
+    if not isinstance(plan, dict):
+        return ["<root>: a plan must be a JSON object"]
+    allowed = {"format", "version", "scenario", "revisions", "initial_params", "runs", "generator"}
+    for k in plan:
+        if k not in allowed:
+            err(k, "unknown field (expected one of: %s)" % ", ".join(sorted(allowed)))
+    if plan.get("format") != FORMAT:
+        err("format", "must be %r, got %r" % (FORMAT, plan.get("format")))
+    if plan.get("version") != VERSION:
+        err("version", "must be %d, got %r" % (VERSION, plan.get("version")))
+    sc = plan.get("scenario")
+    if not isinstance(sc, dict):
+        err("scenario", "must be an object (the scenario file format)")
+        return errs
+    params = _validate_scenario(sc, err)
+    revisions = plan.get("revisions")
+    if not isinstance(revisions, dict) or not revisions:
+        err("revisions", "must be a non-empty object: profile name -> {upstream, switches}")
+        revisions = {}
+    for name, rev in revisions.items():
+        path = "revisions.%s" % name
+        if not isinstance(rev, dict):
+            err(path, "must be an object {upstream, switches}")
+            continue
+        for k in rev:
+            if k not in ("upstream", "switches", "description"):
+                err("%s.%s" % (path, k), "unknown field")
+        up = rev.get("upstream", None)
+        if up is not None:
+            if not isinstance(up, dict) or set(up) - {"repo", "commit", "ref"} or "repo" not in up or "commit" not in up:
+                err(path + ".upstream", "must be null or {repo, commit}")
+            else:
+                if up["repo"] not in UPSTREAM_REPOS:
+                    err(path + ".upstream.repo", "must be one of %s, got %r" % (", ".join(UPSTREAM_REPOS), up["repo"]))
+                if not isinstance(up["commit"], str) or not _SHA.match(up["commit"]):
+                    err(path + ".upstream.commit", "must be 7-40 lowercase hex digits, got %r" % (up["commit"],))
+        if not isinstance(rev.get("switches", {}), dict):
+            err(path + ".switches", "must be an object")
+    phases = sc.get("phases") if isinstance(sc.get("phases"), list) else []
+    for i, ph in enumerate(phases):
+        if isinstance(ph, dict) and isinstance(ph.get("revision"), str) and ph["revision"] not in revisions:
+            err("scenario.phases[%d].revision" % i, "%r is not in 'revisions'" % ph["revision"])
+
+    numel = {p["name"]: p["numel"] for p in params}
+    total = sum(numel.values())
+    ip = plan.get("initial_params")
+    if not isinstance(ip, dict):
+        err("initial_params", "must be an object: param name -> base64 float32")
+    else:
+        for name in numel:
+            if name not in ip:
+                err("initial_params.%s" % name, "is required (one entry per param)")
+        for name, text in ip.items():
+            if name not in numel:
+                err("initial_params.%s" % name, "is not a param of the scenario")
+                continue
+            try:
+                n = len(ts.decode_f32_bytes(text)) // 4
+            except ValueError as e:
+                err("initial_params.%s" % name, str(e))
+                continue
+            if n != numel[name]:
+                err("initial_params.%s" % name, "holds %d floats, the param has %d" % (n, numel[name]))
+
+    runs = plan.get("runs")
+    if not isinstance(runs, list) or not runs:
+        err("runs", "must be a non-empty array (the reference run, then one run per phase)")
+        return errs
+    _validate_runs(runs, phases, revisions, total, err)
+    return errs
+
+
+def _validate_scenario(sc: Dict[str, Any], err) -> List[Dict[str, Any]]:
+    """Checks the fields the runner reads; returns the valid params (name, numel)."""
+    if not isinstance(sc.get("name"), str) or not sc.get("name"):
+        err("scenario.name", "must be a non-empty string (revisions and names resolved by ckptsim)")
+    params = sc.get("params")
+    good: List[Dict[str, Any]] = []
+    if not isinstance(params, list) or not params:
+        err("scenario.params", "must be a non-empty array of {name, numel, dtype}")
+        params = []
+    names = set()
+    for i, p in enumerate(params):
+        path = "scenario.params[%d]" % i
+        if not isinstance(p, dict):
+            err(path, "must be an object")
+            continue
+        name, numel, dtype = p.get("name"), p.get("numel"), p.get("dtype")
+        ok = True
+        if not isinstance(name, str) or not name or name in names:
+            err(path + ".name", "must be a non-empty name used once, got %r" % (name,))
+            ok = False
+        if not isinstance(numel, int) or isinstance(numel, bool) or numel < 1:
+            err(path + ".numel", "must be an integer >= 1, got %r" % (numel,))
+            ok = False
+        if dtype not in ("bf16", "fp32"):
+            err(path + ".dtype", "must be \"bf16\" or \"fp32\", got %r" % (dtype,))
+        for k in ("wd_mult", "lr_mult"):
+            if k in p and (isinstance(p[k], bool) or not isinstance(p[k], (int, float)) or p[k] < 0):
+                err("%s.%s" % (path, k), "must be a number >= 0, got %r" % (p[k],))
+        if ok:
+            names.add(name)
+            good.append(p)
+    o = sc.get("optimizer")
+    if not isinstance(o, dict):
+        err("scenario.optimizer", "must be an object")
+    else:
+        if o.get("kind") not in KINDS:
+            err("scenario.optimizer.kind", "must be one of %s, got %r" % (", ".join(KINDS), o.get("kind")))
+        for k in ("lr", "eps", "weight_decay"):
+            if not ts.is_finite_number(o.get(k)):
+                err("scenario.optimizer.%s" % k, "must be a number, got %r" % (o.get(k),))
+        b = o.get("betas")
+        if not isinstance(b, list) or len(b) != 2 or not all(ts.is_finite_number(x) for x in b):
+            err("scenario.optimizer.betas", "must be [beta1, beta2], got %r" % (b,))
+        if o.get("kind") == "hybrid" and not ts.is_finite_number(o.get("offload_fraction")):
+            err("scenario.optimizer.offload_fraction", "is required for kind \"hybrid\"")
+    bs = sc.get("bucket_size", None)
+    if bs is not None and (not isinstance(bs, int) or isinstance(bs, bool) or bs < 1):
+        err("scenario.bucket_size", "must be null or an integer >= 1, got %r" % (bs,))
+    st = sc.get("sharding_type", "dp_reshardable")
+    if st != "dp_reshardable":
+        err("scenario.sharding_type", "only \"dp_reshardable\" is replayed, got %r" % (st,))
+    sps = sc.get("samples_per_step", 8)
+    if not isinstance(sps, int) or isinstance(sps, bool) or sps < 1:
+        err("scenario.samples_per_step", "must be an integer >= 1, got %r" % (sps,))
+    phases = sc.get("phases")
+    if not isinstance(phases, list) or not phases:
+        err("scenario.phases", "must be a non-empty array of {dp, revision, steps}")
+    else:
+        for i, ph in enumerate(phases):
+            path = "scenario.phases[%d]" % i
+            if not isinstance(ph, dict):
+                err(path, "must be an object")
+                continue
+            if not isinstance(ph.get("dp"), int) or isinstance(ph.get("dp"), bool) or ph["dp"] < 1:
+                err(path + ".dp", "must be an integer >= 1, got %r" % (ph.get("dp"),))
+            if not isinstance(ph.get("steps"), int) or isinstance(ph.get("steps"), bool) or ph["steps"] < 0:
+                err(path + ".steps", "must be an integer >= 0, got %r" % (ph.get("steps"),))
+            if not isinstance(ph.get("revision"), str) or not ph.get("revision"):
+                err(path + ".revision", "must be a profile name")
+    return good
+
+
+def expected_runs(phases: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The run entries (without grads) a plan of these phases must have, in order."""
+    if not phases:
+        return []
+    total = sum(int(p.get("steps", 0)) for p in phases)
+    out = [{"id": "reference", "dp": phases[0]["dp"], "revision": phases[0]["revision"], "start_step": 0,
+            "steps": total, "load": False, "save": False}]
+    start = 0
+    for k, p in enumerate(phases):
+        out.append({"id": "phase%d" % k, "phase": k, "dp": p["dp"], "revision": p["revision"],
+                    "start_step": start, "steps": p["steps"], "load": k > 0,
+                    "save": bool(p.get("save", True))})
+        start += p["steps"]
+    return out
+
+
+def _validate_runs(runs: List[Any], phases: List[Any], revisions: Dict[str, Any], total_numel: int, err) -> None:
+    good_phases = [p for p in phases if isinstance(p, dict) and isinstance(p.get("dp"), int)
+                   and isinstance(p.get("steps"), int) and isinstance(p.get("revision"), str)]
+    want = expected_runs(good_phases) if len(good_phases) == len(phases) else []
+    if want and len(runs) != len(want):
+        err("runs", "must hold %d entries (reference + %d phases), got %d" % (len(want), len(phases), len(runs)))
+    allowed = {"id", "phase", "dp", "revision", "start_step", "steps", "load", "save", "load_from", "grads"}
+    ids = set()
+    for i, run in enumerate(runs):
+        path = "runs[%d]" % i
+        if not isinstance(run, dict):
+            err(path, "must be an object")
+            continue
+        for k in run:
+            if k not in allowed:
+                err("%s.%s" % (path, k), "unknown field")
+        rid = run.get("id")
+        if not isinstance(rid, str) or not rid or rid in ids:
+            err(path + ".id", "must be a unique non-empty string, got %r" % (rid,))
+        ids.add(rid)
+        if run.get("revision") not in revisions:
+            err(path + ".revision", "%r is not in 'revisions'" % (run.get("revision"),))
+        if i < len(want):
+            for k, v in want[i].items():
+                if run.get(k) != v:
+                    err("%s.%s" % (path, k), "must be %r, got %r" % (v, run.get(k)))
+        lf = run.get("load_from")
+        if lf is not None and (lf not in ids or lf == rid):
+            err(path + ".load_from", "must name an earlier run, got %r" % (lf,))
+        dp, steps = run.get("dp"), run.get("steps")
+        grads = run.get("grads")
+        if not isinstance(dp, int) or not isinstance(steps, int):
+            continue
+        if not isinstance(grads, list) or len(grads) != steps:
+            err(path + ".grads", "must hold one entry per step (%d), got %s"
+                % (steps, len(grads) if isinstance(grads, list) else type(grads).__name__))
+            continue
+        for k, per_rank in enumerate(grads):
+            gpath = "%s.grads[%d]" % (path, k)
+            if not isinstance(per_rank, list) or len(per_rank) != dp:
+                err(gpath, "must hold one base64 array per rank (%d)" % dp)
+                continue
+            for r, text in enumerate(per_rank):
+                try:
+                    n = len(ts.decode_f32_bytes(text)) // 4
+                except ValueError as e:
+                    err("%s[%d]" % (gpath, r), str(e))
+                    continue
+                if n != total_numel:
+                    err("%s[%d]" % (gpath, r), "holds %d floats, the params hold %d in all" % (n, total_numel))
+
+
+# ---------------------------------------------------------------------------------------------
+# Accessors used by the runner
+# ---------------------------------------------------------------------------------------------
+def scenario_name(plan: Dict[str, Any]) -> str:
+    return plan["scenario"]["name"]
+
+
+def params(plan: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The params in model order: [{name, numel, dtype, wd_mult, lr_mult}] with defaults filled."""
+    out = []
+    for p in plan["scenario"]["params"]:
+        out.append({"name": p["name"], "numel": int(p["numel"]), "dtype": p["dtype"],
+                    "wd_mult": float(p.get("wd_mult", 1.0)), "lr_mult": float(p.get("lr_mult", 1.0))})
+    return out
+
+
+def run_by_id(plan: Dict[str, Any], run_id: str) -> Dict[str, Any]:
+    for r in plan["runs"]:
+        if r["id"] == run_id:
+            return r
+    raise KeyError(run_id)
+
+
+def load_source(plan: Dict[str, Any], run_index: int) -> Optional[str]:
+    """The id of the run whose checkpoint run `run_index` loads (None when it does not load):
+    its "load_from", else the nearest earlier run with save=true other than the reference."""
+    run = plan["runs"][run_index]
+    if not run.get("load"):
+        return None
+    if run.get("load_from"):
+        return run["load_from"]
+    for prev in reversed(plan["runs"][:run_index]):
+        if prev["id"] != "reference" and prev.get("save"):
+            return prev["id"]
+    return None
+
+
+def rank_gradients(plan: Dict[str, Any], run: Dict[str, Any], rank: int) -> List[bytes]:
+    """Rank `rank`'s local gradient bytes (little-endian float32, every param concatenated in
+    model order) for each step of the run."""
+    return [ts.decode_f32_bytes(step[rank]) for step in run["grads"]]
+
+
+def split_offsets(plan: Dict[str, Any]) -> List[Tuple[str, int, int]]:
+    """(name, begin, end) of each param inside a concatenated gradient, in model order."""
+    out, off = [], 0
+    for p in params(plan):
+        out.append((p["name"], off, off + p["numel"]))
+        off += p["numel"]
+    return out
+
+
+def unsupported_reason(plan: Dict[str, Any]) -> Optional[str]:
+    """Why the real runner cannot replay this (valid) plan, or None."""
+    for p in params(plan):
+        n = p["name"]
+        if not n.isidentifier() or keyword.iskeyword(n):
+            return ("param name %r: the real replay registers params as module attributes, so names "
+                    "must be Python identifiers" % n)
+    return None
+
+
+def check_gradient_sums(plan: Dict[str, Any]) -> List[str]:
+    """Every (global step, element) whose gradient summed over ranks differs between the runs
+    that take that step. Exact (float32 values summed in double); the dyadic gradients of
+    ckptsim sum to the same total at any DP. Returns at most 10 problems."""
+    out: List[str] = []
+    totals: Dict[int, Tuple[str, List[float]]] = {}
+    for run in plan["runs"]:
+        for k, per_rank in enumerate(run["grads"]):
+            step = run["start_step"] + k + 1
+            acc: Optional[List[float]] = None
+            for text in per_rank:
+                vals = ts.decode_f32(text)
+                acc = vals if acc is None else [a + b for a, b in zip(acc, vals)]
+            acc = acc or []
+            if step not in totals:
+                totals[step] = (run["id"], acc)
+                continue
+            ref_id, ref = totals[step]
+            for e, (a, b) in enumerate(zip(ref, acc)):
+                if a != b:
+                    out.append("global step %d element %d: %s sums to %r, %s to %r" % (step, e, ref_id, a, run["id"], b))
+                    break
+            if len(out) >= 10:
+                return out
+    return out

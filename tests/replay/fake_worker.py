@@ -1,0 +1,112 @@
+"""A stand-in for `python -m replay.worker` in tests of the coordinator: it speaks the worker
+protocol without torch or Megatron and makes up the optimizer state. Started through
+fake_python (given to the coordinator as its interpreter); it ignores "-u -m replay.worker".
+
+Behaviour is set by the environment variable FAKE_REPLAY (JSON):
+  {"fail":  {RUN_ID: {"rank": R, "stage": S, "py_type": T, "message": M, "merge_path": [...]}},
+   "hang":  {RUN_ID: [RANK, ...]},            ranks that never answer
+   "crash": {RUN_ID: [RANK, ...]},            ranks whose process exits without a result
+   "hello_fail": "ModuleNotFoundError: No module named 'miles_megatron_plugins'",
+   "gpus": N, "te": bool}
+"""
+
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+
+from replay import plan as plan_mod  # noqa: E402
+from replay import trace_schema as ts  # noqa: E402
+
+
+def main():
+    args = [a for a in sys.argv[1:] if a not in ("-u", "-m", "replay.worker")]
+    index = int(args[args.index("--index") + 1])
+    checkout = args[args.index("--megatron") + 1]
+    cfg = json.loads(os.environ.get("FAKE_REPLAY", "{}"))
+    out = sys.stdout
+    hello = {"type": "hello", "index": index, "checkout": checkout, "ok": True, "torch": "fake",
+             "python": "3", "gpus": cfg.get("gpus", 1), "transformer_engine": cfg.get("te", False), "apex": False}
+    if cfg.get("hello_fail"):
+        hello.update(ok=False, error=cfg["hello_fail"],
+                     traceback='File "%s/megatron/core/models/gpt/gpt_model.py", line 42, in <module>\n' % checkout)
+        out.write(json.dumps(hello) + "\n")
+        out.flush()
+        return 1
+    out.write(json.dumps(hello) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        job = json.loads(line)
+        if job.get("cmd") == "exit":
+            return 0
+        with open(job["plan_path"]) as f:
+            plan = json.load(f)
+        run = plan["runs"][job["run_index"]]
+        rank = job["rank"]
+        rid = run["id"]
+        events = []
+        gs = run["start_step"]
+        fail = cfg.get("fail", {}).get(rid)
+        names = [p["name"] for p in plan_mod.params(plan)]
+
+        def ev(at, step_value):
+            parts = [{"part": "HDO cpu AdamW", "param": n, "range": [0, 8], "step": step_value,
+                      "step_used": step_value if at == "after_step" else None} for n in names]
+            h = ts.hash_f32([float(gs)] * 8)
+            return {"rank": rank, "at": at, "global_step": gs, "parts": parts,
+                    "hashes": {"master": {n: h for n in names}, "exp_avg": {n: h for n in names},
+                               "exp_avg_sq": {n: h for n in names}, "model_param": {n: h for n in names}}}
+
+        def stream(e):
+            out.write(json.dumps({"type": "event", "job_id": job["job_id"], "event": e}) + "\n")
+            out.flush()
+
+        def stage_msg(st):
+            out.write(json.dumps({"type": "stage", "job_id": job["job_id"], "stage": st}) + "\n")
+            out.flush()
+
+        status = "completed"
+        stages = (["load"] if run["load"] else []) + ["train"] + (["save"] if run["save"] else [])
+        if not run["load"]:
+            events.append(ev("init", None))
+            stream(events[-1])
+        counter = 1.0 if run["load"] else 0.0
+        for stage in stages:
+            stage_msg(stage)
+            if stage == stages[-1] and rank in cfg.get("hang", {}).get(rid, []):
+                time.sleep(3600)
+            if stage == stages[-1] and rank in cfg.get("crash", {}).get(rid, []):
+                os._exit(7)
+            if fail and fail.get("rank", rank) == rank and fail["stage"] == stage:
+                events.append({"rank": rank, "at": "error", "stage": stage, "py_type": fail["py_type"],
+                               "message": fail["message"], "site": fail.get("site", "dict_utils.py merge()"),
+                               "site_line": None, "merge_path": fail.get("merge_path"),
+                               "merge_kind": fail.get("merge_kind"), "secondary": False, "global_step": gs})
+                status = "failed"
+                break
+            if stage == "load":
+                gs = run["start_step"]
+                events.append(ev("after_load", counter))
+                stream(events[-1])
+            elif stage == "train":
+                for _ in range(run["steps"]):
+                    gs += 1
+                    counter += 1
+                    events.append(ev("after_step", counter))
+                    stream(events[-1])
+            else:
+                events.append(ev("at_save", counter))
+                stream(events[-1])
+        res = {"type": "result", "job_id": job["job_id"], "status": status, "events": events,
+               "notes": ["fake worker %s" % job["backend"]], "timings": {}}
+        out.write(json.dumps(res) + "\n")
+        out.write(json.dumps({"type": "ready", "job_id": job["job_id"]}) + "\n")
+        out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""Shared helpers of the replay tests (torch-free)."""
+
+import copy
+import json
+import os
+
+from replay import synthetic_plan
+from replay import trace_schema as ts
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = os.path.join(HERE, "data")
+FAKE_PYTHON = os.path.join(HERE, "fake_python")
+
+
+def scenario(name):
+    for sub in ("scenarios", os.path.join("scenarios", "found")):
+        p = os.path.join(ROOT, sub, name + ".json")
+        if os.path.exists(p):
+            with open(p) as f:
+                return json.load(f), p
+    raise FileNotFoundError(name)
+
+
+def synthetic(name, **overrides):
+    sc, path = scenario(name)
+    sc = copy.deepcopy(sc)
+    sc.update(overrides)
+    profiles = synthetic_plan._load_profiles([os.path.join(ROOT, "revisions")])
+    return synthetic_plan.build_plan(sc, path, profiles)
+
+
+def write_json(tmp_path, name, obj):
+    p = os.path.join(str(tmp_path), name)
+    with open(p, "w") as f:
+        json.dump(obj, f)
+    return p
+
+
+def hashes_for(names, value=0.0):
+    h = ts.hash_f32([value])
+    return {k: {n: h for n in names} for k in ts.HASH_KINDS}
+
+
+def minimal_trace():
+    """A small valid trace: one reference run, one resumed run that fails at the load."""
+    names = ["w0"]
+    ev = lambda r, at, gs, step: {"rank": r, "at": at, "global_step": gs,  # noqa: E731
+                                  "parts": [{"part": "HDO cpu AdamW", "param": "w0", "range": [r * 4, r * 4 + 4],
+                                             "step": step, "step_used": step if at == "after_step" else None}],
+                                  "hashes": hashes_for(names, float(gs))}
+    return {
+        "format": "ckptsim-trace", "version": 1, "source": "real",
+        "megatron": {"upstream-2874": {"repo": "NVIDIA/Megatron-LM", "commit": "f4502eb1c9", "dir": "/x",
+                                       "commit_source": "stamp"}},
+        "setup": {"backend": "gloo", "gpus": 1, "coalescing_workaround": True, "te": "emulated",
+                  "fused_adam_standin": False, "torch": "2.11.0", "hash": ts.HASH_NAME, "adaptations": []},
+        "scenario": "tiny",
+        "runs": [
+            {"id": "reference", "dp": 2, "revision": "upstream-2874", "status": "completed",
+             "events": [ev(0, "init", 0, None), ev(1, "init", 0, None), ev(0, "after_step", 1, 1.0),
+                        ev(1, "after_step", 1, 1.0)]},
+            {"id": "phase1", "dp": 2, "revision": "upstream-2874", "status": "failed", "load": True,
+             "events": [
+                 {"rank": 0, "at": "error", "stage": "load", "py_type": "ValueError", "message": "Duplicate",
+                  "site": "dict_utils.py merge()", "site_line": "megatron/core/dist_checkpointing/dict_utils.py:237",
+                  "merge_path": ["'optimizer'", "'step'"], "merge_kind": "duplicate_leaf", "secondary": False,
+                  "global_step": 1},
+                 ev(1, "after_load", 1, 1.0)]},
+        ],
+    }

@@ -1,0 +1,115 @@
+import copy
+import json
+import os
+
+import pytest
+
+from replay import plan as plan_mod
+from replay import trace_schema as ts
+
+from helpers import ROOT, synthetic, write_json
+
+BUNDLED = sorted(n[:-5] for n in os.listdir(os.path.join(ROOT, "scenarios")) if n.endswith(".json"))
+
+
+@pytest.mark.parametrize("name", BUNDLED)
+def test_synthetic_plans_of_bundled_scenarios_are_valid(name):
+    plan = synthetic(name)
+    assert plan_mod.validate_plan(plan) == []
+    assert plan_mod.check_gradient_sums(plan) == []
+
+
+def test_plan_structure_of_bug2():
+    plan = synthetic("bug2-step-reset-dp2-to-4")
+    runs = plan["runs"]
+    assert [(r["id"], r["dp"], r["start_step"], r["steps"], r["load"], r["save"]) for r in runs] == [
+        ("reference", 2, 0, 8, False, False), ("phase0", 2, 0, 5, False, True), ("phase1", 4, 5, 3, True, True)]
+    assert plan["revisions"]["upstream-2874"]["upstream"] == {
+        "repo": "NVIDIA/Megatron-LM", "commit": "f4502eb1c92f77e0ed190cac00293e8ac192543b"}
+    assert plan_mod.load_source(plan, 2) == "phase0"
+    assert plan_mod.load_source(plan, 1) is None
+    assert plan_mod.split_offsets(plan) == [("w0", 0, 1000), ("w1", 1000, 1600)]
+    g = plan_mod.rank_gradients(plan, runs[2], 3)
+    assert len(g) == 3 and all(len(b) == 1600 * 4 for b in g)
+    assert plan_mod.unsupported_reason(plan) is None
+
+
+def test_load_plan_reads_and_names_the_file(tmp_path):
+    plan = synthetic("torch-adamw-resume-asserts")
+    p = write_json(tmp_path, "p.json", plan)
+    assert plan_mod.load_plan(p)["scenario"]["name"] == "torch-adamw-resume-asserts"
+    bad = copy.deepcopy(plan)
+    bad["runs"][1]["grads"][0][0] = ts.encode_f32([0.0])
+    p2 = write_json(tmp_path, "bad.json", bad)
+    with pytest.raises(plan_mod.PlanError) as e:
+        plan_mod.load_plan(p2)
+    assert "bad.json" in str(e.value) and "runs[1].grads[0][0]" in str(e.value)
+    with open(os.path.join(str(tmp_path), "broken.json"), "w") as f:
+        f.write("{")
+    with pytest.raises(plan_mod.PlanError):
+        plan_mod.load_plan(os.path.join(str(tmp_path), "broken.json"))
+
+
+def _mut(fn):
+    plan = copy.deepcopy(synthetic("torch-adamw-resume-asserts"))
+    fn(plan)
+    return plan_mod.validate_plan(plan)
+
+
+@pytest.mark.parametrize("mutation,needle", [
+    (lambda p: p.update(format="x"), "format"),
+    (lambda p: p.update(version=2), "version"),
+    (lambda p: p.update(unknown=1), "unknown"),
+    (lambda p: p["scenario"]["params"][0].update(dtype="fp16"), "dtype"),
+    (lambda p: p["scenario"]["params"][1].update(name="a"), "name"),
+    (lambda p: p["scenario"]["optimizer"].update(kind="sgd"), "kind"),
+    (lambda p: p["scenario"].update(sharding_type="fully_reshardable"), "sharding_type"),
+    (lambda p: p["revisions"]["upstream-2874"].update(upstream={"repo": "me/Megatron", "commit": "abc1234"}), "repo"),
+    (lambda p: p["revisions"]["upstream-2874"].update(upstream={"repo": "NVIDIA/Megatron-LM", "commit": "xyz"}),
+     "commit"),
+    (lambda p: p["initial_params"].pop("a"), "initial_params.a"),
+    (lambda p: p["initial_params"].update(a=ts.encode_f32([0.0])), "initial_params.a"),
+    (lambda p: p["runs"].pop(0), "runs"),
+    (lambda p: p["runs"][1].update(dp=3), "dp"),
+    (lambda p: p["runs"][2].update(start_step=0), "start_step"),
+    (lambda p: p["runs"][2].update(load=False), "load"),
+    (lambda p: p["runs"][1]["grads"].pop(), "grads"),
+    (lambda p: p["runs"][1]["grads"][0].pop(), "grads[0]"),
+    (lambda p: p["runs"][2].update(load_from="phase9"), "load_from"),
+    (lambda p: p["runs"][1].update(revision="nope"), "revision"),
+    (lambda p: p["scenario"]["phases"][0].update(revision="nope"), "revision"),
+])
+def test_invalid_plans_are_rejected(mutation, needle):
+    errs = _mut(mutation)
+    assert errs and any(needle in e for e in errs), errs
+
+
+def test_gradient_sum_check_finds_a_changed_element():
+    plan = copy.deepcopy(synthetic("bug2-step-reset-dp2-to-4"))
+    vals = ts.decode_f32(plan["runs"][2]["grads"][1][3])
+    vals[7] += 1.0
+    plan["runs"][2]["grads"][1][3] = ts.encode_f32(vals)
+    probs = plan_mod.check_gradient_sums(plan)
+    assert probs and "global step 7 element 7" in probs[0]
+
+
+def test_unsupported_param_names():
+    plan = synthetic("torch-adamw-resume-asserts")
+    plan["scenario"]["params"][0]["name"] = "layer.weight"
+    assert "identifiers" in plan_mod.unsupported_reason(plan)
+    plan["scenario"]["params"][0]["name"] = "class"
+    assert plan_mod.unsupported_reason(plan)
+
+
+def test_plan_paths_expands_folders(tmp_path):
+    for n in ("b.json", "a.json", "notes.txt"):
+        open(os.path.join(str(tmp_path), n), "w").close()
+    assert [os.path.basename(p) for p in plan_mod.plan_paths([str(tmp_path)])] == ["a.json", "b.json"]
+    assert plan_mod.plan_paths(["x.json"]) == ["x.json"]
+
+
+def test_plan_json_round_trips_through_json():
+    plan = synthetic("bug1-duplicate-leaf-dp2-to-2")
+    again = json.loads(json.dumps(plan))
+    assert plan_mod.validate_plan(again) == []
+    assert set(again["revisions"]) == {"miles-main", "upstream-2874"}

@@ -1,0 +1,99 @@
+import copy
+import struct
+
+import pytest
+
+from replay import trace_schema as ts
+
+from helpers import minimal_trace
+
+
+def test_fnv1a64_known_vectors():
+    # FNV-1a 64 test vectors (Fowler/Noll/Vo): "" and "a", "foobar".
+    assert ts.fnv1a64(b"") == 0xCBF29CE484222325
+    assert ts.fnv1a64(b"a") == 0xAF63DC4C8601EC8C
+    assert ts.fnv1a64(b"foobar") == 0x85944171F73967E8
+
+
+def test_hash_is_over_little_endian_float32_bytes():
+    vals = [1.0, -0.0, 0.5, 3.140625]
+    raw = b"".join(struct.pack("<f", v) for v in vals)
+    assert ts.hash_f32(vals) == "%016x" % ts.fnv1a64(raw)
+    assert ts.hash_f32([]) == "cbf29ce484222325"
+    # -0.0 and +0.0 hash differently: the hash is over bits, not values.
+    assert ts.hash_f32([0.0]) != ts.hash_f32([-0.0])
+    # A float64 that is not a float32 is rounded first (what a float32 tensor would hold).
+    assert ts.hash_f32([0.1]) == ts.hash_f32([struct.unpack("<f", struct.pack("<f", 0.1))[0]])
+
+
+def test_hash_rejects_partial_floats():
+    with pytest.raises(ValueError):
+        ts.hash_f32_bytes(b"\x00\x00\x80")
+
+
+def test_base64_float32_round_trip():
+    vals = [0.0, -1.5, 2.0 ** -16, 65504.0]
+    text = ts.encode_f32(vals)
+    assert ts.decode_f32(text) == vals
+    assert ts.decode_f32_bytes(text) == b"".join(struct.pack("<f", v) for v in vals)
+    with pytest.raises(ValueError):
+        ts.decode_f32("AAA")  # not a multiple of 4 bytes / bad padding
+    with pytest.raises(ValueError):
+        ts.decode_f32("!!!!")
+    with pytest.raises(ValueError):
+        ts.decode_f32(12)
+
+
+def test_minimal_trace_is_valid():
+    assert ts.validate_trace(minimal_trace()) == []
+
+
+def _mutate(fn):
+    t = copy.deepcopy(minimal_trace())
+    fn(t)
+    return ts.validate_trace(t)
+
+
+@pytest.mark.parametrize("mutation,needle", [
+    (lambda t: t.update(format="other"), "format"),
+    (lambda t: t.update(version=2), "version"),
+    (lambda t: t.update(source="sim"), "source"),
+    (lambda t: t["setup"].update(backend="mpi"), "setup.backend"),
+    (lambda t: t["setup"].update(te="maybe"), "setup.te"),
+    (lambda t: t["setup"].pop("coalescing_workaround"), "coalescing_workaround"),
+    (lambda t: t["setup"].update(hash="md5"), "setup.hash"),
+    (lambda t: t.update(extra=1), "extra"),
+    (lambda t: t["runs"][0]["events"][2]["parts"][0].update(part="Lion"), "part"),
+    (lambda t: t["runs"][0]["events"][2]["parts"][0].update(range=[4, 4]), "range"),
+    (lambda t: t["runs"][0]["events"][2]["parts"][0].update(step="1"), "step"),
+    (lambda t: t["runs"][0]["events"][2]["hashes"]["master"].update(w0="XYZ"), "hashes.master.w0"),
+    (lambda t: t["runs"][0]["events"][2]["hashes"]["model_param"].update(w0=None), "model_param.w0"),
+    (lambda t: t["runs"][0]["events"][2]["hashes"]["exp_avg"].update(w9="cbf29ce484222325"), "exp_avg"),
+    (lambda t: t["runs"][0]["events"][2].update(at="after_save"), "at"),
+    (lambda t: t["runs"][0]["events"][2].update(rank=2), "rank"),
+    (lambda t: t["runs"][0]["events"].reverse(), "ordered"),
+    (lambda t: t["runs"][1].update(status="completed"), "completed run"),
+    (lambda t: t["runs"][0].update(status="failed"), "failed run"),
+    (lambda t: t["runs"][0].update(status="skipped"), "skipped"),
+    (lambda t: t["runs"][1]["events"][0].update(stage="resume"), "stage"),
+    (lambda t: t["runs"][1]["events"][0].update(merge_path="('optimizer',)"), "merge_path"),
+    (lambda t: t["runs"][1]["events"][0].update(merge_kind="other"), "merge_kind"),
+    (lambda t: t["runs"][1]["events"][0].pop("site"), "site"),
+    (lambda t: t["runs"][1].update(id="reference"), "duplicate run id"),
+])
+def test_mutations_are_rejected(mutation, needle):
+    errs = _mutate(mutation)
+    assert errs, "mutation was accepted"
+    assert any(needle in e for e in errs), errs
+
+
+def test_values_must_match_hashes():
+    t = minimal_trace()
+    ev = t["runs"][0]["events"][2]
+    ev["values"] = {"master": {"w0": ts.encode_f32([2.0])}}
+    assert ts.validate_trace(t) == []
+    assert ts.check_values_match_hashes(ev)  # the hashes hold [1.0]
+    ev["values"] = {"master": {"w0": ts.encode_f32([float(ev["global_step"])])}}
+    assert ts.check_values_match_hashes(ev) == []
+    ev["values"] = {"master": {"w0": "%%"}}
+    assert any("values.master.w0" in e for e in ts.validate_trace(t))
