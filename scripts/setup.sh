@@ -9,6 +9,8 @@ packages=(
   # libraries (Debian 12 packages only; see README "Dependencies")
   libtorch-dev libgloo-dev librapidcheck-dev libgtest-dev libgmock-dev libeigen3-dev libfmt-dev
   libbenchmark-dev nlohmann-json3-dev libcli11-dev
+  # the replay runner's torch-free tests (tests/replay)
+  python3 python3-pytest
 )
 
 missing=()

@@ -8,3 +8,8 @@ cd "$(dirname "$0")/.."
 ./scripts/build.sh
 build_dir="${CKPTSIM_BUILD_DIR:-build}"
 ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)"
+# The replay runner's torch-free parts (Debian's pytest; the parts that need torch and a GPU skip
+# here with the reason, and run on the GPU machine).
+python=/usr/bin/python3
+[ -x "$python" ] || python=python3
+"$python" -m pytest -q tests/replay
