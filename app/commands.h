@@ -33,6 +33,28 @@ struct RunCommand {
   std::string trace;
   std::vector<std::string> profiles;
   std::string device = "auto";
+  // The model's trace in the replay runner's format (report/trace_json.h): a file for one
+  // scenario, a directory (<scenario>.trace.json inside) for several. With trace_values, every
+  // hashed array also as base64 floats.
+  std::string trace_json;
+  bool trace_values = false;
+};
+
+// `ckptsim replay-plan`: the plans the replay runner replays on real Megatron-LM.
+struct ReplayPlanCommand {
+  std::vector<std::string> files;
+  std::string out;  // a file for one scenario, a directory (<scenario>.plan.json) for several
+  std::vector<std::string> profiles;
+};
+
+// `ckptsim conform`: the model's run of a scenario against a real trace of it.
+struct ConformCommand {
+  std::string scenario;
+  std::string real_trace;
+  std::string model_trace;  // optional: also write the model's trace here
+  std::vector<std::string> profiles;
+  bool json = false;
+  int divergences_shown = 10;
 };
 
 // The options of a search (check, gate). Defaults are the CLI's.
@@ -61,6 +83,10 @@ int revisions_command(bool json, const std::vector<std::string>& profiles, std::
                       std::ostream& err);
 int check_command(const SearchCommand& c, const std::string& revision, std::ostream& out,
                   std::ostream& err);
+int replay_plan_command(const ReplayPlanCommand& c, std::ostream& out, std::ostream& err);
+// Exit 0 when every verdict a trace can judge and every step counter agree, 1 when not, 2 on a
+// bad scenario or trace.
+int conform_command(const ConformCommand& c, std::ostream& out, std::ostream& err);
 int gate_command(const SearchCommand& c, const std::string& baseline, const std::string& candidate,
                  std::ostream& out, std::ostream& err);
 

@@ -55,7 +55,35 @@ struct Flags {
   app::SearchCommand gate;
   std::string baseline;
   std::string candidate;
+  app::ReplayPlanCommand plan;
+  app::ConformCommand conform;
 };
+
+CLI::App* add_replay_plan(CLI::App& app, app::ReplayPlanCommand& f) {
+  auto* plan = app.add_subcommand(
+      "replay-plan",
+      "Write the plan the replay runner replays on real Megatron-LM (python -m replay run)");
+  plan->add_option("scenarios", f.files, "Scenario JSON files")->required();
+  plan->add_option("-o,--out", f.out, "Plan file (a directory with several scenarios)")->required();
+  plan->add_option("--profile", f.profiles, "Extra revision profile JSON files");
+  return plan;
+}
+
+CLI::App* add_conform(CLI::App& app, app::ConformCommand& f) {
+  auto* conform = app.add_subcommand(
+      "conform",
+      "Compare the model's run of a scenario with a real trace of it (exit 1: they "
+      "disagree)");
+  conform->add_option("scenario", f.scenario, "Scenario JSON file")->required();
+  conform->add_option("real_trace", f.real_trace, "Trace written by python -m replay run")
+      ->required();
+  conform->add_option("--model-trace", f.model_trace, "Also write the model's trace here");
+  conform->add_option("--profile", f.profiles, "Extra revision profile JSON files");
+  conform->add_flag("--json", f.json, "Print one JSON object");
+  conform->add_option("--divergences", f.divergences_shown, "How many divergences to print")
+      ->capture_default_str();
+  return conform;
+}
 
 CLI::App* add_run(CLI::App& app, app::RunCommand& f) {
   auto* run = app.add_subcommand("run", "Run scenario files and check every property");
@@ -75,6 +103,11 @@ CLI::App* add_run(CLI::App& app, app::RunCommand& f) {
   run->add_option(
       "--device", f.device,
       "Where 'cuda' state lives: auto (the GPU when one can hold it), cpu (simulated), cuda");
+  run->add_option("--trace-json", f.trace_json,
+                  "Write the model's trace in the replay runner's format (replay/PLAN_AND_TRACE.md)"
+                  " to this file (a directory with several scenarios)");
+  run->add_flag("--trace-values", f.trace_values,
+                "With --trace-json: every hashed array also as base64 float32");
   return run;
 }
 
@@ -132,6 +165,8 @@ int main(int argc, char** argv) {
   CLI::App* revisions = add_revisions(app, f);
   CLI::App* check = add_check(app, f);
   CLI::App* gate = add_gate(app, f);
+  CLI::App* plan = add_replay_plan(app, f.plan);
+  CLI::App* conform = add_conform(app, f.conform);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -147,6 +182,8 @@ int main(int argc, char** argv) {
       return app::check_command(f.check, f.check_revision, std::cout, std::cerr);
     }
     if (*gate) return app::gate_command(f.gate, f.baseline, f.candidate, std::cout, std::cerr);
+    if (*plan) return app::replay_plan_command(f.plan, std::cout, std::cerr);
+    if (*conform) return app::conform_command(f.conform, std::cout, std::cerr);
   } catch (const std::exception& e) {
     std::cerr << "ckptsim: internal error (a bug in ckptsim, not a verdict on the scenario): "
               << e.what() << "\n";

@@ -205,6 +205,23 @@ Status RevisionRegistry::add(const std::string& json_text, const std::string& so
   if (j.contains("description") && !j["description"].is_string()) {
     return Status::invalid_input(source + ": field 'description' must be a string");
   }
+  if (j.contains("upstream")) {
+    const json& u = j["upstream"];
+    auto hex = [](const std::string& c) {
+      return c.size() >= 7 && c.size() <= 40 && std::all_of(c.begin(), c.end(), [](char x) {
+               return (x >= '0' && x <= '9') || (x >= 'a' && x <= 'f');
+             });
+    };
+    if (!u.is_object() || u.size() != 2 || !u.contains("repo") || !u["repo"].is_string() ||
+        u["repo"].get<std::string>().find('/') == std::string::npos || !u.contains("commit") ||
+        !u["commit"].is_string() || !hex(u["commit"].get<std::string>())) {
+      return Status::invalid_input(
+          source +
+          ": field 'upstream' must be {\"repo\": \"owner/name\", \"commit\": 7 to 40 "
+          "lowercase hex digits}, got " +
+          u.dump());
+    }
+  }
   if (j.contains("switches")) {
     if (!j["switches"].is_object()) {
       return Status::invalid_input(source + ": field 'switches' must be an object");
@@ -260,6 +277,11 @@ Result<RevisionProfile> RevisionRegistry::resolve(const std::string& name, int d
   }
   profile.name = name;
   profile.source = it->second.second;
+  profile.upstream.reset();
+  if (j.contains("upstream")) {
+    profile.upstream = UpstreamCommit{j["upstream"]["repo"].get<std::string>(),
+                                      j["upstream"]["commit"].get<std::string>()};
+  }
   profile.description = j.value("description", std::string());
   if (j.contains("switches")) {
     for (const auto& [k, v] : j["switches"].items()) {

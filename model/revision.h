@@ -20,6 +20,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -104,11 +105,21 @@ struct RevisionSwitches {
   bool load_strips_common_param_state = false;
 };
 
+// The real code a profile stands for: a commit of a Megatron-LM repository. The replay runner
+// checks it out; profiles of proposed fixes name none.
+struct UpstreamCommit {
+  std::string repo;    // "NVIDIA/Megatron-LM", "radixark/Megatron-LM"
+  std::string commit;  // 7 to 40 lowercase hex digits
+};
+
 struct RevisionProfile {
   std::string name;
   std::string description;
   std::string extends;  // empty: POST defaults
   std::string source;   // file the profile came from ("revisions/x.json" or a user path)
+  // {"repo", "commit"}: this profile's own (never inherited through `extends`: a profile that
+  // extends another stands for other code).
+  std::optional<UpstreamCommit> upstream;
   RevisionSwitches switches;
   // The switches this profile (or its ancestors) set explicitly, in file order, for reports.
   std::vector<std::string> explicit_switches;

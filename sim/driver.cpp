@@ -21,15 +21,6 @@ namespace {
 constexpr int64_t kReferencePhaseId = 1'000'000;
 static_assert(kReferencePhaseId >= static_cast<int64_t>(Scenario::kPhasesMax));
 
-// Initial model params: k/64 with |k| <= 32, exact in bf16, deterministic in (seed, param,
-// element).
-float initial_value(uint64_t seed, size_t param, int64_t element) {
-  model::Rng r(
-      model::mix_seed(model::mix_seed(seed ^ 0x5eedULL, param), static_cast<uint64_t>(element)));
-  const int64_t k = static_cast<int64_t>(r.next_u64() % 65) - 32;
-  return static_cast<float>(k) / 64.0F;
-}
-
 struct PhaseJob {
   const Scenario* scenario = nullptr;
   int64_t phase_id = 0;
@@ -61,7 +52,7 @@ void set_initial_params(model::DistributedDataParallel& ddp, const Scenario& s) 
   for (size_t i = 0; i < s.params.size(); ++i) {
     at::Tensor src = at::empty({s.params[i].numel}, at::TensorOptions().dtype(at::kFloat));
     float* init = src.data_ptr<float>();
-    for (int64_t e = 0; e < s.params[i].numel; ++e) init[e] = initial_value(s.seed, i, e);
+    for (int64_t e = 0; e < s.params[i].numel; ++e) init[e] = initial_param_value(s.seed, i, e);
     at::Tensor p = ddp.param(i);
     p.copy_(src);
   }

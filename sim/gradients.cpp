@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "model/errors.h"
+#include "model/py/runtime.h"
 
 namespace ckptsim::sim {
 
@@ -75,6 +76,13 @@ void local_gradient(const GradientSpec& spec, int64_t step, int64_t param_index,
     }
     out[i] = static_cast<float>(sum_units) * kGradUnit;
   }
+}
+
+float initial_param_value(uint64_t seed, size_t param, int64_t element) {
+  model::Rng r(
+      model::mix_seed(model::mix_seed(seed ^ 0x5eedULL, param), static_cast<uint64_t>(element)));
+  const int64_t k = static_cast<int64_t>(r.next_u64() % 65) - 32;
+  return static_cast<float>(k) / 64.0F;
 }
 
 }  // namespace ckptsim::sim

@@ -63,4 +63,9 @@ float sample_gradient(const GradientSpec& spec, int64_t step, int64_t param_inde
 void local_gradient(const GradientSpec& spec, int64_t step, int64_t param_index,
                     int64_t element_begin, int64_t dp_rank, int64_t dp_size, std::span<float> out);
 
+// The initial value of element `element` of model param `param`: k/64 with |k| <= 32, exact in
+// bf16 and fp32, deterministic in (seed, param, element). Every phase's fresh model starts from
+// it (a load then overwrites it), as does the uninterrupted run.
+float initial_param_value(uint64_t seed, size_t param, int64_t element);
+
 }  // namespace ckptsim::sim

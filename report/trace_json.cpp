@@ -1,0 +1,305 @@
+#include "report/trace_json.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "model/revision.h"
+#include "sim/gradients.h"
+
+namespace ckptsim::report {
+
+namespace {
+
+using nlohmann::json;
+
+constexpr char kBase64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+std::string base64(const unsigned char* data, size_t n) {
+  std::string out;
+  out.reserve((n + 2) / 3 * 4);
+  for (size_t i = 0; i < n; i += 3) {
+    const uint32_t b0 = data[i];
+    const uint32_t b1 = i + 1 < n ? data[i + 1] : 0;
+    const uint32_t b2 = i + 2 < n ? data[i + 2] : 0;
+    const uint32_t v = (b0 << 16) | (b1 << 8) | b2;
+    out.push_back(kBase64[(v >> 18) & 63]);
+    out.push_back(kBase64[(v >> 12) & 63]);
+    out.push_back(i + 1 < n ? kBase64[(v >> 6) & 63] : '=');
+    out.push_back(i + 2 < n ? kBase64[v & 63] : '=');
+  }
+  return out;
+}
+
+// The little-endian bytes of the values (the host is little-endian: checked once).
+std::vector<unsigned char> f32_le(std::span<const float> values) {
+  static_assert(sizeof(float) == 4);
+  const uint32_t probe = 1;
+  unsigned char first = 0;
+  std::memcpy(&first, &probe, 1);
+  CKPTSIM_CHECK(first == 1, "the trace format assumes a little-endian host");
+  std::vector<unsigned char> out(values.size() * 4);
+  std::memcpy(out.data(), values.data(), out.size());
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// plan
+
+json switches_json(const model::RevisionSwitches& switches) {
+  json out = json::object();
+  for (const auto& info : model::revision_switch_infos()) {
+    const std::string v = model::switch_value_text(switches, info.name);
+    out[info.name] = v == "true" ? json(true) : v == "false" ? json(false) : json(v);
+  }
+  return out;
+}
+
+// One run of the plan: its identity and every rank's local gradient at every step.
+json plan_run(const sim::Scenario& s, const std::string& id, int64_t dp,
+              const model::RevisionProfile& profile, int64_t start_step, int64_t steps) {
+  json run{{"id", id},
+           {"dp", dp},
+           {"revision", profile.name},
+           {"start_step", start_step},
+           {"steps", steps},
+           {"grads", json::array()}};
+  const sim::GradientSpec spec{s.seed, s.samples_per_step};
+  const float scale = 1.0F / static_cast<float>(s.samples_per_step);
+  std::vector<float> local(static_cast<size_t>(s.total_numel()));
+  for (int64_t k = 0; k < steps; ++k) {
+    json ranks = json::array();
+    for (int64_t rank = 0; rank < dp; ++rank) {
+      size_t at = 0;
+      for (size_t p = 0; p < s.params.size(); ++p) {
+        const auto n = static_cast<size_t>(s.params[p].numel);
+        std::span<float> out(local.data() + at, n);
+        sim::local_gradient(spec, start_step + k + 1, static_cast<int64_t>(p), 0, rank, dp, out);
+        for (float& x : out) x *= scale;  // as the simulator does: a power of two, exact
+        at += n;
+      }
+      ranks.push_back(base64_f32(local));
+    }
+    run["grads"].push_back(std::move(ranks));
+  }
+  return run;
+}
+
+// ---------------------------------------------------------------------------------------------
+// trace
+
+std::string part_of(const sim::ShardRecord& s) { return sim::part_name(s.part); }
+
+std::span<const float> slice(const std::vector<float>& v, const model::Range& r) {
+  return std::span<const float>(v).subspan(static_cast<size_t>(r.start),
+                                           static_cast<size_t>(r.size()));
+}
+
+// One rank's state at one point, from the gathered state.
+json state_event(const sim::RunResult& run, const sim::GlobalState& st, int rank, const char* at,
+                 bool values) {
+  std::vector<const sim::ShardRecord*> shards;
+  for (const auto& s : st.shards) {
+    if (s.rank == rank) shards.push_back(&s);
+  }
+  std::stable_sort(shards.begin(), shards.end(),
+                   [](const auto* a, const auto* b) { return a->param < b->param; });
+  json parts = json::array();
+  json hashes{{"master", json::object()},
+              {"exp_avg", json::object()},
+              {"exp_avg_sq", json::object()},
+              {"model_param", json::object()}};
+  json vals = hashes;
+  const bool stepped = std::string(at) == "after_step";
+  for (const auto* s : shards) {
+    const std::string& name = run.scenario.params[s->param].name;
+    parts.push_back({{"part", part_of(*s)},
+                     {"param", name},
+                     {"range", {s->range.start, s->range.end}},
+                     {"step", s->counter ? json(*s->counter) : json(nullptr)},
+                     {"step_used", stepped && s->step_used ? json(*s->step_used) : json(nullptr)},
+                     {"step_aliases", s->step_aliases}});
+    const bool moments = st.moments_present[s->param][static_cast<size_t>(s->range.start)] != 0;
+    auto put = [&](const char* kind, const std::vector<float>& v, bool present) {
+      hashes[kind][name] = present ? json(hash_f32(slice(v, s->range))) : json(nullptr);
+      if (values) vals[kind][name] = present ? json(base64_f32(slice(v, s->range))) : json(nullptr);
+    };
+    put("master", st.master[s->param], true);
+    put("exp_avg", st.exp_avg[s->param], moments);
+    put("exp_avg_sq", st.exp_avg_sq[s->param], moments);
+  }
+  for (size_t p = 0; p < st.param.size(); ++p) {
+    const std::string& name = run.scenario.params[p].name;
+    hashes["model_param"][name] = hash_f32(st.param[p]);
+    if (values) vals["model_param"][name] = base64_f32(st.param[p]);
+  }
+  json ev{{"rank", rank},
+          {"at", at},
+          {"global_step", st.global_step},
+          {"parts", parts},
+          {"hashes", hashes}};
+  if (values) ev["values"] = vals;
+  return ev;
+}
+
+json error_event(const sim::RankError& e, int64_t global_step) {
+  json path = nullptr;
+  json kind = nullptr;
+  if (e.merge_kind.has_value()) {
+    path = json::array();
+    for (const auto& k : e.merge_path) path.push_back(k.repr());
+    kind = *e.merge_kind == model::MergeError::Kind::kDuplicateLeaf ? "duplicate_leaf"
+                                                                    : "list_length_mismatch";
+  }
+  return {{"rank", e.rank},           {"at", "error"},
+          {"stage", e.stage},         {"py_type", e.py_type},
+          {"message", e.message},     {"site", e.site},
+          {"merge_path", path},       {"merge_kind", kind},
+          {"secondary", e.secondary}, {"global_step", global_step}};
+}
+
+// A run's events in trace order: each rank's states point by point, then its error.
+json run_events(const sim::RunResult& run, int64_t dp,
+                const std::vector<std::pair<const char*, const sim::GlobalState*>>& points,
+                const std::vector<sim::RankError>& errors, int64_t last_step, bool values) {
+  json events = json::array();
+  for (const auto& [at, st] : points) {
+    for (int rank = 0; rank < dp; ++rank) events.push_back(state_event(run, *st, rank, at, values));
+  }
+  std::vector<sim::RankError> sorted = errors;
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [](const auto& a, const auto& b) { return a.rank < b.rank; });
+  for (const auto& e : sorted) events.push_back(error_event(e, last_step));
+  return events;
+}
+
+json reference_run(const sim::RunResult& run, bool values) {
+  const sim::Scenario& s = run.scenario;
+  std::vector<std::pair<const char*, const sim::GlobalState*>> points = {
+      {"init", &run.reference_initial}};
+  for (const auto& st : run.reference) points.emplace_back("after_step", &st);
+  const int64_t last = run.reference.empty() ? 0 : run.reference.back().global_step;
+  return {
+      {"id", "reference"},
+      {"dp", s.phases.front().dp},
+      {"revision", s.phases.front().profile->name},
+      {"start_step", 0},
+      {"steps", s.total_steps()},
+      {"load", false},
+      {"save", false},
+      {"status", run.reference_errors.empty() ? "completed" : "failed"},
+      {"events", run_events(run, s.phases.front().dp, points, run.reference_errors, last, values)}};
+}
+
+json phase_run(const sim::RunResult& run, const sim::PhaseRecord& p, bool values) {
+  json out{{"id", fmt::format("phase{}", p.index)},
+           {"phase", p.index},
+           {"dp", p.spec.dp},
+           {"revision", p.spec.profile->name},
+           {"start_step", p.start_step},
+           {"steps", p.spec.steps},
+           {"load", p.index > 0},
+           {"save", p.spec.save}};
+  if (p.index > 0) out["load_from"] = fmt::format("phase{}", p.index - 1);
+  if (!p.ran) {
+    out["status"] = "skipped";
+    out["skipped_reason"] = "the checkpoint to resume from does not exist";
+    out["events"] = json::array();
+    return out;
+  }
+  std::vector<std::pair<const char*, const sim::GlobalState*>> points;
+  if (p.index == 0 && p.initial) points.emplace_back("init", &*p.initial);
+  if (p.after_load) points.emplace_back("after_load", &*p.after_load);
+  for (const auto& st : p.after_step) points.emplace_back("after_step", &st);
+  if (p.at_save) points.emplace_back("at_save", &*p.at_save);
+  const sim::GlobalState* last = p.final_state();
+  out["status"] = p.errors.empty() ? "completed" : "failed";
+  out["events"] =
+      run_events(run, p.spec.dp, points, p.errors, last ? last->global_step : p.start_step, values);
+  return out;
+}
+
+}  // namespace
+
+std::string base64_f32(std::span<const float> values) {
+  const auto bytes = f32_le(values);
+  return base64(bytes.data(), bytes.size());
+}
+
+std::string hash_f32(std::span<const float> values) {
+  const auto bytes = f32_le(values);
+  return fmt::format("{:016x}", sim::fnv1a(bytes.data(), bytes.size()));
+}
+
+json replay_plan_json(const sim::Scenario& s) {
+  json scenario = sim::scenario_to_json(s);
+  scenario.erase("expect");
+  scenario["name"] = s.name;
+  json revisions = json::object();
+  for (size_t i = 0; i < s.phases.size(); ++i) {
+    const model::RevisionProfile& profile = *s.phases[i].profile;
+    scenario["phases"][i]["revision"] = profile.name;
+    json up = nullptr;
+    if (profile.upstream)
+      up = {{"repo", profile.upstream->repo}, {"commit", profile.upstream->commit}};
+    revisions[profile.name] = {{"upstream", up},
+                               {"switches", switches_json(profile.switches)},
+                               {"description", profile.description}};
+  }
+  json initial = json::object();
+  for (size_t p = 0; p < s.params.size(); ++p) {
+    std::vector<float> v(static_cast<size_t>(s.params[p].numel));
+    for (size_t e = 0; e < v.size(); ++e)
+      v[e] = sim::initial_param_value(s.seed, p, static_cast<int64_t>(e));
+    initial[s.params[p].name] = base64_f32(v);
+  }
+  json runs = json::array();
+  json reference =
+      plan_run(s, "reference", s.phases.front().dp, *s.phases.front().profile, 0, s.total_steps());
+  reference["load"] = false;
+  reference["save"] = false;
+  runs.push_back(std::move(reference));
+  int64_t start = 0;
+  for (size_t i = 0; i < s.phases.size(); ++i) {
+    const sim::PhaseSpec& ph = s.phases[i];
+    json run = plan_run(s, fmt::format("phase{}", i), ph.dp, *ph.profile, start, ph.steps);
+    run["phase"] = i;
+    run["load"] = i > 0;
+    run["save"] = ph.save;
+    runs.push_back(std::move(run));
+    start += ph.steps;
+  }
+  return {{"format", "ckptsim-replay-plan"},
+          {"version", 1},
+          {"generator", {{"tool", "ckptsim replay-plan"}, {"synthetic", false}}},
+          {"scenario", scenario},
+          {"revisions", revisions},
+          {"initial_params", initial},
+          {"runs", runs}};
+}
+
+json trace_json(const sim::RunResult& run, bool values) {
+  json runs = json::array();
+  runs.push_back(reference_run(run, values));
+  for (const auto& p : run.phases) runs.push_back(phase_run(run, p, values));
+  return {{"format", "ckptsim-trace"},
+          {"version", 1},
+          {"source", "model"},
+          {"megatron", nullptr},
+          {"setup",
+           {{"backend", "in-process"},
+            {"gpus", run.gpu_resident ? 1 : 0},
+            {"coalescing_workaround", false},
+            {"te", "modeled"},
+            {"fused_adam_standin", false},
+            {"torch", "libtorch (the model's tensor library)"},
+            {"hash", "fnv1a64-f32le"},
+            {"adaptations", json::array()}}},
+          {"scenario", run.scenario.name},
+          {"tool", {{"name", "ckptsim"}, {"trace_hash", fmt::format("{:016x}", run.trace_hash)}}},
+          {"runs", runs}};
+}
+
+}  // namespace ckptsim::report
