@@ -12,6 +12,7 @@
 #include "properties/conformance.h"
 #include "properties/expect.h"
 #include "properties/properties.h"
+#include "report/conformance_report.h"
 #include "report/json.h"
 #include "report/run_report.h"
 #include "report/search_report.h"
@@ -454,8 +455,11 @@ void say_conformance(const ConformCommand& c, const properties::Conformance& r, 
   std::string skipped;
   for (const auto& n : r.not_compared) skipped += (skipped.empty() ? "" : ", ") + n;
   out << "  not compared (a trace does not hold what they judge): " << skipped << std::endl;
-  out << fmt::format("step counters and steps used: {} of {} equal; hashes: {} of {} equal",
-                     r.counters_equal, r.counters_compared, r.hashes_equal, r.hashes_compared)
+  out << fmt::format(
+             "step counters and steps used: {} of {} equal; first errors: {} of {} runs agree; "
+             "hashes: {} of {} equal",
+             r.counters_equal, r.counters_compared, r.errors_equal, r.errors_compared,
+             r.hashes_equal, r.hashes_compared)
       << std::endl;
   const size_t shown =
       std::min<size_t>(r.divergences.size(), static_cast<size_t>(c.divergences_shown));
@@ -464,6 +468,11 @@ void say_conformance(const ConformCommand& c, const properties::Conformance& r, 
   for (size_t i = 1; i < shown; ++i) out << "  then: " << r.divergences[i].describe() << std::endl;
   if (r.divergences.size() > shown)
     out << fmt::format("  (+{} more divergences)", r.divergences.size() - shown) << std::endl;
+  if (!r.hash_divergences.empty()) {
+    out << fmt::format("first of {} state hash differences: {}", r.hash_divergences.size(),
+                       r.hash_divergences.front().describe())
+        << std::endl;
+  }
 }
 
 nlohmann::json conformance_json(const properties::Conformance& r, bool ok) {
@@ -471,6 +480,7 @@ nlohmann::json conformance_json(const properties::Conformance& r, bool ok) {
                    {"verdicts_agree", r.verdicts_agree()},
                    {"counters", {{"compared", r.counters_compared}, {"equal", r.counters_equal}}},
                    {"hashes", {{"compared", r.hashes_compared}, {"equal", r.hashes_equal}}},
+                   {"errors", {{"compared", r.errors_compared}, {"equal", r.errors_equal}}},
                    {"properties", nlohmann::json::array()},
                    {"not_compared", r.not_compared},
                    {"divergences", nlohmann::json::array()}};
@@ -482,15 +492,15 @@ nlohmann::json conformance_json(const properties::Conformance& r, bool ok) {
                                {"model_detail", p.model.detail},
                                {"real_detail", p.real.detail}});
   }
-  for (const auto& d : r.divergences) {
-    j["divergences"].push_back({{"run", d.run},
-                                {"global_step", d.global_step},
-                                {"rank", d.rank},
-                                {"at", d.at},
-                                {"field", d.field},
-                                {"model", d.model},
-                                {"real", d.real}});
-  }
+  auto divergence = [](const properties::Divergence& d) {
+    return nlohmann::json{{"run", d.run},     {"global_step", d.global_step},
+                          {"rank", d.rank},   {"at", d.at},
+                          {"field", d.field}, {"model", d.model},
+                          {"real", d.real}};
+  };
+  for (const auto& d : r.divergences) j["divergences"].push_back(divergence(d));
+  j["hash_divergences"] = nlohmann::json::array();
+  for (const auto& d : r.hash_divergences) j["hash_divergences"].push_back(divergence(d));
   return j;
 }
 
@@ -512,7 +522,7 @@ int conform_command(const ConformCommand& c, std::ostream& out, std::ostream& er
   }
   auto r = properties::conform(model, real.value(), c.real_trace);
   if (!r.is_ok()) return invalid(err, r.status().message());
-  const bool ok = r.value().verdicts_agree() && r.value().counters_agree();
+  const bool ok = r.value().agrees();
   if (c.json) {
     out << conformance_json(r.value(), ok).dump(2) << std::endl;
   } else {
@@ -523,6 +533,100 @@ int conform_command(const ConformCommand& c, std::ostream& out, std::ostream& er
     say_conformance(c, r.value(), out);
   }
   return ok ? kExitOk : kExitFail;
+}
+
+namespace {
+
+// Trace files: the files given, and every *.trace.json of the directories given, sorted.
+Result<std::vector<std::string>> trace_files(const std::vector<std::string>& paths) {
+  std::vector<std::string> out;
+  for (const auto& p : paths) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(p, ec)) {
+      out.push_back(p);
+      continue;
+    }
+    std::vector<std::string> in_dir;
+    for (const auto& e : std::filesystem::directory_iterator(p, ec)) {
+      if (e.path().string().ends_with(".trace.json")) in_dir.push_back(e.path().string());
+    }
+    if (ec) return Status::io_error(p + ": cannot list: " + ec.message());
+    std::sort(in_dir.begin(), in_dir.end());
+    out.insert(out.end(), in_dir.begin(), in_dir.end());
+  }
+  return out;
+}
+
+// The real setup of a trace, in words.
+std::string setup_text(const nlohmann::json& t) {
+  const auto& s = t.at("setup");
+  std::string out = s.value("backend", "?") + ", TE " + s.value("te", "?");
+  if (s.value("fused_adam_standin", false)) out += ", FusedAdam stand-in";
+  return out;
+}
+
+std::string real_errors_text(const nlohmann::json& t) {
+  std::string out;
+  for (const auto& run : t.at("runs")) {
+    for (const auto& e : run.at("events")) {
+      if (e.at("at") != "error" || e.value("secondary", false)) continue;
+      out += (out.empty() ? "" : "; ") + run.at("id").get<std::string>() + " " +
+             e.at("stage").get<std::string>() + ": " + e.at("py_type").get<std::string>();
+      break;
+    }
+  }
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace
+
+int conform_campaign_command(const ConformCampaignCommand& c, std::ostream& out,
+                             std::ostream& err) {
+  auto registry = load_registry(c.profiles);
+  if (!registry.is_ok()) return invalid(err, registry.status().message());
+  auto files = trace_files(c.traces);
+  if (!files.is_ok()) return invalid(err, files.status().message());
+  std::vector<report::ConformanceRow> rows;
+  for (const auto& file : files.value()) {
+    auto real = read_json(file);
+    if (!real.is_ok()) return invalid(err, real.status().message());
+    const std::string name = real.value().value("scenario", "");
+    std::string scenario_file;
+    for (const auto& dir : c.scenario_dirs) {
+      if (std::filesystem::exists(dir + "/" + name + ".json"))
+        scenario_file = dir + "/" + name + ".json";
+      if (!scenario_file.empty()) break;
+    }
+    if (scenario_file.empty()) return invalid(err, file + ": no scenario '" + name + "' found");
+    auto s = sim::load_scenario_file(scenario_file, registry.value());
+    if (!s.is_ok()) return invalid(err, s.status().message());
+    auto run = sim::run_scenario(s.value());
+    if (!run.is_ok()) return invalid(err, run.status().message());
+    auto r = properties::conform(report::trace_json(run.value()), real.value(), file);
+    if (!r.is_ok()) return invalid(err, r.status().message());
+    out << fmt::format("{} {}", r.value().agrees() ? "agree   " : "DISAGREE", file) << std::endl;
+    rows.push_back({std::filesystem::path(file).filename().string(), std::move(s.value()),
+                    setup_text(real.value()), real_errors_text(real.value()),
+                    std::move(r.value())});
+  }
+  const auto agreeing =
+      std::count_if(rows.begin(), rows.end(), [](const auto& r) { return r.result.agrees(); });
+  out << fmt::format("{} of {} traces agree with the model", agreeing, rows.size()) << std::endl;
+  if (!c.report.empty()) {
+    std::vector<std::string> header = {
+        "Generated by `ckptsim conform-campaign` over " + std::to_string(rows.size()) +
+        " real traces (each replayed by `python -m replay run` from the plan of "
+        "`ckptsim replay-plan`; the files name the Megatron commit, the machine and the date)."};
+    std::string md = report::conformance_markdown(rows, header);
+    if (!c.notes.empty()) {
+      std::ifstream in(c.notes);
+      if (!in) return invalid(err, c.notes + ": cannot open the notes");
+      md += "\n" + std::string(std::istreambuf_iterator<char>(in), {});
+    }
+    if (Status st = write_text(c.report, md); !st.is_ok()) return invalid(err, st.message());
+    out << "report: " << c.report << std::endl;
+  }
+  return agreeing == static_cast<int64_t>(rows.size()) ? kExitOk : kExitFail;
 }
 
 int gate_command(const SearchCommand& c, const std::string& baseline, const std::string& candidate,

@@ -57,6 +57,16 @@ struct ConformCommand {
   int divergences_shown = 10;
 };
 
+// `ckptsim conform-campaign`: every real trace against the model's run of its scenario (found by
+// name in `scenario_dirs`), and reports/conformance.md.
+struct ConformCampaignCommand {
+  std::vector<std::string> traces;  // files, or directories of *.trace.json
+  std::vector<std::string> scenario_dirs = {"scenarios", "scenarios/found"};
+  std::string report;  // Markdown; empty: none
+  std::string notes;   // hand-written Markdown appended to the report (causes, resolutions)
+  std::vector<std::string> profiles;
+};
+
 // The options of a search (check, gate). Defaults are the CLI's.
 struct SearchCommand {
   uint64_t seed = 1;
@@ -84,9 +94,11 @@ int revisions_command(bool json, const std::vector<std::string>& profiles, std::
 int check_command(const SearchCommand& c, const std::string& revision, std::ostream& out,
                   std::ostream& err);
 int replay_plan_command(const ReplayPlanCommand& c, std::ostream& out, std::ostream& err);
-// Exit 0 when every verdict a trace can judge and every step counter agree, 1 when not, 2 on a
-// bad scenario or trace.
+// Exit 0 when every verdict a trace can judge, every step counter and every run's first error
+// (type, site, merge() key path) agree, 1 when not, 2 on a bad scenario or trace.
 int conform_command(const ConformCommand& c, std::ostream& out, std::ostream& err);
+// Exit 0 when every trace agrees, 1 when one does not, 2 on bad input.
+int conform_campaign_command(const ConformCampaignCommand& c, std::ostream& out, std::ostream& err);
 int gate_command(const SearchCommand& c, const std::string& baseline, const std::string& candidate,
                  std::ostream& out, std::ostream& err);
 

@@ -57,7 +57,21 @@ struct Flags {
   std::string candidate;
   app::ReplayPlanCommand plan;
   app::ConformCommand conform;
+  app::ConformCampaignCommand campaign;
 };
+
+CLI::App* add_conform_campaign(CLI::App& app, app::ConformCampaignCommand& f) {
+  auto* c = app.add_subcommand("conform-campaign",
+                               "Conform every real trace with the model's run of its scenario; "
+                               "write reports/conformance.md");
+  c->add_option("traces", f.traces, "Trace files, or directories of *.trace.json")->required();
+  c->add_option("--scenarios", f.scenario_dirs, "Where to find each trace's scenario by name")
+      ->capture_default_str();
+  c->add_option("--report", f.report, "Write the Markdown report here");
+  c->add_option("--notes", f.notes, "Append this hand-written Markdown to the report");
+  c->add_option("--profile", f.profiles, "Extra revision profile JSON files");
+  return c;
+}
 
 CLI::App* add_replay_plan(CLI::App& app, app::ReplayPlanCommand& f) {
   auto* plan = app.add_subcommand(
@@ -167,6 +181,7 @@ int main(int argc, char** argv) {
   CLI::App* gate = add_gate(app, f);
   CLI::App* plan = add_replay_plan(app, f.plan);
   CLI::App* conform = add_conform(app, f.conform);
+  CLI::App* campaign = add_conform_campaign(app, f.campaign);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -184,6 +199,7 @@ int main(int argc, char** argv) {
     if (*gate) return app::gate_command(f.gate, f.baseline, f.candidate, std::cout, std::cerr);
     if (*plan) return app::replay_plan_command(f.plan, std::cout, std::cerr);
     if (*conform) return app::conform_command(f.conform, std::cout, std::cerr);
+    if (*campaign) return app::conform_campaign_command(f.campaign, std::cout, std::cerr);
   } catch (const std::exception& e) {
     std::cerr << "ckptsim: internal error (a bug in ckptsim, not a verdict on the scenario): "
               << e.what() << "\n";

@@ -77,6 +77,15 @@ const std::vector<SwitchDef>& switch_defs() {
                   "B11: the dp_reshardable loader calls HDO._sync_hdo_state_to_sub_optimizers()",
                   &RevisionSwitches::dp_reshardable_load_syncs_hdo),
       bool_switch(
+          "dp_reshardable_load_no_grad",
+          "PR #2681 / dev #5835: the dp_reshardable loader runs under torch.no_grad() (POST "
+          "and HEAD: its copy_ into an fp32 shard view raises RuntimeError)",
+          &RevisionSwitches::dp_reshardable_load_no_grad),
+      bool_switch("fp32_shards_detached",
+                  "RX 32dbe9f1c: fp32 shards are views of the detached param (upstream: of the "
+                  "param, a non-leaf the HDO refuses: ValueError at init)",
+                  &RevisionSwitches::fp32_shards_detached),
+      bool_switch(
           "set_skips_step",
           "Fix A at the _set site: _set_main_param_and_optimizer_states neither assigns nor copies "
           "'step' (also right for torch AdamW's copy path)",
@@ -118,6 +127,11 @@ const std::vector<SwitchDef>& switch_defs() {
       bool_switch("hdo_update_fp32_skips_native_fp32",
                   "B10 fix (#5929): _update_fp32_params_by_new_state skips fp32 params",
                   &RevisionSwitches::hdo_update_fp32_skips_native_fp32),
+      bool_switch(
+          "load_allows_missing_keys",
+          "RX 6c3fb8c1b allow_partial_load: a requested tensor the checkpoint lacks is "
+          "skipped and keeps its contents (upstream: CheckpointException wrapping KeyError)",
+          &RevisionSwitches::load_allows_missing_keys),
       bool_switch("merge_truncates_param_state_lists",
                   "RX-MILES 07220d28f merge(): a longer optimizer param_state list in x1 is "
                   "truncated instead of raising",

@@ -58,6 +58,17 @@ struct RevisionSwitches {
   bool dp_reshardable_load_skips_step = false;
   // B11: call HDO._sync_hdo_state_to_sub_optimizers() after the dp_reshardable load.
   bool dp_reshardable_load_syncs_hdo = false;
+  // Upstream PR #2681 / dev #5835: the loader runs under torch.no_grad(), so its copy_ into an
+  // fp32 shard (a view of a param that requires grad) is allowed. POST and HEAD have no
+  // no_grad there (f4502eb1c9:1772, d98e8a64dd:2071): the copy raises RuntimeError.
+  bool dp_reshardable_load_no_grad = false;
+
+  // --- distrib_optimizer.py _build_model_and_main_param_groups ---------------------------------
+  // RX 32dbe9f1c: an fp32 shard is model_param.detach().view(-1)[a:b]. Upstream's is a view of
+  // the param itself (f4502eb1c9:421, d98e8a64dd:467): a non-leaf that requires grad, which an
+  // HDO rebuilt over the shard groups refuses ("can't optimize a non-leaf Tensor") and a copy_
+  // outside no_grad refuses too (see dp_reshardable_load_no_grad).
+  bool fp32_shards_detached = false;
 
   // --- distrib_optimizer.py _get/_set_main_param_and_optimizer_states -------------------------
   // Fix A at the `_set` site: 'step' is neither assigned (HDO) nor copied (the copy path). Unlike
@@ -100,6 +111,9 @@ struct RevisionSwitches {
   // --- dict_utils.py merge / serialization.py load ---------------------------------------------
   // RX-MILES 07220d28f merge() patch.
   bool merge_truncates_param_state_lists = false;
+  // RX 6c3fb8c1b: dist_checkpointing.load(..., allow_partial_load=True): a requested tensor the
+  // checkpoint lacks is skipped ("... will skip") and keeps its contents; upstream raises.
+  bool load_allows_missing_keys = false;
   // Loader pre-pass for old RX-MILES checkpoints (spec §12 last paragraph): drop the raw
   // 'param_state' step lists from the loaded common state before merge.
   bool load_strips_common_param_state = false;

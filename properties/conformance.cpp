@@ -416,7 +416,8 @@ void compare_parts(const Run& run, const Event& m, const Event& r, Conformance& 
       if (rk->second.at(param) == h) {
         ++out.hashes_equal;
       } else {
-        add(kind + " " + param + " (hash)", h, rk->second.at(param));
+        out.hash_divergences.push_back(
+            {run.id, m.global_step, m.rank, m.at, kind + " " + param, h, rk->second.at(param)});
       }
     }
   }
@@ -427,6 +428,7 @@ void compare_runs(const Run& m, const Run& r, Conformance& out) {
     out.divergences.push_back({m.id, -1, -1, "", "status", m.status, r.status});
   const Event* me = first_primary_error(m);
   const Event* re = first_primary_error(r);
+  ++out.errors_compared;
   if ((me != nullptr) != (re != nullptr) ||
       (me != nullptr &&
        (me->py_type != re->py_type || me->site != re->site || me->merge_path != re->merge_path))) {
@@ -441,6 +443,8 @@ void compare_runs(const Run& m, const Run& r, Conformance& out) {
     };
     out.divergences.push_back({m.id, -1, me ? me->rank : re->rank, "error", "first primary error",
                                describe(me), describe(re)});
+  } else {
+    ++out.errors_equal;
   }
   for (const auto& e : m.events) {
     if (e.at == "error") continue;

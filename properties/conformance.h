@@ -65,13 +65,24 @@ struct Divergence {
 struct Conformance {
   std::vector<PropertyAgreement> properties;
   std::vector<std::string> not_compared;  // properties a trace cannot judge
-  std::vector<Divergence> divergences;    // every one found, first first
+  // Every divergence found, first first: statuses, first errors, events, step counters ...
+  std::vector<Divergence> divergences;
+  // ... and, apart, the state hashes that differ (the model's torch AdamW rounds differently
+  // from torch's own kernels, so these are facts to read, not a verdict).
+  std::vector<Divergence> hash_divergences;
   int64_t counters_compared = 0;
   int64_t counters_equal = 0;
   int64_t hashes_compared = 0;
   int64_t hashes_equal = 0;
+  // Per run, the first primary error (none, or its Python type, site and merge() key path).
+  int64_t errors_compared = 0;
+  int64_t errors_equal = 0;
   bool verdicts_agree() const;
   bool counters_agree() const { return counters_equal == counters_compared; }
+  bool errors_agree() const { return errors_equal == errors_compared; }
+  // What `ckptsim conform` exits 0 on: verdicts, step counters and first errors all agree
+  // (hashes are reported: the model's torch AdamW is not bitwise torch's own kernel).
+  bool agrees() const { return verdicts_agree() && counters_agree() && errors_agree(); }
 };
 
 // Compares the model's trace with the real one. `real_source` names the real trace in errors.

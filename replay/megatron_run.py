@@ -192,7 +192,9 @@ class RankRun:
             if lr_mult != 1.0:
                 ov["lr_mult"] = lr_mult
                 ov["max_lr"] = float(o["lr"]) * lr_mult
-            overrides[ParamKey(name=tuple(names))] = ov
+            # _get_param_groups matches ParamKey names against the DDP wrapper's
+            # named_parameters(), which prefixes every name with "module.".
+            overrides[ParamKey(name=tuple("module." + n for n in names))] = ov
         opt = get_megatron_optimizer(oconf, [ddp], config_overrides=overrides)
         sched = OptimizerParamScheduler(opt, init_lr=float(o["lr"]), max_lr=float(o["lr"]), min_lr=0.0,
                                         lr_warmup_steps=0, lr_decay_steps=1, lr_decay_style="constant",

@@ -198,6 +198,9 @@ void DistributedOptimizer::build_model_and_main_param_groups() {
       } else {
         model_fp32.push_back(p);
         shard_fp32.push_back(shard_model_param);
+        // Revision switch fp32_shards_detached: upstream's fp32 shard is a view of the param
+        // (which requires grad), so a non-leaf that requires grad; RX detaches it first.
+        if (!switches_.fp32_shards_detached) grad_views_.set(shard_model_param, true);
       }
       shard_owner_.set(shard_model_param, p);
     }
@@ -267,6 +270,16 @@ void DistributedOptimizer::create_inner_optimizer() {
           {"bias_correction", Value(true)},
           {"fused", Value(true)},
       });
+      // torch's Optimizer.add_param_group (through HybridDeviceOptimizer.__init__) refuses a
+      // param that is not a leaf: an upstream fp32 shard view.
+      for (const DictPtr& g : groups) {
+        for (const at::Tensor& p : group_params(*g)) {
+          if (grad_views_.contains(p)) {
+            throw UpstreamError("ValueError", "can't optimize a non-leaf Tensor",
+                                "hybrid_optimizer.py __init__()");
+          }
+        }
+      }
       optimizer_ = std::make_unique<HybridDeviceOptimizer>(rt_, groups, defaults, switches_);
       break;
     }
@@ -635,6 +648,14 @@ void DistributedOptimizer::set_main_param_and_optimizer_states(size_t model_para
       throw UpstreamError("TypeError",
                           "copy_(): argument 'src' must be Tensor, not " + src->type_name(),
                           site("_set_main_param_and_optimizer_states()"));
+    }
+    // Revision switch dp_reshardable_load_no_grad: outside no_grad, torch refuses an in-place
+    // copy into a view of a leaf that requires grad (an upstream fp32 shard).
+    if (!switches_.dp_reshardable_load_no_grad && grad_views_.contains(d.tensor())) {
+      throw UpstreamError(
+          "RuntimeError",
+          "a view of a leaf Variable that requires grad is being used in an in-place operation.",
+          site("_set_main_param_and_optimizer_states()"));
     }
     py_copy_(d.tensor(), src->tensor());
   }

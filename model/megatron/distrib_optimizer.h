@@ -179,6 +179,8 @@ class DistributedOptimizer {
   std::vector<std::vector<at::Tensor>> shard_fp32_from_float16_groups_;
   std::vector<std::optional<ParamRangeMap>> param_range_maps_;  // per model param, this rank
   TensorMap<size_t> shard_owner_;  // shard view / main param -> model param
+  // fp32 shards that are views of a param requiring grad (upstream; fp32_shards_detached off).
+  TensorMap<bool> grad_views_;
 };
 
 // Python's Tensor.item() on a tensor that must hold one element (RuntimeError otherwise).

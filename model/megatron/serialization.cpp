@@ -389,11 +389,11 @@ Value load(const Value& sharded_state_dict, const Storage& storage, const LoadOp
           const ShardedObject& so = *leaf.sharded_object();
           if (!storage.exists(object_file(so.unique_key()))) {
             throw PyKeyError(py_str_repr(so.unique_key()) + " not in checkpoint",
-                             "strategies/torch.py load()");
+                             "torch.py load()");
           }
           auto obj = unpickle_value(file_bytes(object_file(so.unique_key())));
           if (!obj.is_ok())
-            throw CheckpointingException(obj.status().to_string(), "strategies/torch.py load()");
+            throw CheckpointingException(obj.status().to_string(), "torch.py load()");
           return obj.value();
         }
         CKPTSIM_CHECK(leaf.is_sharded_tensor(),
@@ -401,6 +401,13 @@ Value load(const Value& sharded_state_dict, const Storage& storage, const LoadOp
         const ShardedTensor& st = *leaf.sharded_tensor();
         auto it = by_key.find(st.key);
         if (it == by_key.end()) {
+          // LoadOptions::allow_missing_keys (RX allow_partial_load): logged, skipped; the
+          // request's tensor keeps what it held.
+          if (options.allow_missing_keys) {
+            if (report != nullptr)
+              report->uncovered.push_back(st.key + ": not in the checkpoint, skipped");
+            return Value(st.data);
+          }
           std::string keys;
           size_t shown = 0;
           for (const auto& [k, _] : by_key) {
@@ -410,8 +417,12 @@ Value load(const Value& sharded_state_dict, const Storage& storage, const LoadOp
             }
             keys += (keys.empty() ? "" : ", ") + py_str_repr(k);
           }
-          throw PyKeyError(st.key + " from model not in state dict: [" + keys + "]",
-                           "strategies/torch.py _validate_global_shapes()");
+          // torch.distributed.checkpoint's planner raises the KeyError on the reading rank and
+          // the load reports it wrapped in a CheckpointException (seen on the real code).
+          throw UpstreamError(
+              "CheckpointException",
+              "KeyError: " + py_str_repr(st.key + " from model not in state dict: [" + keys + "]"),
+              "torch.py load()");
         }
         const int64_t saved_global = it->second.front()->global_numel;
         if (saved_global != st.global_shape.at(0)) {
@@ -419,7 +430,7 @@ Value load(const Value& sharded_state_dict, const Storage& storage, const LoadOp
               fmt::format(
                   "Global shape mismatch for loaded ({}) and expected ({}) tensor for key {}",
                   shape_repr({saved_global}), shape_repr(st.global_shape), st.key),
-              "strategies/torch.py _validate_global_shapes()");
+              "torch.py _validate_global_shapes()");
         }
         const int64_t want_begin = st.global_offset.at(0);
         const int64_t want_end = want_begin + st.local_shape.at(0);

@@ -20,8 +20,9 @@
 //   4. load: every ShardedTensor is read *in place* into the request's data tensor (its
 //      identity is kept), resliced from whatever pieces the saving ranks wrote, so any DP
 //      size can read any other's checkpoint; ShardedObjects come back as new objects.
-//   5. load: a requested key absent from the checkpoint is upstream's KeyError; a global
-//      shape mismatch is upstream's CheckpointingException.
+//   5. load: a requested key absent from the checkpoint is upstream's KeyError, which torch's
+//      checkpoint load reports wrapped in a CheckpointException (or, with allow_missing_keys,
+//      is skipped); a global shape mismatch is upstream's CheckpointingException.
 #pragma once
 
 #include <map>
@@ -66,6 +67,9 @@ struct LoadOptions {
   // Revision switch load_strips_common_param_state: drop 'param_state' subtrees found under
   // an 'optimizer' key of the checkpoint's common state before merging.
   bool strip_common_param_state = false;
+  // Revision switch load_allows_missing_keys (RX allow_partial_load): a requested tensor the
+  // checkpoint lacks is skipped (its data stays as it was) instead of raising.
+  bool allow_missing_keys = false;
 };
 
 // Mirrors serialization.py save(). Collective: every rank of `group` calls it with its own

@@ -309,3 +309,37 @@ TEST(Cli, UnnamedScenarioHashIgnoresPathSpellingAndProfilesSitBesideIt) {
   EXPECT_EQ(a, hash((dir / "." / "report.json").string()));
   EXPECT_EQ(a, hash((dir / ".." / dir.filename() / "report.json").string()));
 }
+
+// conform against a real trace recorded on the H200: the model agrees (exit 0); the model with
+// bug 2 fixed by a profile (a mutation: the step kept on resume) disagrees with the real code,
+// which resets it (exit 1), and says where; a file that is no trace is bad input (exit 2).
+TEST(Cli, ConformAgreesDisagreesOrRefuses) {
+  const std::string real = ckptsim::test::source_path(
+      "tests/conformance/bug2-step-reset-dp2-to-4__nv-f4502eb1c9__h200x1-te-emulated__2026-11-30"
+      ".trace.json");
+  const auto agree =
+      ckptsim_cli("conform " + scenario("bug2-step-reset-dp2-to-4.json") + " " + real);
+  EXPECT_EQ(agree.exit_code, 0) << agree.text;
+  EXPECT_NE(agree.text.find("146 of 146 equal"), std::string::npos) << agree.text;
+
+  const auto dir = std::filesystem::path(::testing::TempDir()) / "ckptsim-conform-mutated";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "keeps-step.json")
+      << R"({"name": "upstream-2874-keeps-step", "extends": "upstream-2874",
+            "switches": {"set_skips_step": true}})";
+  auto s = nlohmann::json::parse(std::ifstream(scenario("bug2-step-reset-dp2-to-4.json")));
+  for (auto& p : s["phases"]) p["revision"] = "keeps-step.json";
+  s.erase("expect");
+  std::ofstream(dir / "bug2.json") << s.dump();
+  const auto mutated = ckptsim_cli("conform " + (dir / "bug2.json").string() + " " + real);
+  EXPECT_EQ(mutated.exit_code, 1) << mutated.text;
+  EXPECT_NE(mutated.text.find("DISAGREE  step_matches_uninterrupted"), std::string::npos)
+      << mutated.text;
+  EXPECT_NE(mutated.text.find("first divergence: phase1 after_load global step 5"),
+            std::string::npos)
+      << mutated.text;
+
+  const auto bad = ckptsim_cli("conform " + scenario("bug2-step-reset-dp2-to-4.json") + " " +
+                               scenario("bug2-step-reset-dp2-to-4.json"));
+  EXPECT_EQ(bad.exit_code, 2) << bad.text;
+}

@@ -81,16 +81,24 @@ TEST(Driver, ResumedFusedAdamRunIsBitIdenticalAcrossDpSizes) {
 
 // A torch error outside the modeled sites is reported as Python would show it: a RuntimeError
 // with torch's message and without the C++ backtrace that c10::Error::what() appends (it broke
-// the gate report's table). The case: miles-main loading a checkpoint that fix-complete saved
-// for a group mixing bf16 and fp32 params (B8's group order; the all-miles-main run fails at
-// its own save). Mutations caught: what() instead of what_without_backtrace(); "Exception" as
-// the type.
+// the gate report's table). The case: a loader with B8's gbuf-order group index (miles-main
+// without its installed-order fix) loading a checkpoint that fix-complete saved for a group
+// mixing bf16 and fp32 params. Mutations caught: what() instead of what_without_backtrace();
+// "Exception" as the type.
 TEST(Driver, TorchErrorsAreOneLineRuntimeErrors) {
+  auto& reg = test::registry();
+  if (!reg.get("miles-main-gbuf-order").is_ok()) {
+    ASSERT_TRUE(reg.add(R"({"name": "miles-main-gbuf-order", "extends": "miles-main",
+                           "switches": {"group_index_map_installed_order": false}})",
+                        "driver_test.cpp")
+                    .is_ok());
+  }
   const auto s = test::scenario_from_json(R"({"seed": 0,
     "params": [{"name": "p0", "numel": 1, "dtype": "bf16"}, {"name": "p1", "numel": 2, "dtype": "fp32"},
                {"name": "p2", "numel": 3, "dtype": "bf16"}],
     "optimizer": {"kind": "fused_adam", "lr": 0.01, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1},
-    "phases": [{"dp": 1, "revision": "fix-complete", "steps": 0}, {"dp": 1, "revision": "miles-main", "steps": 0}]})");
+    "phases": [{"dp": 1, "revision": "fix-complete", "steps": 0},
+               {"dp": 1, "revision": "miles-main-gbuf-order", "steps": 0}]})");
   const auto run = test::run(s);
   const auto& resumed = run.phases.at(1);
   ASSERT_FALSE(resumed.completed);
