@@ -629,6 +629,35 @@ int conform_campaign_command(const ConformCampaignCommand& c, std::ostream& out,
   return agreeing == static_cast<int64_t>(rows.size()) ? kExitOk : kExitFail;
 }
 
+int generate_command(const SearchCommand& c, const std::vector<std::string>& revisions,
+                     bool cross, std::ostream& out, std::ostream& err) {
+  auto registry = load_registry(c.profiles);
+  if (!registry.is_ok()) return invalid(err, registry.status().message());
+  auto options = search_options(c);
+  if (!options.is_ok()) return invalid(err, options.status().message());
+  if (revisions.empty()) return invalid(err, "--revision: name at least one revision");
+  std::string tag;
+  for (const auto& r : revisions) {
+    auto resolved = revision_flag(registry.value(), "--revision", r);
+    if (!resolved.is_ok()) return invalid(err, resolved.status().message());
+    options.value().generator.revisions.push_back(resolved.value());
+    tag += (tag.empty() ? "" : "-to-") + resolved.value().profile->name;
+  }
+  options.value().generator.require_revision_change = cross;
+  if (Status s = search::prepare_out_dir(c.out_dir); !s.is_ok()) return invalid(err, s.message());
+  const auto scenarios = search::draw(options.value());
+  for (size_t k = 0; k < scenarios.size(); ++k) {
+    sim::Scenario s = scenarios[k];
+    s.name = fmt::format("gen-{}-seed{}-case{}", tag, c.seed, k);
+    s.description = fmt::format("Drawn by `ckptsim generate` (case {} of seed {}).", k, c.seed);
+    if (Status st = write_json(c.out_dir + "/" + s.name + ".json", sim::scenario_to_json(s));
+        !st.is_ok())
+      return invalid(err, st.message());
+  }
+  out << fmt::format("{} scenarios in {}", scenarios.size(), c.out_dir) << std::endl;
+  return kExitOk;
+}
+
 int gate_command(const SearchCommand& c, const std::string& baseline, const std::string& candidate,
                  std::ostream& out, std::ostream& err) {
   auto registry = load_registry(c.profiles);

@@ -61,7 +61,7 @@ struct ConformCommand {
 // name in `scenario_dirs`), and reports/conformance.md.
 struct ConformCampaignCommand {
   std::vector<std::string> traces;  // files, or directories of *.trace.json
-  std::vector<std::string> scenario_dirs = {"scenarios", "scenarios/found"};
+  std::vector<std::string> scenario_dirs = {"scenarios", "scenarios/found", "scenarios/campaign"};
   std::string report;  // Markdown; empty: none
   std::string notes;   // hand-written Markdown appended to the report (causes, resolutions)
   std::vector<std::string> profiles;
@@ -99,6 +99,11 @@ int replay_plan_command(const ReplayPlanCommand& c, std::ostream& out, std::ostr
 int conform_command(const ConformCommand& c, std::ostream& out, std::ostream& err);
 // Exit 0 when every trace agrees, 1 when one does not, 2 on bad input.
 int conform_campaign_command(const ConformCampaignCommand& c, std::ostream& out, std::ostream& err);
+// `ckptsim generate`: the scenarios `check` would draw, written to c.out_dir as files (a campaign
+// on the real code replays them). `revisions`: every phase draws from these; with two or more,
+// `cross` asks for at least one change of revision between phases.
+int generate_command(const SearchCommand& c, const std::vector<std::string>& revisions,
+                     bool cross, std::ostream& out, std::ostream& err);
 int gate_command(const SearchCommand& c, const std::string& baseline, const std::string& candidate,
                  std::ostream& out, std::ostream& err);
 

@@ -58,7 +58,23 @@ struct Flags {
   app::ReplayPlanCommand plan;
   app::ConformCommand conform;
   app::ConformCampaignCommand campaign;
+  app::SearchCommand generate;
+  std::vector<std::string> generate_revisions;
+  bool generate_cross = false;
 };
+
+CLI::App* add_generate(CLI::App& app, Flags& f) {
+  f.generate.out_dir = "ckptsim-generated";
+  auto* g = app.add_subcommand(
+      "generate", "Write the scenarios a search draws as files (for a campaign on the real code)");
+  g->add_option("--revision", f.generate_revisions, "Revisions the phases draw from")->required();
+  g->add_flag("--cross", f.generate_cross,
+              "With several revisions: at least one phase changes revision");
+  g->add_option("--out", f.generate.out_dir, "Directory for the scenario files")
+      ->capture_default_str();
+  add_search_flags(g, f.generate);
+  return g;
+}
 
 CLI::App* add_conform_campaign(CLI::App& app, app::ConformCampaignCommand& f) {
   auto* c = app.add_subcommand("conform-campaign",
@@ -182,6 +198,7 @@ int main(int argc, char** argv) {
   CLI::App* plan = add_replay_plan(app, f.plan);
   CLI::App* conform = add_conform(app, f.conform);
   CLI::App* campaign = add_conform_campaign(app, f.campaign);
+  CLI::App* generate = add_generate(app, f);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -200,6 +217,10 @@ int main(int argc, char** argv) {
     if (*plan) return app::replay_plan_command(f.plan, std::cout, std::cerr);
     if (*conform) return app::conform_command(f.conform, std::cout, std::cerr);
     if (*campaign) return app::conform_campaign_command(f.campaign, std::cout, std::cerr);
+    if (*generate) {
+      return app::generate_command(f.generate, f.generate_revisions, f.generate_cross, std::cout,
+                                   std::cerr);
+    }
   } catch (const std::exception& e) {
     std::cerr << "ckptsim: internal error (a bug in ckptsim, not a verdict on the scenario): "
               << e.what() << "\n";

@@ -326,6 +326,19 @@ nlohmann::json found_scenario_json(const Failure& f, uint64_t seed, const std::s
   return sim::scenario_to_json(s);
 }
 
+std::vector<sim::Scenario> draw(const SearchOptions& options) {
+  CKPTSIM_CHECK(options.cases >= 0 && options.cases <= SearchOptions::kCasesMax,
+                "cases out of range");
+  const rc::Gen<sim::Scenario> gen = gen_for(options.generator);
+  std::vector<sim::Scenario> out;
+  std::unique_lock lock(rapidcheck_mutex());
+  for (int64_t k = 0; k < options.cases; ++k) {
+    const uint64_t case_seed = model::mix_seed(options.seed, static_cast<uint64_t>(k));
+    out.push_back(gen(rc::Random(case_seed), static_cast<int>(k % (options.size_max + 1))).value());
+  }
+  return out;
+}
+
 Status prepare_out_dir(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);

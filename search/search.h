@@ -111,6 +111,10 @@ SearchResult search(const SearchOptions& options, const Judge& judge);
 nlohmann::json found_scenario_json(const Failure& f, uint64_t seed, const std::string& how,
                                    const std::string& tag = "");
 
+// The scenarios a search with these options draws, case by case, without judging them (for a
+// campaign on the real code: `ckptsim generate`). Case k is the search's case k.
+std::vector<sim::Scenario> draw(const SearchOptions& options);
+
 // Creates `dir` (and its parents) if needed: output locations are checked before a search that
 // may take minutes, not after it.
 Status prepare_out_dir(const std::string& dir);

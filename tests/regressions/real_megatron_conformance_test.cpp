@@ -1,6 +1,7 @@
 // The model against the real Megatron-LM: every trace under tests/conformance/ was recorded by
 // the replay runner (python -m replay run) on an H200 from the plan `ckptsim replay-plan` wrote
-// for a bundled scenario (tests/conformance/README.md says how). The model's run of the same
+// for a bundled scenario or a generated one of scenarios/campaign/ (tests/conformance/README.md
+// says how). The model's run of the same
 // scenario must agree with it: every verdict a trace can judge, every step counter, every run's
 // first error. A model change that breaks agreement with the real code fails here, on a machine
 // without a GPU. Mutated copies of two real traces (bug 2: a counter the real code kept; bug 1:
@@ -36,7 +37,7 @@ nlohmann::json read(const std::string& file) {
 // The bundled scenario a trace was recorded for.
 sim::Scenario scenario_of(const nlohmann::json& trace) {
   const std::string name = trace["scenario"];
-  for (const std::string dir : {"scenarios/", "scenarios/found/"}) {
+  for (const std::string dir : {"scenarios/", "scenarios/found/", "scenarios/campaign/"}) {
     if (std::filesystem::exists(test::source_path(dir + name + ".json")))
       return test::scenario_file(dir + name + ".json");
   }
