@@ -230,28 +230,22 @@ void DistributedOptimizer::create_inner_optimizer() {
   std::vector<DictPtr> groups;
   for (const GroupRange& g : opt_group_ranges_) groups.push_back(g.orig_group);
   const Value betas = Value::tuple({Value(config_.adam.beta1), Value(config_.adam.beta2)});
+  auto adam_defaults = [&] {
+    return Dict::make({{"lr", Value(config_.adam.lr)},
+                       {"weight_decay", Value(config_.adam.weight_decay)},
+                       {"betas", betas},
+                       {"eps", Value(config_.adam.eps)}});
+  };
   switch (config_.kind) {
-    case OptimizerKind::kFusedAdam: {
+    case OptimizerKind::kFusedAdam:
       // get_megatron_optimizer: TE Adam(params, lr, weight_decay, betas, eps, adam_w_mode=True).
-      optimizer_ = std::make_unique<FusedAdam>(
-          rt_, groups,
-          Dict::make({{"lr", Value(config_.adam.lr)},
-                      {"weight_decay", Value(config_.adam.weight_decay)},
-                      {"betas", betas},
-                      {"eps", Value(config_.adam.eps)}}));
+      optimizer_ = std::make_unique<FusedAdam>(rt_, groups, adam_defaults());
       optimizer_->load_state_dict(optimizer_->state_dict());
       break;
-    }
-    case OptimizerKind::kTorchAdamW: {
-      optimizer_ = std::make_unique<TorchAdamW>(
-          rt_, groups,
-          Dict::make({{"lr", Value(config_.adam.lr)},
-                      {"weight_decay", Value(config_.adam.weight_decay)},
-                      {"betas", betas},
-                      {"eps", Value(config_.adam.eps)}}));
+    case OptimizerKind::kTorchAdamW:
+      optimizer_ = std::make_unique<TorchAdamW>(rt_, groups, adam_defaults());
       optimizer_->load_state_dict(optimizer_->state_dict());
       break;
-    }
     case OptimizerKind::kHybrid: {
       // get_megatron_optimizer's HybridDeviceOptimizer defaults, rebuilt over the shard groups.
       auto defaults = Dict::make({
