@@ -41,7 +41,7 @@ std::vector<unsigned char> f32_le(std::span<const float> values) {
   std::memcpy(&first, &probe, 1);
   CKPTSIM_CHECK(first == 1, "the trace format assumes a little-endian host");
   std::vector<unsigned char> out(values.size() * 4);
-  std::memcpy(out.data(), values.data(), out.size());
+  if (!out.empty()) std::memcpy(out.data(), values.data(), out.size());  // memcpy(null, ...) is UB
   return out;
 }
 

@@ -505,6 +505,7 @@ Result<std::map<std::string, std::vector<float>>> read_checkpoint_tensors(
       return error(fmt::format("bytes [{}, {}) past the end of the file ({} bytes)", p.byte_offset,
                                static_cast<size_t>(p.byte_offset) + size, it->second.size()));
     }
+    if (size == 0) continue;  // an empty piece: an empty tensor's data_ptr() is null
     at::Tensor src = at::empty({p.numel}, at::TensorOptions().dtype(*dtype));
     std::memcpy(src.data_ptr(), it->second.data() + p.byte_offset, size);
     const at::Tensor f = src.to(at::kFloat);
