@@ -629,8 +629,8 @@ int conform_campaign_command(const ConformCampaignCommand& c, std::ostream& out,
   return agreeing == static_cast<int64_t>(rows.size()) ? kExitOk : kExitFail;
 }
 
-int generate_command(const SearchCommand& c, const std::vector<std::string>& revisions,
-                     bool cross, std::ostream& out, std::ostream& err) {
+int generate_command(const SearchCommand& c, const std::vector<std::string>& revisions, bool cross,
+                     std::ostream& out, std::ostream& err) {
   auto registry = load_registry(c.profiles);
   if (!registry.is_ok()) return invalid(err, registry.status().message());
   auto options = search_options(c);

@@ -102,8 +102,8 @@ int conform_campaign_command(const ConformCampaignCommand& c, std::ostream& out,
 // `ckptsim generate`: the scenarios `check` would draw, written to c.out_dir as files (a campaign
 // on the real code replays them). `revisions`: every phase draws from these; with two or more,
 // `cross` asks for at least one change of revision between phases.
-int generate_command(const SearchCommand& c, const std::vector<std::string>& revisions,
-                     bool cross, std::ostream& out, std::ostream& err);
+int generate_command(const SearchCommand& c, const std::vector<std::string>& revisions, bool cross,
+                     std::ostream& out, std::ostream& err);
 int gate_command(const SearchCommand& c, const std::string& baseline, const std::string& candidate,
                  std::ostream& out, std::ostream& err);
 
