@@ -136,6 +136,10 @@ const std::vector<SwitchDef>& switch_defs() {
                   "RX-MILES 07220d28f merge(): a longer optimizer param_state list in x1 is "
                   "truncated instead of raising",
                   &RevisionSwitches::merge_truncates_param_state_lists),
+      bool_switch("common_state_as_sharded_object",
+                  "HEAD d98e8a64dd: save() stores the common state as ShardedObject "
+                  "'common_state' (no common.pt); load_common_state_dict() reads either",
+                  &RevisionSwitches::common_state_as_sharded_object),
       bool_switch("load_strips_common_param_state",
                   "load pre-pass: drop raw 'param_state' lists of an old checkpoint's common "
                   "state before merge",

@@ -114,6 +114,10 @@ struct RevisionSwitches {
   // RX 6c3fb8c1b: dist_checkpointing.load(..., allow_partial_load=True): a requested tensor the
   // checkpoint lacks is skipped ("... will skip") and keeps its contents; upstream raises.
   bool load_allows_missing_keys = false;
+  // HEAD (d98e8a64dd serialization.py save/load_common_state_dict): the common state is saved
+  // as one ShardedObject 'common_state' inside the checkpoint, with no common.pt; its loader
+  // reads either. Older loaders read common.pt only, and fail on HEAD's checkpoints.
+  bool common_state_as_sharded_object = false;
   // Loader pre-pass for old RX-MILES checkpoints (spec §12 last paragraph): drop the raw
   // 'param_state' step lists from the loaded common state before merge.
   bool load_strips_common_param_state = false;

@@ -140,7 +140,8 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, RankRecord& out) {
     model::DistributedDataParallel ddp(rt, s.params, layout, pg);
     set_initial_params(ddp, s);
     describe_buffers(ddp, out);
-    model::DistributedOptimizer opt(rt, ddp, s.optimizer, *job.switches);
+    const auto optimizer = model::get_megatron_optimizer(rt, ddp, s.optimizer, *job.switches);
+    model::DistributedOptimizer& opt = *optimizer;
     out.initial = capture(opt, ddp, rank, job.phase_id == 0);
 
     int64_t iteration = 0;
@@ -158,7 +159,8 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, RankRecord& out) {
     iteration = train(job, ddp, opt, rank, iteration, out);
     if (job.save_to != nullptr) {
       stage = "save";
-      out.save = model::save_checkpoint(ddp, opt, iteration, *job.save_to, pg, s.sharding_type, rt);
+      out.save = model::save_checkpoint(ddp, opt, iteration, *job.save_to, pg, *job.switches,
+                                        s.sharding_type, rt);
       out.at_save = capture(opt, ddp, rank, true);
       out.trace.push_back(fmt::format("save phase={} rank={} iteration={} pieces={}", job.phase_id,
                                       rank, iteration, out.save->pieces.size()));

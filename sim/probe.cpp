@@ -90,20 +90,15 @@ ShardSnapshot snapshot_one(const model::DistributedOptimizer& opt, const at::Ten
   return snap;
 }
 
-// FusedAdam's group steps of the last step(), one per non-empty group, given to every param.
+// FusedAdam's group step of the last step(), for every param it updated.
 void fused_uses(const model::DistributedOptimizer& opt, const model::FusedAdam& fused,
                 const model::HybridDeviceOptimizer* h, OptimizerPart part,
                 std::vector<StepUse>& out) {
-  size_t used = 0;
-  for (const Value& gv : *fused.param_groups) {
-    const auto params = model::group_params(*gv.dict());
-    if (params.empty()) continue;
-    const double t = static_cast<double>(fused.last_used_steps().at(used++));
-    for (const at::Tensor& p : params) {
-      const at::Tensor& orig =
-          h != nullptr ? h->inner_param_to_orig_param.at(p, "inner_param_to_orig_param") : p;
-      out.push_back({owner_of(opt, orig), part, t});
-    }
+  for (const auto& u : fused.last_used_steps()) {
+    const at::Tensor& orig =
+        h != nullptr ? h->inner_param_to_orig_param.at(u.param, "inner_param_to_orig_param")
+                     : u.param;
+    out.push_back({owner_of(opt, orig), part, u.step});
   }
 }
 

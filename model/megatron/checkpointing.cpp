@@ -22,13 +22,15 @@ int64_t load_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
                         const Storage& storage, ProcessGroup& group,
                         const RevisionSwitches& switches, const std::string& sharding_type,
                         Runtime& rt, LoadReport* report) {
+  (void)load_common_state_dict(storage, switches.common_state_as_sharded_object);
   const Value request =
       generate_state_dict(ddp, opt, /*iteration=*/0, /*is_loading=*/true, sharding_type, rt);
   LoadOptions options;
+  options.reads_sharded_common_state = switches.common_state_as_sharded_object;
   options.merge.truncate_optimizer_param_state_lists = switches.merge_truncates_param_state_lists;
   options.strip_common_param_state = switches.load_strips_common_param_state;
   options.allow_missing_keys = switches.load_allows_missing_keys;
-  const Value loaded = load(request, storage, options, report);
+  const Value loaded = load(request, storage, group, options, report);
   // model.load_state_dict(): the params were read in place; copy for fidelity.
   const Dict& model_sd = *loaded.dict()->at("model").dict();
   for (size_t i = 0; i < ddp.num_params(); ++i)
@@ -39,10 +41,13 @@ int64_t load_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
 
 SaveReport save_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
                            int64_t iteration, Storage& storage, ProcessGroup& group,
-                           const std::string& sharding_type, Runtime& rt) {
+                           const RevisionSwitches& switches, const std::string& sharding_type,
+                           Runtime& rt) {
   const Value sd =
       generate_state_dict(ddp, opt, iteration, /*is_loading=*/false, sharding_type, rt);
-  return save(sd, storage, group);
+  SaveOptions options;
+  options.common_state_as_sharded_object = switches.common_state_as_sharded_object;
+  return save(sd, storage, group, options);
 }
 
 void train_step(DistributedDataParallel& ddp, DistributedOptimizer& opt, double lr,

@@ -35,19 +35,23 @@ Value generate_state_dict(DistributedDataParallel& ddp, DistributedOptimizer& op
                           Runtime& rt);
 
 // Mirrors checkpointing.py load_checkpoint() (dist_checkpointing, non-strict=False path):
-// returns the checkpoint's iteration. Collective over `group`. The switches that change the
-// load itself (merge_truncates_param_state_lists, load_strips_common_param_state) are read
-// from `switches`; `report` (optional) receives what the load did not cover.
+// returns the checkpoint's iteration. Collective over `group`. First the common state
+// (load_common_state_dict, as _load_base_checkpoint does), then the request, then the load.
+// The switches that change the load itself (merge_truncates_param_state_lists,
+// load_strips_common_param_state, load_allows_missing_keys, common_state_as_sharded_object)
+// are read from `switches`; `report` (optional) receives what the load did not cover.
 int64_t load_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
                         const Storage& storage, ProcessGroup& group,
                         const RevisionSwitches& switches, const std::string& sharding_type,
                         Runtime& rt, LoadReport* report = nullptr);
 
 // Mirrors checkpointing.py save_checkpoint(): generate_state_dict(is_loading=False) then
-// dist_checkpointing.save. Collective over `group`.
+// dist_checkpointing.save (where the common state goes: common_state_as_sharded_object).
+// Collective over `group`.
 SaveReport save_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
                            int64_t iteration, Storage& storage, ProcessGroup& group,
-                           const std::string& sharding_type, Runtime& rt);
+                           const RevisionSwitches& switches, const std::string& sharding_type,
+                           Runtime& rt);
 
 // Mirrors training.py train_step() with overlap off and no clipping: `backward(i, main_grad)`
 // writes model param i's local gradient into its main_grad view (fp32), then the grads are

@@ -310,9 +310,13 @@ void DistributedOptimizer::step() {
         const at::Tensor& shard_main_param = shard_groups[g][i];
         CKPTSIM_CHECK(pr.size() == shard_main_param.numel(), "param range size != shard size");
         at::Tensor shard_model_grad = ddp_.main_grad(p).narrow(0, pr.start, pr.size());
-        // Precision-aware: .decoupled_grad (the same slot here); otherwise .grad = grad.float(),
-        // the same view since grads are fp32.
-        rt_.set_grad(shard_main_param, shard_model_grad);
+        // Precision-aware: .decoupled_grad, which torch optimizers and a FusedAdam built without
+        // use_decoupled_grad never read; otherwise .grad = grad.float(), the same view since
+        // grads are fp32.
+        if (precision_aware())
+          rt_.set_decoupled_grad(shard_main_param, shard_model_grad);
+        else
+          rt_.set_grad(shard_main_param, shard_model_grad);
       }
     }
   };
@@ -566,8 +570,13 @@ void DistributedOptimizer::load_state_dict(const Value& state_dict) {
   Value state_dict_state = optimizer_->state.empty() ? dummy_state(inner_state_dict)
                                                      : inner_state_dict.dict()->at("state");
   restore_step(sd, state_dict_state);
-  optimizer_->load_state_dict(
-      dict_value({{"state", state_dict_state}, {"param_groups", Value(state_dict_param_groups)}}));
+  try {
+    optimizer_->load_state_dict(dict_value(
+        {{"state", state_dict_state}, {"param_groups", Value(state_dict_param_groups)}}));
+  } catch (const c10::Error& e) {
+    // torch's or TE's own code raised; the innermost Megatron frame is this one.
+    throw UpstreamError("RuntimeError", e.what_without_backtrace(), site("load_state_dict()"));
+  }
 
   if (const Value* param_state = sd.find("param_state")) {
     const Value* type = sd.find("param_state_sharding_type");
@@ -948,6 +957,16 @@ Value DistributedOptimizer::sharded_state_dict(const Value& model_sharded_state_
   sd.dict()->set("param_state", sharded_param_state_dp_reshardable(is_loading));
   sd.dict()->set("param_state_sharding_type", Value(sharding_type));
   return sd;
+}
+
+std::unique_ptr<DistributedOptimizer> get_megatron_optimizer(Runtime& rt,
+                                                             DistributedDataParallel& ddp,
+                                                             const OptimizerConfig& config,
+                                                             const RevisionSwitches& switches) {
+  (void)ddp.dp_group().all_gather_object({});  // _get_param_groups: dense params
+  auto opt = std::make_unique<DistributedOptimizer>(rt, ddp, config, switches);
+  (void)ddp.dp_group().all_gather_object({});  // _get_param_groups: expert-parallel params
+  return opt;
 }
 
 }  // namespace ckptsim::model

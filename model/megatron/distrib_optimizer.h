@@ -189,4 +189,15 @@ double py_item(const at::Tensor& t);
 // UpstreamError("RuntimeError") with torch's message.
 void py_copy_(const at::Tensor& dst, const at::Tensor& src);
 
+// Mirrors optimizer/__init__.py get_megatron_optimizer() for one dense model chunk:
+// _get_param_groups (its all_gather_object aligns every rank's group keys), the
+// DistributedOptimizer, then _get_param_groups again for the expert-parallel params (none here)
+// with a second all_gather_object. Collective over the DP group: a rank that raised while
+// building (e.g. HDO's "can't optimize a non-leaf Tensor", which only the ranks owning a shard
+// of an fp32 param raise) leaves its peers failing in that second collective.
+std::unique_ptr<DistributedOptimizer> get_megatron_optimizer(Runtime& rt,
+                                                             DistributedDataParallel& ddp,
+                                                             const OptimizerConfig& config,
+                                                             const RevisionSwitches& switches);
+
 }  // namespace ckptsim::model

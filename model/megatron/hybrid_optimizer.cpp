@@ -127,7 +127,7 @@ void HybridDeviceOptimizer::set_sub_optimizer_grads() {
   if (param_update_in_fp32_) {
     for (const auto& [param, fp32_param] : param_to_fp32_param) {
       if (gpu_params_map_cpu_copy.contains(param)) continue;
-      const at::Tensor grad = rt_.grad(param);
+      const at::Tensor grad = rt_.decoupled_grad_or_grad(param);
       if (grad.defined())
         rt_.set_grad(fp32_param, rt_.to(grad, fp32_param.scalar_type(), rt_.device_of(grad)));
     }
@@ -137,7 +137,7 @@ void HybridDeviceOptimizer::set_sub_optimizer_grads() {
       for (const at::Tensor& param : group_params(*gv.dict())) {
         const at::Tensor& gpu_param =
             cpu_copys_map_gpu_param.at(param, "cpu_copys_map_gpu_param[param]");
-        const at::Tensor grad = rt_.grad(gpu_param);
+        const at::Tensor grad = rt_.decoupled_grad_or_grad(gpu_param);
         if (!grad.defined()) continue;
         if (!cpu_copy_map_grad.contains(param)) {
           cpu_copy_map_grad.set(param, rt_.empty(param.sizes(), param.scalar_type(), Device::kCpu));
@@ -319,8 +319,14 @@ void HybridDeviceOptimizer::load_state_dict_post_hook() {
 }
 
 void HybridDeviceOptimizer::zero_grad() {
-  // torch zero_grad(set_to_none=True) over the HDO params; decoupled_grad is the same slot here.
+  // torch zero_grad(set_to_none=True) over the HDO params, then decoupled_grad = None where the
+  // attribute exists.
   Optimizer::zero_grad();
+  for (const Value& gv : *param_groups) {
+    for (const at::Tensor& param : group_params(*gv.dict())) {
+      if (rt_.has_decoupled_grad(param)) rt_.set_decoupled_grad(param, at::Tensor());
+    }
+  }
 }
 
 void HybridDeviceOptimizer::dummy_step() {

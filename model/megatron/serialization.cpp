@@ -24,6 +24,8 @@ constexpr const char* kFormat = "ckptsim-dist-v1";
 
 std::string rank_file(int rank) { return fmt::format("shards/rank_{}.bin", rank); }
 std::string object_file(const std::string& unique_key) { return "objects/" + unique_key + ".pt"; }
+// ShardedObject("common_state", None, (1,), (0,)).unique_key: HEAD's home of the common state.
+constexpr const char* kCommonStateObjectKey = "common_state/shard_0_1";
 
 json piece_to_json(const SavedPiece& p) {
   return json{{"key", p.key},
@@ -235,7 +237,8 @@ void strip_param_state(Value& v, bool under_optimizer) {
 
 }  // namespace
 
-SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup& group) {
+SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup& group,
+                const SaveOptions& options) {
   SaveReport report;
   const int rank = group.rank();
   // save_preprocess: (factories: none modeled) drop LNOs, split sharded part and common.
@@ -284,7 +287,15 @@ SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup&
     blob.insert(blob.end(), bytes, bytes + data.numel() * data.element_size());
     mine.pieces.push_back(std::move(p));
   }
-  if (rank == 0) throw_if_error(storage.write_file(kCommonFile, common_bytes));
+  if (options.common_state_as_sharded_object) {
+    // HEAD: sharded_state_dict['common_state'] = ShardedObject(...) on every rank, rank 0's
+    // the main replica.
+    mine.objects.emplace_back(kCommonStateObjectKey, rank == 0);
+    if (rank == 0)
+      throw_if_error(storage.write_file(object_file(kCommonStateObjectKey), common_bytes));
+  } else if (rank == 0) {
+    throw_if_error(storage.write_file(kCommonFile, common_bytes));
+  }
   if (!mine.pieces.empty()) throw_if_error(storage.write_file(rank_file(rank), blob));
 
   // Gather every rank's pieces and objects; rank 0 validates and writes the metadata.
@@ -307,10 +318,11 @@ SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup&
   }
   json meta;
   if (rank == 0) {
-    meta = json{{"format", kFormat},
-                {"common", kCommonFile},
-                {"pieces", json::array()},
-                {"objects", json::array()}};
+    meta =
+        json{{"format", kFormat},
+             {"common", options.common_state_as_sharded_object ? json(nullptr) : json(kCommonFile)},
+             {"pieces", json::array()},
+             {"objects", json::array()}};
     for (const auto& p : report.pieces) meta["pieces"].push_back(piece_to_json(p));
     for (const auto& k : object_order)
       meta["objects"].push_back(json{{"unique_key", k}, {"file", object_file(k)}});
@@ -342,13 +354,29 @@ Result<std::vector<SavedPiece>> read_checkpoint_pieces(const Storage& storage) {
 }
 
 Result<Value> read_common_state(const Storage& storage) {
-  auto bytes = storage.read_file(kCommonFile);
+  const std::string file =
+      storage.exists(kCommonFile) ? kCommonFile : object_file(kCommonStateObjectKey);
+  auto bytes = storage.read_file(file);
   if (!bytes.is_ok()) return bytes.status();
   return unpickle_value(bytes.value());
 }
 
-Value load(const Value& sharded_state_dict, const Storage& storage, const LoadOptions& options,
-           LoadReport* report) {
+Value load_common_state_dict(const Storage& storage, bool reads_sharded_common_state) {
+  constexpr const char* kSite = "common.py load_common()";
+  if (!storage.exists(kCommonFile) &&
+      (!reads_sharded_common_state || !storage.exists(object_file(kCommonStateObjectKey)))) {
+    if (!reads_sharded_common_state)
+      throw UpstreamError("AttributeError", "'str' object has no attribute 'iterdir'", kSite);
+    throw PyKeyError(py_str_repr(std::string(kCommonStateObjectKey)) + " not in checkpoint",
+                     "serialization.py load_common_state_dict()");
+  }
+  auto common = read_common_state(storage);
+  if (!common.is_ok()) throw CheckpointingException(common.status().to_string(), kSite);
+  return common.value();
+}
+
+Value load(const Value& sharded_state_dict, const Storage& storage, ProcessGroup& group,
+           const LoadOptions& options, LoadReport* report) {
   auto pieces_r = read_checkpoint_pieces(storage);
   if (!pieces_r.is_ok()) {
     throw CheckpointingException(pieces_r.status().to_string(),
@@ -358,11 +386,7 @@ Value load(const Value& sharded_state_dict, const Storage& storage, const LoadOp
   std::map<std::string, std::vector<const SavedPiece*>> by_key;
   for (const auto& p : pieces) by_key[p.key].push_back(&p);
 
-  // common_strategy.load_common: torch.load('common.pt', map_location='cpu').
-  auto common_r = read_common_state(storage);
-  if (!common_r.is_ok())
-    throw CheckpointingException(common_r.status().to_string(), "serialization.py load_common()");
-  Value common = common_r.value();
+  Value common = load_common_state_dict(storage, options.reads_sharded_common_state);
   if (options.strip_common_param_state) strip_param_state(common, false);
 
   // load_preprocess: structural copy, LNOs extracted and unwrapped (same objects).
@@ -371,6 +395,8 @@ Value load(const Value& sharded_state_dict, const Storage& storage, const LoadOp
   dict_list_map_inplace([](const Value& v) { return v.nonpersistent()->unwrap(); }, nonpersistent);
   merge(common, nonpersistent, options.merge);
   Value sharded = extract_sharded_base(rest).first;
+  // validation.py determine_global_metadata: all_gather_object of every rank's metadata.
+  (void)group.all_gather_object({});
 
   // torch_dist load: every ShardedTensor in place, every ShardedObject anew.
   std::map<std::string, std::vector<char>> files;

@@ -70,20 +70,39 @@ struct LoadOptions {
   // Revision switch load_allows_missing_keys (RX allow_partial_load): a requested tensor the
   // checkpoint lacks is skipped (its data stays as it was) instead of raising.
   bool allow_missing_keys = false;
+  // Revision switch common_state_as_sharded_object: the common state may also be read from
+  // the 'common_state' ShardedObject (HEAD); without it only common.pt is read.
+  bool reads_sharded_common_state = false;
+};
+
+struct SaveOptions {
+  // Revision switch common_state_as_sharded_object: write the common state as the
+  // 'common_state' ShardedObject (rank 0's, main replica) instead of common.pt.
+  bool common_state_as_sharded_object = false;
 };
 
 // Mirrors serialization.py save(). Collective: every rank of `group` calls it with its own
 // sharded state dict. The state dict is consumed (LNOs dropped as upstream does in place).
-SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup& group);
+SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup& group,
+                const SaveOptions& options = {});
 
-// Mirrors serialization.py load(). Every rank calls it with its own request (it reads only;
-// no collective is needed here). Returns the loaded state dict.
-Value load(const Value& sharded_state_dict, const Storage& storage, const LoadOptions& options,
-           LoadReport* report = nullptr);
+// Mirrors serialization.py load(). Collective: every rank of `group` calls it with its own
+// request. In upstream's order: the common state, merge() with the request's LNOs (its errors
+// are each rank's own), then determine_global_metadata's all_gather_object (validation.py; a
+// rank whose peer already failed fails there), then the reads. Returns the loaded state dict.
+Value load(const Value& sharded_state_dict, const Storage& storage, ProcessGroup& group,
+           const LoadOptions& options, LoadReport* report = nullptr);
+
+// Mirrors serialization.py load_common_state_dict() (which training's load calls first):
+// common.pt, or with `reads_sharded_common_state` (HEAD) the 'common_state' ShardedObject when
+// there is no common.pt. Before HEAD a missing common.pt raises what upstream raises there:
+// load_common's FileNotFoundError handler calls .iterdir() on the str path (AttributeError).
+Value load_common_state_dict(const Storage& storage, bool reads_sharded_common_state);
 
 // The pieces listed in a checkpoint's metadata.json (for checkers). Status names the file.
 Result<std::vector<SavedPiece>> read_checkpoint_pieces(const Storage& storage);
-// The checkpoint's common state (for checkers and reports).
+// The checkpoint's common state, from common.pt or the 'common_state' ShardedObject (for
+// checkers and reports).
 Result<Value> read_common_state(const Storage& storage);
 // Every saved tensor whose key starts with `key_prefix`, assembled from its pieces as one
 // global tensor of floats (NaN where no piece was saved). Every read is bounds-checked: a

@@ -165,4 +165,13 @@ at::Tensor Runtime::grad(const at::Tensor& p) const {
 
 void Runtime::set_grad(const at::Tensor& p, at::Tensor g) { grads_.set(p, std::move(g)); }
 
+at::Tensor Runtime::decoupled_grad(const at::Tensor& p) const {
+  const at::Tensor* g = decoupled_grads_.find(p);
+  return g == nullptr ? at::Tensor() : *g;
+}
+
+void Runtime::set_decoupled_grad(const at::Tensor& p, at::Tensor g) {
+  decoupled_grads_.set(p, std::move(g));
+}
+
 }  // namespace ckptsim::model

@@ -1,5 +1,6 @@
 // Runtime: what one simulated rank's process provides to the modeled Python code — device
-// placement, tensor attributes (.grad), torch.empty's uninitialized memory and torch.randn.
+// placement, tensor attributes (.grad, .decoupled_grad), torch.empty's uninitialized memory and
+// torch.randn.
 //
 // Why it exists: ckptsim runs the GPU-side code paths on machines without a GPU. A tensor
 // that upstream would place on 'cuda' is a CPU at::Tensor here whose *simulated* device is
@@ -82,6 +83,17 @@ class Runtime {
   // p.grad; an undefined tensor means None.
   at::Tensor grad(const at::Tensor& p) const;
   void set_grad(const at::Tensor& p, at::Tensor g);  // undefined g = `p.grad = None`
+  // p.decoupled_grad, the attribute a precision-aware DistributedOptimizer writes instead of
+  // .grad (distrib_optimizer.py _copy_model_grads_to_main_grads). A plain Python attribute: it
+  // exists from its first assignment on (has_decoupled_grad = hasattr), and None is a value.
+  bool has_decoupled_grad(const at::Tensor& p) const { return decoupled_grads_.contains(p); }
+  at::Tensor decoupled_grad(const at::Tensor& p) const;
+  void set_decoupled_grad(const at::Tensor& p, at::Tensor g);
+  // getattr(p, "decoupled_grad", p.grad): what HybridDeviceOptimizer reads. Once the attribute
+  // exists it wins, even when it is None.
+  at::Tensor decoupled_grad_or_grad(const at::Tensor& p) const {
+    return has_decoupled_grad(p) ? decoupled_grad(p) : grad(p);
+  }
 
  private:
   void place(const at::Tensor& t, Device d);
@@ -96,6 +108,7 @@ class Runtime {
   // Storage identity -> simulated device; the c10::Storage keeps the key alive (lookup only).
   std::unordered_map<const void*, std::pair<c10::Storage, Device>> devices_;  // lookup only
   TensorMap<at::Tensor> grads_;
+  TensorMap<at::Tensor> decoupled_grads_;
   std::vector<std::string> faults_;
   std::vector<std::pair<std::string, int64_t>> firings_;
 };

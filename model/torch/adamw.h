@@ -20,12 +20,7 @@ class TorchAdamW final : public Optimizer {
   Value class_symbol() const override;
   void step() override;
 
-  // The step tensor values each param used in the last step(), in group/param order (for
-  // the simulator's bias-correction trace).
-  struct UsedStep {
-    at::Tensor param;
-    double step;
-  };
+  // The step tensor values each updated param used in the last step(), in group/param order.
   const std::vector<UsedStep>& last_used_steps() const { return last_used_steps_; }
 
  protected:

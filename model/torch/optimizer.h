@@ -92,6 +92,13 @@ std::span<float> fp32_span(const at::Tensor& t, const char* what);
 bool group_flag(const Dict& group, const char* key);
 DictPtr with_defaults(DictPtr base, std::initializer_list<Dict::Item> torch_defaults);
 
+// The bias-correction step t one param's update used in the last step() (for the simulator's
+// trace). Params without a gradient are skipped by every Adam step and get no entry.
+struct UsedStep {
+  at::Tensor param;
+  double step;
+};
+
 // Hyper-parameters of one group as the kernels take them (lr, betas, eps, weight_decay,
 // bias_correction) read from the group dict the way the Python step() reads them.
 AdamHyper group_hyper(const Dict& group);

@@ -120,7 +120,6 @@ void FusedAdam::step() {
     Value* step = group.find("step");
     const int64_t t = step != nullptr ? step->as_int() + 1 : 1;
     group.set("step", Value(t));
-    last_used_steps_.push_back(t);
     const AdamHyper hyper = group_hyper(group);
     // GPU-resident params go to the CUDA kernel in one multi-tensor apply per group.
     std::vector<FusedAdamTensors> on_gpu;
@@ -133,6 +132,7 @@ void FusedAdam::step() {
       }
       const at::Tensor g = rt_.grad(p);
       if (!g.defined()) continue;
+      last_used_steps_.push_back({p, static_cast<double>(t)});
       check_same_size(p, g, "fused_adam.py FusedAdam.step()");
       for (const char* k : {"exp_avg", "exp_avg_sq"})
         check_same_size(p, s->at(k).tensor(), "fused_adam.py FusedAdam.step()");

@@ -23,12 +23,14 @@ class FusedAdam final : public Optimizer {
   at::Tensor get_unscaled_state(const at::Tensor& param, const std::string& name);
   void set_scaled_state(const at::Tensor& param, const std::string& name, const at::Tensor& value);
 
-  // The group step each non-empty group used in the last step(), in group order.
-  const std::vector<int64_t>& last_used_steps() const { return last_used_steps_; }
+  // The group step each updated param used in the last step(), in group/param order. A param
+  // without a gradient (with use_decoupled_grad off, one whose gradient is only in
+  // .decoupled_grad) gets its state created but is skipped: no entry.
+  const std::vector<UsedStep>& last_used_steps() const { return last_used_steps_; }
 
  private:
   void initialize_state(const at::Tensor& param, const std::string& name, bool zero_buffer);
-  std::vector<int64_t> last_used_steps_;
+  std::vector<UsedStep> last_used_steps_;
 };
 
 }  // namespace ckptsim::model

@@ -46,6 +46,11 @@ struct Fixture {
     for (const auto& p : params)
       rt.set_grad(p, at::ones(p.sizes(), at::TensorOptions().dtype(at::kFloat)));
   }
+  // What a precision-aware DistributedOptimizer hands over: .decoupled_grad, never .grad.
+  void decoupled_grads() {
+    for (const auto& p : params)
+      rt.set_decoupled_grad(p, at::ones(p.sizes(), at::TensorOptions().dtype(at::kFloat)));
+  }
   RevisionSwitches switches;
 };
 
@@ -122,20 +127,20 @@ TEST(HybridDeviceOptimizer, GroupSyncFreezesGpuStep) {
   for (int i = 0; i < 3; ++i) {
     f.grads();
     f.hdo->step();
-    EXPECT_EQ(f.hdo->gpu_optimizer->last_used_steps().at(0), 6);
+    EXPECT_EQ(f.hdo->gpu_optimizer->last_used_steps().at(0).step, 6);
   }
   RevisionSwitches fixed;
   fixed.hdo_group_sync_skips_step = true;
   Fixture g(0.0, at::kBFloat16, fixed);
   g.hdo->gpu_optimizer->param_groups->at(0).dict()->set("step", Value(int64_t{5}));
   g.hdo->param_groups->at(0).dict()->set("step", Value(int64_t{5}));
-  std::vector<int64_t> used;
+  std::vector<double> used;
   for (int i = 0; i < 3; ++i) {
     g.grads();
     g.hdo->step();
-    used.push_back(g.hdo->gpu_optimizer->last_used_steps().at(0));
+    used.push_back(g.hdo->gpu_optimizer->last_used_steps().at(0).step);
   }
-  EXPECT_EQ(used, (std::vector<int64_t>{6, 7, 8}));
+  EXPECT_EQ(used, (std::vector<double>{6, 7, 8}));
 }
 
 TEST(HybridDeviceOptimizer, PostRaisesKeyErrorForNativeFp32Params) {
@@ -159,4 +164,31 @@ TEST(HybridDeviceOptimizer, DummyStepPerturbsModelParamsAndLeavesStepOne) {
   EXPECT_EQ(f.hdo->state.find(f.params[0])->get()->at("step").tensor().item<float>(), 1.0F);
   EXPECT_EQ(f.hdo->gpu_optimizer->param_groups->at(0).dict()->at("step").as_int(), 1);
   EXPECT_FALSE(f.rt.grad(f.params[0]).defined());  // zero_grad(set_to_none)
+}
+
+TEST(HybridDeviceOptimizer, GpuPartNeverUpdatesFp32ParamsWhoseGradIsDecoupled) {
+  // Real-code behavior (miles-main, recorded in tests/conformance): an fp32 shard kept on the
+  // GPU has no fp32 clone, so the GPU FusedAdam (built without use_decoupled_grad) reads its
+  // .grad, which is None: state created, param never updated, no step used. bf16 params go
+  // through their fp32 clones (getattr(p, "decoupled_grad", p.grad)) and are updated.
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    Fixture f(0.0, dtype);
+    for (int i = 0; i < 2; ++i) {
+      f.decoupled_grads();
+      f.hdo->step();
+    }
+    const bool fp32 = dtype == at::kFloat;
+    for (const auto& p : f.params) {
+      EXPECT_EQ(p.to(at::kFloat).abs().sum().item<float>() == 0.0f, fp32)
+          << (fp32 ? "an fp32 GPU param must stay untouched" : "a bf16 param must train");
+    }
+    EXPECT_EQ(f.hdo->gpu_optimizer->last_used_steps().size(), fp32 ? 0u : f.params.size());
+    EXPECT_EQ(f.hdo->gpu_optimizer->param_groups->at(0).dict()->at("step").as_int(), 2)
+        << "the group step still counts";
+  }
+  // Offloaded fp32 params are read through getattr(gpu_param, "decoupled_grad", ...): updated.
+  Fixture cpu(1.0, at::kFloat);
+  cpu.decoupled_grads();
+  cpu.hdo->step();
+  for (const auto& p : cpu.params) EXPECT_NE(p.abs().sum().item<float>(), 0.0f);
 }

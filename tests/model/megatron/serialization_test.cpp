@@ -85,7 +85,7 @@ TEST(Serialization, LoadFillsRequestTensorsInPlaceAndReslicesForAnotherDpSize) {
     const Value request = dict_value({{"t", piece("t", buffer, 8, 2 * rank)},
                                       {"mine", make_nonpersistent(Value(local))},
                                       {"plain", Value(123)}});
-    const Value loaded = load(request, store, {});
+    const Value loaded = load(request, store, pg, {});
     EXPECT_TRUE(loaded.dict()->at("t").tensor().is_same(buffer))
         << "read in place into the request's tensor";
     EXPECT_EQ(buffer[0].item<float>(), static_cast<float>(2 * rank));
@@ -106,14 +106,14 @@ TEST(Serialization, MissingKeyAndGlobalShapeMismatchRaise) {
     Runtime rt(1, 0, rank);
     // torch's checkpoint load reports the planner's KeyError wrapped (seen on the real code).
     try {
-      load(dict_value({{"u", piece("u", at::zeros({4}), 4, 0)}}), store, {});
+      load(dict_value({{"u", piece("u", at::zeros({4}), 4, 0)}}), store, pg, {});
       ADD_FAILURE() << "a missing key must raise";
     } catch (const UpstreamError& e) {
       EXPECT_EQ(e.py_type(), "CheckpointException");
       EXPECT_NE(e.message().find("KeyError"), std::string::npos) << e.message();
       EXPECT_NE(e.message().find("u from model not in state dict"), std::string::npos);
     }
-    EXPECT_THROW(load(dict_value({{"t", piece("t", at::zeros({4}), 5, 0)}}), store, {}),
+    EXPECT_THROW(load(dict_value({{"t", piece("t", at::zeros({4}), 5, 0)}}), store, pg, {}),
                  CheckpointingException);
   });
 }
@@ -128,13 +128,16 @@ TEST(Serialization, AllowMissingKeysSkipsAndReports) {
   });
   LoadOptions options;
   options.allow_missing_keys = true;
-  LoadReport report;
-  const at::Tensor u = at::ones({4});
-  const Value loaded = load(dict_value({{"u", piece("u", u, 4, 0)}}), store, options, &report);
-  EXPECT_TRUE(loaded.dict()->at("u").tensor().is_same(u));
-  EXPECT_EQ(u.sum().item<float>(), 4.0F) << "a skipped tensor keeps what it held";
-  ASSERT_EQ(report.uncovered.size(), 1u);
-  EXPECT_EQ(report.uncovered.front(), "u: not in the checkpoint, skipped");
+  on_ranks(1, [&](int, ProcessGroup& pg) {
+    LoadReport report;
+    const at::Tensor u = at::ones({4});
+    const Value loaded =
+        load(dict_value({{"u", piece("u", u, 4, 0)}}), store, pg, options, &report);
+    EXPECT_TRUE(loaded.dict()->at("u").tensor().is_same(u));
+    EXPECT_EQ(u.sum().item<float>(), 4.0F) << "a skipped tensor keeps what it held";
+    ASSERT_EQ(report.uncovered.size(), 1u);
+    EXPECT_EQ(report.uncovered.front(), "u: not in the checkpoint, skipped");
+  });
 }
 
 TEST(Serialization, CommonLeafCollidingWithLnoRaisesDuplicateLeaf) {
@@ -145,7 +148,8 @@ TEST(Serialization, CommonLeafCollidingWithLnoRaisesDuplicateLeaf) {
   on_ranks(1, [&](int rank, ProcessGroup& pg) {
     Runtime rt(1, 0, rank);
     try {
-      load(dict_value({{"opt", dict_value({{"step", make_nonpersistent(Value(1))}})}}), store, {});
+      load(dict_value({{"opt", dict_value({{"step", make_nonpersistent(Value(1))}})}}), store, pg,
+           {});
       FAIL() << "expected the duplicate leaf";
     } catch (const MergeError& e) {
       EXPECT_EQ(repr(e.path()), "('opt', 'step')");
@@ -256,4 +260,40 @@ TEST(Serialization, ReadCheckpointTensorsRefusesBytesPastTheFile) {
       << r.status().message();
   const std::vector<SavedPiece> dtype = {{"p.k", "torch.complex64", 4, 0, 1, 0, "f.bin", 0}};
   EXPECT_FALSE(read_checkpoint_tensors(store, dtype, "p.").is_ok());
+}
+
+// HEAD keeps the common state in the checkpoint ('common_state' ShardedObject, no common.pt):
+// HEAD reads it back; an older loader fails the way the real f4502eb1c9 code did on a HEAD
+// checkpoint (campaign trace gen-upstream-2874-to-upstream-head-seed17-case10): AttributeError
+// from load_common's FileNotFoundError handler. Mutations caught: the switch ignored at save
+// (common.pt written, so the old loader succeeds), or at load (HEAD cannot read its own).
+TEST(Serialization, HeadCommonStateAsShardedObjectOnlyHeadReads) {
+  MemoryStorage store;
+  SaveOptions head;
+  head.common_state_as_sharded_object = true;
+  on_ranks(2, [&](int rank, ProcessGroup& pg) {
+    save(dict_value({{"iteration", Value(9)}, {"t", piece("t", at::zeros({2}), 4, 2 * rank)}}),
+         store, pg, head);
+  });
+  EXPECT_FALSE(store.exists("common.pt"));
+  EXPECT_EQ(load_common_state_dict(store, true).dict()->at("iteration").as_int(), 9);
+  try {
+    (void)load_common_state_dict(store, false);
+    ADD_FAILURE() << "an older loader must fail on a HEAD checkpoint";
+  } catch (const UpstreamError& e) {
+    EXPECT_EQ(e.py_type(), "AttributeError");
+    EXPECT_EQ(e.site(), "common.py load_common()");
+  }
+  on_ranks(2, [&](int rank, ProcessGroup& pg) {
+    LoadOptions options;
+    options.reads_sharded_common_state = true;
+    const Value loaded =
+        load(dict_value({{"t", piece("t", at::ones({2}), 4, 2 * rank)}}), store, pg, options);
+    EXPECT_EQ(loaded.dict()->at("iteration").as_int(), 9);
+  });
+  // A checkpoint with common.pt is read by both.
+  MemoryStorage old;
+  on_ranks(1, [&](int, ProcessGroup& pg) { save(dict_value({{"iteration", Value(3)}}), old, pg); });
+  EXPECT_EQ(load_common_state_dict(old, false).dict()->at("iteration").as_int(), 3);
+  EXPECT_EQ(load_common_state_dict(old, true).dict()->at("iteration").as_int(), 3);
 }
