@@ -19,11 +19,16 @@ using namespace ckptsim;
 
 namespace {
 
+// Traces under tests/conformance/ (one H200, gloo at DP > 1) and nccl-x2/ (two H200s, NCCL),
+// as paths relative to tests/conformance/. te-absent/ waits for the model's no-TE hybrid.
 std::vector<std::string> recorded() {
   std::vector<std::string> out;
-  for (const auto& e :
-       std::filesystem::directory_iterator(test::source_path("tests/conformance"))) {
-    if (e.path().string().ends_with(".trace.json")) out.push_back(e.path().filename().string());
+  for (const std::string dir : {"", "nccl-x2/"}) {
+    for (const auto& e :
+         std::filesystem::directory_iterator(test::source_path("tests/conformance/" + dir))) {
+      if (e.path().string().ends_with(".trace.json"))
+        out.push_back(dir + e.path().filename().string());
+    }
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -77,7 +82,9 @@ TEST_P(RealMegatron, TheModelAgreesWithTheRecordedTrace) {
 
 INSTANTIATE_TEST_SUITE_P(Recorded, RealMegatron, ::testing::ValuesIn(recorded()),
                          [](const ::testing::TestParamInfo<std::string>& info) {
-                           std::string name = info.param.substr(0, info.param.find("__"));
+                           const std::string& file = info.param;
+                           std::string name = file.substr(0, file.find("__"));
+                           if (name.starts_with("nccl-x2/")) name = name.substr(8) + "_nccl_x2";
                            for (char& c : name) {
                              if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
                            }
