@@ -195,6 +195,7 @@ TEST(CheckMegatron, CouldNotReplayKeepsTheSearchResults) {
   ASSERT_FALSE(j["failures"].empty()) << r.out;
   EXPECT_EQ(j["failures"].size(), found_scenarios(r.dir).size());
   for (const auto& f : j["failures"]) {
+    ASSERT_TRUE(f.contains("real_code")) << f.dump();
     EXPECT_EQ(f["real_code"]["outcome"], "could_not_replay") << f.dump();
     EXPECT_NE(f["real_code"]["text"].get<std::string>().find("the runner failed (exit status 3"),
               std::string::npos)
@@ -269,4 +270,34 @@ TEST(CheckMegatron, ASkippedRunIsAReplayProblemNotAVerdict) {
          {"status", "failed"},
          {"events", {{{"rank", 0}, {"at", "error"}, {"py_type", "ValueError"}}}}}}}};
   EXPECT_EQ(app::replay_problem(megatron_error), "");
+}
+
+// The command line binds every --megatron flag: the runner gets them, and --replay-arg values
+// that start with dashes, verbatim.
+TEST(CheckMegatron, CommandLineFlagsReachTheRunner) {
+  const fs::path dir = fresh_dir("cli");
+  const std::string cmd =
+      "CKPTSIM_PYTHON=" + test::source_path("tests/app/fake_replay_python") +
+      " CKPTSIM_FAKE_BINARY=" + CKPTSIM_BINARY +
+      " FAKE_RUNNER_LOG=" + (dir / "runner-calls.jsonl").string() + " " + CKPTSIM_BINARY +
+      " check --revision upstream-2874 --cases 12 --kind hybrid --dp-max 4 --quiet --out " +
+      (dir / "found").string() + " --megatron upstream-2874=" + (dir / "megatron").string() +
+      " --megatron-root " + dir.string() +
+      " --replay-arg=--emulate-te --replay-arg=--backend=gloo" + " --replay-dir " +
+      test::source_path("") + " > " + (dir / "out.txt").string() + " 2>&1";
+  const int status = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(status)) << cmd;
+  EXPECT_EQ(WEXITSTATUS(status), app::kExitFail) << read_file(dir / "out.txt");
+  const auto calls = invocations(dir / "runner-calls.jsonl");
+  ASSERT_EQ(calls.size(), 1u) << read_file(dir / "out.txt");
+  const std::vector<std::string> argv = calls[0]["argv"];
+  const std::vector<std::string> tail = {
+      "--megatron",      "upstream-2874=" + (dir / "megatron").string(),
+      "--megatron-root", dir.string(),
+      "--emulate-te",    "--backend=gloo"};
+  ASSERT_GE(argv.size(), tail.size());
+  EXPECT_TRUE(std::equal(tail.begin(), tail.end(), argv.end() - tail.size())) << calls[0].dump();
+  EXPECT_EQ(calls[0]["pythonpath"].get<std::string>().rfind(
+                fs::path(test::source_path("")).lexically_normal().string(), 0),
+            0u);
 }
