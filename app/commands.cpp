@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "app/confirm.h"
 #include "model/faults.h"
 #include "model/revision.h"
 #include "properties/conformance.h"
@@ -244,7 +245,7 @@ Result<std::vector<report::ReportedFailure>> write_failures(
   for (size_t i = 0; i < failures.size(); ++i) {
     auto path = search::write_found(c.out_dir, *failures[i], c.seed, hows[i], tags[i]);
     if (!path.is_ok()) return path.status();
-    reported.push_back({failures[i], path.value(), "", false});
+    reported.push_back({failures[i], path.value(), "", false, std::nullopt});
   }
   return reported;
 }
@@ -256,14 +257,91 @@ Status write_text(const std::string& path, const std::string& text) {
   return Status::ok();
 }
 
+// "    real code: <sentence>\n" when the finding was replayed on the real code, else "".
+std::string real_code_line(const report::ReportedFailure& r) {
+  return r.real_code ? "    real code: " + r.real_code->text + "\n" : "";
+}
+
 void say_gate_findings(const std::vector<report::ReportedFailure>& reported, std::ostream& out) {
   for (const auto& r : reported) {
     const search::Failure& f = *r.failure;
-    out << fmt::format("  {} {} [{}]\n    {}\n    minimal scenario: {} ({} params, {} phases)\n",
+    out << fmt::format("  {} {} [{}]\n    {}\n    minimal scenario: {} ({} params, {} phases)\n{}",
                        r.counts_as_new ? "NEW" + r.classification.substr(3) : r.classification,
                        f.finding.property, f.finding.signature, f.finding.detail, r.file,
-                       f.minimal.params.size(), f.minimal.phases.size());
+                       f.minimal.params.size(), f.minimal.phases.size(), real_code_line(r));
   }
+}
+
+void say_check_findings(const search::SearchResult& result,
+                        const std::vector<report::ReportedFailure>& reported,
+                        const std::string& repeat, std::ostream& out) {
+  out << fmt::format("{} cases ({} simulator runs){}: {} failure(s)", result.cases_run,
+                     result.judge_runs,
+                     result.stopped_by_time ? ", stopped by the time budget" : "", reported.size())
+      << std::endl;
+  for (const auto& r : reported) {
+    const search::Finding& f = r.failure->finding;
+    out << fmt::format(
+        "  FAIL {} [{}]\n    {}\n    minimal scenario: {} ({} params, {} phases)\n    replay: "
+        "ckptsim run {}\n{}",
+        f.property, f.signature, f.detail, r.file, r.failure->minimal.params.size(),
+        r.failure->minimal.phases.size(), r.file, real_code_line(r));
+  }
+  out << "  repeat the search: " << repeat << std::endl;
+}
+
+// What is checked before a search starts: where its outputs go, and the --megatron options.
+Status prepare_search_outputs(const SearchCommand& c, const model::RevisionRegistry& registry) {
+  if (c.real_code.enabled()) {
+    if (Status s = validate_real_code(c.real_code, registry); !s.is_ok()) return s;
+  }
+  if (Status s = search::prepare_out_dir(c.out_dir); !s.is_ok()) return s;
+  if (!c.junit.empty()) {
+    std::ofstream junit_out(c.junit);
+    if (!junit_out) return Status::io_error(c.junit + ": cannot write the JUnit file");
+  }
+  return Status::ok();
+}
+
+Status write_check_junit(const SearchCommand& c, const std::string& revision,
+                         const std::vector<report::ReportedFailure>& reported,
+                         const std::string& repeat) {
+  if (c.junit.empty()) return Status::ok();
+  return write_text(c.junit,
+                    report::junit_xml("ckptsim check " + revision,
+                                      report::check_junit_cases(revision, reported, repeat)));
+}
+
+struct GateNames {
+  std::string baseline;
+  std::string candidate;
+  std::string repeat;
+};
+
+// gate-report.md and junit.xml in the gate's --out.
+Status write_gate_files(const SearchCommand& c, const GateNames& n,
+                        const search::GateResult& result,
+                        const std::vector<report::ReportedFailure>& reported) {
+  const std::string md = report::gate_markdown(n.baseline, n.candidate, n.repeat, result, reported);
+  if (Status s = write_text(c.out_dir + "/gate-report.md", md); !s.is_ok()) return s;
+  return write_text(c.out_dir + "/junit.xml",
+                    report::junit_xml(fmt::format("ckptsim gate {} -> {}", n.baseline, n.candidate),
+                                      report::gate_junit_cases(reported, n.repeat)));
+}
+
+// With --megatron: replays every minimal scenario written on the real code and sets each one's
+// real_code (app/confirm.h). False when there was nothing to do.
+bool confirm_found(const SearchCommand& c, model::RevisionRegistry& registry,
+                   const std::string& command, std::vector<report::ReportedFailure>& reported,
+                   std::ostream& err) {
+  if (!c.real_code.enabled() || reported.empty()) return false;
+  const bool talk = !c.quiet && !c.json;
+  ConfirmContext ctx{c.real_code, c.out_dir, &registry, [&](const std::string& line) {
+                       if (talk) err << command << ": " << line << std::endl;
+                     }};
+  const std::string runner = confirm_on_real_code(ctx, reported);
+  if (talk && !runner.empty()) err << command << ": the runner was: " << runner << std::endl;
+  return true;
 }
 
 }  // namespace
@@ -367,12 +445,8 @@ int check_command(const SearchCommand& c, const std::string& revision, std::ostr
   if (!options.is_ok()) return invalid(err, options.status().message());
   auto resolved = revision_flag(registry.value(), "--revision", revision);
   if (!resolved.is_ok()) return invalid(err, resolved.status().message());
-  if (Status s = search::prepare_out_dir(c.out_dir); !s.is_ok()) return invalid(err, s.message());
-  std::ofstream junit_out;
-  if (!c.junit.empty()) {
-    junit_out.open(c.junit);
-    if (!junit_out) return invalid(err, c.junit + ": cannot write the JUnit file");
-  }
+  if (Status s = prepare_search_outputs(c, registry.value()); !s.is_ok())
+    return invalid(err, s.message());
   options.value().generator.revisions = {resolved.value()};
   const bool talk = !c.quiet && !c.json;
   options.value().progress = [&](const std::string& line) {
@@ -392,25 +466,17 @@ int check_command(const SearchCommand& c, const std::string& revision, std::ostr
   auto reported = write_failures(c, failures, std::vector<std::string>(failures.size(), repeat),
                                  std::vector<std::string>(failures.size()));
   if (!reported.is_ok()) return invalid(err, reported.status().message());
-  if (talk) {
-    out << fmt::format("{} cases ({} simulator runs){}: {} failure(s)", result.cases_run,
-                       result.judge_runs,
-                       result.stopped_by_time ? ", stopped by the time budget" : "",
-                       reported.value().size())
-        << std::endl;
-    for (const auto& r : reported.value()) {
-      const search::Finding& f = r.failure->finding;
-      out << fmt::format(
-          "  FAIL {} [{}]\n    {}\n    minimal scenario: {} ({} params, {} phases)\n    replay: "
-          "ckptsim run {}\n",
-          f.property, f.signature, f.detail, r.file, r.failure->minimal.params.size(),
-          r.failure->minimal.phases.size(), r.file);
-    }
-    out << "  repeat the search: " << repeat << std::endl;
+  // The JUnit file is written before the real code is asked (a runner that hangs loses nothing)
+  // and again after, with its answers.
+  if (Status s = write_check_junit(c, revision, reported.value(), repeat); !s.is_ok())
+    return invalid(err, s.message());
+  if (confirm_found(c, registry.value(), "check", reported.value(), err)) {
+    if (Status s = write_check_junit(c, revision, reported.value(), repeat); !s.is_ok())
+      return invalid(err, s.message());
   }
-  const auto cases = report::check_junit_cases(revision, reported.value(), repeat);
-  if (junit_out) junit_out << report::junit_xml("ckptsim check " + revision, cases);
+  if (talk) say_check_findings(result, reported.value(), repeat, out);
   if (c.json) {
+    const auto cases = report::check_junit_cases(revision, reported.value(), repeat);
     out << report::check_json(revision, c.seed, result, repeat, reported.value(), cases).dump(2)
         << std::endl;
   }
@@ -669,7 +735,8 @@ int gate_command(const SearchCommand& c, const std::string& baseline, const std:
   if (!base.is_ok()) return invalid(err, base.status().message());
   auto cand = revision_flag(registry.value(), "--candidate", candidate);
   if (!cand.is_ok()) return invalid(err, cand.status().message());
-  if (Status s = search::prepare_out_dir(c.out_dir); !s.is_ok()) return invalid(err, s.message());
+  if (Status s = prepare_search_outputs(c, registry.value()); !s.is_ok())
+    return invalid(err, s.message());
   const bool talk = !c.quiet && !c.json;
   if (talk) {
     out << fmt::format("seed={} baseline={} candidate={} cases={} per search", c.seed, baseline,
@@ -703,14 +770,13 @@ int gate_command(const SearchCommand& c, const std::string& baseline, const std:
     reported.value()[i].classification = search::gate_class_name(findings[i].gate_class);
     reported.value()[i].counts_as_new = search::counts_as_new(findings[i].gate_class);
   }
-  const std::string md =
-      report::gate_markdown(baseline, candidate, repeat, result, reported.value());
-  for (Status s :
-       {write_text(c.out_dir + "/gate-report.md", md),
-        write_text(c.out_dir + "/junit.xml",
-                   report::junit_xml(fmt::format("ckptsim gate {} -> {}", baseline, candidate),
-                                     report::gate_junit_cases(reported.value(), repeat)))}) {
-    if (!s.is_ok()) return invalid(err, s.message());
+  const GateNames names{baseline, candidate, repeat};
+  // Written before the real code is asked (a runner that hangs loses nothing), and again after.
+  if (Status s = write_gate_files(c, names, result, reported.value()); !s.is_ok())
+    return invalid(err, s.message());
+  if (confirm_found(c, registry.value(), "gate", reported.value(), err)) {
+    if (Status s = write_gate_files(c, names, result, reported.value()); !s.is_ok())
+      return invalid(err, s.message());
   }
   if (talk) {
     say_gate_findings(reported.value(), out);

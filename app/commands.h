@@ -2,6 +2,10 @@
 // to `out` (and errors and progress lines to `err`), and returns the exit code. cli/main.cpp
 // only binds flags to these options; tests call the commands directly.
 //
+// With --megatron, check and gate also replay each minimal scenario they write on the real
+// Megatron-LM and report per scenario whether it is confirmed there (app/confirm.h); that never
+// changes their exit code.
+//
 // Exit codes (every command): 0 all properties hold (with --expect: every scenario gave the
 // verdicts its "expect" block names; check: no failure found; gate: no new failure); 1 a
 // property failed (or a verdict was not the expected one, or the gate found a new failure);
@@ -67,6 +71,17 @@ struct ConformCampaignCommand {
   std::vector<std::string> profiles;
 };
 
+// --megatron on check and gate: confirm every minimal scenario found on a real Megatron-LM
+// checkout (app/confirm.h says how).
+struct RealCodeOptions {
+  std::vector<std::string> megatron;     // DIR or REVISION=DIR (the runner's --megatron)
+  std::string megatron_root;             // the runner's --megatron-root
+  std::vector<std::string> replay_args;  // more runner options, passed through verbatim
+  std::string replay_dir;  // the folder holding replay/ ("": $CKPTSIM_REPLAY_DIR, else found)
+  std::string python;      // the interpreter ("": $CKPTSIM_PYTHON, else python3)
+  bool enabled() const { return !megatron.empty() || !megatron_root.empty(); }
+};
+
 // The options of a search (check, gate). Defaults are the CLI's.
 struct SearchCommand {
   uint64_t seed = 1;
@@ -86,6 +101,7 @@ struct SearchCommand {
   int phases_max = 4;
   bool stateful = false;
   int jobs = 0;  // gate: searches at once (0: two where there are two cores)
+  RealCodeOptions real_code;
 };
 
 int run_command(const RunCommand& c, std::ostream& out, std::ostream& err);

@@ -44,6 +44,24 @@ void add_search_flags(CLI::App* cmd, app::SearchCommand& f) {
                 "SaveResume(dp, revision))");
 }
 
+// check and gate: confirm each minimal scenario found on the real Megatron-LM (app/confirm.h).
+void add_real_code_flags(CLI::App* cmd, app::RealCodeOptions& f) {
+  cmd->add_option("--megatron", f.megatron,
+                  "Replay each minimal scenario found on this Megatron-LM checkout (DIR: every "
+                  "revision; REVISION=DIR: one profile; repeatable) and report whether the real "
+                  "code confirms it. Runs ${CKPTSIM_PYTHON:-python3} -m replay run");
+  cmd->add_option("--megatron-root", f.megatron_root,
+                  "Like --megatron: the checkouts of replay/fetch-megatron.sh, matched to each "
+                  "profile's upstream commit");
+  cmd->add_option("--replay-arg", f.replay_args,
+                  "One more option for the replay runner, verbatim (repeatable; write it with '=': "
+                  "--replay-arg=--emulate-te)")
+      ->allow_extra_args(false);
+  cmd->add_option("--replay-dir", f.replay_dir,
+                  "The folder holding replay/ (default: $CKPTSIM_REPLAY_DIR, else the checkout "
+                  "ckptsim was built in)");
+}
+
 // What the command line asked for: one subcommand and its options.
 struct Flags {
   app::RunCommand run;
@@ -161,6 +179,7 @@ CLI::App* add_check(CLI::App& app, Flags& f) {
       "--first", f.check_first,
       "Stop at the first failure (default: keep searching, one minimal case per cause)");
   add_search_flags(check, f.check);
+  add_real_code_flags(check, f.check.real_code);
   return check;
 }
 
@@ -179,6 +198,7 @@ CLI::App* add_gate(CLI::App& app, Flags& f) {
                    "Run the two searches at once (2) or one after the other (1); default: 2 where "
                    "there are two cores. The findings are the same either way")
       ->check(CLI::Range(0, 2));
+  add_real_code_flags(gate, f.gate.real_code);
   return gate;
 }
 

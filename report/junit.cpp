@@ -41,12 +41,18 @@ std::string junit_xml(const std::string& suite, const std::vector<JunitCase>& ca
   for (const auto& c : cases) {
     out += fmt::format("    <testcase classname=\"{}\" name=\"{}\"", xml_escape(c.classname),
                        xml_escape(c.name));
-    if (!c.failed) {
+    if (!c.failed && c.system_out.empty()) {
       out += "/>\n";
       continue;
     }
-    out += fmt::format(">\n      <failure message=\"{}\">{}</failure>\n    </testcase>\n",
-                       xml_escape(c.message), xml_escape(c.text));
+    out += ">\n";
+    if (c.failed) {
+      out += fmt::format("      <failure message=\"{}\">{}</failure>\n", xml_escape(c.message),
+                         xml_escape(c.text));
+    }
+    if (!c.system_out.empty())
+      out += fmt::format("      <system-out>{}</system-out>\n", xml_escape(c.system_out));
+    out += "    </testcase>\n";
   }
   out += "  </testsuite>\n</testsuites>\n";
   return out;

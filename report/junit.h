@@ -13,9 +13,12 @@ struct JunitCase {
   bool failed = false;
   std::string message;
   std::string text;
+  std::string system_out;  // written as the case's <system-out> when not empty
 };
 
 // One <testsuite> named `suite` inside <testsuites>; every attribute and text XML-escaped.
+// A case's <failure> (when failed) comes before its <system-out> (when any), as the JUnit schema
+// orders them.
 std::string junit_xml(const std::string& suite, const std::vector<JunitCase>& cases);
 
 }  // namespace ckptsim::report

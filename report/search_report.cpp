@@ -2,23 +2,49 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "report/run_report.h"
 
 namespace ckptsim::report {
+
+const char* real_code_outcome_name(RealCodeOutcome outcome) {
+  switch (outcome) {
+    case RealCodeOutcome::kConfirmed:
+      return "confirmed";
+    case RealCodeOutcome::kNotConfirmed:
+      return "not_confirmed";
+    case RealCodeOutcome::kNotJudgeable:
+      return "not_judgeable";
+    case RealCodeOutcome::kCouldNotReplay:
+      return "could_not_replay";
+  }
+  return "?";
+}
+
+namespace {
+
+// "real code: <sentence>" for a finding confirmed (or not) on the real code; "" without --megatron.
+std::string real_code_line(const ReportedFailure& r) {
+  return r.real_code ? "real code: " + r.real_code->text + "\n" : "";
+}
+
+}  // namespace
 
 std::vector<JunitCase> check_junit_cases(const std::string& revision,
                                          const std::vector<ReportedFailure>& reported,
                                          const std::string& repeat) {
   std::vector<JunitCase> cases;
   for (const auto& p : properties::all_properties()) {
-    JunitCase c{"ckptsim.check." + revision, p.name, false, "", ""};
+    JunitCase c{"ckptsim.check." + revision, p.name, false, "", "", ""};
     for (const auto& r : reported) {
       const search::Finding& f = r.failure->finding;
       if (f.property != p.name) continue;
       c.failed = true;
       c.message = f.detail;
-      c.text += fmt::format("{}\nminimal scenario: {}\nreplay: ckptsim run {}\nrepeat: {}\n\n",
-                            f.detail, r.file, r.file, repeat);
+      c.text += fmt::format("{}\nminimal scenario: {}\nreplay: ckptsim run {}\n{}repeat: {}\n\n",
+                            f.detail, r.file, r.file, real_code_line(r), repeat);
+      if (r.real_code) c.system_out += r.file + ": " + real_code_line(r);
     }
     cases.push_back(c);
   }
@@ -30,14 +56,45 @@ std::vector<JunitCase> gate_junit_cases(const std::vector<ReportedFailure>& repo
   std::vector<JunitCase> cases;
   for (const auto& r : reported) {
     const search::Finding& f = r.failure->finding;
-    cases.push_back(
-        {"ckptsim.gate." + r.classification.substr(0, r.classification.find(' ')),
-         f.property + " (" + r.file + ")", r.counts_as_new, f.detail,
-         fmt::format("{}\nreplay: ckptsim run {}\nrepeat: {}\n", f.detail, r.file, repeat)});
+    cases.push_back({"ckptsim.gate." + r.classification.substr(0, r.classification.find(' ')),
+                     f.property + " (" + r.file + ")", r.counts_as_new, f.detail,
+                     fmt::format("{}\nreplay: ckptsim run {}\n{}repeat: {}\n", f.detail, r.file,
+                                 real_code_line(r), repeat),
+                     real_code_line(r)});
   }
-  if (cases.empty()) cases.push_back({"ckptsim.gate", "no new failure", false, "", ""});
+  if (cases.empty()) cases.push_back({"ckptsim.gate", "no new failure", false, "", "", ""});
   return cases;
 }
+
+namespace {
+
+// The findings, one row each; with a "real code" column when they were replayed on it.
+std::string gate_findings_table(const std::vector<ReportedFailure>& reported) {
+  const bool real = std::any_of(reported.begin(), reported.end(),
+                                [](const ReportedFailure& r) { return r.real_code.has_value(); });
+  std::string md = "\n| class | property | minimal scenario | params | phases | detail |";
+  md += real ? " real code |\n|---|---|---|---|---|---|---|\n" : "\n|---|---|---|---|---|---|\n";
+  for (const auto& r : reported) {
+    const search::Failure& f = *r.failure;
+    md += fmt::format("| {} | {} | `{}` | {} | {} | {} |",
+                      r.counts_as_new ? "**" + r.classification + "**" : r.classification,
+                      f.finding.property, r.file, f.minimal.params.size(), f.minimal.phases.size(),
+                      md_escape(f.finding.detail));
+    if (real) md += " " + (r.real_code ? md_escape(r.real_code->text) : "—") + " |";
+    md += "\n";
+  }
+  if (reported.empty()) md += "| — | — | — | — | — | no failure found |\n";
+  if (real) {
+    md +=
+        "\n\"real code\": each minimal scenario replayed on the real Megatron-LM (`python -m "
+        "replay run`, its plan and trace next to the scenario) and its trace conformed with the "
+        "model's. \"confirmed\": the real run fails the property too, and every verdict, step "
+        "counter and first error a trace holds agrees.\n";
+  }
+  return md;
+}
+
+}  // namespace
 
 std::string gate_markdown(const std::string& baseline, const std::string& candidate,
                           const std::string& repeat, const search::GateResult& result,
@@ -57,16 +114,7 @@ std::string gate_markdown(const std::string& baseline, const std::string& candid
                       s.stopped_by_time ? " (time budget)" : "", s.judge_runs, s.failures.size(),
                       s.seconds, s.shrink_seconds);
   }
-  md += "\n| class | property | minimal scenario | params | phases | detail |\n";
-  md += "|---|---|---|---|---|---|\n";
-  for (const auto& r : reported) {
-    const search::Failure& f = *r.failure;
-    md += fmt::format("| {} | {} | `{}` | {} | {} | {} |\n",
-                      r.counts_as_new ? "**" + r.classification + "**" : r.classification,
-                      f.finding.property, r.file, f.minimal.params.size(), f.minimal.phases.size(),
-                      md_escape(f.finding.detail));
-  }
-  if (reported.empty()) md += "| — | — | — | — | — | no failure found |\n";
+  md += gate_findings_table(reported);
   md +=
       "\n\"new\": the candidate fails a property that the same scenario run entirely on the "
       "baseline keeps (or fails differently). \"new (the baseline cannot resume from it)\": a "
@@ -92,6 +140,12 @@ nlohmann::json failure_json(const ReportedFailure& r) {
                    {"phases", f.minimal.phases.size()},
                    {"dp_max", dp_max}};
   if (!r.classification.empty()) j["classification"] = r.classification;
+  if (r.real_code) {
+    j["real_code"] = {{"outcome", real_code_outcome_name(r.real_code->outcome)},
+                      {"text", r.real_code->text},
+                      {"plan", r.real_code->plan},
+                      {"trace", r.real_code->trace}};
+  }
   return j;
 }
 

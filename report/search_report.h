@@ -1,10 +1,12 @@
 // The outputs of a search (`check`) and of a gate: JUnit cases, the gate's Markdown report and
 // the JSON objects `--json` prints. Each finding is reported with the file its minimal scenario
-// was written to.
+// was written to and, when the search was given --megatron, what the real Megatron-LM said
+// about that scenario (RealCodeVerdict): every output then carries it.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,11 +16,30 @@
 
 namespace ckptsim::report {
 
+// What replaying a minimal scenario on the real Megatron-LM said (check/gate --megatron).
+enum class RealCodeOutcome {
+  kConfirmed,      // the traces agree and the real run fails the property too
+  kNotConfirmed,   // the real code disagrees with the model (a verdict, a counter or an error)
+  kNotJudgeable,   // the traces agree, but a trace does not show the property's failure
+  kCouldNotReplay  // no trace to judge: the runner was missing or failed, or skipped a run
+};
+
+struct RealCodeVerdict {
+  RealCodeOutcome outcome = RealCodeOutcome::kCouldNotReplay;
+  std::string text;   // the sentence a reader sees: "confirmed on the real code (...)", ...
+  std::string plan;   // the replay plan written next to the minimal scenario ("" if none)
+  std::string trace;  // the real trace ("" if none was written)
+};
+
+// "confirmed", "not_confirmed", "not_judgeable", "could_not_replay" (the JSON's "outcome").
+const char* real_code_outcome_name(RealCodeOutcome outcome);
+
 struct ReportedFailure {
   const search::Failure* failure = nullptr;
-  std::string file;            // the minimal scenario, replayable with `ckptsim run`
-  std::string classification;  // gate: search::gate_class_name(); check: ""
-  bool counts_as_new = false;  // gate: the class counts against the candidate
+  std::string file;                          // the minimal scenario, replayable with `ckptsim run`
+  std::string classification;                // gate: search::gate_class_name(); check: ""
+  bool counts_as_new = false;                // gate: the class counts against the candidate
+  std::optional<RealCodeVerdict> real_code;  // set only when the search ran with --megatron
 };
 
 // check: one case per property, failed with every finding of that property.
