@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -15,6 +16,7 @@
 #include "properties/properties.h"
 #include "report/conformance_report.h"
 #include "report/json.h"
+#include "report/plot.h"
 #include "report/run_report.h"
 #include "report/search_report.h"
 #include "report/trace_json.h"
@@ -47,6 +49,38 @@ std::string sanitize(const std::string& name) {
   for (char c : name)
     out.push_back(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' ? c : '_');
   return out.empty() ? "scenario" : out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// plots
+
+// `target` as a link from the Markdown file `report`.
+std::string relative_link(const std::string& report, const std::string& target) {
+  namespace fs = std::filesystem;
+  const fs::path base = fs::absolute(report).parent_path().lexically_normal();
+  return fs::absolute(target).lexically_normal().lexically_relative(base).generic_string();
+}
+
+// Draws one picture of a run (and a real trace of it); 0, or the exit code after the message.
+int write_plot(const sim::RunResult& run, const nlohmann::json* real, const std::string& real_name,
+               const std::vector<std::string>& notes, const report::PlotFiles& files,
+               std::ostream& err) {
+  const nlohmann::json model = report::trace_json(run, /*values=*/true);
+  auto spec = report::plot_spec({&model, real, real_name, notes});
+  if (!spec.is_ok()) return invalid(err, spec.status().message());
+  auto drawn = report::render_plot(spec.value(), files);
+  if (!drawn.is_ok()) return invalid(err, drawn.status().message());
+  const report::GnuplotRun& g = drawn.value();
+  if (g.outcome == report::GnuplotOutcome::kMissing)
+    return invalid(err, std::string(report::kGnuplotMissing) + " (" + g.output + ")");
+  if (g.outcome == report::GnuplotOutcome::kFailed) {
+    err << "ckptsim: internal error: gnuplot failed on the script ckptsim wrote for " << files.png
+        << ":\n"
+        << g.output << std::endl;
+    return kExitInternal;
+  }
+  if (!g.output.empty()) err << "gnuplot (" << files.png << "): " << g.output << std::flush;
+  return kExitOk;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -169,6 +203,20 @@ Status write_run_outputs(const RunCommand& c, const std::vector<report::Scenario
     out << j.dump(2) << std::endl;
   }
   return Status::ok();
+}
+
+// A picture of every scenario that fails a property; the report links it.
+int write_run_plots(const RunCommand& c, std::vector<report::ScenarioReport>& reports,
+                    std::ostream& out, std::ostream& err) {
+  if (c.plots.empty()) return kExitOk;
+  for (auto& rep : reports) {
+    if (properties::all_ok(rep.results)) continue;
+    const std::string png = c.plots + "/" + sanitize(rep.run->scenario.name) + ".png";
+    if (int code = write_plot(*rep.run, nullptr, "", {}, {png}, err); code != kExitOk) return code;
+    if (!c.report.empty()) rep.plot = relative_link(c.report, png);
+    if (!c.quiet && !c.json) out << "plot: " << png << std::endl;
+  }
+  return kExitOk;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -386,6 +434,7 @@ int run_command(const RunCommand& c, std::ostream& out, std::ostream& err) {
     reports.push_back(judge(c, s, runs.back()));
     if (talk) say_verdicts(c, reports.back(), out);
   }
+  if (int code = write_run_plots(c, reports, out, err); code != kExitOk) return code;
   if (Status s = write_run_outputs(c, reports, out); !s.is_ok()) return invalid(err, s.message());
   bool all_ok = true;
   bool all_expected = true;
@@ -603,6 +652,45 @@ int conform_command(const ConformCommand& c, std::ostream& out, std::ostream& er
 
 namespace {
 
+// The line a picture of a real trace carries under its title: the verdict of `conform`.
+std::string conformance_note(const properties::Conformance& r) {
+  if (r.agrees()) return "conform: the model agrees with the real code";
+  std::string first = "conform: the model DISAGREES with the real code";
+  if (!r.divergences.empty()) first += "; first: " + r.divergences.front().describe();
+  return first;
+}
+
+}  // namespace
+
+int plot_command(const PlotCommand& c, std::ostream& out, std::ostream& err) {
+  auto registry = load_registry(c.profiles);
+  if (!registry.is_ok()) return invalid(err, registry.status().message());
+  auto s = sim::load_scenario_file(c.scenario, registry.value());
+  if (!s.is_ok()) return invalid(err, s.status().message());
+  if (c.out.empty() || !c.out.ends_with(".png"))
+    return invalid(err, "-o: name the picture to write, a .png file, got '" + c.out + "'");
+  std::optional<nlohmann::json> real;
+  if (!c.real_trace.empty()) {
+    auto r = read_json(c.real_trace);
+    if (!r.is_ok()) return invalid(err, r.status().message());
+    real = std::move(r.value());
+  }
+  auto run = sim::run_scenario(s.value());
+  if (!run.is_ok()) return invalid(err, run.status().message());
+  std::vector<std::string> notes;
+  if (real) {
+    auto r = properties::conform(report::trace_json(run.value()), *real, c.real_trace);
+    if (!r.is_ok()) return invalid(err, r.status().message());
+    notes.push_back(conformance_note(r.value()));
+  }
+  const int code = write_plot(run.value(), real ? &*real : nullptr, c.real_trace, notes,
+                              {c.out, c.keep_data, c.gnuplot}, err);
+  if (code == kExitOk) out << "plot: " << c.out << std::endl;
+  return code;
+}
+
+namespace {
+
 // Trace files: the files given, and every *.trace.json of the directories given, sorted.
 Result<std::vector<std::string>> trace_files(const std::vector<std::string>& paths) {
   std::vector<std::string> out;
@@ -671,9 +759,21 @@ int conform_campaign_command(const ConformCampaignCommand& c, std::ostream& out,
     auto r = properties::conform(report::trace_json(run.value()), real.value(), file);
     if (!r.is_ok()) return invalid(err, r.status().message());
     out << fmt::format("{} {}", r.value().agrees() ? "agree   " : "DISAGREE", file) << std::endl;
+    std::string plot;
+    if (!c.plots.empty() && !r.value().agrees()) {
+      std::string stem = std::filesystem::path(file).filename().string();
+      if (stem.ends_with(".trace.json")) stem.resize(stem.size() - std::strlen(".trace.json"));
+      const std::string png = c.plots + "/" + sanitize(stem) + ".png";
+      if (int code = write_plot(run.value(), &real.value(), file, {conformance_note(r.value())},
+                                {png}, err);
+          code != kExitOk)
+        return code;
+      out << "plot: " << png << std::endl;
+      plot = c.report.empty() ? png : relative_link(c.report, png);
+    }
     rows.push_back({std::filesystem::path(file).filename().string(), std::move(s.value()),
-                    setup_text(real.value()), real_errors_text(real.value()),
-                    std::move(r.value())});
+                    setup_text(real.value()), real_errors_text(real.value()), std::move(r.value()),
+                    plot});
   }
   const auto agreeing =
       std::count_if(rows.begin(), rows.end(), [](const auto& r) { return r.result.agrees(); });

@@ -42,6 +42,21 @@ struct RunCommand {
   // hashed array also as base64 floats.
   std::string trace_json;
   bool trace_values = false;
+  // A picture (`ckptsim plot`) of every scenario that fails a property, <plots>/<scenario>.png,
+  // linked from the report.
+  std::string plots;
+};
+
+// `ckptsim plot`: a PNG of a scenario's run (report/plot.h): every Adam part's step counter and
+// the largest divergence from the uninterrupted run against the global step, for the model, its
+// uninterrupted run and, with `real_trace`, the real code. Exit 2 when gnuplot is missing.
+struct PlotCommand {
+  std::string scenario;
+  std::string real_trace;  // optional
+  std::string out;         // the PNG
+  std::vector<std::string> profiles;
+  bool keep_data = false;  // also write the data file and the gnuplot script next to it
+  std::string gnuplot = "gnuplot";
 };
 
 // `ckptsim replay-plan`: the plans the replay runner replays on real Megatron-LM.
@@ -69,6 +84,9 @@ struct ConformCampaignCommand {
   std::string report;  // Markdown; empty: none
   std::string notes;   // hand-written Markdown appended to the report (causes, resolutions)
   std::vector<std::string> profiles;
+  // A picture of every trace that disagrees, <plots>/<trace file without .trace.json>.png,
+  // linked from the report.
+  std::string plots;
 };
 
 // --megatron on check and gate: confirm every minimal scenario found on a real Megatron-LM
@@ -113,6 +131,7 @@ int replay_plan_command(const ReplayPlanCommand& c, std::ostream& out, std::ostr
 // Exit 0 when every verdict a trace can judge, every step counter and every run's first error
 // (type, site, merge() key path) agree, 1 when not, 2 on a bad scenario or trace.
 int conform_command(const ConformCommand& c, std::ostream& out, std::ostream& err);
+int plot_command(const PlotCommand& c, std::ostream& out, std::ostream& err);
 // Exit 0 when every trace agrees, 1 when one does not, 2 on bad input.
 int conform_campaign_command(const ConformCampaignCommand& c, std::ostream& out, std::ostream& err);
 // `ckptsim generate`: the scenarios `check` would draw, written to c.out_dir as files (a campaign

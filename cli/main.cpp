@@ -79,7 +79,23 @@ struct Flags {
   app::SearchCommand generate;
   std::vector<std::string> generate_revisions;
   bool generate_cross = false;
+  app::PlotCommand plot;
 };
+
+CLI::App* add_plot(CLI::App& app, app::PlotCommand& f) {
+  auto* p = app.add_subcommand(
+      "plot",
+      "Draw a PNG: every Adam part's step counter and the largest divergence from the "
+      "uninterrupted run against the global step (model, uninterrupted, real); needs gnuplot");
+  p->add_option("scenario", f.scenario, "Scenario JSON file")->required();
+  p->add_option("-o,--out", f.out, "The PNG to write")->required();
+  p->add_option("--real", f.real_trace, "A real trace of the scenario (python -m replay run)");
+  p->add_flag("--keep-data", f.keep_data,
+              "Also write the data file and the gnuplot script next to the PNG (.dat, .gp)");
+  p->add_option("--gnuplot", f.gnuplot, "The gnuplot program")->capture_default_str();
+  p->add_option("--profile", f.profiles, "Extra revision profile JSON files");
+  return p;
+}
 
 CLI::App* add_generate(CLI::App& app, Flags& f) {
   f.generate.out_dir = "ckptsim-generated";
@@ -103,6 +119,8 @@ CLI::App* add_conform_campaign(CLI::App& app, app::ConformCampaignCommand& f) {
       ->capture_default_str();
   c->add_option("--report", f.report, "Write the Markdown report here");
   c->add_option("--notes", f.notes, "Append this hand-written Markdown to the report");
+  c->add_option("--plots", f.plots,
+                "Draw a PNG of every disagreement into this directory and link it from the report");
   c->add_option("--profile", f.profiles, "Extra revision profile JSON files");
   return c;
 }
@@ -156,6 +174,9 @@ CLI::App* add_run(CLI::App& app, app::RunCommand& f) {
                   " to this file (a directory with several scenarios)");
   run->add_flag("--trace-values", f.trace_values,
                 "With --trace-json: every hashed array also as base64 float32");
+  run->add_option("--plots", f.plots,
+                  "Draw a PNG (ckptsim plot) of every scenario that fails a property into this "
+                  "directory and link it from the report");
   return run;
 }
 
@@ -219,6 +240,7 @@ int main(int argc, char** argv) {
   CLI::App* conform = add_conform(app, f.conform);
   CLI::App* campaign = add_conform_campaign(app, f.campaign);
   CLI::App* generate = add_generate(app, f);
+  CLI::App* plot = add_plot(app, f.plot);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -237,6 +259,7 @@ int main(int argc, char** argv) {
     if (*plan) return app::replay_plan_command(f.plan, std::cout, std::cerr);
     if (*conform) return app::conform_command(f.conform, std::cout, std::cerr);
     if (*campaign) return app::conform_campaign_command(f.campaign, std::cout, std::cerr);
+    if (*plot) return app::plot_command(f.plot, std::cout, std::cerr);
     if (*generate) {
       return app::generate_command(f.generate, f.generate_revisions, f.generate_cross, std::cout,
                                    std::cerr);

@@ -68,6 +68,25 @@ std::string totals_row(const std::string& label, const Totals& t) {
                      ratio(t.bitwise, t.traces));
 }
 
+// The pictures of the disagreements (`ckptsim plot --real`), one after the other.
+std::string pictures(const std::vector<ConformanceRow>& rows) {
+  std::string out;
+  for (const auto& r : rows) {
+    if (r.plot.empty()) continue;
+    out += fmt::format(
+        "\n### {}\n\n`{}`\n\n![{}: the model, its uninterrupted run and the "
+        "real code]({})\n",
+        r.scenario.name, r.trace_file, r.scenario.name, r.plot);
+  }
+  if (out.empty()) return out;
+  return "\n## The disagreements, as pictures\n\nEvery Adam part's step counter and the largest "
+         "divergence from the uninterrupted run against the global step (`ckptsim plot "
+         "SCENARIO --real TRACE`): the model, its uninterrupted run, the real run and the real "
+         "uninterrupted run. A real trace holds hashes only: its divergence is equal or "
+         "differs, not a size.\n" +
+         out;
+}
+
 }  // namespace
 
 std::string conformance_markdown(const std::vector<ConformanceRow>& rows,
@@ -102,10 +121,14 @@ std::string conformance_markdown(const std::vector<ConformanceRow>& rows,
       first = "hash only: " + md_escape(c.hash_divergences.front().describe());
     out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", r.scenario.name,
                        revisions_of(r.scenario), kind_of(r.scenario), dps_of(r.scenario), r.setup,
-                       md_escape(r.real_errors), c.agrees() ? "yes" : "**no**",
+                       md_escape(r.real_errors),
+                       c.agrees()       ? "yes"
+                       : r.plot.empty() ? "**no**"
+                                        : fmt::format("**no** ([picture]({}))", r.plot),
                        ratio(c.counters_equal, c.counters_compared),
                        ratio(c.hashes_equal, c.hashes_compared), first);
   }
+  out += pictures(rows);
   return out;
 }
 

@@ -16,6 +16,7 @@ struct ConformanceRow {
   std::string setup;        // "gloo, TE emulated, FusedAdam stand-in"
   std::string real_errors;  // the real trace's first primary error per failing run, or "none"
   properties::Conformance result;
+  std::string plot;  // the picture of a disagreement (`ckptsim plot`), as a link; or ""
 };
 
 // `header` lines (the command, the date) go first.

@@ -152,6 +152,13 @@ std::string scenario_section(const ScenarioReport& r) {
                : "\n**Unexpected verdicts:**\n\n";
     for (const auto& m : r.expectation_mismatches) out += "- " + md_escape(m) + "\n";
   }
+  if (!r.plot.empty()) {
+    out += fmt::format(
+        "\n**Picture** (`ckptsim plot`: every Adam part's step counter and the largest divergence "
+        "from the uninterrupted run, against the global step):\n\n![{}: step counters and "
+        "divergence]({})\n",
+        s.name, r.plot);
+  }
   out += "\n**Step counters, resumed run vs uninterrupted run** (bold: they differ):\n\n";
   out += step_table(run);
   out += "\n";
@@ -162,7 +169,7 @@ std::string render(const std::vector<ScenarioReport>& reports,
                    const std::vector<std::string>& header) {
   std::string out = "# ckptsim report\n\n";
   for (const auto& h : header) out += h + "\n";
-  out += "\n| scenario | revisions | verdicts | as expected |\n|---|---|---|---|\n";
+  out += "\n| scenario | revisions | verdicts | as expected | picture |\n|---|---|---|---|---|\n";
   for (const auto& r : reports) {
     std::string revisions;
     for (const auto& p : r.run->scenario.phases) {
@@ -177,8 +184,9 @@ std::string render(const std::vector<ScenarioReport>& reports,
     }
     const std::string& name = r.run->scenario.name;
     out += fmt::format(
-        "| {} | {} | {} | {} |\n", name, revisions, failing.empty() ? "all pass" : failing,
-        !r.has_expectations ? "—" : (r.expectation_mismatches.empty() ? "yes" : "**no**"));
+        "| {} | {} | {} | {} | {} |\n", name, revisions, failing.empty() ? "all pass" : failing,
+        !r.has_expectations ? "—" : (r.expectation_mismatches.empty() ? "yes" : "**no**"),
+        r.plot.empty() ? "—" : fmt::format("[png]({})", r.plot));
   }
   out += "\n";
   for (const auto& r : reports) out += scenario_section(r);

@@ -17,6 +17,7 @@ struct ScenarioReport {
   std::vector<properties::PropertyResult> results;
   std::vector<std::string> expectation_mismatches;  // empty when the verdicts are as expected
   bool has_expectations = false;
+  std::string plot;  // the picture of the run (`ckptsim plot`), as a link from the report; or ""
 };
 
 // One scenario's section.

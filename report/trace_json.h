@@ -20,8 +20,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "sim/record.h"
 
@@ -29,6 +32,8 @@ namespace ckptsim::report {
 
 std::string base64_f32(std::span<const float> values);
 std::string hash_f32(std::span<const float> values);  // FNV-1a 64 hex of the values' bytes
+// The inverse of base64_f32; nothing on text that is not base64 of whole float32 values.
+std::optional<std::vector<float>> floats_of_base64(std::string_view text);
 
 // The replay plan of a scenario (every phase's profile resolved).
 nlohmann::json replay_plan_json(const sim::Scenario& s);

@@ -11,6 +11,9 @@ packages=(
   libbenchmark-dev nlohmann-json3-dev libcli11-dev
   # the replay runner's torch-free tests (tests/replay)
   python3 python3-pytest
+  # `ckptsim plot` and the pictures of scripts/main.sh: gnuplot's pngcairo, and the font the
+  # pictures name (report/plot.cpp)
+  gnuplot-nox fonts-dejavu-core
 )
 
 missing=()
