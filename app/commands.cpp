@@ -342,6 +342,10 @@ void say_check_findings(const search::SearchResult& result,
 Status prepare_search_outputs(const SearchCommand& c, const model::RevisionRegistry& registry) {
   if (c.real_code.enabled()) {
     if (Status s = validate_real_code(c.real_code, registry); !s.is_ok()) return s;
+  } else if (!c.real_code.replay_args.empty() || !c.real_code.replay_dir.empty()) {
+    return Status::invalid_input(
+        "--replay-arg and --replay-dir need --megatron or --megatron-root (the checkout to replay "
+        "on)");
   }
   if (Status s = search::prepare_out_dir(c.out_dir); !s.is_ok()) return s;
   if (!c.junit.empty()) {

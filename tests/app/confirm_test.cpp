@@ -230,7 +230,8 @@ TEST(GateMegatron, GateReportSaysWhatTheRealCodeSaid) {
   EXPECT_EQ(r.invocations.size(), 1u);
 }
 
-// Checked before the search: a --megatron that names no directory, an unknown revision.
+// Checked before the search: a --megatron that names no directory, an unknown revision; a
+// runner option without a checkout to replay on.
 TEST(CheckMegatron, BadMegatronFlagsAreInvalidInputBeforeTheSearch) {
   const fs::path dir = fresh_dir("flags");
   for (const auto& [flag, message] : std::vector<std::pair<std::string, std::string>>{
@@ -244,6 +245,12 @@ TEST(CheckMegatron, BadMegatronFlagsAreInvalidInputBeforeTheSearch) {
     EXPECT_NE(err.str().find(message), std::string::npos) << err.str();
     EXPECT_EQ(out.str(), "") << "the search must not start";
   }
+  app::SearchCommand c = search_flags(dir);
+  c.real_code.megatron.clear();
+  std::ostringstream out, err;
+  EXPECT_EQ(app::check_command(c, "upstream-2874", out, err), app::kExitInvalid);
+  EXPECT_NE(err.str().find("--replay-arg and --replay-dir need --megatron"), std::string::npos)
+      << err.str();
 }
 
 // A trace whose runs the runner skipped (no GPU here) is not the real code's verdict.
