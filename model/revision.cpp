@@ -124,6 +124,10 @@ const std::vector<SwitchDef>& switch_defs() {
       bool_switch("hdo_group_sync_skips_step",
                   "B5 fix: HDO does not push its groups' 'step' into the sub-optimizers",
                   &RevisionSwitches::hdo_group_sync_skips_step),
+      bool_switch("hdo_gpu_part_gets_decoupled_grad",
+                  "fix (ours): HDO hands a GPU-resident fp32 param's .decoupled_grad to the GPU "
+                  "FusedAdam as .grad (otherwise that param never trains)",
+                  &RevisionSwitches::hdo_gpu_part_gets_decoupled_grad),
       bool_switch("hdo_update_fp32_skips_native_fp32",
                   "B10 fix (#5929): _update_fp32_params_by_new_state skips fp32 params",
                   &RevisionSwitches::hdo_update_fp32_skips_native_fp32),

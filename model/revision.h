@@ -104,6 +104,13 @@ struct RevisionSwitches {
   // --- hybrid_optimizer.py --------------------------------------------------------------------
   // B5 fix: _sync_hdo_param_groups_to_sub_optimizers does not push 'step' into sub-groups.
   bool hdo_group_sync_skips_step = false;
+  // Fix (ours) for a param that stops training: with precision-aware grads, an fp32 param the
+  // HDO keeps on the GPU part has its gradient only in .decoupled_grad, which the GPU FusedAdam
+  // (no use_decoupled_grad) never reads. With this switch _set_sub_optimizer_grads hands it over
+  // as .grad, as it already does for the fp32 clones of bf16 params. Found when a reshard moved
+  // an fp32 shard from the CPU part to the GPU part (fix-complete failed
+  // trajectory_matches_uninterrupted).
+  bool hdo_gpu_part_gets_decoupled_grad = false;
   // B10 fix (HEAD #5929, RX): _update_fp32_params_by_new_state skips params that are fp32
   // already instead of raising KeyError.
   bool hdo_update_fp32_skips_native_fp32 = false;

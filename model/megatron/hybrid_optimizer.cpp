@@ -132,6 +132,14 @@ void HybridDeviceOptimizer::set_sub_optimizer_grads() {
         rt_.set_grad(fp32_param, rt_.to(grad, fp32_param.scalar_type(), rt_.device_of(grad)));
     }
   }
+  if (switches_.hdo_gpu_part_gets_decoupled_grad && gpu_optimizer) {
+    for (const Value& gv : *gpu_optimizer->param_groups) {
+      for (const at::Tensor& param : group_params(*gv.dict())) {
+        if (fp32_param_to_orig_param.contains(param) || !rt_.has_decoupled_grad(param)) continue;
+        rt_.set_grad(param, rt_.decoupled_grad(param));
+      }
+    }
+  }
   for (const auto& optimizer : cpu_optimizers) {
     for (const Value& gv : *optimizer->param_groups) {
       for (const at::Tensor& param : group_params(*gv.dict())) {

@@ -191,4 +191,12 @@ TEST(HybridDeviceOptimizer, GpuPartNeverUpdatesFp32ParamsWhoseGradIsDecoupled) {
   cpu.decoupled_grads();
   cpu.hdo->step();
   for (const auto& p : cpu.params) EXPECT_NE(p.abs().sum().item<float>(), 0.0f);
+  // Our fix (fix-complete): the HDO hands the decoupled grad to the GPU part as .grad.
+  RevisionSwitches fixed;
+  fixed.hdo_gpu_part_gets_decoupled_grad = true;
+  Fixture gpu(0.0, at::kFloat, fixed);
+  gpu.decoupled_grads();
+  gpu.hdo->step();
+  for (const auto& p : gpu.params) EXPECT_NE(p.abs().sum().item<float>(), 0.0f);
+  EXPECT_EQ(gpu.hdo->gpu_optimizer->last_used_steps().size(), gpu.params.size());
 }
