@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from . import checkpoint_layout as layout
 from . import errors as errors_mod
 from . import plan as plan_mod
 from . import trace_schema as ts
@@ -310,7 +311,7 @@ class RankRun:
         """megatron/training/checkpointing.py load_checkpoint(), torch_dist format."""
         from megatron.core import dist_checkpointing
 
-        ckpt = self.job["load_dir"]
+        ckpt = layout.resume_dir(self.job["load_dir"])
         common = dist_checkpointing.load_common_state_dict(ckpt)
         md = dist_checkpointing.load_content_metadata(preloaded_state_dict=common) or {}
         md = self._metadata(dict(md))
@@ -359,7 +360,8 @@ class RankRun:
         """megatron/training/checkpointing.py save_checkpoint(), torch_dist format."""
         from megatron.core import dist_checkpointing
 
-        ckpt = self.job["save_dir"]
+        root = self.job["save_dir"]
+        ckpt = layout.iteration_dir(root, iteration)
         os.makedirs(ckpt, exist_ok=True)
         md = self._metadata()
         sd: Dict[str, Any] = {"checkpoint_version": 3.0, "iteration": int(iteration)}
@@ -368,6 +370,9 @@ class RankRun:
         content = {k: v for k, v in md.items() if k != "dp_cp_group"}
         dist_checkpointing.save(sd, ckpt, validate_access_integrity=True, content_metadata=content)
         torch.cuda.synchronize()
+        dist.barrier()
+        if self.rank == 0:
+            layout.write_tracker(root, iteration)
 
     # ------------------------------------------------------------------ driver
     def execute(self) -> Dict[str, Any]:
