@@ -230,6 +230,7 @@ std::string search_repeat_flags(const SearchCommand& c) {
   if (c.time_budget > 0) out += fmt::format(" --time-budget {}", c.time_budget);
   for (const auto& p : c.properties) out += " --property " + p;
   for (const auto& k : c.kinds) out += " --kind " + k;
+  for (const auto& t : c.transformer_engine) out += " --transformer-engine " + t;
   for (const auto& x : c.faults) out += " --fault " + x;
   for (const auto& x : c.profiles) out += " --profile " + x;
   if (c.dp_max != defaults.dp_max) out += fmt::format(" --dp-max {}", c.dp_max);
@@ -257,6 +258,15 @@ Result<search::SearchOptions> search_options(const SearchCommand& c) {
                                      k);
       }
       g.kinds.push_back(*kind);
+    }
+  }
+  if (!c.transformer_engine.empty()) {
+    g.te_installed.clear();
+    for (const auto& t : c.transformer_engine) {
+      const auto installed = model::parse_te_presence(t);
+      if (!installed.has_value())
+        return Status::invalid_input("--transformer-engine must be installed or absent, got " + t);
+      g.te_installed.push_back(*installed);
     }
   }
   if (Status s = g.validate(); !s.is_ok()) return s;

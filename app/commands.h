@@ -112,6 +112,7 @@ struct SearchCommand {
   bool quiet = false;
   std::vector<std::string> properties;
   std::vector<std::string> kinds;
+  std::vector<std::string> transformer_engine;  // "installed", "absent" (hybrid cases)
   std::vector<std::string> faults;
   std::vector<std::string> profiles;
   int64_t dp_max = 32;

@@ -41,4 +41,12 @@ std::string optimizer_kind_names() {
   return out;
 }
 
+std::string te_presence_name(bool te_installed) { return te_installed ? "installed" : "absent"; }
+
+std::optional<bool> parse_te_presence(std::string_view name) {
+  if (name == "installed") return true;
+  if (name == "absent") return false;
+  return std::nullopt;
+}
+
 }  // namespace ckptsim::model

@@ -45,7 +45,18 @@ struct OptimizerConfig {
   AdamHyper adam;                              // lr, betas, eps, weight_decay (bias_correction on)
   double offload_fraction = 0.0;               // hybrid only
   bool overlap_cpu_optimizer_d2h_h2d = false;  // hybrid only: one CPU AdamW per param
+  // hybrid only: whether Transformer Engine (or apex) is installed where the run happens.
+  // Without it Megatron takes its no-TE branches: HAVE_APEX_OR_TE is false (the pure-torch
+  // state_dict/load_state_dict), the HDO's GPU part is torch AdamW instead of TE's FusedAdam,
+  // and the precision-aware OptimizerConfig (which --optimizer-cpu-offload requires) asks
+  // is_te_min_version() about a TE version of None. fused_adam without TE is kind torch_adamw,
+  // and torch_adamw is Megatron's optimizer only without TE, so the field is hybrid's alone.
+  bool te_installed = true;
 };
+
+// The scenario spelling of te_installed: "installed", "absent".
+std::string te_presence_name(bool te_installed);
+std::optional<bool> parse_te_presence(std::string_view name);
 
 // Limits of one DP group and one buffer: exceeding one throws InvariantViolation rather than
 // overflowing or hanging.

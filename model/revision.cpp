@@ -128,9 +128,19 @@ const std::vector<SwitchDef>& switch_defs() {
                   "fix (ours): HDO hands a GPU-resident fp32 param's .decoupled_grad to the GPU "
                   "FusedAdam as .grad (otherwise that param never trains)",
                   &RevisionSwitches::hdo_gpu_part_gets_decoupled_grad),
+      bool_switch("hdo_moves_state_by_role",
+                  "fix (ours): _move_new_state_to_right_device sends only the CPU optimizers' "
+                  "state to the CPU (upstream: isinstance cpu_optimizer_cls, true for the GPU "
+                  "part too without TE)",
+                  &RevisionSwitches::hdo_moves_state_by_role),
       bool_switch("hdo_update_fp32_skips_native_fp32",
                   "B10 fix (#5929): _update_fp32_params_by_new_state skips fp32 params",
                   &RevisionSwitches::hdo_update_fp32_skips_native_fp32),
+      bool_switch("te_absent_version_is_zero",
+                  "HEAD d98e8a64dd: without TE, is_te_min_version() answers False (version "
+                  "0.0.0); POST/RX raise TypeError on a version of None while the "
+                  "precision-aware OptimizerConfig is built",
+                  &RevisionSwitches::te_absent_version_is_zero),
       bool_switch(
           "load_allows_missing_keys",
           "RX 6c3fb8c1b allow_partial_load: a requested tensor the checkpoint lacks is "

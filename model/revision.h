@@ -111,9 +111,22 @@ struct RevisionSwitches {
   // an fp32 shard from the CPU part to the GPU part (fix-complete failed
   // trajectory_matches_uninterrupted).
   bool hdo_gpu_part_gets_decoupled_grad = false;
+  // Fix (ours): _move_new_state_to_right_device sends a sub-optimizer's state to the CPU when
+  // it is one of the HDO's CPU optimizers. Upstream asks isinstance(opt, cpu_optimizer_cls),
+  // which without TE (both parts torch AdamW) also sends the GPU part's state to the CPU, and
+  // the GPU part's next step fails ("exp_avgs is on cpu").
+  bool hdo_moves_state_by_role = false;
   // B10 fix (HEAD #5929, RX): _update_fp32_params_by_new_state skips params that are fp32
   // already instead of raising KeyError.
   bool hdo_update_fp32_skips_native_fp32 = false;
+
+  // --- optimizer_config.py / utils.py --------------------------------------------------------
+  // HEAD d98e8a64dd: without TE, get_te_version() is 0.0.0, so the precision-aware
+  // OptimizerConfig's is_te_min_version() checks answer False. POST (and RX) compare a version
+  // of None: TypeError "'>=' not supported between instances of 'NoneType' and 'Version'"
+  // (utils.py:369) while the config is built, so --optimizer-cpu-offload without TE fails at
+  // init on every rank.
+  bool te_absent_version_is_zero = false;
 
   // --- dict_utils.py merge / serialization.py load ---------------------------------------------
   // RX-MILES 07220d28f merge() patch.

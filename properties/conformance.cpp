@@ -481,6 +481,31 @@ std::vector<TraceVerdict> judge_trace(const nlohmann::json& trace) {
   return judge(t.value());
 }
 
+namespace {
+
+// A real run without TE is no replay of a scenario that has it, nor the other way round: the
+// model's setup says which the scenario needs, each real run which it had.
+Status check_te_presence(const nlohmann::json& model_trace, const nlohmann::json& real_trace,
+                         const std::string& real_source) {
+  const auto setup = model_trace.find("setup");
+  if (setup == model_trace.end() || !setup->contains("transformer_engine")) return Status::ok();
+  const std::string needed = (*setup)["transformer_engine"].get<bool>() ? "installed" : "absent";
+  for (const auto& run : real_trace.value("runs", nlohmann::json::array())) {
+    const auto te = run.find("te");
+    if (te == run.end() || !te->is_string()) continue;  // a skipped run
+    const std::string had = *te == "absent" ? "absent" : "installed";
+    if (had != needed) {
+      return Status::invalid_input(
+          fmt::format("{}: run '{}' ran with TE {} ({}), the scenario needs TE {} "
+                      "(optimizer.transformer_engine)",
+                      real_source, run.value("id", "?"), had, te->get<std::string>(), needed));
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
 Result<Conformance> conform(const nlohmann::json& model_trace, const nlohmann::json& real_trace,
                             const std::string& real_source) {
   auto m = parse_trace(model_trace, "the model's trace");
@@ -491,6 +516,7 @@ Result<Conformance> conform(const nlohmann::json& model_trace, const nlohmann::j
     return Status::invalid_input(fmt::format("{}: a trace of scenario '{}', not of '{}'",
                                              real_source, r.value().scenario, m.value().scenario));
   }
+  if (Status te = check_te_presence(model_trace, real_trace, real_source); !te.is_ok()) return te;
   Conformance out;
   const auto mv = judge(m.value());
   const auto rv = judge(r.value());

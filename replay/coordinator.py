@@ -41,17 +41,20 @@ COMM_ERROR_TEXT = re.compile(r"connection (closed|reset)|timed out|timeout|broke
 # ---------------------------------------------------------------------------------------------
 # Decisions (pure functions, tested without a GPU)
 # ---------------------------------------------------------------------------------------------
-def te_decision(kind: str, te_installed: bool, emulate_te: bool, standin: bool
+def te_decision(kind: str, needs_te: bool, te_installed: bool, emulate_te: bool, standin: bool
                 ) -> Tuple[Optional[str], bool, Optional[str]]:
-    """(te mode of the run, stand-in injected, reason to skip it). TE "installed" includes apex
-    (Megatron takes the same branches with apex's FusedAdam)."""
-    if te_installed:
-        if kind == "torch_adamw":
-            return None, False, ("torch_adamw is Megatron's fallback without TE and apex; with TE installed "
-                                 "Megatron builds TE's FusedAdam instead")
-        return "real", False, None
-    if kind == "torch_adamw":
+    """(te mode of the run, stand-in injected, reason to skip it). `needs_te`: the scenario's
+    environment has TE (plan.needs_te). TE "installed" includes apex (Megatron takes the same
+    branches with apex's FusedAdam)."""
+    if not needs_te:
+        if te_installed:
+            return None, False, ("the scenario runs without TE (%s), and TE or apex is installed here, so "
+                                 "Megatron would take its TE branches" %
+                                 ("Megatron's torch AdamW fallback" if kind == "torch_adamw"
+                                  else "optimizer.transformer_engine \"absent\""))
         return "absent", False, None
+    if te_installed:
+        return "real", False, None
     if kind == "fused_adam":
         if emulate_te and standin:
             return "emulated", True, None
@@ -60,7 +63,9 @@ def te_decision(kind: str, te_installed: bool, emulate_te: bool, standin: bool
     if kind == "hybrid":
         if emulate_te:
             return "emulated", bool(standin), None
-        return "absent", False, None
+        return None, False, ("the scenario's hybrid optimizer has TE, and TE is not installed here: pass "
+                             "--emulate-te (with --fused-adam-standin for its GPU part), or set "
+                             "optimizer.transformer_engine \"absent\" to replay Megatron's no-TE branches")
     return None, False, "unknown optimizer kind %r" % kind
 
 
@@ -295,7 +300,8 @@ class Coordinator:
             rec["events"] = [_import_error_event(r, hello) for r in range(run["dp"])]
             return rec
         kind = plan["scenario"]["optimizer"]["kind"]
-        te_mode, standin, why = te_decision(kind, bool(hello.get("transformer_engine") or hello.get("apex")),
+        te_mode, standin, why = te_decision(kind, plan_mod.needs_te(plan),
+                                            bool(hello.get("transformer_engine") or hello.get("apex")),
                                             bool(self.opts.get("emulate_te")), bool(self.opts.get("fused_adam_standin")))
         if why:
             return skipped(why)

@@ -180,6 +180,11 @@ def _validate_scenario(sc: Dict[str, Any], err) -> List[Dict[str, Any]]:
             err("scenario.optimizer.betas", "must be [beta1, beta2], got %r" % (b,))
         if o.get("kind") == "hybrid" and not ts.is_finite_number(o.get("offload_fraction")):
             err("scenario.optimizer.offload_fraction", "is required for kind \"hybrid\"")
+        te = o.get("transformer_engine", "installed")
+        if te not in TE_PRESENCE:
+            err("scenario.optimizer.transformer_engine", "must be \"installed\" or \"absent\", got %r" % (te,))
+        elif te == "absent" and o.get("kind") != "hybrid":
+            err("scenario.optimizer.transformer_engine", "applies only to kind \"hybrid\"")
     bs = sc.get("bucket_size", None)
     if bs is not None and (not isinstance(bs, int) or isinstance(bs, bool) or bs < 1):
         err("scenario.bucket_size", "must be null or an integer >= 1, got %r" % (bs,))
@@ -325,6 +330,16 @@ def split_offsets(plan: Dict[str, Any]) -> List[Tuple[str, int, int]]:
         out.append((p["name"], off, off + p["numel"]))
         off += p["numel"]
     return out
+
+
+TE_PRESENCE = ("installed", "absent")
+
+
+def needs_te(plan: Dict[str, Any]) -> bool:
+    """Whether the scenario's environment has TE (or apex): Megatron builds torch AdamW only
+    without it, and a hybrid scenario says so in optimizer.transformer_engine."""
+    o = plan["scenario"]["optimizer"]
+    return o["kind"] != "torch_adamw" and o.get("transformer_engine", "installed") == "installed"
 
 
 def unsupported_reason(plan: Dict[str, Any]) -> Optional[str]:

@@ -21,8 +21,16 @@ std::string revisions_of(const sim::Scenario& s) {
   return out;
 }
 
-std::string kind_of(const sim::Scenario& s) {
+// The kind, and for a hybrid whether the scenario has TE (Megatron's other branches).
+std::string kind_and_te(const sim::Scenario& s) {
   std::string k = model::optimizer_kind_name(s.optimizer.kind);
+  if (s.optimizer.kind == model::OptimizerKind::kHybrid && !s.optimizer.te_installed)
+    k += " without TE";
+  return k;
+}
+
+std::string kind_of(const sim::Scenario& s) {
+  std::string k = kind_and_te(s);
   if (s.optimizer.kind == model::OptimizerKind::kHybrid)
     k += fmt::format(" (offload {:g})", s.optimizer.offload_fraction);
   return k;
@@ -96,8 +104,7 @@ std::string conformance_markdown(const std::vector<ConformanceRow>& rows,
   std::map<std::pair<std::string, std::string>, Totals> groups;
   Totals all;
   for (const auto& r : rows) {
-    groups[{revisions_of(r.scenario), model::optimizer_kind_name(r.scenario.optimizer.kind)}].add(
-        r.result);
+    groups[{revisions_of(r.scenario), kind_and_te(r.scenario)}].add(r.result);
     all.add(r.result);
   }
   out += "\n## Per revision and optimizer kind\n\n";

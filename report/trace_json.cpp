@@ -324,6 +324,12 @@ json trace_json(const sim::RunResult& run, bool values) {
             {"gpus", run.gpu_resident ? 1 : 0},
             {"coalescing_workaround", false},
             {"te", "modeled"},
+            // Whether the modeled environment has TE, as a real trace says of its machine; a real
+            // run must match it: Megatron takes other branches without TE (and torch_adamw is
+            // its optimizer only without TE).
+            {"transformer_engine",
+             run.scenario.optimizer.te_installed &&
+                 run.scenario.optimizer.kind != model::OptimizerKind::kTorchAdamW},
             {"fused_adam_standin", false},
             {"torch", "libtorch (the model's tensor library)"},
             {"hash", "fnv1a64-f32le"},

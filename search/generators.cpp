@@ -1,5 +1,7 @@
 #include "search/generators.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <rapidcheck/state.h>
 
@@ -58,6 +60,13 @@ rc::Gen<double> gen_offload() {
   });
 }
 
+rc::Gen<bool> gen_te_installed(const std::vector<bool>& allowed) {
+  const bool installed = std::find(allowed.begin(), allowed.end(), true) != allowed.end();
+  const bool absent = std::find(allowed.begin(), allowed.end(), false) != allowed.end();
+  if (installed && absent) return gen::weightedElement<bool>({{4, true}, {1, false}});
+  return gen::just(installed);
+}
+
 }  // namespace
 
 Status GeneratorConfig::validate() const {
@@ -71,6 +80,8 @@ Status GeneratorConfig::validate() const {
                    range("--phases-max", phases_max, kPhasesMaxLimit)}) {
     if (!s.is_ok()) return s;
   }
+  if (te_installed.empty())
+    return Status::invalid_input("--transformer-engine names neither installed nor absent");
   for (const auto& fault : faults) {
     if (!model::is_fault_site(fault))
       return Status::invalid_input("--fault: unknown fault site " + fault);
@@ -109,6 +120,7 @@ rc::Gen<sim::Scenario> gen_scenario(const GeneratorConfig& config) {
       s.optimizer.offload_fraction = *gen_offload();
       s.optimizer.overlap_cpu_optimizer_d2h_h2d =
           *gen::weightedElement<bool>({{4, false}, {1, true}});
+      s.optimizer.te_installed = *gen_te_installed(config.te_installed);
     }
     const int64_t total = s.total_numel();
     const bool one_bucket = *gen::weightedElement<bool>({{1, true}, {1, false}});

@@ -44,6 +44,9 @@ struct GeneratorConfig {
   std::vector<model::OptimizerKind> kinds = {model::OptimizerKind::kFusedAdam,
                                              model::OptimizerKind::kTorchAdamW,
                                              model::OptimizerKind::kHybrid};
+  // Whether TE is installed, for hybrid cases: drawn from these (installed 4 : absent 1 when
+  // both; shrinks toward installed). REQUIRES: at least one.
+  std::vector<bool> te_installed = {true, false};
   std::vector<std::string> faults;  // copied into every scenario (mutation controls)
   int params_max = 6;
   int phases_max = 4;

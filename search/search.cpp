@@ -124,7 +124,7 @@ void add_smaller(const sim::Scenario& s, Candidates& out) {
   }
 }
 
-// One bucket, no 65536 padding, offload 0 or 1, bf16, wd_mult 1, seed 0.
+// One bucket, no 65536 padding, TE installed, offload 0 or 1, bf16, wd_mult 1, seed 0.
 void add_simpler(const sim::Scenario& s, Candidates& out) {
   // Simpler options.
   auto variant = [&](auto&& edit) {
@@ -138,6 +138,7 @@ void add_simpler(const sim::Scenario& s, Candidates& out) {
   if (s.optimizer.overlap_cpu_optimizer_d2h_h2d) {
     variant([](sim::Scenario& c) { c.optimizer.overlap_cpu_optimizer_d2h_h2d = false; });
   }
+  if (!s.optimizer.te_installed) variant([](sim::Scenario& c) { c.optimizer.te_installed = true; });
   if (s.optimizer.kind == model::OptimizerKind::kHybrid) {
     // Strictly simpler only (1.0 < 0.0 < 0.5 < anything else), so shrinking cannot cycle.
     auto rank = [](double f) { return f == 1.0 ? 0 : f == 0.0 ? 1 : f == 0.5 ? 2 : 3; };

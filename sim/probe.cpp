@@ -56,8 +56,12 @@ StateOwner state_owner(const model::DistributedOptimizer& opt, const at::Tensor&
     }
   }
   CKPTSIM_CHECK(out.optimizer != nullptr, "HDO inner param owned by no sub-optimizer");
-  out.part =
-      is_adamw(out.optimizer) ? OptimizerPart::kHdoCpuAdamW : OptimizerPart::kHdoGpuFusedAdam;
+  if (out.optimizer != h->gpu_optimizer.get()) {
+    out.part = OptimizerPart::kHdoCpuAdamW;
+  } else {
+    out.part =
+        is_adamw(out.optimizer) ? OptimizerPart::kHdoGpuAdamW : OptimizerPart::kHdoGpuFusedAdam;
+  }
   return out;
 }
 
@@ -102,6 +106,18 @@ void fused_uses(const model::DistributedOptimizer& opt, const model::FusedAdam& 
   }
 }
 
+// torch AdamW's per-param step tensors of the last step(), for every param it updated.
+void adamw_uses(const model::DistributedOptimizer& opt, const TorchAdamW& adamw,
+                const model::HybridDeviceOptimizer* h, OptimizerPart part,
+                std::vector<StepUse>& out) {
+  for (const auto& u : adamw.last_used_steps()) {
+    const at::Tensor& orig =
+        h != nullptr ? h->inner_param_to_orig_param.at(u.param, "inner_param_to_orig_param")
+                     : u.param;
+    out.push_back({owner_of(opt, orig), part, u.step});
+  }
+}
+
 }  // namespace
 
 std::string part_name(OptimizerPart part) {
@@ -114,12 +130,15 @@ std::string part_name(OptimizerPart part) {
       return "HDO cpu AdamW";
     case OptimizerPart::kHdoGpuFusedAdam:
       return "HDO gpu FusedAdam";
+    case OptimizerPart::kHdoGpuAdamW:
+      return "HDO gpu AdamW";
   }
   return "?";
 }
 
 KernelKind kernel_of(OptimizerPart part) {
-  return part == OptimizerPart::kAdamW || part == OptimizerPart::kHdoCpuAdamW
+  return part == OptimizerPart::kAdamW || part == OptimizerPart::kHdoCpuAdamW ||
+                 part == OptimizerPart::kHdoGpuAdamW
              ? KernelKind::kTorchAdamW
              : KernelKind::kFusedAdam;
 }
@@ -147,20 +166,17 @@ std::vector<ShardSnapshot> snapshot(const model::DistributedOptimizer& opt) {
 std::vector<StepUse> step_uses(const model::DistributedOptimizer& opt) {
   std::vector<StepUse> out;
   if (const model::HybridDeviceOptimizer* h = opt.hdo()) {
-    for (const auto& cpu : h->cpu_optimizers) {
-      for (const auto& u : cpu->last_used_steps()) {
-        const at::Tensor& orig =
-            h->inner_param_to_orig_param.at(u.param, "inner_param_to_orig_param");
-        out.push_back({owner_of(opt, orig), OptimizerPart::kHdoCpuAdamW, u.step});
-      }
+    for (const auto& cpu : h->cpu_optimizers)
+      adamw_uses(opt, *cpu, h, OptimizerPart::kHdoCpuAdamW, out);
+    if (const model::FusedAdam* gpu = h->gpu_fused_adam()) {
+      fused_uses(opt, *gpu, h, OptimizerPart::kHdoGpuFusedAdam, out);
+    } else if (const auto* gpu_adamw = dynamic_cast<const TorchAdamW*>(h->gpu_optimizer.get())) {
+      adamw_uses(opt, *gpu_adamw, h, OptimizerPart::kHdoGpuAdamW, out);
     }
-    if (h->gpu_optimizer)
-      fused_uses(opt, *h->gpu_optimizer, h, OptimizerPart::kHdoGpuFusedAdam, out);
     return out;
   }
   if (const auto* adamw = dynamic_cast<const TorchAdamW*>(&opt.optimizer())) {
-    for (const auto& u : adamw->last_used_steps())
-      out.push_back({owner_of(opt, u.param), OptimizerPart::kAdamW, u.step});
+    adamw_uses(opt, *adamw, nullptr, OptimizerPart::kAdamW, out);
     return out;
   }
   const auto* fused = dynamic_cast<const model::FusedAdam*>(&opt.optimizer());

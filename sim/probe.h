@@ -24,8 +24,10 @@ enum class OptimizerPart {
   kAdamW,            // torch AdamW, the inner optimizer (no TE/apex)
   kHdoCpuAdamW,      // HybridDeviceOptimizer's CPU torch AdamW
   kHdoGpuFusedAdam,  // HybridDeviceOptimizer's GPU FusedAdam
+  kHdoGpuAdamW,      // HybridDeviceOptimizer's GPU torch AdamW (no TE)
 };
-// "FusedAdam", "AdamW", "HDO cpu AdamW", "HDO gpu FusedAdam" (reports, details, signatures).
+// "FusedAdam", "AdamW", "HDO cpu AdamW", "HDO gpu FusedAdam", "HDO gpu AdamW" (reports,
+// details, signatures; the replay runner's trace uses the same names).
 std::string part_name(OptimizerPart part);
 
 // Which Adam kernel updates a part's shards (torch AdamW and FusedAdam round differently).

@@ -157,12 +157,31 @@ Status parse_params(const Reader& r, const json& j, Scenario& s) {
   return Status::ok();
 }
 
+Status parse_transformer_engine(const Reader& r, const json& o, model::OptimizerConfig& c) {
+  if (!o.contains("transformer_engine")) return Status::ok();
+  const json& v = o["transformer_engine"];
+  const auto parsed =
+      v.is_string() ? model::parse_te_presence(v.get<std::string>()) : std::optional<bool>();
+  if (!parsed.has_value()) {
+    return r.error("optimizer.transformer_engine",
+                   "must be \"installed\" or \"absent\", got " + v.dump());
+  }
+  c.te_installed = *parsed;
+  return Status::ok();
+}
+
 Status parse_hybrid_options(const Reader& r, const json& o, model::OptimizerConfig& c) {
   if (c.kind == model::OptimizerKind::kHybrid) {
     CKPTSIM_TRY(r.number(o, "offload_fraction", "optimizer.offload_fraction", 0.0, 1.0,
                          c.offload_fraction));
+    CKPTSIM_TRY(parse_transformer_engine(r, o, c));
     return r.boolean(o, "overlap_cpu_optimizer_d2h_h2d", "optimizer.overlap_cpu_optimizer_d2h_h2d",
                      c.overlap_cpu_optimizer_d2h_h2d, false);
+  }
+  if (o.contains("transformer_engine")) {
+    return r.error("optimizer.transformer_engine",
+                   "applies only to kind \"hybrid\" (fused_adam without TE is kind "
+                   "\"torch_adamw\", and torch_adamw is what Megatron builds only without TE)");
   }
   for (const char* field : {"offload_fraction", "overlap_cpu_optimizer_d2h_h2d"}) {
     if (o.contains(field)) {
@@ -178,7 +197,7 @@ Status parse_optimizer(const Reader& r, const json& j, model::OptimizerConfig& c
   const json& o = j["optimizer"];
   CKPTSIM_TRY(r.check_fields(o, "optimizer",
                              {"kind", "offload_fraction", "lr", "betas", "eps", "weight_decay",
-                              "overlap_cpu_optimizer_d2h_h2d"}));
+                              "overlap_cpu_optimizer_d2h_h2d", "transformer_engine"}));
   std::string kind;
   CKPTSIM_TRY(r.string(o, "kind", "optimizer.kind", kind));
   const auto parsed = model::parse_optimizer_kind(kind);
@@ -386,6 +405,7 @@ json scenario_to_json(const Scenario& s) {
   if (s.optimizer.kind == model::OptimizerKind::kHybrid) {
     o["offload_fraction"] = s.optimizer.offload_fraction;
     if (s.optimizer.overlap_cpu_optimizer_d2h_h2d) o["overlap_cpu_optimizer_d2h_h2d"] = true;
+    if (!s.optimizer.te_installed) o["transformer_engine"] = model::te_presence_name(false);
   }
   j["optimizer"] = o;
   j["bucket_size"] = s.bucket_size.has_value() ? json(*s.bucket_size) : json(nullptr);

@@ -250,9 +250,10 @@ void DistributedOptimizer::create_inner_optimizer() {
       // get_megatron_optimizer's HybridDeviceOptimizer defaults, rebuilt over the shard groups.
       auto defaults = Dict::make({
           {"offload_fraction", Value(config_.offload_fraction)},
-          {"cpu_optimizer_cls", Value::symbol("<class 'torch.optim.adamw.AdamW'>")},
+          // get_megatron_optimizer: gpu_optimizer_cls is TE's Adam, or torch AdamW without TE.
+          {"cpu_optimizer_cls", Value::symbol(kTorchAdamWClassRepr)},
           {"gpu_optimizer_cls",
-           Value::symbol("<class 'transformer_engine.pytorch.optimizers.fused_adam.FusedAdam'>")},
+           Value::symbol(config_.te_installed ? kFusedAdamClassRepr : kTorchAdamWClassRepr)},
           {"param_update_in_fp32", Value(true)},
           {"pin_cpu_grads", Value(true)},
           {"pin_cpu_params", Value(true)},
@@ -959,10 +960,20 @@ Value DistributedOptimizer::sharded_state_dict(const Value& model_sharded_state_
   return sd;
 }
 
+void check_optimizer_config(const OptimizerConfig& config, const RevisionSwitches& switches) {
+  const bool precision_aware = config.kind == OptimizerKind::kHybrid;
+  if (precision_aware && !config.te_installed && !switches.te_absent_version_is_zero) {
+    throw UpstreamError("TypeError",
+                        "'>=' not supported between instances of 'NoneType' and 'Version'",
+                        "utils.py is_te_min_version()");
+  }
+}
+
 std::unique_ptr<DistributedOptimizer> get_megatron_optimizer(Runtime& rt,
                                                              DistributedDataParallel& ddp,
                                                              const OptimizerConfig& config,
                                                              const RevisionSwitches& switches) {
+  check_optimizer_config(config, switches);
   (void)ddp.dp_group().all_gather_object({});  // _get_param_groups: dense params
   auto opt = std::make_unique<DistributedOptimizer>(rt, ddp, config, switches);
   (void)ddp.dp_group().all_gather_object({});  // _get_param_groups: expert-parallel params

@@ -114,7 +114,12 @@ class DistributedOptimizer {
   // This rank's range map of a model param. REQUIRES: the param has a shard on this rank.
   const ParamRangeMap& range_map(size_t model_param) const;
   const std::vector<std::vector<BucketShard>>& gbuf_ranges() const { return gbuf_ranges_; }
-  bool have_apex_or_te() const { return config_.kind != OptimizerKind::kTorchAdamW; }
+  // distrib_optimizer.py HAVE_APEX_OR_TE: false where Megatron fell back to torch AdamW (kind
+  // torch_adamw) or runs the HDO without TE.
+  bool have_apex_or_te() const {
+    return config_.kind == OptimizerKind::kFusedAdam ||
+           (config_.kind == OptimizerKind::kHybrid && config_.te_installed);
+  }
   bool precision_aware() const { return config_.kind == OptimizerKind::kHybrid; }
 
  private:
@@ -189,7 +194,15 @@ double py_item(const at::Tensor& t);
 // UpstreamError("RuntimeError") with torch's message.
 void py_copy_(const at::Tensor& dst, const at::Tensor& src);
 
+// Mirrors optimizer_config.py OptimizerConfig.__post_init__ where it matters here: the
+// precision-aware optimizer (which --optimizer-cpu-offload requires) checks TE's version with
+// is_te_min_version(). Without TE that version is None at POST and RX (TypeError, utils.py:369)
+// and 0.0.0 at HEAD (switch te_absent_version_is_zero). Raises on every rank alike, before any
+// collective.
+void check_optimizer_config(const OptimizerConfig& config, const RevisionSwitches& switches);
+
 // Mirrors optimizer/__init__.py get_megatron_optimizer() for one dense model chunk:
+// check_optimizer_config (building the OptimizerConfig),
 // _get_param_groups (its all_gather_object aligns every rank's group keys), the
 // DistributedOptimizer, then _get_param_groups again for the expert-parallel params (none here)
 // with a second all_gather_object. Collective over the DP group: a rank that raised while

@@ -16,6 +16,10 @@ HybridDeviceOptimizer::HybridDeviceOptimizer(Runtime& rt, std::vector<DictPtr> g
   offload_fraction_ = defaults->at("offload_fraction").as_float();
   param_update_in_fp32_ = defaults->at("param_update_in_fp32").as_bool();
   overlap_cpu_optimizer_d2h_h2d_ = defaults->at("overlap_cpu_optimizer_d2h_h2d").as_bool();
+  const std::string& gpu_cls = defaults->at("gpu_optimizer_cls").as_symbol().name;
+  gpu_part_is_torch_adamw_ = gpu_cls == kTorchAdamWClassRepr;
+  CKPTSIM_CHECK(gpu_part_is_torch_adamw_ || gpu_cls == kFusedAdamClassRepr,
+                "HDO gpu_optimizer_cls must be TE's FusedAdam or torch AdamW");
   init_sub_optimizers();
 }
 
@@ -117,7 +121,11 @@ void HybridDeviceOptimizer::init_sub_optimizers() {
   }
   gpu_optimizer.reset();
   if (!groups.gpu_param_groups.empty()) {
-    gpu_optimizer = std::make_unique<FusedAdam>(rt_, groups.gpu_param_groups);
+    if (gpu_part_is_torch_adamw_) {
+      gpu_optimizer = std::make_unique<TorchAdamW>(rt_, groups.gpu_param_groups);
+    } else {
+      gpu_optimizer = std::make_unique<FusedAdam>(rt_, groups.gpu_param_groups);
+    }
   }
   cpu_copy_map_grad = {};
 }
@@ -183,7 +191,12 @@ void HybridDeviceOptimizer::step() {
   sync_hdo_param_groups_to_sub_optimizers();
   set_sub_optimizer_grads();
   if (gpu_optimizer) {
-    gpu_optimizer->step();
+    try {
+      gpu_optimizer->step();
+    } catch (const UpstreamError& e) {
+      // torch raises inside the sub-optimizer; the innermost Megatron frame is this step().
+      throw UpstreamError(e.py_type(), e.message(), "hybrid_optimizer.py step()");
+    }
     if (param_update_in_fp32_) fp32_param_copy_back_gpu();
   }
   for (const auto& cpu_optimizer : cpu_optimizers) {
@@ -256,8 +269,12 @@ void HybridDeviceOptimizer::sync_hdo_param_groups_to_sub_optimizers() {
 
 void HybridDeviceOptimizer::move_new_state_to_right_device() {
   for (Optimizer* optimizer : sub_optimizers()) {
-    const Device target =
-        dynamic_cast<TorchAdamW*>(optimizer) != nullptr ? Device::kCpu : Device::kCuda;
+    // Upstream: isinstance(optimizer, cpu_optimizer_cls), true for the GPU part too when both
+    // classes are torch AdamW (no TE). Revision switch hdo_moves_state_by_role (fix, ours).
+    const bool to_cpu = switches_.hdo_moves_state_by_role
+                            ? optimizer != gpu_optimizer.get()
+                            : dynamic_cast<TorchAdamW*>(optimizer) != nullptr;
+    const Device target = to_cpu ? Device::kCpu : Device::kCuda;
     for (const auto& [param, s] : optimizer->state) {
       const at::Tensor* orig_p = inner_param_to_orig_param.find(param);
       const at::Tensor orig = orig_p != nullptr ? *orig_p : param;

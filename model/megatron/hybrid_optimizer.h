@@ -5,7 +5,8 @@
 // bf16/fp32 views of the model param buffer, simulated on 'cuda') that does no math itself.
 // It splits the params greedily by numel: the first `offload_fraction` of the numel goes to
 // CPU copies stepped by torch AdamW sub-optimizers (fused=True, per-param 'step' tensors);
-// the rest to a Transformer Engine FusedAdam sub-optimizer (group 'step' ints). With
+// the rest to a Transformer Engine FusedAdam sub-optimizer (group 'step' ints), or, without TE
+// (gpu_optimizer_cls torch AdamW), to a torch AdamW over the GPU-resident params. With
 // param_update_in_fp32, every non-fp32 param gets an fp32 "inner" clone that the
 // sub-optimizer updates and that is copied back into the orig param after each step.
 //
@@ -62,7 +63,12 @@ class HybridDeviceOptimizer final : public Optimizer {
   bool param_update_in_fp32() const { return param_update_in_fp32_; }
 
   std::vector<std::unique_ptr<TorchAdamW>> cpu_optimizers;
-  std::unique_ptr<FusedAdam> gpu_optimizer;  // null when every param is offloaded
+  // TE FusedAdam, or torch AdamW without TE; null when every param is offloaded.
+  std::unique_ptr<Optimizer> gpu_optimizer;
+  // The GPU part as TE's FusedAdam; null without one or without TE.
+  const FusedAdam* gpu_fused_adam() const {
+    return dynamic_cast<const FusedAdam*>(gpu_optimizer.get());
+  }
 
   TensorMap<at::Tensor> param_to_fp32_param;
   TensorMap<at::Tensor> gpu_params_map_cpu_copy;
@@ -88,6 +94,7 @@ class HybridDeviceOptimizer final : public Optimizer {
 
   const RevisionSwitches& switches_;
   double offload_fraction_ = 0.5;
+  bool gpu_part_is_torch_adamw_ = false;  // gpu_optimizer_cls is torch AdamW (no TE)
   bool param_update_in_fp32_ = false;
   bool overlap_cpu_optimizer_d2h_h2d_ = true;
 };

@@ -21,9 +21,7 @@ TorchAdamW::TorchAdamW(Runtime& rt, std::vector<DictPtr> groups, DictPtr default
                                {"differentiable", Value(false)},
                                {"fused", Value()}})) {}
 
-Value TorchAdamW::class_symbol() const {
-  return Value::symbol("<class 'torch.optim.adamw.AdamW'>");
-}
+Value TorchAdamW::class_symbol() const { return Value::symbol(kTorchAdamWClassRepr); }
 
 void TorchAdamW::after_setstate() {
   // AdamW.__setstate__: a non-tensor 'step' becomes a float32 tensor (on the param's device
@@ -63,6 +61,16 @@ void TorchAdamW::step() {
                                          : rt_.scalar_tensor(0.0, at::kFloat, Device::kCpu)));
         s->set("exp_avg", Value(rt_.zeros_like(p)));
         s->set("exp_avg_sq", Value(rt_.zeros_like(p)));
+      }
+      // _fused_adamw / _multi_tensor_adamw: every list must be on the params' device (the HDO
+      // without TE moves its GPU part's state to the CPU after a load).
+      const Device state_device = rt_.device_of(s->at("exp_avg", "AdamW._init_group").tensor());
+      if (state_device != rt_.device_of(p)) {
+        throw UpstreamError("RuntimeError",
+                            fmt::format("exp_avgs is on {}, params on {}",
+                                        state_device == Device::kCpu ? "cpu" : "cuda:0",
+                                        rt_.device_of(p) == Device::kCpu ? "cpu" : "cuda:0"),
+                            "adamw.py adamw()");
       }
       params.push_back(p);
       steps.push_back(s->at("step", "AdamW._init_group").tensor());

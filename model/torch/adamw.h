@@ -9,6 +9,9 @@
 
 namespace ckptsim::model {
 
+// repr(type(optimizer)).
+inline constexpr const char* kTorchAdamWClassRepr = "<class 'torch.optim.adamw.AdamW'>";
+
 // Mirrors torch.optim.AdamW.
 class TorchAdamW final : public Optimizer {
  public:

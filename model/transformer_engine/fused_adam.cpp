@@ -16,9 +16,7 @@ FusedAdam::FusedAdam(Runtime& rt, std::vector<DictPtr> groups, DictPtr defaults_
                                {"eps", Value(1e-8)},
                                {"weight_decay", Value(0.0)}})) {}
 
-Value FusedAdam::class_symbol() const {
-  return Value::symbol("<class 'transformer_engine.pytorch.optimizers.fused_adam.FusedAdam'>");
-}
+Value FusedAdam::class_symbol() const { return Value::symbol(kFusedAdamClassRepr); }
 
 namespace {
 // TE FusedAdam.name_to_dtype_map (all fp32 here): any other state name is a KeyError.

@@ -9,6 +9,10 @@
 
 namespace ckptsim::model {
 
+// repr(type(optimizer)): how a class is named in a state dict or an HDO defaults dict.
+inline constexpr const char* kFusedAdamClassRepr =
+    "<class 'transformer_engine.pytorch.optimizers.fused_adam.FusedAdam'>";
+
 // Mirrors transformer_engine/pytorch/optimizers/fused_adam.py FusedAdam (fp32, no master).
 class FusedAdam final : public Optimizer {
  public:

@@ -19,11 +19,12 @@ using namespace ckptsim;
 
 namespace {
 
-// Traces under tests/conformance/ (one H200, gloo at DP > 1) and nccl-x2/ (two H200s, NCCL),
-// as paths relative to tests/conformance/. te-absent/ waits for the model's no-TE hybrid.
+// Traces under tests/conformance/ (one H200, gloo at DP > 1), nccl-x2/ (two H200s, NCCL) and
+// te-absent/ (Megatron's no-TE branches for hybrid scenarios without TE), as paths relative to
+// tests/conformance/.
 std::vector<std::string> recorded() {
   std::vector<std::string> out;
-  for (const std::string dir : {"", "nccl-x2/"}) {
+  for (const std::string dir : {"", "nccl-x2/", "te-absent/"}) {
     for (const auto& e :
          std::filesystem::directory_iterator(test::source_path("tests/conformance/" + dir))) {
       if (e.path().string().ends_with(".trace.json"))
@@ -85,6 +86,7 @@ INSTANTIATE_TEST_SUITE_P(Recorded, RealMegatron, ::testing::ValuesIn(recorded())
                            const std::string& file = info.param;
                            std::string name = file.substr(0, file.find("__"));
                            if (name.starts_with("nccl-x2/")) name = name.substr(8) + "_nccl_x2";
+                           if (name.starts_with("te-absent/")) name = name.substr(10) + "_no_te";
                            for (char& c : name) {
                              if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
                            }
@@ -130,4 +132,20 @@ TEST(RealMegatronMutated, Bug1WithoutTheExceptionDisagrees) {
   EXPECT_FALSE(c.agrees());
   EXPECT_FALSE(c.errors_agree());
   EXPECT_FALSE(c.verdicts_agree());
+}
+
+// A real run without TE is no replay of the scenario with TE (Megatron took other branches):
+// conform refuses the pair as bad input instead of comparing them.
+TEST(RealMegatronMutated, ATraceWithoutTeIsNoReplayOfTheScenarioWithTe) {
+  const nlohmann::json real = read(
+      "te-absent/gen-upstream-head-seed21-case1__nv-d98e8a64dd__h200x1-te-absent__2026-12-01"
+      ".trace.json");
+  sim::Scenario with_te = scenario_of(real);
+  ASSERT_FALSE(with_te.optimizer.te_installed);
+  EXPECT_TRUE(conform_with(real).agrees());
+  with_te.optimizer.te_installed = true;
+  const auto c = properties::conform(report::trace_json(test::run(with_te)), real, "recorded");
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_NE(c.status().message().find("ran with TE absent"), std::string::npos)
+      << c.status().message();
 }

@@ -9,27 +9,43 @@ import sys
 import pytest
 
 from replay import coordinator as cd
+from replay import plan as plan_mod
 from replay import trace_schema as ts
 
 from helpers import FAKE_PYTHON, ROOT, synthetic, write_json
 
 
-@pytest.mark.parametrize("kind,te,emu,standin,want", [
-    ("hybrid", False, False, False, ("absent", False, None)),
-    ("hybrid", False, True, False, ("emulated", False, None)),
-    ("hybrid", False, True, True, ("emulated", True, None)),
-    ("hybrid", True, True, True, ("real", False, None)),
-    ("torch_adamw", False, True, True, ("absent", False, None)),
-    ("fused_adam", True, False, False, ("real", False, None)),
+@pytest.mark.parametrize("kind,needs,te,emu,standin,want", [
+    ("hybrid", False, False, False, False, ("absent", False, None)),
+    ("hybrid", False, False, True, True, ("absent", False, None)),  # the scenario wins over --emulate-te
+    ("hybrid", True, False, True, False, ("emulated", False, None)),
+    ("hybrid", True, False, True, True, ("emulated", True, None)),
+    ("hybrid", True, True, True, True, ("real", False, None)),
+    ("torch_adamw", False, False, True, True, ("absent", False, None)),
+    ("fused_adam", True, True, False, False, ("real", False, None)),
 ])
-def test_te_decision(kind, te, emu, standin, want):
-    assert cd.te_decision(kind, te, emu, standin) == want
+def test_te_decision(kind, needs, te, emu, standin, want):
+    assert cd.te_decision(kind, needs, te, emu, standin) == want
 
 
 def test_te_decision_skips():
-    assert "TE is not installed" in cd.te_decision("fused_adam", False, True, False)[2]
-    assert "TE is not installed" in cd.te_decision("fused_adam", False, False, True)[2]
-    assert "fallback" in cd.te_decision("torch_adamw", True, False, False)[2]
+    assert "TE is not installed" in cd.te_decision("fused_adam", True, False, True, False)[2]
+    assert "TE is not installed" in cd.te_decision("fused_adam", True, False, False, True)[2]
+    assert "fallback" in cd.te_decision("torch_adamw", False, True, False, False)[2]
+    assert "transformer_engine" in cd.te_decision("hybrid", False, True, True, True)[2]
+    # a hybrid that has TE is never replayed without it by accident
+    assert "--emulate-te" in cd.te_decision("hybrid", True, False, False, False)[2]
+
+
+@pytest.mark.parametrize("kind,te,want", [
+    ("hybrid", None, True), ("hybrid", "installed", True), ("hybrid", "absent", False),
+    ("fused_adam", None, True), ("torch_adamw", None, False),
+])
+def test_needs_te(kind, te, want):
+    o = {"kind": kind}
+    if te is not None:
+        o["transformer_engine"] = te
+    assert plan_mod.needs_te({"scenario": {"optimizer": o}}) is want
 
 
 def test_backend_decision():
@@ -93,7 +109,7 @@ def test_end_to_end_with_the_fake_worker(tmp_path):
 def test_a_failed_rank_stops_the_others_and_later_phases_are_skipped(tmp_path):
     cfg = {"fail": {"phase0": {"rank": 0, "stage": "save", "py_type": "AssertionError", "message": "empty bucket"}},
            "hang": {"phase0": [1]}}
-    r, traces = _run(tmp_path, [synthetic("bug2-step-reset-dp2-to-4")], env_cfg=cfg)
+    r, traces = _run(tmp_path, [synthetic("bug2-step-reset-dp2-to-4")], env_cfg=cfg, extra=["--emulate-te"])
     assert r.returncode == 0, r.stdout + r.stderr
     t = traces["bug2-step-reset-dp2-to-4"]
     assert ts.validate_trace(t) == []
@@ -111,7 +127,7 @@ def test_a_failed_rank_stops_the_others_and_later_phases_are_skipped(tmp_path):
 
 def test_a_crashed_worker_is_reported_and_replaced(tmp_path):
     cfg = {"crash": {"reference": [1]}}
-    r, traces = _run(tmp_path, [synthetic("bug2-step-reset-dp2-to-4")], env_cfg=cfg)
+    r, traces = _run(tmp_path, [synthetic("bug2-step-reset-dp2-to-4")], env_cfg=cfg, extra=["--emulate-te"])
     assert r.returncode == 0, r.stdout + r.stderr
     t = traces["bug2-step-reset-dp2-to-4"]
     ref, ph0 = t["runs"][0], t["runs"][1]
@@ -146,7 +162,24 @@ def test_fused_adam_without_te_is_skipped_unless_emulated(tmp_path):
 
 
 def test_nccl_when_there_are_enough_gpus(tmp_path):
-    r, traces = _run(tmp_path, [synthetic("bug2-step-reset-dp2-to-4")], env_cfg={"gpus": 2})
+    r, traces = _run(tmp_path, [synthetic("bug2-step-reset-dp2-to-4")], env_cfg={"gpus": 2}, extra=["--emulate-te"])
     t = traces["bug2-step-reset-dp2-to-4"]
     assert [run["backend"] for run in t["runs"]] == ["nccl", "nccl", "gloo"]
     assert t["setup"]["backend"] == "mixed" and t["setup"]["coalescing_workaround"] is True
+
+
+def test_a_scenario_without_te_runs_megatrons_no_te_branches_even_with_emulate_te(tmp_path):
+    sc_absent = synthetic("bug2-step-reset-dp2-to-4")
+    sc_absent["scenario"]["optimizer"]["transformer_engine"] = "absent"
+    r, traces = _run(tmp_path, [sc_absent], extra=["--emulate-te", "--fused-adam-standin"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    t = traces["bug2-step-reset-dp2-to-4"]
+    assert [run["te"] for run in t["runs"]] == ["absent"] * 3
+    assert t["setup"]["te"] == "absent"
+
+
+def test_a_hybrid_with_te_is_not_replayed_without_it(tmp_path):
+    r, traces = _run(tmp_path, [synthetic("bug2-step-reset-dp2-to-4")])
+    t = traces["bug2-step-reset-dp2-to-4"]
+    assert all(run["status"] == "skipped" for run in t["runs"])
+    assert "--emulate-te" in t["runs"][0]["skipped_reason"]

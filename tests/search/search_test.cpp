@@ -318,3 +318,24 @@ TEST(MutationControls, CoverEveryProperty) {
         << p.name << " has no search control";
   }
 }
+
+// Hybrid cases draw TE absent one time in five; --transformer-engine narrows it to one value.
+TEST(Generators, HybridCasesDrawTePresenceAsConfigured) {
+  for (const std::vector<bool>& allowed :
+       {std::vector<bool>{true, false}, std::vector<bool>{false}, std::vector<bool>{true}}) {
+    search::GeneratorConfig g;
+    g.revisions = test::revisions({"upstream-head"});
+    g.kinds = {model::OptimizerKind::kHybrid};
+    g.te_installed = allowed;
+    const auto gen = search::gen_for(g);
+    int absent = 0;
+    for (int seed = 0; seed < 200; ++seed)
+      absent += gen(rc::Random(seed), 20).value().optimizer.te_installed ? 0 : 1;
+    if (allowed.size() == 2) {
+      EXPECT_GT(absent, 10);
+      EXPECT_LT(absent, 90);
+    } else {
+      EXPECT_EQ(absent, allowed[0] ? 0 : 200);
+    }
+  }
+}

@@ -92,3 +92,32 @@ TEST(Scenario, JsonRoundTrip) {
   EXPECT_EQ(again.value().optimizer.offload_fraction, 0.5);
   EXPECT_EQ(again.value().phases.size(), 2u);
 }
+
+// Whether TE is installed is part of a hybrid scenario (Megatron takes other branches without
+// it); for fused_adam and torch_adamw the kind already says it.
+TEST(Scenario, TransformerEngineIsAHybridFieldOfTwoValues) {
+  auto hybrid = [](const std::string& te) {
+    return with("\"fused_adam\",", "\"hybrid\", \"offload_fraction\": 0.5," + te);
+  };
+  EXPECT_NE(error_of(hybrid(" \"transformer_engine\": \"none\","))
+                .find("field 'optimizer.transformer_engine': must be \"installed\" or \"absent\", "
+                      "got \"none\""),
+            std::string::npos);
+  EXPECT_NE(error_of(with("\"fused_adam\",", "\"fused_adam\", \"transformer_engine\": \"absent\","))
+                .find("field 'optimizer.transformer_engine': applies only to kind \"hybrid\""),
+            std::string::npos);
+  const auto s = sim::parse_scenario(hybrid(" \"transformer_engine\": \"absent\","), "no-te.json",
+                                     test::registry());
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_FALSE(s.value().optimizer.te_installed);
+  const auto json = sim::scenario_to_json(s.value());
+  EXPECT_EQ(json["optimizer"]["transformer_engine"], "absent");
+  const auto again = sim::parse_scenario(json.dump(), "round.json", test::registry());
+  ASSERT_TRUE(again.is_ok());
+  EXPECT_FALSE(again.value().optimizer.te_installed);
+  // Installed is the default, and is not written out.
+  const auto with_te = sim::parse_scenario(hybrid(""), "te.json", test::registry());
+  ASSERT_TRUE(with_te.is_ok());
+  EXPECT_TRUE(with_te.value().optimizer.te_installed);
+  EXPECT_FALSE(sim::scenario_to_json(with_te.value())["optimizer"].contains("transformer_engine"));
+}

@@ -7,6 +7,7 @@
 
 #include <ATen/ops/full.h>
 
+#include "model/errors.h"
 #include "model/megatron/distrib_optimizer.h"
 #include "sim/local_world.h"
 
@@ -128,4 +129,30 @@ TEST(DistributedOptimizer, StateDictAlignsFusedAdamStepAcrossGroups) {
     }
   };
   t.run();
+}
+
+// --optimizer-cpu-offload without TE: the precision-aware OptimizerConfig compares TE's version,
+// None before HEAD (TypeError on every rank, at init) and 0.0.0 at HEAD. Only the hybrid is
+// precision-aware here, and with TE installed nothing is compared with None.
+TEST(OptimizerConfig, PrecisionAwareWithoutTeRaisesTypeErrorBeforeHead) {
+  OptimizerConfig hybrid;
+  hybrid.kind = OptimizerKind::kHybrid;
+  hybrid.te_installed = false;
+  RevisionSwitches post;
+  try {
+    check_optimizer_config(hybrid, post);
+    ADD_FAILURE() << "no TypeError";
+  } catch (const UpstreamError& e) {
+    EXPECT_EQ(e.py_type(), "TypeError");
+    EXPECT_EQ(e.site(), "utils.py is_te_min_version()");
+    EXPECT_EQ(e.message(), "'>=' not supported between instances of 'NoneType' and 'Version'");
+  }
+  RevisionSwitches head;
+  head.te_absent_version_is_zero = true;
+  EXPECT_NO_THROW(check_optimizer_config(hybrid, head));
+  hybrid.te_installed = true;
+  EXPECT_NO_THROW(check_optimizer_config(hybrid, post));
+  OptimizerConfig torch_adamw;
+  torch_adamw.kind = OptimizerKind::kTorchAdamW;
+  EXPECT_NO_THROW(check_optimizer_config(torch_adamw, post));
 }

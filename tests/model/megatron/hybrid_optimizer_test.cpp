@@ -15,10 +15,12 @@ using namespace ckptsim::model;
 
 namespace {
 
-DictPtr hdo_defaults(double offload) {
+// gpu_optimizer_cls is TE's FusedAdam, or torch AdamW where TE is absent.
+DictPtr hdo_defaults(double offload, bool te_installed = true) {
   return Dict::make({{"offload_fraction", Value(offload)},
-                     {"cpu_optimizer_cls", Value::symbol("<class 'torch.optim.adamw.AdamW'>")},
-                     {"gpu_optimizer_cls", Value::symbol("<class 'FusedAdam'>")},
+                     {"cpu_optimizer_cls", Value::symbol(kTorchAdamWClassRepr)},
+                     {"gpu_optimizer_cls",
+                      Value::symbol(te_installed ? kFusedAdamClassRepr : kTorchAdamWClassRepr)},
                      {"param_update_in_fp32", Value(true)},
                      {"pin_cpu_grads", Value(true)},
                      {"pin_cpu_params", Value(true)},
@@ -35,12 +37,13 @@ struct Fixture {
   Runtime rt{1, 0, 0};
   std::vector<at::Tensor> params;
   std::unique_ptr<HybridDeviceOptimizer> hdo;
-  Fixture(double offload, at::ScalarType dtype, RevisionSwitches s = {}) : switches(s) {
+  Fixture(double offload, at::ScalarType dtype, RevisionSwitches s = {}, bool te_installed = true)
+      : switches(s) {
     // 8 + 16 + 8 'cuda' params; offload 0.5 -> threshold 16: the first two go to the CPU.
     for (int64_t n : {8, 16, 8}) params.push_back(rt.zeros({n}, dtype, Device::kCuda));
     hdo = std::make_unique<HybridDeviceOptimizer>(
         rt, std::vector<DictPtr>{Dict::make({{"params", params_list(params)}})},
-        hdo_defaults(offload), switches);
+        hdo_defaults(offload, te_installed), switches);
   }
   void grads() {
     for (const auto& p : params)
@@ -127,7 +130,7 @@ TEST(HybridDeviceOptimizer, GroupSyncFreezesGpuStep) {
   for (int i = 0; i < 3; ++i) {
     f.grads();
     f.hdo->step();
-    EXPECT_EQ(f.hdo->gpu_optimizer->last_used_steps().at(0).step, 6);
+    EXPECT_EQ(f.hdo->gpu_fused_adam()->last_used_steps().at(0).step, 6);
   }
   RevisionSwitches fixed;
   fixed.hdo_group_sync_skips_step = true;
@@ -138,7 +141,7 @@ TEST(HybridDeviceOptimizer, GroupSyncFreezesGpuStep) {
   for (int i = 0; i < 3; ++i) {
     g.grads();
     g.hdo->step();
-    used.push_back(g.hdo->gpu_optimizer->last_used_steps().at(0).step);
+    used.push_back(g.hdo->gpu_fused_adam()->last_used_steps().at(0).step);
   }
   EXPECT_EQ(used, (std::vector<double>{6, 7, 8}));
 }
@@ -182,7 +185,7 @@ TEST(HybridDeviceOptimizer, GpuPartNeverUpdatesFp32ParamsWhoseGradIsDecoupled) {
       EXPECT_EQ(p.to(at::kFloat).abs().sum().item<float>() == 0.0f, fp32)
           << (fp32 ? "an fp32 GPU param must stay untouched" : "a bf16 param must train");
     }
-    EXPECT_EQ(f.hdo->gpu_optimizer->last_used_steps().size(), fp32 ? 0u : f.params.size());
+    EXPECT_EQ(f.hdo->gpu_fused_adam()->last_used_steps().size(), fp32 ? 0u : f.params.size());
     EXPECT_EQ(f.hdo->gpu_optimizer->param_groups->at(0).dict()->at("step").as_int(), 2)
         << "the group step still counts";
   }
@@ -198,5 +201,40 @@ TEST(HybridDeviceOptimizer, GpuPartNeverUpdatesFp32ParamsWhoseGradIsDecoupled) {
   gpu.decoupled_grads();
   gpu.hdo->step();
   for (const auto& p : gpu.params) EXPECT_NE(p.abs().sum().item<float>(), 0.0f);
-  EXPECT_EQ(gpu.hdo->gpu_optimizer->last_used_steps().size(), gpu.params.size());
+  EXPECT_EQ(gpu.hdo->gpu_fused_adam()->last_used_steps().size(), gpu.params.size());
+}
+
+// Without TE both parts are torch AdamW, and _move_new_state_to_right_device's
+// isinstance(opt, cpu_optimizer_cls) sends the GPU part's state to the CPU after a load: the
+// next step fails. Our fix (hdo_moves_state_by_role) keeps it on the GPU.
+TEST(HybridDeviceOptimizer, WithoutTeTheGpuPartsStateGoesToTheCpuOnLoad) {
+  for (const bool by_role : {false, true}) {
+    RevisionSwitches s;
+    s.hdo_moves_state_by_role = by_role;
+    Fixture f(0.5, at::kBFloat16, s, /*te_installed=*/false);
+    ASSERT_EQ(f.hdo->gpu_fused_adam(), nullptr);
+    ASSERT_NE(dynamic_cast<TorchAdamW*>(f.hdo->gpu_optimizer.get()), nullptr);
+    f.grads();
+    f.hdo->step();
+    // The GPU part's per-param step tensors, as torch AdamW keeps them.
+    EXPECT_EQ(f.hdo->state.find(f.params[2])->get()->at("step").tensor().item<float>(), 1.0F);
+    f.hdo->load_state_dict(f.hdo->state_dict());
+    const at::Tensor gpu_inner = *f.hdo->param_to_inner_param.find(f.params[2]);
+    const DictPtr gpu_state = *f.hdo->gpu_optimizer->state.find(gpu_inner);
+    EXPECT_EQ(f.rt.device_of(gpu_state->at("exp_avg").tensor()),
+              by_role ? Device::kCuda : Device::kCpu);
+    f.grads();
+    if (by_role) {
+      EXPECT_NO_THROW(f.hdo->step());
+      continue;
+    }
+    try {
+      f.hdo->step();
+      ADD_FAILURE() << "a GPU param stepped with its state on the CPU";
+    } catch (const UpstreamError& e) {
+      EXPECT_EQ(e.py_type(), "RuntimeError");
+      EXPECT_EQ(e.site(), "hybrid_optimizer.py step()");
+      EXPECT_NE(e.message().find("exp_avgs is on cpu"), std::string::npos) << e.message();
+    }
+  }
 }
