@@ -6,8 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <set>
 #include <string>

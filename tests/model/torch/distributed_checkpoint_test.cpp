@@ -8,6 +8,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 #include <vector>
 
