@@ -1,8 +1,11 @@
 // pickle codec: a Value tree <-> the bytes of a torch.save file (torch's zip format with a
 // protocol-2 pickle inside), so that what ckptsim writes as `common.pt` can be opened by
 // Python's `torch.load(path, weights_only=True)` and what it reads back went through real
-// pickle bytes. pickle_codec.cpp is the one translation unit that includes torch's
-// serialization headers.
+// pickle bytes. pickle_codec.cpp is the one translation unit that includes torch's JIT
+// serialization headers (model/torch/torch_save_format.cpp includes only the zip reader).
+// Real Python pickles that libtorch's unpickler refuses (dtype globals, tuple dict keys,
+// optimizer classes, torch.distributed.checkpoint's `.metadata`) are read by
+// model/py/pickle_tree.h and model/torch/torch_save_format.h instead.
 //
 // Mapping (encode; decode is the inverse except where marked LOSSY):
 //   None, bool, int, float, str   -> the pickle scalars

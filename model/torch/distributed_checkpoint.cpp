@@ -1,0 +1,424 @@
+#include "model/torch/distributed_checkpoint.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "model/py/pickle_tree.h"
+#include "model/torch/torch_save_format.h"
+
+namespace ckptsim::model {
+
+namespace {
+
+using Kind = PickleNode::Kind;
+
+const std::string kMetadataCls = "torch.distributed.checkpoint.metadata.Metadata";
+const std::string kTensorCls = "torch.distributed.checkpoint.metadata.TensorStorageMetadata";
+const std::string kBytesCls = "torch.distributed.checkpoint.metadata.BytesStorageMetadata";
+const std::string kChunkCls = "torch.distributed.checkpoint.metadata.ChunkStorageMetadata";
+const std::string kPropertiesCls = "torch.distributed.checkpoint.metadata.TensorProperties";
+const std::string kIndexCls = "torch.distributed.checkpoint.metadata.MetadataIndex";
+const std::string kStorageMetaCls = "torch.distributed.checkpoint.metadata.StorageMeta";
+const std::string kMemFormatCls = "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING";
+const std::string kStorageInfoCls = "torch.distributed.checkpoint.filesystem._StorageInfo";
+const std::string kSizeCls = "torch.Size";
+const std::string kLayoutCls = "torch.serialization._get_layout";
+
+struct MetadataError {
+  std::string message;
+};
+
+[[noreturn]] void fail(std::string message) { throw MetadataError{std::move(message)}; }
+
+std::string tuple_repr(const std::vector<int64_t>& v) {
+  std::string out = "(";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+  return out + (v.size() == 1 ? ",)" : ")");
+}
+
+// Reads the dataclasses of metadata.py out of the pickle graph.
+class MetadataParser {
+ public:
+  explicit MetadataParser(const PickleTree& tree) : t_(tree) {}
+
+  DcpMetadata parse() {
+    auto f =
+        fields(t_.root, kMetadataCls,
+               {"state_dict_metadata", "planner_data", "storage_data", "storage_meta", "version"});
+    DcpMetadata out;
+    if (f.contains("version") && t_.at(f["version"]).kind != Kind::kNone) {
+      out.version = str(f["version"], "Metadata.version");
+      if (*out.version != "1.0.0") fail("Metadata.version '" + *out.version + "' is not 1.0.0");
+    }
+    if (!f.contains("state_dict_metadata")) fail("Metadata without state_dict_metadata");
+    if (!f.contains("storage_data")) fail("Metadata without storage_data");
+    if (f.contains("storage_meta") && t_.at(f["storage_meta"]).kind != Kind::kNone) {
+      fields(f["storage_meta"], kStorageMetaCls,
+             {"checkpoint_id", "save_id", "load_id", "modules"});
+    }
+    parse_state_dict_metadata(f["state_dict_metadata"], out);
+    parse_storage_data(f["storage_data"], out);
+    return out;
+  }
+
+ private:
+  // A dataclass object: NEWOBJ(cls, ()) then BUILD with a dict of str field names.
+  std::map<std::string, PickleNodeId> fields(PickleNodeId id, const std::string& cls,
+                                             const std::set<std::string>& allowed) const {
+    const PickleNode& n = object(id, cls);
+    std::map<std::string, PickleNodeId> out;
+    if (n.state == PickleNode::kNoState) return out;
+    const PickleNode& state = t_.at(n.state);
+    if (state.kind != Kind::kDict) fail(cls + " whose state is " + t_.describe(n.state));
+    for (size_t i = 0; i + 1 < state.items.size(); i += 2) {
+      const std::string name = str(state.items[i], cls + " field name");
+      if (!allowed.contains(name)) fail(cls + " with an unknown field '" + name + "'");
+      if (!out.emplace(name, state.items[i + 1]).second) fail(cls + " field '" + name + "' twice");
+    }
+    return out;
+  }
+
+  const PickleNode& object(PickleNodeId id, const std::string& cls) const {
+    const PickleNode& n = t_.at(id);
+    if (n.kind != Kind::kObject || n.text != cls)
+      fail("expected " + cls + ", found " + t_.describe(id));
+    return n;
+  }
+
+  std::string str(PickleNodeId id, const std::string& what) const {
+    if (t_.at(id).kind != Kind::kStr) fail(what + " is " + t_.describe(id) + ", not a str");
+    return t_.at(id).text;
+  }
+
+  int64_t integer(PickleNodeId id, const std::string& what) const {
+    if (t_.at(id).kind != Kind::kInt) fail(what + " is " + t_.describe(id) + ", not an int");
+    if (t_.at(id).integer < 0) fail(what + " is negative");
+    return t_.at(id).integer;
+  }
+
+  // torch.Size((d0, d1, ...)): REDUCE of the class with one tuple of ints.
+  std::vector<int64_t> torch_size(PickleNodeId id, const std::string& what) const {
+    const PickleNode& n = object(id, kSizeCls);
+    const PickleNode& args = t_.at(n.items.at(0));
+    if (n.state != PickleNode::kNoState || args.items.size() != 1 ||
+        t_.at(args.items[0]).kind != Kind::kTuple) {
+      fail(what + " is not torch.Size(tuple)");
+    }
+    const std::vector<PickleNodeId>& dims = t_.at(args.items[0]).items;
+    if (dims.size() > kDcpDimsMax)
+      fail(fmt::format("{} has over kDcpDimsMax={} dims", what, kDcpDimsMax));
+    std::vector<int64_t> out;
+    for (const PickleNodeId d : dims) out.push_back(integer(d, what));
+    return out;
+  }
+
+  at::ScalarType properties_dtype(PickleNodeId id, const std::string& key) const;
+  TensorStorageMetadata tensor_metadata(PickleNodeId id, const std::string& key) const;
+  void parse_state_dict_metadata(PickleNodeId id, DcpMetadata& out) const;
+  void parse_storage_data(PickleNodeId id, DcpMetadata& out) const;
+  MetadataIndex metadata_index(PickleNodeId id) const;
+  StorageInfo storage_info(PickleNodeId id, const std::string& key) const;
+
+  const PickleTree& t_;
+};
+
+// TensorProperties pickles its state as the tuple (dtype, layout, requires_grad,
+// memory_format, pin_memory) (its __getstate__); only the dtype still means anything.
+at::ScalarType MetadataParser::properties_dtype(PickleNodeId id, const std::string& key) const {
+  const PickleNode& n = object(id, kPropertiesCls);
+  const std::string what = "key '" + key + "': TensorProperties";
+  if (n.state == PickleNode::kNoState || t_.at(n.state).kind != Kind::kTuple ||
+      t_.at(n.state).items.size() != 5) {
+    fail(what + " whose state is not (dtype, layout, requires_grad, memory_format, pin_memory)");
+  }
+  const std::vector<PickleNodeId>& s = t_.at(n.state).items;
+  const PickleNode& dtype = t_.at(s[0]);
+  if (dtype.kind != Kind::kGlobal || !dtype_from_global(dtype.text)) {
+    fail(what + " with dtype " + t_.describe(s[0]));
+  }
+  const PickleNode& layout = object(s[1], kLayoutCls);
+  const PickleNode& layout_args = t_.at(layout.items.at(0));
+  if (layout_args.items.size() != 1 || t_.at(layout_args.items[0]).text != "torch.strided") {
+    fail(what + " with a layout other than torch.strided");
+  }
+  object(s[3], kMemFormatCls);
+  return *dtype_from_global(dtype.text);
+}
+
+TensorStorageMetadata MetadataParser::tensor_metadata(PickleNodeId id,
+                                                      const std::string& key) const {
+  auto f = fields(id, kTensorCls, {"properties", "size", "chunks"});
+  if (f.size() != 3) fail("key '" + key + "': TensorStorageMetadata without all its fields");
+  TensorStorageMetadata out;
+  out.dtype = properties_dtype(f["properties"], key);
+  out.size = torch_size(f["size"], "key '" + key + "': size");
+  __int128 numel = 1;
+  for (const int64_t d : out.size) numel = std::min<__int128>(numel * d, kDcpTensorNumelMax + 1);
+  if (numel > kDcpTensorNumelMax)
+    fail(fmt::format("key '{}': over kDcpTensorNumelMax elements", key));
+  const PickleNode& chunks = t_.at(f["chunks"]);
+  if (chunks.kind != Kind::kList) fail("key '" + key + "': chunks is not a list");
+  if (chunks.items.size() > kDcpChunksMax) fail("key '" + key + "': over kDcpChunksMax chunks");
+  for (const PickleNodeId c : chunks.items) {
+    auto cf = fields(c, kChunkCls, {"offsets", "sizes"});
+    if (cf.size() != 2) fail("key '" + key + "': a chunk without offsets and sizes");
+    ChunkStorageMetadata chunk{torch_size(cf["offsets"], "key '" + key + "': chunk offsets"),
+                               torch_size(cf["sizes"], "key '" + key + "': chunk sizes")};
+    bool inside = chunk.offsets.size() == out.size.size() && chunk.sizes.size() == out.size.size();
+    for (size_t d = 0; inside && d < out.size.size(); ++d) {
+      inside = chunk.offsets[d] <= out.size[d] && chunk.sizes[d] <= out.size[d] - chunk.offsets[d];
+    }
+    if (!inside) {
+      fail(fmt::format("key '{}': chunk at {} of size {} outside the tensor's {}", key,
+                       tuple_repr(chunk.offsets), tuple_repr(chunk.sizes), tuple_repr(out.size)));
+    }
+    out.chunks.push_back(std::move(chunk));
+  }
+  return out;
+}
+
+void MetadataParser::parse_state_dict_metadata(PickleNodeId id, DcpMetadata& out) const {
+  const PickleNode& d = t_.at(id);
+  if (d.kind != Kind::kDict) fail("state_dict_metadata is " + t_.describe(id));
+  if (d.items.size() / 2 > kDcpKeysMax) fail("state_dict_metadata has over kDcpKeysMax keys");
+  for (size_t i = 0; i + 1 < d.items.size(); i += 2) {
+    const std::string key = str(d.items[i], "a state_dict_metadata key");
+    if (out.tensors.contains(key) || out.bytes_items.contains(key)) fail("key '" + key + "' twice");
+    const PickleNode& v = t_.at(d.items[i + 1]);
+    if (v.kind == Kind::kObject && v.text == kBytesCls) {
+      fields(d.items[i + 1], kBytesCls, {});
+      out.bytes_items.insert(key);
+    } else {
+      out.tensors.emplace(key, tensor_metadata(d.items[i + 1], key));
+    }
+  }
+}
+
+MetadataIndex MetadataParser::metadata_index(PickleNodeId id) const {
+  auto f = fields(id, kIndexCls, {"fqn", "offset", "index"});
+  if (!f.contains("fqn")) fail("a MetadataIndex without fqn");
+  MetadataIndex out{str(f["fqn"], "MetadataIndex.fqn"), std::nullopt, std::nullopt};
+  const std::string what = "key '" + out.fqn + "': MetadataIndex";
+  if (f.contains("offset") && t_.at(f["offset"]).kind != Kind::kNone) {
+    out.offset = torch_size(f["offset"], what + ".offset");
+  }
+  if (f.contains("index") && t_.at(f["index"]).kind != Kind::kNone) {
+    out.index = integer(f["index"], what + ".index");
+  }
+  return out;
+}
+
+StorageInfo MetadataParser::storage_info(PickleNodeId id, const std::string& key) const {
+  auto f =
+      fields(id, kStorageInfoCls, {"relative_path", "offset", "length", "transform_descriptors"});
+  const std::string what = "key '" + key + "': _StorageInfo";
+  if (!f.contains("relative_path") || !f.contains("offset") || !f.contains("length")) {
+    fail(what + " without relative_path, offset and length");
+  }
+  if (f.contains("transform_descriptors")) {
+    const PickleNode& td = t_.at(f["transform_descriptors"]);
+    if (td.kind != Kind::kNone &&
+        !((td.kind == Kind::kList || td.kind == Kind::kTuple) && td.items.empty())) {
+      fail(what + " with transform descriptors (transformed items are not supported)");
+    }
+  }
+  StorageInfo out{str(f["relative_path"], what + ".relative_path"),
+                  integer(f["offset"], what + ".offset"), integer(f["length"], what + ".length")};
+  const std::string& p = out.relative_path;
+  if (p.empty() || p == "." || p == ".." || p.find('/') != std::string::npos ||
+      p.find('\0') != std::string::npos) {
+    fail(what + " names the file '" + p + "', not a file of the checkpoint directory");
+  }
+  return out;
+}
+
+void MetadataParser::parse_storage_data(PickleNodeId id, DcpMetadata& out) const {
+  const PickleNode& d = t_.at(id);
+  if (d.kind != Kind::kDict) fail("storage_data is " + t_.describe(id));
+  for (size_t i = 0; i + 1 < d.items.size(); i += 2) {
+    StorageDataEntry e{metadata_index(d.items[i]), {}};
+    e.info = storage_info(d.items[i + 1], e.index.fqn);
+    const std::string& fqn = e.index.fqn;
+    const auto tensor = out.tensors.find(fqn);
+    if (tensor == out.tensors.end() && !out.bytes_items.contains(fqn)) {
+      fail("storage_data names key '" + fqn + "', which state_dict_metadata lacks");
+    }
+    const bool chunk_known =
+        tensor != out.tensors.end() && e.index.offset &&
+        std::any_of(tensor->second.chunks.begin(), tensor->second.chunks.end(),
+                    [&](const ChunkStorageMetadata& c) { return c.offsets == *e.index.offset; });
+    if (tensor != out.tensors.end() ? !chunk_known : e.index.offset.has_value()) {
+      fail("storage_data item of key '" + fqn + "' at no chunk of its metadata");
+    }
+    if (out.find(fqn, e.index.offset) != nullptr)
+      fail("key '" + fqn + "' saved twice at one offset");
+    out.storage_data.push_back(std::move(e));
+  }
+  for (const auto& [fqn, meta] : out.tensors) {
+    for (const ChunkStorageMetadata& c : meta.chunks) {
+      if (out.find(fqn, c.offsets) == nullptr) {
+        fail("key '" + fqn + "': chunk at " + tuple_repr(c.offsets) + " has no storage_data item");
+      }
+    }
+  }
+  for (const std::string& fqn : out.bytes_items) {
+    if (out.find(fqn, std::nullopt) == nullptr) fail("key '" + fqn + "' has no storage_data item");
+  }
+}
+
+}  // namespace
+
+const StorageInfo* DcpMetadata::find(const std::string& fqn,
+                                     const std::optional<std::vector<int64_t>>& offset) const {
+  for (const StorageDataEntry& e : storage_data) {
+    if (e.index.fqn == fqn && e.index.offset == offset) return &e.info;
+  }
+  return nullptr;
+}
+
+const std::set<std::string>& dcp_metadata_globals() {
+  static const std::set<std::string> globals = [] {
+    std::set<std::string> g = {kMetadataCls,    kTensorCls, kBytesCls,       kChunkCls,
+                               kPropertiesCls,  kIndexCls,  kStorageMetaCls, kMemFormatCls,
+                               kStorageInfoCls, kSizeCls,   kLayoutCls};
+    for (const std::string& name : torch_save_globals()) {
+      if (dtype_from_global(name)) g.insert(name);
+    }
+    return g;
+  }();
+  return globals;
+}
+
+Result<DcpMetadata> parse_dcp_metadata(std::span<const char> bytes, const std::string& file) {
+  Result<PickleTree> tree = read_pickle_tree(bytes, PickleTreeOptions{dcp_metadata_globals()});
+  if (!tree.is_ok()) return Status::corruption(file + ": " + tree.status().message());
+  try {
+    return MetadataParser(tree.value()).parse();
+  } catch (const MetadataError& e) {
+    return Status::corruption(file + ": " + e.message);
+  } catch (const std::out_of_range& e) {
+    return Status::corruption(file + ": an object without the arguments its class takes");
+  }
+}
+
+DcpReader::DcpReader(const Storage& storage, std::string dir)
+    : storage_(storage), dir_(std::move(dir)) {}
+
+std::string DcpReader::path(const std::string& name) const {
+  return dir_.empty() ? name : dir_ + "/" + name;
+}
+
+Status DcpReader::open() {
+  const std::string file = path(std::string(kDcpMetadataFile));
+  Result<std::vector<char>> bytes = storage_.read_file(file);
+  if (!bytes.is_ok()) {
+    if (bytes.status().code() == Status::Code::kNotFound) {
+      return Status::not_found(file + ": no .metadata, so this is no torch_dist checkpoint");
+    }
+    return bytes.status();
+  }
+  Result<DcpMetadata> parsed = parse_dcp_metadata(bytes.value(), file);
+  if (!parsed.is_ok()) return parsed.status();
+  metadata_ = std::move(parsed.value());
+  return Status::ok();
+}
+
+Result<std::span<const char>> DcpReader::read_item(const std::string& fqn,
+                                                   const StorageInfo& info) {
+  const std::string file = path(info.relative_path);
+  auto it = files_.find(file);
+  if (it == files_.end()) {
+    Result<std::vector<char>> bytes = storage_.read_file(file);
+    if (!bytes.is_ok()) {
+      return Status::corruption(fmt::format("{}: key '{}': cannot read its data file: {}", file,
+                                            fqn, bytes.status().to_string()));
+    }
+    it = files_.emplace(file, std::move(bytes.value())).first;
+  }
+  const std::vector<char>& bytes = it->second;
+  if (uint64_t(info.offset) > bytes.size() || uint64_t(info.length) > bytes.size() - info.offset) {
+    return Status::corruption(fmt::format(
+        "{}: key '{}': item at offset {} of length {} past the end of the file ({} bytes)", file,
+        fqn, info.offset, info.length, bytes.size()));
+  }
+  return std::span<const char>(bytes).subspan(info.offset, info.length);
+}
+
+Status DcpReader::place_chunk(const std::string& fqn, const ChunkStorageMetadata& chunk,
+                              const at::Tensor& piece, at::Tensor& full, at::Tensor& covered,
+                              const std::string& file) {
+  const std::string where =
+      fmt::format("{}: key '{}' chunk at {}", file, fqn, tuple_repr(chunk.offsets));
+  if (piece.scalar_type() != full.scalar_type()) {
+    return Status::corruption(fmt::format("{}: holds a tensor of {} where .metadata says {}", where,
+                                          c10::toString(piece.scalar_type()),
+                                          c10::toString(full.scalar_type())));
+  }
+  if (piece.sizes().vec() != chunk.sizes) {
+    return Status::corruption(fmt::format("{}: holds a tensor of shape {} where .metadata says {}",
+                                          where, tuple_repr(piece.sizes().vec()),
+                                          tuple_repr(chunk.sizes)));
+  }
+  at::Tensor target = full;
+  at::Tensor mask = covered;
+  for (size_t d = 0; d < chunk.sizes.size(); ++d) {
+    const auto dim = static_cast<int64_t>(d);
+    target = target.narrow(dim, chunk.offsets[d], chunk.sizes[d]);
+    mask = mask.narrow(dim, chunk.offsets[d], chunk.sizes[d]);
+  }
+  if (mask.any().item<bool>()) {
+    return Status::corruption(where + ": overlaps another chunk of the key");
+  }
+  target.copy_(piece);
+  mask.fill_(true);
+  return Status::ok();
+}
+
+Result<at::Tensor> DcpReader::read_tensor(const std::string& fqn) {
+  const auto meta = metadata_.tensors.find(fqn);
+  if (meta == metadata_.tensors.end()) {
+    return Status::not_found(path(std::string(kDcpMetadataFile)) + ": no tensor key '" + fqn + "'");
+  }
+  at::Tensor full = at::empty(meta->second.size, at::TensorOptions().dtype(meta->second.dtype));
+  at::Tensor covered = at::zeros(meta->second.size, at::TensorOptions().dtype(at::kBool));
+  for (const ChunkStorageMetadata& chunk : meta->second.chunks) {
+    const StorageInfo* info = metadata_.find(fqn, chunk.offsets);  // parse checked it exists
+    Result<std::span<const char>> bytes = read_item(fqn, *info);
+    if (!bytes.is_ok()) return bytes.status();
+    const std::string file = path(info->relative_path);
+    Result<Value> piece = load_torch_save(bytes.value());
+    if (!piece.is_ok() || !piece.value().is_tensor()) {
+      return Status::corruption(
+          fmt::format("{}: key '{}' chunk at {}: {}", file, fqn, tuple_repr(chunk.offsets),
+                      piece.is_ok() ? "holds a " + piece.value().type_name() + ", not a tensor"
+                                    : piece.status().message()));
+    }
+    Status placed = place_chunk(fqn, chunk, piece.value().tensor(), full, covered, file);
+    if (!placed.is_ok()) return placed;
+  }
+  const int64_t missing = covered.numel() - covered.sum().item<int64_t>();
+  if (missing != 0) {
+    return Status::corruption(
+        fmt::format("{}: key '{}': its chunks leave {} of {} elements "
+                    "uncovered",
+                    path(std::string(kDcpMetadataFile)), fqn, missing, covered.numel()));
+  }
+  return full;
+}
+
+Result<std::vector<char>> DcpReader::read_bytes(const std::string& fqn) {
+  const StorageInfo* info =
+      metadata_.bytes_items.contains(fqn) ? metadata_.find(fqn, std::nullopt) : nullptr;
+  if (info == nullptr) {
+    return Status::not_found(path(std::string(kDcpMetadataFile)) + ": no bytes key '" + fqn + "'");
+  }
+  Result<std::span<const char>> bytes = read_item(fqn, *info);
+  if (!bytes.is_ok()) return bytes.status();
+  return std::vector<char>(bytes.value().begin(), bytes.value().end());
+}
+
+}  // namespace ckptsim::model

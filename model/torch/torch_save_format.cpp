@@ -1,0 +1,308 @@
+// One of the translation units that include libtorch's zip reader (caffe2/serialize); the
+// other is model/py/pickle_codec.cpp.
+#include "model/torch/torch_save_format.h"
+
+#include <caffe2/serialize/inline_container.h>
+#include <caffe2/serialize/read_adapter_interface.h>
+
+#include <ATen/ops/empty.h>
+
+#include <cctype>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "model/py/pickle_tree.h"
+
+namespace ckptsim::model {
+
+namespace {
+
+using Kind = PickleNode::Kind;
+
+struct LoadError {
+  std::string message;
+};
+
+[[noreturn]] void fail(std::string message) { throw LoadError{std::move(message)}; }
+
+// The typed storages torch.save names in a persistent id (torch/storage.py _LegacyStorage).
+const std::map<std::string, at::ScalarType>& storage_types() {
+  static const std::map<std::string, at::ScalarType> types = {
+      {"torch.FloatStorage", at::kFloat}, {"torch.BFloat16Storage", at::kBFloat16},
+      {"torch.HalfStorage", at::kHalf},   {"torch.DoubleStorage", at::kDouble},
+      {"torch.LongStorage", at::kLong},   {"torch.IntStorage", at::kInt},
+      {"torch.ShortStorage", at::kShort}, {"torch.CharStorage", at::kChar},
+      {"torch.ByteStorage", at::kByte},   {"torch.BoolStorage", at::kBool},
+  };
+  return types;
+}
+
+const std::set<std::string>& optimizer_classes() {
+  static const std::set<std::string> classes = {
+      "torch.optim.adamw.AdamW",
+      "torch.optim.adam.Adam",
+      "transformer_engine.pytorch.optimizers.fused_adam.FusedAdam",
+      "apex.optimizers.fused_adam.FusedAdam",
+      // The replay runner's stand-in with TE FusedAdam's semantics (replay/emulation.py).
+      "replay.emulation.StandinFusedAdam",
+  };
+  return classes;
+}
+
+// A bounds-checked view of the blob: libtorch's MemoryReadAdapter copies whatever miniz asks
+// for, so an offset in a corrupt central directory would read past the buffer.
+class SpanReadAdapter final : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  explicit SpanReadAdapter(std::span<const char> bytes) : bytes_(bytes) {}
+  size_t size() const override { return bytes_.size(); }
+  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
+    if (pos >= bytes_.size()) return 0;
+    const size_t count = std::min<uint64_t>(n, bytes_.size() - pos);
+    std::memcpy(buf, bytes_.data() + pos, count);
+    return count;
+  }
+
+ private:
+  std::span<const char> bytes_;
+};
+
+// Turns the pickle graph of data.pkl into a Value, reading storages from the archive.
+class TreeToValue {
+ public:
+  TreeToValue(const PickleTree& tree, caffe2::serialize::PyTorchStreamReader& archive)
+      : tree_(tree), archive_(archive) {}
+
+  Value convert(PickleNodeId id) {
+    const PickleNode& n = tree_.at(id);
+    switch (n.kind) {
+      case Kind::kNone:
+        return Value();
+      case Kind::kBool:
+        return Value(n.boolean);
+      case Kind::kInt:
+        return Value(n.integer);
+      case Kind::kFloat:
+        return Value(n.floating);
+      case Kind::kStr:
+        return Value(n.text);
+      case Kind::kGlobal:
+        return global_value(n.text);
+      case Kind::kTuple:
+      case Kind::kList:
+      case Kind::kDict:
+      case Kind::kObject:
+        return memoized(id);
+      case Kind::kBytes:
+      case Kind::kPersistent:
+        break;
+    }
+    fail("unexpected " + tree_.describe(id) + " in the object");
+  }
+
+ private:
+  Value memoized(PickleNodeId id) {
+    if (const auto it = memo_.find(id); it != memo_.end()) return it->second;
+    Value v = build(id);
+    memo_.emplace(id, v);
+    return v;
+  }
+
+  Value build(PickleNodeId id) {
+    const PickleNode& n = tree_.at(id);
+    if (n.kind == Kind::kTuple) {
+      std::vector<Value> items;
+      for (const PickleNodeId item : n.items) items.push_back(convert(item));
+      return Value::tuple(std::move(items));
+    }
+    if (n.kind == Kind::kList) {
+      ListPtr list = List::make();
+      for (const PickleNodeId item : n.items) list->append(convert(item));
+      return Value(list);
+    }
+    if (n.kind == Kind::kDict) return build_dict(n);
+    if (n.text == "torch._utils._rebuild_tensor_v2") return rebuild_tensor(n);
+    fail("an object of class " + n.text + ", which a state dict does not hold");
+  }
+
+  Value build_dict(const PickleNode& n) {
+    DictPtr dict = Dict::make();
+    for (size_t i = 0; i + 1 < n.items.size(); i += 2) {
+      const Key key = convert_key(n.items[i]);
+      if (dict->contains(key)) fail("a dict with the key " + key.repr() + " twice");
+      dict->set(key, convert(n.items[i + 1]));
+    }
+    return Value(dict);
+  }
+
+  Key convert_key(PickleNodeId id) const {
+    const PickleNode& n = tree_.at(id);
+    if (n.kind == Kind::kInt) return Key(n.integer);
+    if (n.kind == Kind::kStr) return Key(n.text);
+    if (n.kind == Kind::kGlobal && dtype_from_global(n.text)) return Key::symbol(n.text);
+    if (n.kind == Kind::kTuple) {
+      std::vector<Key> items;
+      for (const PickleNodeId item : n.items) items.push_back(convert_key(item));
+      return Key::tuple(std::move(items));
+    }
+    fail("a dict key that is " + tree_.describe(id));
+  }
+
+  static Value global_value(const std::string& name) {
+    if (dtype_from_global(name)) return Value::symbol(name);
+    if (optimizer_classes().contains(name)) return Value::symbol("<class '" + name + "'>");
+    fail("the class " + name + " as a value");
+  }
+
+  Value rebuild_tensor(const PickleNode& call);
+  at::Tensor storage(PickleNodeId persistent);
+  std::vector<int64_t> int_tuple(PickleNodeId id, const char* what) const;
+
+  const PickleTree& tree_;
+  caffe2::serialize::PyTorchStreamReader& archive_;
+  std::map<PickleNodeId, Value> memo_;
+  std::map<std::string, at::Tensor> storages_;  // by record key: views share their storage
+};
+
+std::vector<int64_t> TreeToValue::int_tuple(PickleNodeId id, const char* what) const {
+  const PickleNode& n = tree_.at(id);
+  if (n.kind != Kind::kTuple)
+    fail(fmt::format("a tensor whose {} is {}", what, tree_.describe(id)));
+  if (n.items.size() > kTorchSaveDimsMax) {
+    fail(fmt::format("a tensor of {} dimensions (kTorchSaveDimsMax={})", n.items.size(),
+                     kTorchSaveDimsMax));
+  }
+  std::vector<int64_t> out;
+  for (const PickleNodeId item : n.items) {
+    if (tree_.at(item).kind != Kind::kInt || tree_.at(item).integer < 0) {
+      fail(fmt::format("a tensor whose {} holds {}", what, tree_.describe(item)));
+    }
+    out.push_back(tree_.at(item).integer);
+  }
+  return out;
+}
+
+// The persistent id torch.save writes per storage:
+// ('storage', <storage class>, '<key>', '<location>', <numel>).
+at::Tensor TreeToValue::storage(PickleNodeId persistent) {
+  const PickleNode& p = tree_.at(persistent);
+  if (p.kind != Kind::kPersistent) fail("a tensor whose storage is " + tree_.describe(persistent));
+  const PickleNode& pid = tree_.at(p.items.at(0));
+  const auto is = [&](size_t i, Kind kind) { return tree_.at(pid.items[i]).kind == kind; };
+  if (pid.kind != Kind::kTuple || pid.items.size() != 5 || !is(0, Kind::kStr) ||
+      tree_.at(pid.items[0]).text != "storage" || !is(1, Kind::kGlobal) || !is(2, Kind::kStr) ||
+      !is(3, Kind::kStr) || !is(4, Kind::kInt)) {
+    fail("a tensor whose storage is not ('storage', class, key, location, numel)");
+  }
+  const std::string& cls = tree_.at(pid.items[1]).text;
+  const std::string& key = tree_.at(pid.items[2]).text;
+  const int64_t numel = tree_.at(pid.items[4]).integer;
+  const auto type = storage_types().find(cls);
+  if (type == storage_types().end()) fail("a storage of class " + cls);
+  if (key.empty() || !std::all_of(key.begin(), key.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) != 0;
+      })) {
+    fail("a storage key '" + key + "'");
+  }
+  if (const auto it = storages_.find(key); it != storages_.end()) return it->second;
+  const std::string record = "data/" + key;
+  if (!archive_.hasRecord(record)) fail("no record " + record + " for a tensor's storage");
+  auto [data, size] = archive_.getRecord(record);
+  const size_t element_bytes = c10::elementSize(type->second);
+  if (numel < 0 || size % element_bytes != 0 || size / element_bytes != uint64_t(numel)) {
+    fail(fmt::format("record {} of {} bytes for {} elements of {}", record, size, numel, cls));
+  }
+  at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(type->second));
+  if (size > 0) std::memcpy(t.data_ptr(), data.get(), size);
+  storages_.emplace(key, t);
+  return t;
+}
+
+// Mirrors torch/_utils.py _rebuild_tensor_v2(storage, storage_offset, size, stride,
+// requires_grad, backward_hooks[, metadata]); requires_grad and hooks are not kept.
+Value TreeToValue::rebuild_tensor(const PickleNode& call) {
+  const PickleNode& args = tree_.at(call.items.at(0));
+  if (call.state != PickleNode::kNoState || args.items.size() < 6 || args.items.size() > 7 ||
+      tree_.at(args.items[1]).kind != Kind::kInt) {
+    fail("a _rebuild_tensor_v2 call with other arguments than torch.save writes");
+  }
+  const at::Tensor base = storage(args.items[0]);
+  const int64_t offset = tree_.at(args.items[1]).integer;
+  const std::vector<int64_t> size = int_tuple(args.items[2], "size");
+  const std::vector<int64_t> stride = int_tuple(args.items[3], "stride");
+  if (size.size() != stride.size()) fail("a tensor whose size and stride differ in length");
+  // The last element the view reaches must lie inside its storage. No overflow: a stride
+  // that matters is at most the storage's numel (< 2^31 in a file under kFileBytesMax), a
+  // size below 2^63, and there are at most kTorchSaveDimsMax terms.
+  __int128 last = offset;
+  bool empty = false;
+  for (size_t i = 0; i < size.size(); ++i) {
+    empty = empty || size[i] == 0;
+    if (size[i] > 1 && stride[i] > base.numel()) last = base.numel();  // past the end
+    if (size[i] > 1 && stride[i] <= base.numel()) {
+      last += static_cast<__int128>(size[i] - 1) * stride[i];
+    }
+  }
+  if (offset < 0 || (!empty && last >= base.numel())) {
+    fail(fmt::format("a tensor view (offset {}) past its storage of {} elements", offset,
+                     base.numel()));
+  }
+  if (empty) return Value(at::empty(size, base.options()));
+  return Value(base.as_strided(size, stride, offset));
+}
+
+}  // namespace
+
+std::optional<at::ScalarType> dtype_from_global(const std::string& name) {
+  static const std::map<std::string, at::ScalarType> dtypes = {
+      {"torch.float32", at::kFloat}, {"torch.bfloat16", at::kBFloat16},
+      {"torch.float16", at::kHalf},  {"torch.float64", at::kDouble},
+      {"torch.int64", at::kLong},    {"torch.int32", at::kInt},
+      {"torch.int16", at::kShort},   {"torch.int8", at::kChar},
+      {"torch.uint8", at::kByte},    {"torch.bool", at::kBool},
+  };
+  const auto it = dtypes.find(name);
+  if (it == dtypes.end()) return std::nullopt;
+  return it->second;
+}
+
+const std::set<std::string>& torch_save_globals() {
+  static const std::set<std::string> globals = [] {
+    std::set<std::string> g = {"torch._utils._rebuild_tensor_v2", "collections.OrderedDict"};
+    for (const auto& [name, type] : storage_types()) g.insert(name);
+    for (const char* d : {"float32", "bfloat16", "float16", "float64", "int64", "int32", "int16",
+                          "int8", "uint8", "bool"}) {
+      g.insert(std::string("torch.") + d);
+    }
+    g.insert(optimizer_classes().begin(), optimizer_classes().end());
+    return g;
+  }();
+  return globals;
+}
+
+Result<Value> load_torch_save(std::span<const char> bytes) {
+  try {
+    caffe2::serialize::PyTorchStreamReader archive(std::make_shared<SpanReadAdapter>(bytes));
+    if (archive.getAllRecords().size() > kTorchSaveRecordsMax) {
+      fail(fmt::format("more than kTorchSaveRecordsMax={} records", kTorchSaveRecordsMax));
+    }
+    if (!archive.hasRecord("data.pkl")) fail("no data.pkl record");
+    auto [data, size] = archive.getRecord("data.pkl");
+    const std::span<const char> pickle(static_cast<const char*>(data.get()), size);
+    Result<PickleTree> tree = read_pickle_tree(pickle, PickleTreeOptions{torch_save_globals()});
+    if (!tree.is_ok()) return Status::corruption("torch.save data.pkl: " + tree.status().message());
+    return TreeToValue(tree.value(), archive).convert(tree.value().root);
+  } catch (const LoadError& e) {
+    return Status::corruption("torch.save blob holds " + e.message);
+  } catch (const c10::Error& e) {
+    return Status::corruption(std::string("torch.save blob: libtorch cannot read the archive: ") +
+                              e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return Status::corruption(std::string("torch.save blob: ") + e.what());
+  }
+}
+
+}  // namespace ckptsim::model
