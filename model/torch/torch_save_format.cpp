@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "model/errors.h"
 #include "model/py/pickle_tree.h"
 
 namespace ckptsim::model {
@@ -297,6 +298,8 @@ Result<Value> load_torch_save(std::span<const char> bytes) {
     return TreeToValue(tree.value(), archive).convert(tree.value().root);
   } catch (const LoadError& e) {
     return Status::corruption("torch.save blob holds " + e.message);
+  } catch (const InvariantViolation&) {
+    throw;  // our bug, not the bytes' (as pickle_codec.cpp unpickle_value)
   } catch (const c10::Error& e) {
     return Status::corruption(std::string("torch.save blob: libtorch cannot read the archive: ") +
                               e.what_without_backtrace());
