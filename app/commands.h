@@ -140,6 +140,22 @@ int conform_campaign_command(const ConformCampaignCommand& c, std::ostream& out,
 // `cross` asks for at least one change of revision between phases.
 int generate_command(const SearchCommand& c, const std::vector<std::string>& revisions, bool cross,
                      std::ostream& out, std::ostream& err);
+// `ckptsim inspect`: a real Megatron torch_dist checkpoint (model/megatron/torch_dist_checkpoint.h,
+// the directory holding latest_checkpointed_iteration.txt): what it holds, the static checks of
+// properties/checkpoint_inspection.h, and each revision's resume from it as the model simulates
+// it (sim/checkpoint_scenario.h infers the run that saved it, unless `scenario` names it).
+// Exit 0 when every check holds and every revision resumes correctly, 1 when not, 2 when the
+// directory is not a checkpoint it can read (or the model cannot hold it).
+struct InspectCommand {
+  std::string dir;
+  std::vector<std::string> revisions;  // empty: every bundled profile (and --profile ones)
+  int64_t dp = 0;                      // 0: the DP size at save
+  bool json = false;
+  std::string scenario;  // the scenario that saved it, instead of inferring one
+  std::vector<std::string> profiles;
+};
+int inspect_command(const InspectCommand& c, std::ostream& out, std::ostream& err);
+
 int gate_command(const SearchCommand& c, const std::string& baseline, const std::string& candidate,
                  std::ostream& out, std::ostream& err);
 

@@ -82,7 +82,29 @@ struct Flags {
   std::vector<std::string> generate_revisions;
   bool generate_cross = false;
   app::PlotCommand plot;
+  app::InspectCommand inspect;
 };
+
+CLI::App* add_inspect(CLI::App& app, app::InspectCommand& f) {
+  auto* i = app.add_subcommand(
+      "inspect",
+      "Diagnose a real Megatron torch_dist checkpoint: what it holds, static checks, and each "
+      "revision's resume from it as the model simulates it (exit 1: a check fails or a revision "
+      "does not resume it correctly)");
+  i->add_option("dir", f.dir,
+                "Checkpoint directory (the one holding latest_checkpointed_iteration.txt)")
+      ->required();
+  i->add_option("--revision", f.revisions,
+                "Revisions to resume it with (default: every bundled profile)");
+  i->add_option("--dp", f.dp, "DP size of the simulated resume (default: the DP size at save)")
+      ->check(CLI::PositiveNumber);
+  i->add_option("--scenario", f.scenario,
+                "The scenario that saved it (params, optimizer, bucket size), instead of inferring "
+                "them from the checkpoint");
+  i->add_flag("--json", f.json, "Print one JSON object");
+  i->add_option("--profile", f.profiles, "Extra revision profile JSON files");
+  return i;
+}
 
 CLI::App* add_plot(CLI::App& app, app::PlotCommand& f) {
   auto* p = app.add_subcommand(
@@ -243,6 +265,7 @@ int main(int argc, char** argv) {
   CLI::App* campaign = add_conform_campaign(app, f.campaign);
   CLI::App* generate = add_generate(app, f);
   CLI::App* plot = add_plot(app, f.plot);
+  CLI::App* inspect = add_inspect(app, f.inspect);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -262,6 +285,7 @@ int main(int argc, char** argv) {
     if (*conform) return app::conform_command(f.conform, std::cout, std::cerr);
     if (*campaign) return app::conform_campaign_command(f.campaign, std::cout, std::cerr);
     if (*plot) return app::plot_command(f.plot, std::cout, std::cerr);
+    if (*inspect) return app::inspect_command(f.inspect, std::cout, std::cerr);
     if (*generate) {
       return app::generate_command(f.generate, f.generate_revisions, f.generate_cross, std::cout,
                                    std::cerr);

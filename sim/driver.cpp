@@ -436,4 +436,28 @@ Result<RunResult> run_scenario(const Scenario& scenario, const RunOptions& optio
   return result;
 }
 
+PhaseRecord resume_from_checkpoint(const Scenario& scenario, const PhaseSpec& phase,
+                                   const model::Storage& checkpoint, const RunOptions& options) {
+  CKPTSIM_CHECK(phase.profile != nullptr,
+                "a resume without a resolved revision: " + phase.revision);
+  std::string why_not;
+  const bool have_gpu =
+      options.device != DeviceChoice::kCpu && model::real_cuda_available(&why_not);
+  PhaseRecord rec;
+  rec.index = 1;
+  rec.spec = phase;
+  rec.spec.save = false;
+  PhaseJob job;
+  job.scenario = &scenario;
+  job.phase_id = 1;
+  job.dp = phase.dp;
+  job.steps = phase.steps;
+  job.switches = &phase.profile->switches;
+  job.real_cuda = have_gpu && options.device != DeviceChoice::kCpu;
+  job.load_from = &checkpoint;
+  RunResult unused;
+  run_phase(scenario, options, job, checkpoint, unused, rec);
+  return rec;
+}
+
 }  // namespace ckptsim::sim

@@ -21,6 +21,7 @@
 #include <string>
 
 #include "model/status.h"
+#include "model/storage.h"
 #include "sim/record.h"
 #include "sim/scenario.h"
 
@@ -43,5 +44,16 @@ struct RunOptions {
 // Upstream errors inside the run are outcomes in the result.
 // REQUIRES: every phase's profile is set (parse_scenario and the generators set it).
 Result<RunResult> run_scenario(const Scenario& scenario, const RunOptions& options = {});
+
+// One resume from a checkpoint saved elsewhere (the real code's, through
+// model/megatron/torch_dist_checkpoint.h): a fresh world of phase.dp ranks of phase.profile
+// loads `checkpoint` (the model's own format), takes phase.steps steps and saves nothing. The
+// record is the one run_scenario keeps for a phase after the first (index 1): its errors, the
+// state after the load and after each step, the elements the load did not cover. No reference
+// run: the checkpoint is the reference. options.checkpoint_dir is not used.
+// REQUIRES: phase.profile is set; scenario.params and optimizer describe what saved it.
+PhaseRecord resume_from_checkpoint(const Scenario& scenario, const PhaseSpec& phase,
+                                   const model::Storage& checkpoint,
+                                   const RunOptions& options = {});
 
 }  // namespace ckptsim::sim

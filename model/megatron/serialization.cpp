@@ -332,6 +332,49 @@ SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup&
   return report;
 }
 
+Status write_checkpoint_contents(const CheckpointContents& contents, Storage& storage) {
+  json meta{{"format", kFormat},
+            {"common", contents.common_state_as_sharded_object ? json(nullptr) : json(kCommonFile)},
+            {"pieces", json::array()},
+            {"objects", json::array()}};
+  std::vector<char> blob;
+  for (const auto& [key, tensor] : contents.tensors) {
+    const at::Tensor data = tensor.to(at::kCPU).contiguous().flatten();
+    if (!dtype_from_name_checked(torch_dtype_name(data.scalar_type()))) {
+      return Status::invalid_input(fmt::format("key '{}': dtype {} is not in the model's format",
+                                               key, torch_dtype_name(data.scalar_type())));
+    }
+    SavedPiece p;
+    p.key = key;
+    p.dtype = torch_dtype_name(data.scalar_type());
+    p.global_numel = data.numel();
+    p.numel = data.numel();
+    p.file = rank_file(0);
+    p.byte_offset = static_cast<int64_t>(blob.size());
+    const auto* bytes = static_cast<const char*>(data.data_ptr());
+    blob.insert(blob.end(), bytes, bytes + data.numel() * data.element_size());
+    meta["pieces"].push_back(piece_to_json(p));
+  }
+  std::map<std::string, Value> objects = contents.objects;
+  if (contents.common_state_as_sharded_object) objects[kCommonStateObjectKey] = contents.common;
+  for (const auto& [unique_key, object] : objects) {
+    if (Status s = validate_file_path(object_file(unique_key)); !s.is_ok()) {
+      return Status::invalid_input("ShardedObject '" + unique_key + "': " + s.message());
+    }
+    if (Status s = storage.write_file(object_file(unique_key), pickle_value(object)); !s.is_ok())
+      return s;
+    meta["objects"].push_back(json{{"unique_key", unique_key}, {"file", object_file(unique_key)}});
+  }
+  if (!contents.common_state_as_sharded_object) {
+    if (Status s = storage.write_file(kCommonFile, pickle_value(contents.common)); !s.is_ok())
+      return s;
+  }
+  if (!blob.empty()) {
+    if (Status s = storage.write_file(rank_file(0), blob); !s.is_ok()) return s;
+  }
+  return storage.write_file(kMetadataFile, to_bytes(meta.dump(1)));
+}
+
 Result<std::vector<SavedPiece>> read_checkpoint_pieces(const Storage& storage) {
   auto bytes = storage.read_file(kMetadataFile);
   if (!bytes.is_ok()) return bytes.status();

@@ -99,6 +99,20 @@ Value load(const Value& sharded_state_dict, const Storage& storage, ProcessGroup
 // load_common's FileNotFoundError handler calls .iterdir() on the str path (AttributeError).
 Value load_common_state_dict(const Storage& storage, bool reads_sharded_common_state);
 
+// What a checkpoint holds, whole: how a checkpoint written elsewhere (the real code's
+// torch_dist format, model/megatron/torch_dist_checkpoint.h) enters the model's load.
+struct CheckpointContents {
+  std::map<std::string, at::Tensor> tensors;    // key -> the full tensor (1-D, or flattened)
+  std::map<std::string, Value> objects;         // unique key ('<key>/shard_0_1') -> the object
+  Value common;                                 // the common state dict
+  bool common_state_as_sharded_object = false;  // HEAD: the object 'common_state/shard_0_1'
+};
+
+// Writes `contents` into `storage` in the model's own format, as if one rank (rank 0) had saved
+// every tensor whole: load() then reads it at any DP size. Errors (a storage error, a tensor
+// of a dtype the format has no name for) name the file or the key.
+Status write_checkpoint_contents(const CheckpointContents& contents, Storage& storage);
+
 // The pieces listed in a checkpoint's metadata.json (for checkers). Status names the file.
 Result<std::vector<SavedPiece>> read_checkpoint_pieces(const Storage& storage);
 // The checkpoint's common state, from common.pt or the 'common_state' ShardedObject (for

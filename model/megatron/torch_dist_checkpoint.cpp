@@ -95,6 +95,7 @@ Status read_sharded(DcpReader& reader, TorchDistCheckpoint& out) {
     const std::string key = object_key(fqn);
     if (sharded->contains(key)) return Status::corruption(where + ": key '" + key + "' twice");
     sharded->set(key, obj.value().list()->at(0));
+    out.object_unique_keys.emplace(key, fqn);
   }
   out.sharded = Value(sharded);
   return Status::ok();
@@ -273,6 +274,22 @@ Result<TorchDistCheckpoint> read_torch_dist_checkpoint(const Storage& storage,
   if (!iteration.is_ok()) return iteration.status();
   return read_torch_dist_iteration(storage, join(dir, iteration_dir_name(iteration.value())),
                                    iteration.value());
+}
+
+CheckpointContents checkpoint_contents(const TorchDistCheckpoint& checkpoint) {
+  CheckpointContents out;
+  out.common = checkpoint.common;
+  out.common_state_as_sharded_object = checkpoint.common_from_sharded_object;
+  for (const auto& [key, value] : *checkpoint.sharded.dict()) {
+    const std::string k = key.as_str();
+    const auto object = checkpoint.object_unique_keys.find(k);
+    if (object == checkpoint.object_unique_keys.end()) {
+      out.tensors.emplace(k, value.tensor());
+    } else if (!(checkpoint.common_from_sharded_object && k == kCommonStateObjectKey)) {
+      out.objects.emplace(object->second, value);
+    }
+  }
+  return out;
 }
 
 }  // namespace ckptsim::model

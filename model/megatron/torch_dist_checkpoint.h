@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "model/megatron/optimizer_key.h"
+#include "model/megatron/serialization.h"
 #include "model/py/value.h"
 #include "model/status.h"
 #include "model/storage.h"
@@ -69,10 +70,13 @@ struct DpReshardableBucket {
 
 struct TorchDistCheckpoint {
   int64_t iteration = 0;
-  std::string iter_dir;                      // relative to the storage, e.g. "phase1/iter_0000006"
-  bool common_from_sharded_object = false;   // upstream HEAD: no common.pt
-  Value common;                              // the common state dict
-  Value sharded;                             // Dict: key -> full tensor or object (invariant 1)
+  std::string iter_dir;                     // relative to the storage, e.g. "phase1/iter_0000006"
+  bool common_from_sharded_object = false;  // upstream HEAD: no common.pt
+  Value common;                             // the common state dict
+  Value sharded;                            // Dict: key -> full tensor or object (invariant 1)
+  // Each ShardedObject of `sharded` (by its key there) -> its unique key in the checkpoint
+  // ('<key>/shard_<offset>_<shape>'); tensors are not in it.
+  std::map<std::string, std::string> object_unique_keys;
   std::vector<DpReshardableBucket> buckets;  // in key order
   // content_metadata['distrib_optim_sharding_type'] of the common state (else
   // optimizer.param_state_sharding_type); empty when neither is there.
@@ -102,5 +106,9 @@ Result<TorchDistCheckpoint> read_torch_dist_checkpoint(const Storage& storage,
 Result<TorchDistCheckpoint> read_torch_dist_iteration(const Storage& storage,
                                                       const std::string& iter_dir,
                                                       int64_t iteration);
+
+// What the checkpoint holds, for the model's own format (write_checkpoint_contents): every
+// tensor, every ShardedObject under its unique key, and the common state where it was found.
+CheckpointContents checkpoint_contents(const TorchDistCheckpoint& checkpoint);
 
 }  // namespace ckptsim::model

@@ -1,0 +1,434 @@
+#include "properties/checkpoint_inspection.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "model/megatron/optimizer_key.h"
+
+namespace ckptsim::properties {
+
+namespace {
+
+using model::Value;
+
+std::string join(const std::vector<std::string>& items, const std::string& sep) {
+  std::string out;
+  for (const auto& s : items) out += (out.empty() ? "" : sep) + s;
+  return out;
+}
+
+std::string number_text(double v) {
+  return v == std::floor(v) && std::abs(v) < 1e15 ? fmt::format("{}", static_cast<int64_t>(v))
+                                                  : fmt::format("{}", v);
+}
+
+std::optional<double> as_step(const Value& v) {
+  if (v.is_int() || v.is_float()) return v.as_float();
+  if (v.is_tensor() && v.tensor().numel() == 1) return v.tensor().item<double>();
+  return std::nullopt;
+}
+
+const model::List* groups_of(const model::TorchDistCheckpoint& c) {
+  const Value* opt = c.sharded.dict()->find(model::format_object_key(0, "optimizer"));
+  const Value* groups =
+      opt != nullptr && opt->is_dict() ? opt->dict()->find("param_groups") : nullptr;
+  return groups != nullptr && groups->is_list() ? groups->list().get() : nullptr;
+}
+
+// Every leaf below `v`, with its path, that `pick` selects.
+template <typename Pick>
+void leaves(const Value& v, const std::string& path, Pick pick,
+            std::vector<std::pair<std::string, const Value*>>& out) {
+  if (v.is_dict()) {
+    for (const auto& [k, child] : *v.dict()) leaves(child, path + "[" + k.repr() + "]", pick, out);
+  } else if (v.is_list()) {
+    for (size_t i = 0; i < v.list()->size(); ++i) {
+      leaves(v.list()->at(i), fmt::format("{}[{}]", path, i), pick, out);
+    }
+  } else if (pick(path, v)) {
+    out.emplace_back(path, &v);
+  }
+}
+
+const Value* common_param_state(const model::TorchDistCheckpoint& c) {
+  const Value* opt = c.common.dict()->find("optimizer");
+  return opt != nullptr && opt->is_dict() ? opt->dict()->find("param_state") : nullptr;
+}
+
+// The raw per-param 'step' leaves of the common state (path, value).
+std::vector<std::pair<std::string, const Value*>> raw_steps(const model::TorchDistCheckpoint& c) {
+  std::vector<std::pair<std::string, const Value*>> out;
+  const Value* ps = common_param_state(c);
+  if (ps == nullptr) return out;
+  leaves(
+      *ps, "optimizer['param_state']",
+      [](const std::string& path, const Value&) { return path.ends_with("['step']"); }, out);
+  return out;
+}
+
+CheckpointCheck check_steps(const model::TorchDistCheckpoint& c) {
+  CheckpointCheck out{"step_counters_agree", CheckOutcome::kHolds, "", {}};
+  const model::List* groups = groups_of(c);
+  if (groups == nullptr) {
+    out.outcome = CheckOutcome::kNotApplicable;
+    out.detail = "no param groups (no distributed optimizer object)";
+    return out;
+  }
+  std::set<double> steps;
+  size_t with_step = 0;
+  for (const Value& g : *groups) {
+    const Value* s = g.is_dict() ? g.dict()->find("step") : nullptr;
+    if (s == nullptr) continue;
+    ++with_step;
+    if (auto v = as_step(*s)) steps.insert(*v);
+  }
+  if (with_step == 0) {
+    out.outcome = CheckOutcome::kFails;
+    out.detail = fmt::format(
+        "no param group holds a step, at iteration {}: nothing tells a resume how many steps "
+        "were taken, so its bias correction restarts at t=1 (a hybrid optimizer with "
+        "offload_fraction 0 saves none, spec §4)",
+        c.iteration);
+    return out;
+  }
+  if (steps.size() != 1 || with_step != groups->size()) {
+    std::vector<std::string> seen;
+    for (double s : steps) seen.push_back(number_text(s));
+    out.outcome = CheckOutcome::kFails;
+    out.detail = fmt::format("{} of {} param groups hold a step, and they disagree: {}", with_step,
+                             groups->size(), join(seen, ", "));
+    return out;
+  }
+  const double group_step = *steps.begin();
+  std::map<double, int> per_param;
+  for (const auto& [path, v] : raw_steps(c)) {
+    const auto s = as_step(*v);
+    if (!s) continue;  // a padding entry's step: a torch.empty vector, no counter
+    ++per_param[*s];
+  }
+  std::vector<std::string> problems;
+  for (const auto& [s, n] : per_param) {
+    if (s != group_step) {
+      problems.push_back(
+          fmt::format("{} per-param step(s) in the common state say {} where the "
+                      "param groups say {}",
+                      n, number_text(s), number_text(group_step)));
+    }
+  }
+  const bool has_scaler = c.sharded.dict()->contains(model::format_object_key(0, "grad_scaler"));
+  const double iteration = static_cast<double>(c.iteration);
+  if (group_step < iteration) {
+    const std::string text = fmt::format(
+        "the param groups say step {} at iteration {}: {} optimizer steps are missing from the "
+        "counter, the signature of a counter that restarted at 1 on the resume from iteration {}",
+        number_text(group_step), c.iteration, number_text(iteration - group_step),
+        number_text(iteration - group_step + 1));
+    if (has_scaler) {
+      out.lines.push_back(text + " (or of steps the grad scaler skipped: it is in the checkpoint)");
+    } else {
+      problems.push_back(text);
+    }
+  } else if (group_step > iteration) {
+    problems.push_back(fmt::format("the param groups say step {}, past iteration {}",
+                                   number_text(group_step), c.iteration));
+  }
+  if (!problems.empty()) {
+    out.outcome = CheckOutcome::kFails;
+    out.detail = problems.front();
+    for (size_t i = 1; i < problems.size(); ++i) out.lines.push_back(problems[i]);
+    return out;
+  }
+  out.detail = fmt::format("{} param group(s) say step {} at iteration {}", groups->size(),
+                           number_text(group_step), c.iteration);
+  if (!per_param.empty()) {
+    int n = 0;
+    for (const auto& [s, k] : per_param) n += k;
+    out.detail += fmt::format("; {} per-param step(s) in the common state agree", n);
+  }
+  return out;
+}
+
+CheckpointCheck check_wrapped(
+    const model::TorchDistCheckpoint& c,
+    const std::vector<std::pair<std::string, model::RevisionSwitches>>& revisions) {
+  CheckpointCheck out{"common_state_not_wrapped", CheckOutcome::kHolds, "", {}};
+  const auto steps = raw_steps(c);
+  if (steps.empty()) {
+    out.detail = "no raw 'step' in the common state's optimizer.param_state";
+    return out;
+  }
+  std::vector<std::string> wrapping;
+  for (const auto& [name, sw] : revisions) {
+    if (sw.sharded_step == model::ShardedStepMode::kNonpersistent && !sw.omit_step_when_loading) {
+      wrapping.push_back(name);
+    }
+  }
+  out.outcome = CheckOutcome::kFails;
+  out.detail = fmt::format(
+      "{} raw 'step' leaves in the common state's optimizer.param_state (first: {}); a load "
+      "request that wraps 'step' in a LocalNonpersistentObject (#2874) merges them into a "
+      "duplicate leaf{}",
+      steps.size(), steps.front().first, wrapping.empty() ? "" : ": " + join(wrapping, ", "));
+  return out;
+}
+
+CheckpointCheck check_rank_independent(const model::TorchDistCheckpoint& c) {
+  CheckpointCheck out{"common_state_rank_independent", CheckOutcome::kHolds, "", {}};
+  std::vector<std::pair<std::string, const Value*>> found;
+  if (const Value* ps = common_param_state(c)) {
+    leaves(
+        *ps, "optimizer['param_state']", [](const std::string&, const Value&) { return true; },
+        found);
+  }
+  std::vector<std::pair<std::string, const Value*>> tensors;
+  leaves(
+      c.common, "",
+      [](const std::string& path, const Value& v) {
+        return v.is_tensor() && v.tensor().numel() > 1 &&
+               path.find("['param_state']") == std::string::npos;
+      },
+      tensors);
+  if (found.empty() && tensors.empty()) {
+    out.detail = "no per-rank optimizer state and no tensor of more than one element";
+    return out;
+  }
+  out.outcome = CheckOutcome::kFails;
+  if (!found.empty()) {
+    out.detail = fmt::format(
+        "the common state holds per-param optimizer state ({} leaves under "
+        "optimizer['param_state']): only rank 0's copy is saved, and every rank of a resume is "
+        "given it, matched by list position",
+        found.size());
+    size_t garbage = 0;
+    for (const auto& [path, v] : found) {
+      if (v->is_tensor() && v->tensor().dim() == 1 && path.ends_with("['step']")) ++garbage;
+    }
+    if (garbage > 0) {
+      out.lines.push_back(fmt::format(
+          "{} of them are padding entries' 'step', a torch.empty vector (uninitialized memory)",
+          garbage));
+    }
+  } else {
+    out.detail = fmt::format(
+        "the common state holds {} tensor(s) of more than one element "
+        "(first: {}); only rank 0's are saved",
+        tensors.size(), tensors.front().first);
+  }
+  return out;
+}
+
+// (buffer, index in it) of each scenario param, as the model's DDP groups them.
+std::vector<std::pair<size_t, size_t>> buffer_positions(const sim::Scenario& s) {
+  std::vector<model::DType> dtypes;
+  std::vector<size_t> counts;
+  std::vector<std::pair<size_t, size_t>> out;
+  for (const auto& p : s.params) {
+    auto it = std::find(dtypes.begin(), dtypes.end(), p.dtype);
+    if (it == dtypes.end()) {
+      dtypes.push_back(p.dtype);
+      counts.push_back(0);
+      it = dtypes.end() - 1;
+    }
+    const size_t g = static_cast<size_t>(it - dtypes.begin());
+    out.emplace_back(g, counts[g]++);
+  }
+  return out;
+}
+
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+void compare_tensors(const sim::PhaseRecord& rec, const sim::Scenario& s,
+                     const model::TorchDistCheckpoint& c, ResumeJudgement& out) {
+  if (!rec.after_load) return;
+  const sim::GlobalState& st = *rec.after_load;
+  const auto positions = buffer_positions(s);
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    const auto [g, local] = positions[i];
+    if (g >= rec.layouts.size()) continue;
+    const model::BufferLayout& layout = rec.layouts[g];
+    const model::ParamIndex& idx = layout.param_index_map.at(local);
+    const model::BucketLayout& bucket = layout.buckets.at(static_cast<size_t>(idx.bucket_id));
+    const std::string dtype = s.params[i].dtype == model::DType::kBFloat16
+                                  ? "(torch.bfloat16, torch.float32)"
+                                  : "(torch.float32, torch.float32)";
+    for (const auto& [state, values] : {std::pair{"param", &st.master},
+                                        {"exp_avg", &st.exp_avg},
+                                        {"exp_avg_sq", &st.exp_avg_sq}}) {
+      model::OptimizerBucketKey key{0, static_cast<int64_t>(g), dtype, idx.bucket_id, state};
+      const Value* saved = c.sharded.dict()->find(model::format_bucket_key(key));
+      if (saved == nullptr || !saved->is_tensor() || i >= values->size()) continue;
+      const at::Tensor t = saved->tensor().to(at::kFloat).contiguous();
+      const float* data = t.data_ptr<float>();
+      const int64_t start = idx.start - bucket.offset;
+      for (int64_t e = 0; e < s.params[i].numel; ++e) {
+        if (start + e >= t.numel()) break;
+        ++out.elements_compared;
+        if (same_bits((*values)[i][static_cast<size_t>(e)], data[start + e])) ++out.elements_equal;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+std::string check_outcome_name(CheckOutcome o) {
+  switch (o) {
+    case CheckOutcome::kHolds:
+      return "holds";
+    case CheckOutcome::kFails:
+      return "FAILS";
+    case CheckOutcome::kNotApplicable:
+      return "n/a";
+  }
+  return "?";
+}
+
+std::optional<double> saved_group_step(const model::TorchDistCheckpoint& c) {
+  const model::List* groups = groups_of(c);
+  if (groups == nullptr) return std::nullopt;
+  std::set<double> steps;
+  for (const Value& g : *groups) {
+    const Value* s = g.is_dict() ? g.dict()->find("step") : nullptr;
+    if (s == nullptr) continue;
+    if (auto v = as_step(*s)) steps.insert(*v);
+  }
+  return steps.size() == 1 ? std::optional<double>(*steps.begin()) : std::nullopt;
+}
+
+CheckpointCheck check_shards_tile_buckets(const model::DcpMetadata& metadata,
+                                          const model::TorchDistCheckpoint* checkpoint) {
+  CheckpointCheck out{"shards_tile_buckets", CheckOutcome::kHolds, "", {}};
+  size_t tensors = 0;
+  size_t chunks = 0;
+  std::vector<std::string> problems;
+  for (const auto& [fqn, meta] : metadata.tensors) {
+    const auto key = model::parse_bucket_key(fqn);
+    if (!key) continue;
+    ++tensors;
+    if (meta.size.size() != 1) {
+      problems.push_back(
+          fmt::format("{}: {}-dimensional, a bucket state is 1-D", fqn, meta.size.size()));
+      continue;
+    }
+    const int64_t numel = meta.size[0];
+    std::vector<std::pair<int64_t, int64_t>> spans;
+    for (const auto& ch : meta.chunks) {
+      if (ch.offsets.size() != 1 || ch.sizes.size() != 1) continue;
+      spans.emplace_back(ch.offsets[0], ch.offsets[0] + ch.sizes[0]);
+      ++chunks;
+    }
+    std::sort(spans.begin(), spans.end());
+    int64_t at = 0;
+    for (const auto& [b, e] : spans) {
+      if (b > at) problems.push_back(fmt::format("{}: no chunk covers [{}, {})", fqn, at, b));
+      if (b < at)
+        problems.push_back(fmt::format("{}: chunks overlap on [{}, {})", fqn, b, std::min(at, e)));
+      at = std::max(at, e);
+    }
+    if (at < numel) problems.push_back(fmt::format("{}: no chunk covers [{}, {})", fqn, at, numel));
+    if (at > numel)
+      problems.push_back(fmt::format("{}: a chunk reaches {}, past {}", fqn, at, numel));
+    if (checkpoint != nullptr) {
+      model::OptimizerBucketKey k = *key;
+      k.state.clear();
+      const Value* unpadded = checkpoint->sharded.dict()->find(
+          model::format_object_key(k.dp_group_idx, "per_bucket_numel_unpadded"));
+      int64_t want = -1;
+      if (unpadded != nullptr && unpadded->is_list() &&
+          unpadded->list()->size() > size_t(k.gbuf_idx) &&
+          unpadded->list()->at(k.gbuf_idx).is_dict()) {
+        for (const auto& [dt, numels] : *unpadded->list()->at(k.gbuf_idx).dict()) {
+          if (dt.repr() == k.dtype && numels.is_list() &&
+              numels.list()->size() > size_t(k.bucket_idx) &&
+              numels.list()->at(k.bucket_idx).is_int()) {
+            want = numels.list()->at(k.bucket_idx).as_int();
+          }
+        }
+      }
+      if (want != numel) {
+        problems.push_back(fmt::format("{}: {} elements where per_bucket_numel_unpadded says {}",
+                                       fqn, numel, want));
+      }
+    }
+  }
+  if (tensors == 0) {
+    out.outcome = CheckOutcome::kNotApplicable;
+    out.detail = "no dp_reshardable bucket state in the checkpoint";
+    return out;
+  }
+  if (!problems.empty()) {
+    out.outcome = CheckOutcome::kFails;
+    out.detail = problems.front();
+    for (size_t i = 1; i < problems.size() && i < 6; ++i) out.lines.push_back(problems[i]);
+    return out;
+  }
+  out.detail = fmt::format(
+      "{} bucket state tensors, {} chunks: each tiles [0, numel_unpadded) once", tensors, chunks);
+  return out;
+}
+
+std::vector<CheckpointCheck> check_checkpoint(
+    const model::TorchDistCheckpoint& c,
+    const std::vector<std::pair<std::string, model::RevisionSwitches>>& revisions) {
+  return {check_steps(c), check_wrapped(c, revisions), check_rank_independent(c)};
+}
+
+ResumeJudgement judge_resume(const sim::PhaseRecord& rec, const sim::Scenario& scenario,
+                             const model::TorchDistCheckpoint& c, double saved_step) {
+  ResumeJudgement out;
+  out.revision = rec.spec.profile ? rec.spec.profile->name : rec.spec.revision;
+  out.dp = rec.spec.dp;
+  for (const auto& e : rec.errors) {
+    if (!e.secondary) {
+      out.error = e;
+      break;
+    }
+  }
+  if (!out.error && !rec.errors.empty()) out.error = rec.errors.front();
+  out.loaded = rec.after_load.has_value() && !(out.error && out.error->stage == "load") &&
+               !(out.error && out.error->stage == "init");
+  out.uncovered = rec.load_uncovered;
+  out.expected_first_t = static_cast<int64_t>(saved_step) + 1;
+  if (rec.after_load) {
+    std::map<std::string, std::map<double, std::vector<std::string>>> parts;
+    for (const auto& sh : rec.after_load->shards) {
+      if (!sh.counter) continue;
+      parts[sim::part_name(sh.part)][*sh.counter].push_back(
+          fmt::format("{}[{}:{}]", scenario.params[sh.param].name, sh.range.start, sh.range.end));
+    }
+    for (const auto& [part, by_counter] : parts) {
+      for (const auto& [counter, where] : by_counter) {
+        out.resumed_at.push_back(
+            fmt::format("{}: {} ({})", part, number_text(counter), join(where, ", ")));
+      }
+    }
+  }
+  bool right = !rec.after_step.empty();
+  for (size_t k = 0; k < rec.after_step.size(); ++k) {
+    std::map<std::string, std::set<double>> used;
+    for (const auto& sh : rec.after_step[k].shards) {
+      if (!sh.step_used) continue;
+      used[sim::part_name(sh.part)].insert(*sh.step_used);
+      if (*sh.step_used != saved_step + static_cast<double>(k) + 1) right = false;
+    }
+    std::vector<std::string> parts;
+    for (const auto& [part, ts] : used) {
+      std::vector<std::string> t;
+      for (double v : ts) t.push_back(number_text(v));
+      parts.push_back(part + " t=" + join(t, ","));
+    }
+    out.steps_used.push_back(fmt::format("step {}: {} (right: t={})", rec.after_step[k].global_step,
+                                         join(parts, "; "),
+                                         number_text(saved_step + static_cast<double>(k) + 1)));
+  }
+  out.bias_correction_right = right && !out.error;
+  compare_tensors(rec, scenario, c, out);
+  return out;
+}
+
+}  // namespace ckptsim::properties

@@ -1,0 +1,84 @@
+// What `ckptsim inspect` judges about a real Megatron torch_dist checkpoint: the static checks
+// on its files, and each revision's resume from it as the model simulates it
+// (sim::resume_from_checkpoint).
+//
+// Static checks (each holds, fails, or is not applicable):
+//   shards_tile_buckets      every dp_reshardable bucket state's chunks (`.metadata`) tile
+//                            [0, numel_unpadded) exactly once, and numel_unpadded is what
+//                            per_bucket_numel_unpadded says (Megatron-LM #5898's class)
+//   step_counters_agree      every param group holds one step; the per-param steps the
+//                            checkpoint holds (a raw 'step' in the common state) equal it; and
+//                            it equals the iteration (fewer optimizer steps than iterations,
+//                            with no grad scaler to skip any, means the counter restarted)
+//   common_state_not_wrapped nothing in the common state is also in the load request of a
+//                            revision as a LocalNonpersistentObject: a raw 'step' in
+//                            optimizer.param_state merges into a duplicate leaf there (#2874)
+//   common_state_rank_independent   the common state holds no per-rank state: only rank 0's
+//                            copy is saved, and every rank of a resume gets it (per-param
+//                            optimizer state, or tensors of more than one element)
+//
+// Invariants: each check's detail names the key (path) and the figures it compared; a check
+// never throws on a malformed value (it fails with what it found).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/megatron/torch_dist_checkpoint.h"
+#include "model/revision.h"
+#include "model/torch/distributed_checkpoint.h"
+#include "sim/record.h"
+#include "sim/scenario.h"
+
+namespace ckptsim::properties {
+
+enum class CheckOutcome { kHolds, kFails, kNotApplicable };
+std::string check_outcome_name(CheckOutcome o);  // "holds", "FAILS", "n/a"
+
+struct CheckpointCheck {
+  std::string name;
+  CheckOutcome outcome = CheckOutcome::kHolds;
+  std::string detail;              // one line
+  std::vector<std::string> lines;  // the evidence, one line each (at most a few)
+};
+
+// The step counter the checkpoint's param groups hold (nullopt: none, or they disagree).
+std::optional<double> saved_group_step(const model::TorchDistCheckpoint& c);
+
+// shards_tile_buckets from the metadata alone (so it can judge a checkpoint whose chunks do
+// not tile, which the reader refuses); `checkpoint` (null when unreadable) adds the
+// per_bucket_numel_unpadded comparison.
+CheckpointCheck check_shards_tile_buckets(const model::DcpMetadata& metadata,
+                                          const model::TorchDistCheckpoint* checkpoint);
+
+// The other static checks. `revisions`: the profiles whose load requests are compared with the
+// common state (common_state_not_wrapped names those that would fail).
+std::vector<CheckpointCheck> check_checkpoint(
+    const model::TorchDistCheckpoint& c,
+    const std::vector<std::pair<std::string, model::RevisionSwitches>>& revisions);
+
+// One revision's resume from the checkpoint, as the model ran it.
+struct ResumeJudgement {
+  std::string revision;
+  int64_t dp = 1;
+  bool loaded = false;
+  std::optional<sim::RankError> error;  // the first non-secondary error
+  std::vector<std::string> resumed_at;  // "HDO cpu AdamW: 1 (w0[0:48], ...)" per part
+  std::vector<std::string> steps_used;  // "step 7: HDO cpu AdamW t=2" per further step
+  int64_t expected_first_t = 0;         // the saved counter + 1
+  bool bias_correction_right = false;   // every part used saved + k at the k-th step
+  int64_t elements_compared = 0;        // master, exp_avg, exp_avg_sq after the load
+  int64_t elements_equal = 0;           //   that equal the checkpoint's, bit for bit
+  std::vector<std::string> uncovered;   // what the load left unwritten
+  bool correct() const {
+    return loaded && bias_correction_right && elements_equal == elements_compared &&
+           uncovered.empty();
+  }
+};
+
+// `saved_step`: what the checkpoint's counter says (saved_group_step, else the iteration).
+ResumeJudgement judge_resume(const sim::PhaseRecord& rec, const sim::Scenario& scenario,
+                             const model::TorchDistCheckpoint& c, double saved_step);
+
+}  // namespace ckptsim::properties

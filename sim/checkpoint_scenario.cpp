@@ -1,0 +1,415 @@
+#include "sim/checkpoint_scenario.h"
+
+#include <fmt/format.h>
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cctype>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "model/errors.h"
+#include "model/megatron/mapping.h"
+#include "model/megatron/optimizer_key.h"
+#include "model/megatron/param_and_grad_buffer.h"
+
+namespace ckptsim::sim {
+
+namespace {
+
+using model::TorchDistCheckpoint;
+using model::Value;
+
+// "w2" before "w10": digit runs compare as numbers.
+bool natural_less(const std::string& a, const std::string& b) {
+  size_t i = 0;
+  size_t j = 0;
+  while (i < a.size() && j < b.size()) {
+    if (std::isdigit(static_cast<unsigned char>(a[i])) &&
+        std::isdigit(static_cast<unsigned char>(b[j]))) {
+      size_t ei = i;
+      size_t ej = j;
+      while (ei < a.size() && std::isdigit(static_cast<unsigned char>(a[ei]))) ++ei;
+      while (ej < b.size() && std::isdigit(static_cast<unsigned char>(b[ej]))) ++ej;
+      const std::string na = a.substr(i, ei - i);
+      const std::string nb = b.substr(j, ej - j);
+      if (na.size() != nb.size()) return na.size() < nb.size();
+      if (na != nb) return na < nb;
+      i = ei;
+      j = ej;
+      continue;
+    }
+    if (a[i] != b[j]) return a[i] < b[j];
+    ++i;
+    ++j;
+  }
+  return a.size() - i < b.size() - j;
+}
+
+std::string buffer_dtype_key(model::DType d) {
+  return d == model::DType::kBFloat16 ? "(torch.bfloat16, torch.float32)"
+                                      : "(torch.float32, torch.float32)";
+}
+
+// Every ShardedTensor that is no optimizer state, as a param (natural order of names).
+Result<std::vector<model::ParamSpec>> read_params(const TorchDistCheckpoint& c) {
+  std::vector<model::ParamSpec> params;
+  for (const auto& [key, value] : *c.sharded.dict()) {
+    const std::string name = key.as_str();
+    if (!value.is_tensor() || c.object_unique_keys.contains(name) ||
+        name.starts_with("optimizer.")) {
+      continue;
+    }
+    const at::Tensor& t = value.tensor();
+    model::ParamSpec p;
+    p.name = name;
+    p.numel = t.numel();
+    if (t.scalar_type() == at::kBFloat16) {
+      p.dtype = model::DType::kBFloat16;
+    } else if (t.scalar_type() == at::kFloat) {
+      p.dtype = model::DType::kFloat32;
+    } else {
+      return Status::invalid_input(
+          fmt::format("param '{}': dtype {} (the model has bf16 and fp32 params)", name,
+                      model::torch_dtype_name(t.scalar_type())));
+    }
+    if (p.numel < 1 || p.numel > Scenario::kParamNumelMax) {
+      return Status::invalid_input(fmt::format("param '{}': {} elements (the model takes 1 to {})",
+                                               name, p.numel, Scenario::kParamNumelMax));
+    }
+    params.push_back(std::move(p));
+  }
+  if (params.empty()) return Status::invalid_input("no model params in the checkpoint");
+  if (params.size() > Scenario::kParamsMax) {
+    return Status::invalid_input(
+        fmt::format("{} params (the model takes at most {})", params.size(), Scenario::kParamsMax));
+  }
+  std::sort(params.begin(), params.end(),
+            [](const auto& a, const auto& b) { return natural_less(a.name, b.name); });
+  return params;
+}
+
+Result<const model::List*> param_groups(const TorchDistCheckpoint& c) {
+  const std::string key = model::format_object_key(0, "optimizer");
+  const Value* opt = c.sharded.dict()->find(key);
+  if (opt == nullptr) return Status::invalid_input("no ShardedObject '" + key + "'");
+  const Value* groups = opt->is_dict() ? opt->dict()->find("param_groups") : nullptr;
+  if (groups == nullptr || !groups->is_list() || groups->list()->empty()) {
+    return Status::invalid_input("'" + key + "': no param_groups");
+  }
+  for (const Value& g : *groups->list()) {
+    if (!g.is_dict()) return Status::invalid_input("'" + key + "': a param group that is no dict");
+  }
+  return &*groups->list();
+}
+
+double number(const model::Dict& group, const char* name, double fallback) {
+  const Value* v = group.find(name);
+  return v != nullptr && (v->is_float() || v->is_int()) ? v->as_float() : fallback;
+}
+
+Result<model::OptimizerConfig> read_optimizer(const model::List& groups) {
+  const model::Dict& g0 = *groups.at(0).dict();
+  model::OptimizerConfig cfg;
+  if (g0.contains("cpu_optimizer_cls")) {
+    cfg.kind = model::OptimizerKind::kHybrid;
+    cfg.offload_fraction = number(g0, "offload_fraction", -1);
+    if (cfg.offload_fraction < 0 || cfg.offload_fraction > 1) {
+      return Status::invalid_input("param_groups[0]: hybrid without an offload_fraction in [0, 1]");
+    }
+    const Value* overlap = g0.find("overlap_cpu_optimizer_d2h_h2d");
+    cfg.overlap_cpu_optimizer_d2h_h2d =
+        overlap != nullptr && overlap->is_bool() && overlap->as_bool();
+    const Value* gpu = g0.find("gpu_optimizer_cls");
+    cfg.te_installed =
+        gpu == nullptr || gpu->repr().find("torch.optim.adamw.AdamW") == std::string::npos;
+  } else if (g0.contains("amsgrad")) {
+    cfg.kind = model::OptimizerKind::kTorchAdamW;
+  } else if (g0.contains("bias_correction")) {
+    cfg.kind = model::OptimizerKind::kFusedAdam;
+  } else {
+    return Status::invalid_input(
+        "param_groups[0]: neither the hybrid's, torch AdamW's nor FusedAdam's keys");
+  }
+  const Value* betas = g0.find("betas");
+  if (betas == nullptr || !betas->is_tuple() || betas->as_tuple().size() != 2) {
+    return Status::invalid_input("param_groups[0]: no betas pair");
+  }
+  cfg.adam.beta1 = betas->as_tuple()[0].as_float();
+  cfg.adam.beta2 = betas->as_tuple()[1].as_float();
+  cfg.adam.eps = number(g0, "eps", 1e-8);
+  cfg.adam.lr = -1;
+  cfg.adam.weight_decay = 0;
+  for (const Value& g : groups) {
+    const model::Dict& d = *g.dict();
+    const double lr_mult = number(d, "lr_mult", 1.0);
+    const double wd_mult = number(d, "wd_mult", 1.0);
+    if (cfg.adam.lr < 0 && lr_mult != 0) cfg.adam.lr = number(d, "lr", 0) / lr_mult;
+    if (cfg.adam.weight_decay == 0 && wd_mult != 0) {
+      cfg.adam.weight_decay = number(d, "weight_decay", 0) / wd_mult;
+    }
+  }
+  if (cfg.adam.lr < 0) cfg.adam.lr = number(g0, "lr", 0);
+  return cfg;
+}
+
+// The checkpoint's DP-padded bucket numel (per_bucket_numel), or -1.
+int64_t padded_numel(const TorchDistCheckpoint& c, int64_t gbuf, const std::string& dtype,
+                     int64_t bucket) {
+  const Value* per = c.sharded.dict()->find(model::format_object_key(0, "per_bucket_numel"));
+  if (per == nullptr || !per->is_list() || per->list()->size() <= size_t(gbuf)) return -1;
+  const Value& by_dtype = per->list()->at(gbuf);
+  if (!by_dtype.is_dict()) return -1;
+  for (const auto& [k, numels] : *by_dtype.dict()) {
+    if (k.repr() != dtype || !numels.is_list() || numels.list()->size() <= size_t(bucket)) continue;
+    const Value& n = numels.list()->at(bucket);
+    return n.is_int() ? n.as_int() : -1;
+  }
+  return -1;
+}
+
+// Why `params` (in model order) with these layout options do not reproduce the checkpoint's
+// buckets; "" when they do.
+std::string layout_mismatch(const TorchDistCheckpoint& c,
+                            const std::vector<model::ParamSpec>& params,
+                            const model::LayoutOptions& options) {
+  std::vector<model::DType> dtypes;  // one buffer per dtype, in order of first use
+  for (const auto& p : params) {
+    if (std::find(dtypes.begin(), dtypes.end(), p.dtype) == dtypes.end()) dtypes.push_back(p.dtype);
+  }
+  size_t buckets_seen = 0;
+  for (size_t g = 0; g < dtypes.size(); ++g) {
+    std::vector<size_t> members;
+    std::vector<int64_t> numels;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (params[i].dtype != dtypes[g]) continue;
+      members.push_back(i);
+      numels.push_back(params[i].numel);
+    }
+    model::BufferLayout layout;
+    try {
+      layout = model::build_buffer_layout(numels, options);
+    } catch (const model::InvariantViolation& e) {
+      return std::string("no layout: ") + e.what();
+    }
+    const std::string dtype = buffer_dtype_key(dtypes[g]);
+    for (size_t b = 0; b < layout.buckets.size(); ++b, ++buckets_seen) {
+      const model::OptimizerBucketKey key{0, static_cast<int64_t>(g), dtype,
+                                          static_cast<int64_t>(b), ""};
+      const auto it =
+          std::find_if(c.buckets.begin(), c.buckets.end(),
+                       [&](const model::DpReshardableBucket& x) { return x.key == key; });
+      if (it == c.buckets.end()) return "no bucket " + model::format_bucket_prefix(key);
+      const model::BucketLayout& lb = layout.buckets[b];
+      if (it->numel_unpadded != lb.numel_unpadded) {
+        return fmt::format("{}: {} elements where the layout has {}",
+                           model::format_bucket_prefix(key), it->numel_unpadded, lb.numel_unpadded);
+      }
+      const int64_t padded =
+          padded_numel(c, static_cast<int64_t>(g), dtype, static_cast<int64_t>(b));
+      if (padded >= 0 && padded != lb.numel) {
+        return fmt::format("{}: padded to {} where the layout pads to {}",
+                           model::format_bucket_prefix(key), padded, lb.numel);
+      }
+      const auto master = it->states.find("param");
+      if (master == it->states.end()) continue;
+      for (size_t local : lb.params) {
+        const model::ParamSpec& p = params[members[local]];
+        const Value* saved = c.sharded.dict()->find(p.name);
+        const int64_t start = layout.param_index_map[local].start - lb.offset;
+        if (saved == nullptr || start + p.numel > master->second.numel()) return "param " + p.name;
+        const at::Tensor s = saved->tensor().flatten();
+        if (!at::equal(master->second.narrow(0, start, p.numel).to(s.scalar_type()), s)) {
+          return fmt::format("param '{}' is not at [{}, {}) of {}", p.name, start, start + p.numel,
+                             model::format_bucket_prefix(key));
+        }
+      }
+    }
+  }
+  return buckets_seen == c.buckets.size()
+             ? ""
+             : fmt::format("{} buckets where the layout has {}", c.buckets.size(), buckets_seen);
+}
+
+// Megatron's default rule for groups (no weight decay for biases and norms), checked against the
+// checkpoint's groups and their order.
+Status assign_groups(const model::List& groups, std::vector<model::ParamSpec>& params,
+                     std::vector<std::string>& guesses) {
+  if (groups.size() == 1) {
+    const model::Dict& g = *groups.at(0).dict();
+    for (auto& p : params) {
+      p.wd_mult = number(g, "wd_mult", 1.0);
+      p.lr_mult = number(g, "lr_mult", 1.0);
+    }
+    return Status::ok();
+  }
+  const auto no_decay = [](const std::string& name) {
+    return name.ends_with("bias") || name.find("norm") != std::string::npos;
+  };
+  std::vector<std::pair<double, double>> want;  // (wd_mult, lr_mult) per group
+  for (const Value& g : groups) {
+    want.emplace_back(number(*g.dict(), "wd_mult", 1.0), number(*g.dict(), "lr_mult", 1.0));
+  }
+  std::vector<std::pair<double, double>> got;  // in order of first appearance
+  for (auto& p : params) {
+    p.wd_mult = no_decay(p.name) ? 0.0 : 1.0;
+    p.lr_mult = 1.0;
+    const std::pair<double, double> k{p.wd_mult, p.lr_mult};
+    if (std::find(got.begin(), got.end(), k) == got.end()) got.push_back(k);
+  }
+  if (got != want) {
+    return Status::invalid_input(fmt::format(
+        "{} param groups, and which param is in which is not in a checkpoint: Megatron's default "
+        "rule (no weight decay for names ending in 'bias' or holding 'norm') does not give them; "
+        "pass the scenario that saved it (--scenario)",
+        groups.size()));
+  }
+  guesses.push_back(
+      "param groups: by Megatron's default rule (no weight decay for names ending in 'bias' or "
+      "holding 'norm'); the checkpoint does not say which param is in which group");
+  return Status::ok();
+}
+
+// The params in buffer order (the checkpoint's gbuf_idx order of dtypes, since a buffer is
+// made at the first param of its dtype), each buffer's params in natural (reverse: false) or
+// reverse natural order of names.
+std::vector<model::ParamSpec> buffer_order(const TorchDistCheckpoint& c,
+                                           const std::vector<model::ParamSpec>& params,
+                                           bool reverse) {
+  std::map<int64_t, std::string> gbuf_dtypes;
+  for (const auto& b : c.buckets) gbuf_dtypes[b.key.gbuf_idx] = b.key.dtype;
+  std::vector<model::ParamSpec> out;
+  for (const auto& [g, dtype] : gbuf_dtypes) {
+    std::vector<model::ParamSpec> mine;
+    for (const auto& p : params) {
+      if (buffer_dtype_key(p.dtype) == dtype) mine.push_back(p);
+    }
+    if (reverse) std::reverse(mine.begin(), mine.end());
+    out.insert(out.end(), mine.begin(), mine.end());
+  }
+  for (const auto& p : params) {  // params of a dtype no bucket has: the layout check refuses
+    if (std::none_of(out.begin(), out.end(), [&](const auto& q) { return q.name == p.name; })) {
+      out.push_back(p);
+    }
+  }
+  return out;
+}
+
+// Searches param order, bucket_size and padding for a layout that reproduces the checkpoint.
+Status find_layout(const TorchDistCheckpoint& c, int64_t dp, Scenario& s,
+                   std::vector<std::string>& guesses) {
+  const std::vector<std::vector<model::ParamSpec>> orders{buffer_order(c, s.params, false),
+                                                          buffer_order(c, s.params, true)};
+  std::vector<std::optional<int64_t>> sizes{std::nullopt};
+  std::map<std::pair<int64_t, std::string>, int64_t> last_bucket;
+  for (const auto& b : c.buckets) {
+    auto& last = last_bucket[{b.key.gbuf_idx, b.key.dtype}];
+    last = std::max(last, b.key.bucket_idx);
+  }
+  for (const auto& b : c.buckets) {
+    if (b.key.bucket_idx < last_bucket[{b.key.gbuf_idx, b.key.dtype}])
+      sizes.push_back(b.numel_unpadded);
+  }
+  std::string first_reason;
+  for (size_t o = 0; o < orders.size(); ++o) {
+    for (const auto& size : sizes) {
+      for (bool pad : {false, true}) {
+        const std::string why = layout_mismatch(c, orders[o], {dp, size, pad});
+        if (why.empty()) {
+          s.params = orders[o];
+          s.bucket_size = size;
+          s.pad_buckets_for_high_nccl_busbw = pad;
+          guesses.push_back(fmt::format(
+              "param order: {} ({}), bucket_size {}{}: the first layout that reproduces every "
+              "bucket",
+              o == 0 ? "by buffer, names in natural order"
+                     : "by buffer, names in reverse natural order",
+              [&] {
+                std::string names;
+                for (const auto& p : s.params) names += (names.empty() ? "" : ", ") + p.name;
+                return names;
+              }(),
+              size ? std::to_string(*size) : "None", pad ? ", padded for NCCL bus bandwidth" : ""));
+          return Status::ok();
+        }
+        if (first_reason.empty()) first_reason = why;
+      }
+    }
+  }
+  return Status::invalid_input(
+      "no param order and bucket size tried reproduce the checkpoint's buckets (" + first_reason +
+      "); pass the scenario that saved it (--scenario)");
+}
+
+}  // namespace
+
+Result<InferredScenario> infer_scenario(const TorchDistCheckpoint& checkpoint,
+                                        const Revision& save_revision) {
+  CKPTSIM_CHECK(save_revision.profile != nullptr, "an unresolved revision: " + save_revision.name);
+  InferredScenario out;
+  out.dp_at_save =
+      checkpoint.dp_size_at_save.value_or(std::max<int64_t>(checkpoint.writer_ranks, 1));
+  if (!checkpoint.dp_size_at_save) {
+    out.guesses.push_back(
+        fmt::format("DP size at save: {}, the number of ranks that wrote data files (the files do "
+                    "not prove it)",
+                    out.dp_at_save));
+  }
+  if (checkpoint.sharding_type != "dp_reshardable") {
+    return Status::invalid_input("sharding type '" + checkpoint.sharding_type +
+                                 "': the model has dp_reshardable only");
+  }
+  Scenario& s = out.scenario;
+  s.name = "checkpoint " + checkpoint.iter_dir;
+  s.description = "inferred from the checkpoint by ckptsim inspect";
+  auto params = read_params(checkpoint);
+  if (!params.is_ok()) return params.status();
+  s.params = std::move(params.value());
+  auto groups = param_groups(checkpoint);
+  if (!groups.is_ok()) return groups.status();
+  auto optimizer = read_optimizer(*groups.value());
+  if (!optimizer.is_ok()) return optimizer.status();
+  s.optimizer = optimizer.value();
+  if (Status st = find_layout(checkpoint, out.dp_at_save, s, out.guesses); !st.is_ok()) return st;
+  if (Status st = assign_groups(*groups.value(), s.params, out.guesses); !st.is_ok()) return st;
+  if (s.total_numel() > Scenario::kTotalNumelMax) {
+    return Status::invalid_input(fmt::format("{} param elements (the model takes at most {})",
+                                             s.total_numel(), Scenario::kTotalNumelMax));
+  }
+  PhaseSpec save;
+  save.dp = out.dp_at_save;
+  save.steps = 1;
+  save.set_revision(save_revision);
+  s.phases.push_back(save);
+  return out;
+}
+
+Status check_scenario_fits(const TorchDistCheckpoint& checkpoint, const Scenario& scenario,
+                           int64_t dp_at_save) {
+  auto params = read_params(checkpoint);
+  if (!params.is_ok()) return params.status();
+  std::vector<model::ParamSpec> sorted = scenario.params;
+  std::sort(sorted.begin(), sorted.end(),
+            [](const auto& a, const auto& b) { return natural_less(a.name, b.name); });
+  for (size_t i = 0; i < std::max(sorted.size(), params.value().size()); ++i) {
+    const model::ParamSpec* mine = i < sorted.size() ? &sorted[i] : nullptr;
+    const model::ParamSpec* saved = i < params.value().size() ? &params.value()[i] : nullptr;
+    if (mine == nullptr || saved == nullptr || mine->name != saved->name ||
+        mine->numel != saved->numel || mine->dtype != saved->dtype) {
+      return Status::invalid_input(fmt::format(
+          "{}: param '{}' of the scenario is not the checkpoint's '{}'", scenario.source,
+          mine ? mine->name : "(none)", saved ? saved->name : "(none)"));
+    }
+  }
+  const std::string why =
+      layout_mismatch(checkpoint, scenario.params,
+                      {dp_at_save, scenario.bucket_size, scenario.pad_buckets_for_high_nccl_busbw});
+  if (!why.empty()) {
+    return Status::invalid_input(scenario.source + ": its layout is not the checkpoint's: " + why);
+  }
+  return Status::ok();
+}
+
+}  // namespace ckptsim::sim

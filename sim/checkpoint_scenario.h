@@ -1,0 +1,55 @@
+// The scenario a checkpoint implies: which params, optimizer and buffer layout the run that
+// saved a real Megatron torch_dist checkpoint (model/megatron/torch_dist_checkpoint.h) had, so
+// that the model can resume from that very checkpoint (`ckptsim inspect`).
+//
+// What is read, and from where:
+//   params          every ShardedTensor that is no optimizer state: name = key, numel, dtype
+//                   (bf16 or fp32; any other dtype is outside the model)
+//   optimizer kind  the param groups of 'optimizer.distributed.dp_group_idx_0.optimizer':
+//                   'cpu_optimizer_cls' -> hybrid (offload_fraction, overlap flag, and TE
+//                   installed unless 'gpu_optimizer_cls' is torch AdamW); else 'amsgrad' (torch
+//                   AdamW's own default) -> torch_adamw; else 'bias_correction' -> fused_adam
+//   lr, betas, eps, weight decay   the groups (lr / lr_mult, weight_decay / wd_mult)
+//   param order, bucket_size, pad_buckets_for_high_nccl_busbw   searched: the first candidate
+//                   whose layout (model/megatron/param_and_grad_buffer.h, at the DP size at
+//                   save) reproduces every bucket's numel_unpadded and padded numel, and puts
+//                   every param's master copy where the bucket holds the saved param
+//   param groups    which group a param is in is not in a checkpoint. One group: every param.
+//                   Two groups {wd_mult 1, wd_mult 0} of one lr_mult: Megatron's default rule,
+//                   names ending in 'bias' or holding 'norm' have no weight decay; it must
+//                   give the groups in the checkpoint's order. Anything else: an error asking
+//                   for the scenario (`inspect --scenario`).
+//
+// Invariants:
+//   1. The scenario is valid (parse_scenario accepts scenario_to_json of it); phases[0] is
+//      the save (DP at save, the revision given, one step as a placeholder: the steps before a
+//      checkpoint are not in it), and every other field is the scenario format's default.
+//   2. Every guess is listed in `guesses`; every refusal is a Status naming the key.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "model/megatron/torch_dist_checkpoint.h"
+#include "model/status.h"
+#include "sim/scenario.h"
+
+namespace ckptsim::sim {
+
+struct InferredScenario {
+  Scenario scenario;
+  int64_t dp_at_save = 1;
+  std::vector<std::string> guesses;  // what was guessed rather than read, one line each
+};
+
+// `save_revision` names the phase that saved (phases[0]); REQUIRES: its profile is set.
+Result<InferredScenario> infer_scenario(const model::TorchDistCheckpoint& checkpoint,
+                                        const Revision& save_revision);
+
+// Checks that `scenario` (a user's, `inspect --scenario`) describes the checkpoint: the same
+// params (names, numels, dtypes) and a layout that reproduces every bucket. Errors name the
+// param or bucket.
+Status check_scenario_fits(const model::TorchDistCheckpoint& checkpoint, const Scenario& scenario,
+                           int64_t dp_at_save);
+
+}  // namespace ckptsim::sim
