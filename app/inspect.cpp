@@ -94,12 +94,16 @@ json judgement_json(const properties::ResumeJudgement& j) {
            {"elements_compared", j.elements_compared},
            {"elements_equal", j.elements_equal},
            {"uncovered", j.uncovered}};
-  if (j.error) {
-    std::vector<json> path;
-    for (const auto& k : j.error->merge_path) path.push_back(k.repr());
-    out["error"] =
-        json{{"rank", j.error->rank},       {"stage", j.error->stage}, {"type", j.error->py_type},
-             {"message", j.error->message}, {"site", j.error->site},   {"merge_path", path}};
+  out["errors"] = json::array();
+  for (const auto& e : j.errors) {
+    std::vector<std::string> path;
+    for (const auto& k : e.merge_path) path.push_back(k.repr());
+    out["errors"].push_back(json{{"rank", e.rank},
+                                 {"stage", e.stage},
+                                 {"type", e.py_type},
+                                 {"message", e.message},
+                                 {"site", e.site},
+                                 {"merge_path", path}});
   }
   return out;
 }
@@ -107,13 +111,12 @@ json judgement_json(const properties::ResumeJudgement& j) {
 std::string judgement_text(const properties::ResumeJudgement& j) {
   std::string out = fmt::format("  {:<20} {}\n", j.revision,
                                 j.correct() ? "resumes correctly" : "DOES NOT RESUME CORRECTLY");
-  if (j.error) {
-    out += fmt::format("      {} error: {}\n",
-                       j.loaded ? "after the load" : "load fails:", j.error->summary());
-    if (!j.error->merge_path.empty()) {
+  for (const auto& e : j.errors) {
+    out += fmt::format("      {} {}\n", j.loaded ? "after the load:" : "fails:", e.summary());
+    if (!e.merge_path.empty()) {
       std::vector<std::string> keys;
-      for (const auto& k : j.error->merge_path) keys.push_back(k.repr());
-      out += fmt::format("      at key path [{}]\n", fmt::join(keys, ", "));
+      for (const auto& k : e.merge_path) keys.push_back(k.repr());
+      out += fmt::format("        at key path [{}]\n", fmt::join(keys, ", "));
     }
   }
   for (const auto& line : j.resumed_at) out += "      resumes at " + line + "\n";

@@ -384,10 +384,9 @@ ResumeJudgement judge_resume(const sim::PhaseRecord& rec, const sim::Scenario& s
   out.revision = rec.spec.profile ? rec.spec.profile->name : rec.spec.revision;
   out.dp = rec.spec.dp;
   for (const auto& e : rec.errors) {
-    if (!e.secondary) {
-      out.error = e;
-      break;
-    }
+    if (e.secondary) continue;
+    if (!out.error) out.error = e;
+    out.errors.push_back(e);
   }
   if (!out.error && !rec.errors.empty()) out.error = rec.errors.front();
   out.loaded = rec.after_load.has_value() && !(out.error && out.error->stage == "load") &&

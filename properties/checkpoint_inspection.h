@@ -64,6 +64,7 @@ struct ResumeJudgement {
   int64_t dp = 1;
   bool loaded = false;
   std::optional<sim::RankError> error;  // the first non-secondary error
+  std::vector<sim::RankError> errors;   // every rank's own (non-secondary) error
   std::vector<std::string> resumed_at;  // "HDO cpu AdamW: 1 (w0[0:48], ...)" per part
   std::vector<std::string> steps_used;  // "step 7: HDO cpu AdamW t=2" per further step
   int64_t expected_first_t = 0;         // the saved counter + 1

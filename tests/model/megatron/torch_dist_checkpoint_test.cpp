@@ -45,6 +45,10 @@ const std::vector<Fixture>& fixtures() {
       {"nv-f4502eb1c9__hybrid-offload-half-dp2", "fx-upstream-2874-hybrid-half-dp2", 0},
       {"nv-d98e8a64dd__fused-adam-dp2-common-state-object", "fx-upstream-head-fused-adam-dp2", 0},
       {"nv-d98e8a64dd__hybrid-offload1-dp1-common-state-object", "fx-upstream-head-hybrid-dp2", 1},
+      {"rx-2e64d788b6__hybrid-offload1-dp1-raw-step-loaded-by-2874",
+       "fx-miles-main-raw-step-dp1-loaded-by-2874", 0},
+      {"rx-2e64d788b6__hybrid-offload1-dp2-raw-step-loaded-by-2874",
+       "fx-miles-main-raw-step-dp2-loaded-by-2874", 0},
   };
   return all;
 }

@@ -1,0 +1,268 @@
+// `ckptsim inspect` on the real checkpoints of tests/fixtures/real-checkpoints. Every expected
+// value comes from the scenario that produced a checkpoint and the REAL run's trace of it
+// (runs/): when a later phase of that run resumed from the checkpoint, the real code's outcome
+// of that resume (its errors with their key paths, every Adam part's step counter after the
+// load) is what the model's simulated resume from the same files must give.
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "app/commands.h"
+#include "properties/checkpoint_inspection.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace ckptsim;
+using json = nlohmann::json;
+
+const std::string kFixtures = std::string(CKPTSIM_SOURCE_DIR) + "/tests/fixtures/real-checkpoints";
+
+json read_json(const std::string& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << path;
+  return json::parse(in);
+}
+
+struct Inspected {
+  int code = -1;
+  json out;
+  std::string err;
+};
+
+Inspected inspect(const std::string& dir, const std::vector<std::string>& revisions, int64_t dp) {
+  app::InspectCommand c;
+  c.dir = dir;
+  c.revisions = revisions;
+  c.dp = dp;
+  c.json = true;
+  std::ostringstream out;
+  std::ostringstream err;
+  Inspected r;
+  r.code = app::inspect_command(c, out, err);
+  r.err = err.str();
+  if (!out.str().empty()) r.out = json::parse(out.str());
+  return r;
+}
+
+// A fixture whose checkpoint a later phase of the same real run resumed from.
+struct Resumed {
+  std::string dir;
+  std::string scenario;
+  int saved_by;  // the phase that saved it; phase saved_by + 1 resumed
+};
+
+void PrintTo(const Resumed& r, std::ostream* os) { *os << r.dir; }
+
+const std::vector<Resumed>& resumed() {
+  static const std::vector<Resumed> all = {
+      {"nv-f4502eb1c9__hybrid-offload1-dp2-before-resume", "fx-upstream-2874-hybrid-resumed-dp2",
+       0},
+      {"rx-2e64d788b6__hybrid-offload1-dp1-raw-step-in-common", "fx-miles-main-hybrid-raw-step-dp1",
+       0},
+      {"rx-2e64d788b6__hybrid-offload1-dp1-raw-step-loaded-by-2874",
+       "fx-miles-main-raw-step-dp1-loaded-by-2874", 0},
+      {"rx-2e64d788b6__hybrid-offload1-dp2-raw-step-loaded-by-2874",
+       "fx-miles-main-raw-step-dp2-loaded-by-2874", 0},
+      {"nv-f4502eb1c9__fused-adam-dp1-bf16-and-fp32-buffers", "fx-upstream-2874-fused-adam-dp1", 0},
+      {"nv-f4502eb1c9__torch-adamw-dp1", "fx-upstream-2874-torch-adamw-dp1", 0},
+      {"nv-f4502eb1c9__torch-adamw-dp2", "fx-upstream-2874-torch-adamw-dp2", 0},
+      {"nv-f4502eb1c9__hybrid-offload-half-dp2", "fx-upstream-2874-hybrid-half-dp2", 0},
+      {"nv-d98e8a64dd__fused-adam-dp2-common-state-object", "fx-upstream-head-fused-adam-dp2", 0},
+  };
+  return all;
+}
+
+// What the real run did when it resumed: each rank's own error (type, site, key path) and the
+// step counters per Adam part after the load.
+struct RealResume {
+  std::string revision;
+  int64_t dp = 0;
+  std::set<std::string> errors;                        // "rank type site path"
+  std::map<std::string, std::set<double>> after_load;  // part -> counters
+};
+
+RealResume real_resume(const Resumed& r) {
+  const json scenario = read_json(kFixtures + "/runs/" + r.scenario + ".scenario.json");
+  const json trace = read_json(kFixtures + "/runs/" + r.scenario + ".trace.json");
+  RealResume out;
+  out.revision = scenario["phases"][r.saved_by + 1]["revision"];
+  out.dp = scenario["phases"][r.saved_by + 1]["dp"];
+  for (const auto& run : trace["runs"]) {
+    if (run["id"] != "phase" + std::to_string(r.saved_by + 1)) continue;
+    for (const auto& e : run["events"]) {
+      if (e["at"] == "error" && !e["secondary"].get<bool>()) {
+        std::string path;
+        for (const auto& k : e["merge_path"].is_array() ? e["merge_path"] : json::array()) {
+          path += k.get<std::string>() + "/";
+        }
+        // The real site has the file's path; the model's names the file.
+        std::string site = e["site"];
+        out.errors.insert(fmt::format("{} {} {} {}", e["rank"].get<int>(),
+                                      e["py_type"].get<std::string>(),
+                                      site.substr(site.rfind('/') + 1), path));
+      }
+      if (e["at"] != "after_load") continue;
+      for (const auto& p : e["parts"]) out.after_load[p["part"]].insert(p["step"].get<double>());
+    }
+  }
+  return out;
+}
+
+RealResume model_resume(const json& judgement) {
+  RealResume out;
+  out.revision = judgement["revision"];
+  out.dp = judgement["dp"];
+  for (const auto& e : judgement["errors"]) {
+    std::string path;
+    for (const auto& k : e["merge_path"]) path += k.get<std::string>() + "/";
+    std::string site = e["site"];
+    out.errors.insert(fmt::format("{} {} {} {}", e["rank"].get<int>(), e["type"].get<std::string>(),
+                                  site.substr(site.rfind('/') + 1), path));
+  }
+  for (const auto& line : judgement["resumed_at"]) {
+    // "HDO cpu AdamW: 3 (w0[0:96], ...)"
+    const std::string s = line;
+    const size_t colon = s.find(": ");
+    out.after_load[s.substr(0, colon)].insert(std::stod(s.substr(colon + 2)));
+  }
+  return out;
+}
+
+class ModelResumesRealCheckpoint : public ::testing::TestWithParam<Resumed> {};
+
+// The model resumes from the very files the real code resumed from, and does what it did.
+TEST_P(ModelResumesRealCheckpoint, AsTheRealCodeDidFromTheSameFiles) {
+  const RealResume real = real_resume(GetParam());
+  const Inspected r = inspect(kFixtures + "/" + GetParam().dir, {real.revision}, real.dp);
+  ASSERT_NE(r.code, app::kExitInvalid) << r.err;
+  ASSERT_EQ(r.out["resumes"].size(), 1u);
+  const json& judgement = r.out["resumes"][0];
+  const RealResume model = model_resume(judgement);
+  EXPECT_EQ(model.errors, real.errors);
+  EXPECT_EQ(model.after_load, real.after_load);
+  if (judgement["loaded"].get<bool>()) {
+    EXPECT_GT(judgement["elements_compared"].get<int64_t>(), 0);
+    EXPECT_EQ(judgement["elements_equal"], judgement["elements_compared"]);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ModelResumesRealCheckpoint, ::testing::ValuesIn(resumed()),
+                         [](const ::testing::TestParamInfo<Resumed>& info) {
+                           std::string name = info.param.dir;
+                           for (char& ch : name) ch = std::isalnum(ch) ? ch : '_';
+                           return name;
+                         });
+
+const json* check_named(const json& out, const std::string& name) {
+  for (const auto& c : out["checks"]) {
+    if (c["name"] == name) return &c;
+  }
+  return nullptr;
+}
+
+const json* resume_of(const json& out, const std::string& revision) {
+  for (const auto& j : out["resumes"]) {
+    if (j["revision"] == revision) return &j;
+  }
+  return nullptr;
+}
+
+// Acceptance: the upstream-2874 checkpoint saved after a resume holds the reset steps (group
+// step 1 + the steps since, where the iteration counts them all), and inspect says which
+// revisions resume it correctly: those that keep the saved step.
+TEST(Inspect, ReportsTheResetStepsOfTheUpstream2874Fixture) {
+  const json scenario =
+      read_json(kFixtures + "/runs/fx-upstream-2874-hybrid-resumed-dp2.scenario.json");
+  const int64_t iteration =
+      scenario["phases"][0]["steps"].get<int64_t>() + scenario["phases"][1]["steps"].get<int64_t>();
+  const double counter = 1.0 + scenario["phases"][1]["steps"].get<double>();  // reset to 1, then on
+  const Inspected r = inspect(kFixtures + "/nv-f4502eb1c9__hybrid-offload1-dp2-resumed-steps-reset",
+                              {"upstream-2874", "fix-complete"}, 0);
+  EXPECT_EQ(r.code, app::kExitFail) << r.err;
+  EXPECT_EQ(r.out["iteration"], iteration);
+  const json* steps = check_named(r.out, "step_counters_agree");
+  ASSERT_NE(steps, nullptr);
+  EXPECT_EQ((*steps)["outcome"], "FAILS");
+  EXPECT_NE((*steps)["detail"].get<std::string>().find(
+                fmt::format("step {} at iteration {}", counter, iteration)),
+            std::string::npos)
+      << (*steps)["detail"];
+  const json* broken = resume_of(r.out, "upstream-2874");
+  const json* fixed = resume_of(r.out, "fix-complete");
+  ASSERT_TRUE(broken && fixed);
+  EXPECT_FALSE((*broken)["correct"].get<bool>());
+  EXPECT_TRUE((*fixed)["correct"].get<bool>()) << fixed->dump(1);
+  EXPECT_EQ((*fixed)["expected_first_t"], counter + 1);
+}
+
+// Acceptance: on the miles-main fixture inspect predicts upstream-2874's duplicate-leaf error at
+// the key path the real code raised it at, when it resumed from these files.
+TEST(Inspect, PredictsTheDuplicateLeafAtTheRealKeyPath) {
+  const Resumed& f = resumed()[2];
+  const RealResume real = real_resume(f);
+  ASSERT_EQ(real.revision, "upstream-2874");
+  ASSERT_FALSE(real.errors.empty()) << "the real run raised nothing";
+  const Inspected r = inspect(kFixtures + "/" + f.dir, {}, real.dp);
+  EXPECT_EQ(r.code, app::kExitFail);
+  const json* j = resume_of(r.out, "upstream-2874");
+  ASSERT_NE(j, nullptr);
+  EXPECT_EQ(model_resume(*j).errors, real.errors);
+  const json* wrapped = check_named(r.out, "common_state_not_wrapped");
+  ASSERT_NE(wrapped, nullptr);
+  EXPECT_EQ((*wrapped)["outcome"], "FAILS");
+  EXPECT_NE((*wrapped)["detail"].get<std::string>().find("upstream-2874"), std::string::npos);
+}
+
+// Exit 0 when every check holds and the revision resumes correctly: upstream head's own
+// FusedAdam checkpoint, resumed by the real head without an error and with step 3 (runs/).
+TEST(Inspect, ExitsZeroWhenEveryCheckHoldsAndTheRevisionResumes) {
+  const Resumed& f = resumed()[8];
+  const RealResume real = real_resume(f);
+  ASSERT_TRUE(real.errors.empty());
+  const Inspected r = inspect(kFixtures + "/" + f.dir, {real.revision}, real.dp);
+  EXPECT_EQ(r.code, app::kExitOk) << r.out.dump(1);
+  for (const auto& c : r.out["checks"]) EXPECT_NE(c["outcome"], "FAILS") << c.dump();
+}
+
+TEST(Inspect, ExitsTwoOnADirectoryThatIsNoCheckpoint) {
+  const fs::path dir = fs::temp_directory_path() / "ckptsim-inspect-empty";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  Inspected r = inspect(dir.string(), {}, 0);
+  EXPECT_EQ(r.code, app::kExitInvalid);
+  EXPECT_NE(r.err.find("latest_checkpointed_iteration.txt"), std::string::npos) << r.err;
+  // A tracker naming an iteration whose directory is not there.
+  std::ofstream(dir / "latest_checkpointed_iteration.txt") << "7";
+  r = inspect(dir.string(), {}, 0);
+  EXPECT_EQ(r.code, app::kExitInvalid);
+  EXPECT_NE(r.err.find("iter_0000007"), std::string::npos) << r.err;
+  fs::remove_all(dir);
+}
+
+// shards_tile_buckets judges the chunks from `.metadata` alone: a gap and an overlap each fail.
+TEST(CheckpointInspection, ShardsTileBucketsFindsAGapAndAnOverlap) {
+  model::DcpMetadata meta;
+  const std::string key =
+      "optimizer.distributed.dp_group_idx_0.gbuf_idx_0.dtype_(torch.bfloat16, "
+      "torch.float32).bucket_idx_0.exp_avg";
+  meta.tensors[key] = {at::kFloat, {10}, {{{0}, {4}}, {{4}, {6}}}};
+  EXPECT_EQ(properties::check_shards_tile_buckets(meta, nullptr).outcome,
+            properties::CheckOutcome::kHolds);
+  meta.tensors[key].chunks = {{{0}, {4}}, {{5}, {5}}};
+  const auto gap = properties::check_shards_tile_buckets(meta, nullptr);
+  EXPECT_EQ(gap.outcome, properties::CheckOutcome::kFails);
+  EXPECT_NE(gap.detail.find("[4, 5)"), std::string::npos) << gap.detail;
+  meta.tensors[key].chunks = {{{0}, {6}}, {{4}, {6}}};
+  const auto overlap = properties::check_shards_tile_buckets(meta, nullptr);
+  EXPECT_EQ(overlap.outcome, properties::CheckOutcome::kFails);
+  EXPECT_NE(overlap.detail.find("overlap on [4, 6)"), std::string::npos) << overlap.detail;
+}
+
+}  // namespace
