@@ -19,6 +19,10 @@
 #include <string>
 #include <vector>
 
+#include "model/status.h"
+#include "properties/checkpoint_inspection.h"
+#include "sim/checkpoint_scenario.h"
+
 namespace ckptsim::app {
 
 inline constexpr int kExitOk = 0;
@@ -87,6 +91,8 @@ struct ConformCampaignCommand {
   // A picture of every trace that disagrees, <plots>/<trace file without .trace.json>.png,
   // linked from the report.
   std::string plots;
+  // Directories of real checkpoints with a fixtures.json (real_checkpoints_report).
+  std::vector<std::string> real_checkpoints;
 };
 
 // --megatron on check and gate: confirm every minimal scenario found on a real Megatron-LM
@@ -155,6 +161,33 @@ struct InspectCommand {
   std::vector<std::string> profiles;
 };
 int inspect_command(const InspectCommand& c, std::ostream& out, std::ostream& err);
+
+// What inspect found, before it is printed (conform-campaign --real-checkpoints uses it too).
+struct Inspection {
+  model::TorchDistCheckpoint checkpoint;
+  std::string unreadable;  // why the model cannot read it (then only the tiling check is set)
+  std::vector<properties::CheckpointCheck> checks;
+  sim::InferredScenario inferred;
+  int64_t dp = 1;
+  double saved_step = 0;
+  std::vector<properties::ResumeJudgement> judgements;
+  bool ok() const;  // every check holds and every revision resumes correctly
+};
+// Status: the directory is not a checkpoint it can read, or the model cannot hold it.
+// `progress` gets one line per revision resumed.
+Result<Inspection> inspect_checkpoint(const InspectCommand& c, std::ostream& progress);
+
+// conform-campaign --real-checkpoints: every real checkpoint of each directory's fixtures.json
+// (dir, scenario, phase; runs/<scenario>.{scenario,trace}.json beside it) inspected, and each
+// that a later phase of its real run resumed from compared with that real resume
+// (properties::ResumeOutcome). One line per comparison to `out`.
+struct RealCheckpointsReport {
+  int64_t compared = 0;
+  int64_t agreeing = 0;
+  std::string markdown;  // a section of reports/conformance.md
+};
+Result<RealCheckpointsReport> real_checkpoints_report(const std::vector<std::string>& dirs,
+                                                      std::ostream& out);
 
 int gate_command(const SearchCommand& c, const std::string& baseline, const std::string& candidate,
                  std::ostream& out, std::ostream& err);

@@ -3,6 +3,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fstream>
+#include <sstream>
+
 #include "app/commands.h"
 #include "model/megatron/optimizer_key.h"
 #include "model/megatron/torch_dist_checkpoint.h"
@@ -133,16 +136,16 @@ std::string judgement_text(const properties::ResumeJudgement& j) {
 
 }  // namespace
 
-int inspect_command(const InspectCommand& c, std::ostream& out, std::ostream& err) {
+Result<Inspection> inspect_checkpoint(const InspectCommand& c, std::ostream& progress) {
   const auto invalid = [&](const std::string& why) {
-    err << "ckptsim inspect: " << c.dir << ": " << why << "\n";
-    return kExitInvalid;
+    return Status::invalid_input(c.dir + ": " + why);
   };
   std::error_code ec;
   if (!std::filesystem::is_directory(c.dir, ec)) return invalid("not a directory");
   model::DirectoryStorage storage(c.dir);
   auto opened = open_metadata(storage);
   if (!opened.is_ok()) return invalid(opened.status().to_string());
+  Inspection r;
   const properties::CheckpointCheck tiling_unread =
       properties::check_shards_tile_buckets(opened.value().metadata, nullptr);
   auto read = model::read_torch_dist_checkpoint(storage, "");
@@ -150,12 +153,12 @@ int inspect_command(const InspectCommand& c, std::ostream& out, std::ostream& er
     if (tiling_unread.outcome != properties::CheckOutcome::kFails) {
       return invalid(read.status().to_string());
     }
-    out << "checks\n  FAILS  " << tiling_unread.name << ": " << tiling_unread.detail << "\n";
-    out << "the model cannot read it (" << read.status().to_string()
-        << "), so no resume is simulated\n";
-    return kExitFail;
+    r.checks.push_back(tiling_unread);
+    r.unreadable = read.status().to_string();
+    return r;
   }
-  const model::TorchDistCheckpoint& ck = read.value();
+  r.checkpoint = std::move(read.value());
+  const model::TorchDistCheckpoint& ck = r.checkpoint;
 
   auto registry = model::RevisionRegistry::load_embedded();
   if (!registry.is_ok()) return invalid(registry.status().to_string());
@@ -164,57 +167,84 @@ int inspect_command(const InspectCommand& c, std::ostream& out, std::ostream& er
   }
   std::vector<sim::Revision> revisions;
   for (const auto& name : c.revisions.empty() ? registry.value().names() : c.revisions) {
-    auto r = sim::resolve_revision(registry.value(), name);
-    if (!r.is_ok()) return invalid(r.status().to_string());
-    revisions.push_back(r.value());
+    auto rev = sim::resolve_revision(registry.value(), name);
+    if (!rev.is_ok()) return invalid(rev.status().to_string());
+    revisions.push_back(rev.value());
   }
   std::vector<std::pair<std::string, model::RevisionSwitches>> switches;
-  for (const auto& r : revisions) switches.emplace_back(r.name, r.profile->switches);
+  for (const auto& rev : revisions) switches.emplace_back(rev.name, rev.profile->switches);
 
-  std::vector<properties::CheckpointCheck> checks = {
-      properties::check_shards_tile_buckets(opened.value().metadata, &ck)};
-  for (auto& k : properties::check_checkpoint(ck, switches)) checks.push_back(std::move(k));
+  r.checks = {properties::check_shards_tile_buckets(opened.value().metadata, &ck)};
+  for (auto& k : properties::check_checkpoint(ck, switches)) r.checks.push_back(std::move(k));
 
-  sim::InferredScenario inferred;
   if (!c.scenario.empty()) {
     auto s = sim::load_scenario_file(c.scenario, registry.value());
     if (!s.is_ok()) return invalid(s.status().to_string());
-    inferred.scenario = s.value();
-    inferred.dp_at_save = ck.dp_size_at_save.value_or(std::max<int64_t>(ck.writer_ranks, 1));
-    if (Status st = sim::check_scenario_fits(ck, inferred.scenario, inferred.dp_at_save);
+    r.inferred.scenario = s.value();
+    r.inferred.dp_at_save = ck.dp_size_at_save.value_or(std::max<int64_t>(ck.writer_ranks, 1));
+    if (Status st = sim::check_scenario_fits(ck, r.inferred.scenario, r.inferred.dp_at_save);
         !st.is_ok()) {
       return invalid(st.to_string());
     }
   } else {
     auto s = sim::infer_scenario(ck, revisions.front());
     if (!s.is_ok()) return invalid("the model cannot resume it: " + s.status().to_string());
-    inferred = s.value();
+    r.inferred = s.value();
   }
-  const sim::Scenario& scenario = inferred.scenario;
-  const int64_t dp = c.dp > 0 ? c.dp : inferred.dp_at_save;
-  const double saved_step =
-      properties::saved_group_step(ck).value_or(static_cast<double>(ck.iteration));
+  const sim::Scenario& scenario = r.inferred.scenario;
+  r.dp = c.dp > 0 ? c.dp : r.inferred.dp_at_save;
+  r.saved_step = properties::saved_group_step(ck).value_or(static_cast<double>(ck.iteration));
 
   model::MemoryStorage converted;
   if (Status s = model::write_checkpoint_contents(model::checkpoint_contents(ck), converted);
       !s.is_ok()) {
     return invalid("the model cannot hold it: " + s.to_string());
   }
-  std::vector<properties::ResumeJudgement> judgements;
-  for (const auto& r : revisions) {
+  for (const auto& rev : revisions) {
     sim::PhaseSpec phase;
-    phase.dp = dp;
+    phase.dp = r.dp;
     phase.steps = kStepsAfterResume;
     phase.save = false;
-    phase.set_revision(r);
-    if (!c.json) err << fmt::format("inspect: resuming with {} at DP {}\n", r.name, dp);
+    phase.set_revision(rev);
+    progress << fmt::format("inspect: resuming with {} at DP {}\n", rev.name, r.dp);
     const sim::PhaseRecord rec = sim::resume_from_checkpoint(scenario, phase, converted);
-    judgements.push_back(properties::judge_resume(rec, scenario, ck, saved_step));
+    r.judgements.push_back(properties::judge_resume(rec, scenario, ck, r.saved_step));
   }
+  return r;
+}
 
-  bool ok = true;
-  for (const auto& k : checks) ok = ok && k.outcome != properties::CheckOutcome::kFails;
-  for (const auto& j : judgements) ok = ok && j.correct();
+bool Inspection::ok() const {
+  if (!unreadable.empty()) return false;
+  for (const auto& k : checks) {
+    if (k.outcome == properties::CheckOutcome::kFails) return false;
+  }
+  for (const auto& j : judgements) {
+    if (!j.correct()) return false;
+  }
+  return true;
+}
+
+int inspect_command(const InspectCommand& c, std::ostream& out, std::ostream& err) {
+  std::ostringstream quiet;
+  auto inspected = inspect_checkpoint(c, c.json ? quiet : err);
+  if (!inspected.is_ok()) {
+    err << "ckptsim inspect: " << inspected.status().message() << "\n";
+    return kExitInvalid;
+  }
+  const Inspection& r = inspected.value();
+  if (!r.unreadable.empty()) {
+    out << "checks\n  FAILS  " << r.checks.front().name << ": " << r.checks.front().detail << "\n";
+    out << "the model cannot read it (" << r.unreadable << "), so no resume is simulated\n";
+    return kExitFail;
+  }
+  const model::TorchDistCheckpoint& ck = r.checkpoint;
+  const auto& checks = r.checks;
+  const auto& judgements = r.judgements;
+  const auto& inferred = r.inferred;
+  const sim::Scenario& scenario = inferred.scenario;
+  const int64_t dp = r.dp;
+  const double saved_step = r.saved_step;
+  const bool ok = r.ok();
 
   if (c.json) {
     json params = json::array();
@@ -282,6 +312,95 @@ int inspect_command(const InspectCommand& c, std::ostream& out, std::ostream& er
   out << fmt::format("inspect: {} of {} checks fail; {} of {} revisions resume it correctly\n",
                      failed, checks.size(), correct, judgements.size());
   return ok ? kExitOk : kExitFail;
+}
+
+Result<RealCheckpointsReport> real_checkpoints_report(const std::vector<std::string>& dirs,
+                                                      std::ostream& out) {
+  RealCheckpointsReport r;
+  std::vector<std::string> rows;
+  for (const auto& dir : dirs) {
+    const std::string manifest = dir + "/fixtures.json";
+    std::ifstream in(manifest);
+    if (!in) return Status::invalid_input(manifest + ": cannot open");
+    const json m = json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (!m.is_object() || !m.contains("fixtures") || !m["fixtures"].is_array()) {
+      return Status::invalid_input(manifest + ": no 'fixtures' list");
+    }
+    for (const auto& f : m["fixtures"]) {
+      const std::string name = f.value("dir", "");
+      const std::string scenario_name = f.value("scenario", "");
+      const int phase = f.value("phase", -1);
+      std::ifstream sin(dir + "/runs/" + scenario_name + ".scenario.json");
+      std::ifstream tin(dir + "/runs/" + scenario_name + ".trace.json");
+      const json scenario = json::parse(sin, nullptr, false);
+      const json trace = json::parse(tin, nullptr, false);
+      if (name.empty() || phase < 0 || !scenario.is_object() || !trace.is_object()) {
+        return Status::invalid_input(
+            manifest + ": fixture '" + name +
+            "': needs dir, phase and runs/<scenario>.{scenario,trace}.json");
+      }
+      const size_t next = static_cast<size_t>(phase) + 1;
+      InspectCommand c;
+      c.dir = dir + "/" + name;
+      json resumed_run;
+      if (next < scenario["phases"].size()) {
+        c.revisions = {scenario["phases"][next]["revision"].get<std::string>()};
+        c.dp = scenario["phases"][next]["dp"].get<int64_t>();
+        for (const auto& run : trace["runs"]) {
+          if (run.value("id", "") == "phase" + std::to_string(next)) resumed_run = run;
+        }
+      } else {
+        c.revisions = {scenario["phases"][phase]["revision"].get<std::string>()};
+      }
+      std::ostringstream quiet;
+      auto inspected = inspect_checkpoint(c, quiet);
+      if (!inspected.is_ok()) return inspected.status();
+      const Inspection& i = inspected.value();
+      std::string failing;
+      for (const auto& k : i.checks) {
+        if (k.outcome == properties::CheckOutcome::kFails)
+          failing += (failing.empty() ? "" : ", ") + k.name;
+      }
+      std::string real_text = "(no later phase resumed from it)";
+      std::string model_text =
+          i.judgements.empty() ? "" : properties::resume_outcome(i.judgements[0]).text();
+      std::string verdict = "n/a";
+      if (resumed_run.is_object() && !i.judgements.empty()) {
+        const auto real = properties::resume_outcome(resumed_run);
+        const auto model = properties::resume_outcome(i.judgements[0]);
+        real_text = real.text();
+        ++r.compared;
+        if (real == model) {
+          ++r.agreeing;
+          verdict = "agree";
+        } else {
+          verdict = "**DISAGREE**";
+        }
+        out << fmt::format("{} {} (resumed by {} at DP {})",
+                           real == model ? "agree   " : "DISAGREE", name, c.revisions[0], c.dp)
+            << std::endl;
+      }
+      const auto& j = i.judgements.empty() ? properties::ResumeJudgement{} : i.judgements[0];
+      rows.push_back(fmt::format("| `{}` | {} | {} at DP {} | {} | {} | {} of {} | {} |", name,
+                                 failing.empty() ? "all hold" : failing, c.revisions[0], i.dp,
+                                 real_text, model_text, j.elements_equal, j.elements_compared,
+                                 verdict));
+    }
+  }
+  r.markdown =
+      "## Real checkpoints: the model resumes from the real code's files\n\n"
+      "Generated by `ckptsim conform-campaign --real-checkpoints`: `ckptsim inspect` on every "
+      "real checkpoint of `tests/fixtures/real-checkpoints/` (written by the real megatron.core), "
+      "resumed by the revision and at the DP size of the phase that resumed from it in the real "
+      "run, and what the real code did then (each rank's own error with its `merge()` key path, "
+      "every Adam part's step counter after the load). Elements: master params and moments after "
+      "the model's load that equal the checkpoint's, bit for bit.\n\n" +
+      fmt::format("{} of {} real resumes: the model's resume from the same files agrees.\n\n",
+                  r.agreeing, r.compared) +
+      "| checkpoint | static checks failing | resumed by | the real code | the model | elements | "
+      "|\n|---|---|---|---|---|---|---|\n";
+  for (const auto& row : rows) r.markdown += row + "\n";
+  return r;
 }
 
 }  // namespace ckptsim::app

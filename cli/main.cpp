@@ -145,6 +145,9 @@ CLI::App* add_conform_campaign(CLI::App& app, app::ConformCampaignCommand& f) {
   c->add_option("--notes", f.notes, "Append this hand-written Markdown to the report");
   c->add_option("--plots", f.plots,
                 "Draw a PNG of every disagreement into this directory and link it from the report");
+  c->add_option("--real-checkpoints", f.real_checkpoints,
+                "Directories of real checkpoints with a fixtures.json: inspect each, compare the "
+                "model's resume from it with the real code's, and add the table to the report");
   c->add_option("--profile", f.profiles, "Extra revision profile JSON files");
   return c;
 }

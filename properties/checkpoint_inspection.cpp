@@ -397,6 +397,7 @@ ResumeJudgement judge_resume(const sim::PhaseRecord& rec, const sim::Scenario& s
     std::map<std::string, std::map<double, std::vector<std::string>>> parts;
     for (const auto& sh : rec.after_load->shards) {
       if (!sh.counter) continue;
+      out.counters_after_load[sim::part_name(sh.part)].insert(*sh.counter);
       parts[sim::part_name(sh.part)][*sh.counter].push_back(
           fmt::format("{}[{}:{}]", scenario.params[sh.param].name, sh.range.start, sh.range.end));
     }
@@ -427,6 +428,62 @@ ResumeJudgement judge_resume(const sim::PhaseRecord& rec, const sim::Scenario& s
   }
   out.bias_correction_right = right && !out.error;
   compare_tensors(rec, scenario, c, out);
+  return out;
+}
+
+namespace {
+
+std::string error_line(int rank, const std::string& type, std::string site,
+                       const std::vector<std::string>& path) {
+  // A real site is "megatron/core/.../dict_utils.py merge()" or the file's name alone.
+  const size_t space = site.find(' ');
+  const size_t slash = site.rfind('/', space);
+  if (slash != std::string::npos) site = site.substr(slash + 1);
+  return fmt::format("rank {} {} [{}] ({})", rank, type, site, join(path, ", "));
+}
+
+}  // namespace
+
+std::string ResumeOutcome::text() const {
+  std::vector<std::string> items(errors.begin(), errors.end());
+  for (const auto& [part, counters] : after_load) {
+    std::vector<std::string> c;
+    for (double v : counters) c.push_back(number_text(v));
+    items.push_back(part + " resumes at " + join(c, ","));
+  }
+  return items.empty() ? "(nothing)" : join(items, "; ");
+}
+
+ResumeOutcome resume_outcome(const ResumeJudgement& j) {
+  ResumeOutcome out;
+  for (const auto& e : j.errors) {
+    std::vector<std::string> path;
+    for (const auto& k : e.merge_path) path.push_back(k.repr());
+    out.errors.insert(error_line(e.rank, e.py_type, e.site, path));
+  }
+  out.after_load = j.counters_after_load;
+  return out;
+}
+
+ResumeOutcome resume_outcome(const nlohmann::json& run) {
+  ResumeOutcome out;
+  for (const auto& e : run.value("events", nlohmann::json::array())) {
+    if (e.value("at", "") == "error" && !e.value("secondary", false)) {
+      std::vector<std::string> path;
+      if (e.contains("merge_path") && e["merge_path"].is_array()) {
+        for (const auto& k : e["merge_path"])
+          path.push_back(k.is_string() ? k.get<std::string>() : k.dump());
+      }
+      out.errors.insert(
+          error_line(e.value("rank", -1), e.value("py_type", ""), e.value("site", ""), path));
+    }
+    if (e.value("at", "") != "after_load") continue;
+    for (const auto& p : e.value("parts", nlohmann::json::array())) {
+      if (p.contains("step") && p["step"].is_number()) {
+        out.after_load[p.value("part", "")].insert(p["step"].get<double>());
+      }
+    }
+  }
   return out;
 }
 

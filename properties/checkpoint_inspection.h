@@ -21,7 +21,10 @@
 // never throws on a malformed value (it fails with what it found).
 #pragma once
 
+#include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -66,6 +69,7 @@ struct ResumeJudgement {
   std::optional<sim::RankError> error;  // the first non-secondary error
   std::vector<sim::RankError> errors;   // every rank's own (non-secondary) error
   std::vector<std::string> resumed_at;  // "HDO cpu AdamW: 1 (w0[0:48], ...)" per part
+  std::map<std::string, std::set<double>> counters_after_load;  // part -> its step counters
   std::vector<std::string> steps_used;  // "step 7: HDO cpu AdamW t=2" per further step
   int64_t expected_first_t = 0;         // the saved counter + 1
   bool bias_correction_right = false;   // every part used saved + k at the k-th step
@@ -77,6 +81,20 @@ struct ResumeJudgement {
            uncovered.empty();
   }
 };
+
+// What a resume did, as both a real trace and the model's judgement give it: each rank's own
+// error ("rank <r> <type> <file function> <key path>") and each Adam part's step counters after
+// the load. Sites compare by file and function (a real trace's also has the path).
+struct ResumeOutcome {
+  std::set<std::string> errors;
+  std::map<std::string, std::set<double>> after_load;
+  bool operator==(const ResumeOutcome&) const = default;
+  std::string text() const;  // "completed; HDO cpu AdamW 1" or "rank 0 ValueError ...; ..."
+};
+ResumeOutcome resume_outcome(const ResumeJudgement& j);
+// From one run of a real trace (replay/PLAN_AND_TRACE.md): its non-secondary error events and its
+// after_load parts.
+ResumeOutcome resume_outcome(const nlohmann::json& run);
 
 // `saved_step`: what the checkpoint's counter says (saved_group_step, else the iteration).
 ResumeJudgement judge_resume(const sim::PhaseRecord& rec, const sim::Scenario& scenario,
