@@ -136,69 +136,48 @@ std::string judgement_text(const properties::ResumeJudgement& j) {
 
 }  // namespace
 
-Result<Inspection> inspect_checkpoint(const InspectCommand& c, std::ostream& progress) {
-  const auto invalid = [&](const std::string& why) {
-    return Status::invalid_input(c.dir + ": " + why);
-  };
-  std::error_code ec;
-  if (!std::filesystem::is_directory(c.dir, ec)) return invalid("not a directory");
-  model::DirectoryStorage storage(c.dir);
-  auto opened = open_metadata(storage);
-  if (!opened.is_ok()) return invalid(opened.status().to_string());
-  Inspection r;
-  const properties::CheckpointCheck tiling_unread =
-      properties::check_shards_tile_buckets(opened.value().metadata, nullptr);
-  auto read = model::read_torch_dist_checkpoint(storage, "");
-  if (!read.is_ok()) {
-    if (tiling_unread.outcome != properties::CheckOutcome::kFails) {
-      return invalid(read.status().to_string());
-    }
-    r.checks.push_back(tiling_unread);
-    r.unreadable = read.status().to_string();
-    return r;
-  }
-  r.checkpoint = std::move(read.value());
-  const model::TorchDistCheckpoint& ck = r.checkpoint;
+namespace {
 
-  auto registry = model::RevisionRegistry::load_embedded();
-  if (!registry.is_ok()) return invalid(registry.status().to_string());
+Result<std::vector<sim::Revision>> resolve_revisions(const InspectCommand& c,
+                                                     model::RevisionRegistry& registry) {
   for (const auto& p : c.profiles) {
-    if (Status s = registry.value().add_file(p); !s.is_ok()) return invalid(s.to_string());
+    if (Status s = registry.add_file(p); !s.is_ok()) return s;
   }
   std::vector<sim::Revision> revisions;
-  for (const auto& name : c.revisions.empty() ? registry.value().names() : c.revisions) {
-    auto rev = sim::resolve_revision(registry.value(), name);
-    if (!rev.is_ok()) return invalid(rev.status().to_string());
+  for (const auto& name : c.revisions.empty() ? registry.names() : c.revisions) {
+    auto rev = sim::resolve_revision(registry, name);
+    if (!rev.is_ok()) return rev.status();
     revisions.push_back(rev.value());
   }
-  std::vector<std::pair<std::string, model::RevisionSwitches>> switches;
-  for (const auto& rev : revisions) switches.emplace_back(rev.name, rev.profile->switches);
+  return revisions;
+}
 
-  r.checks = {properties::check_shards_tile_buckets(opened.value().metadata, &ck)};
-  for (auto& k : properties::check_checkpoint(ck, switches)) r.checks.push_back(std::move(k));
-
-  if (!c.scenario.empty()) {
-    auto s = sim::load_scenario_file(c.scenario, registry.value());
-    if (!s.is_ok()) return invalid(s.status().to_string());
-    r.inferred.scenario = s.value();
-    r.inferred.dp_at_save = ck.dp_size_at_save.value_or(std::max<int64_t>(ck.writer_ranks, 1));
-    if (Status st = sim::check_scenario_fits(ck, r.inferred.scenario, r.inferred.dp_at_save);
-        !st.is_ok()) {
-      return invalid(st.to_string());
-    }
-  } else {
-    auto s = sim::infer_scenario(ck, revisions.front());
-    if (!s.is_ok()) return invalid("the model cannot resume it: " + s.status().to_string());
+// The run that saved the checkpoint: the user's scenario (checked to fit), or inferred.
+Status choose_scenario(const InspectCommand& c, model::RevisionRegistry& registry,
+                       const sim::Revision& first, Inspection& r) {
+  const model::TorchDistCheckpoint& ck = r.checkpoint;
+  if (c.scenario.empty()) {
+    auto s = sim::infer_scenario(ck, first);
+    if (!s.is_ok())
+      return Status::invalid_input("the model cannot resume it: " + s.status().to_string());
     r.inferred = s.value();
+    return Status::ok();
   }
-  const sim::Scenario& scenario = r.inferred.scenario;
-  r.dp = c.dp > 0 ? c.dp : r.inferred.dp_at_save;
-  r.saved_step = properties::saved_group_step(ck).value_or(static_cast<double>(ck.iteration));
+  auto s = sim::load_scenario_file(c.scenario, registry);
+  if (!s.is_ok()) return s.status();
+  r.inferred.scenario = s.value();
+  r.inferred.dp_at_save = ck.dp_size_at_save.value_or(std::max<int64_t>(ck.writer_ranks, 1));
+  return sim::check_scenario_fits(ck, r.inferred.scenario, r.inferred.dp_at_save);
+}
 
+// Each revision's resume from the checkpoint, at r.dp.
+Status resume_each(const std::vector<sim::Revision>& revisions, std::ostream& progress,
+                   Inspection& r) {
   model::MemoryStorage converted;
-  if (Status s = model::write_checkpoint_contents(model::checkpoint_contents(ck), converted);
+  if (Status s =
+          model::write_checkpoint_contents(model::checkpoint_contents(r.checkpoint), converted);
       !s.is_ok()) {
-    return invalid("the model cannot hold it: " + s.to_string());
+    return Status::invalid_input("the model cannot hold it: " + s.to_string());
   }
   for (const auto& rev : revisions) {
     sim::PhaseSpec phase;
@@ -207,9 +186,52 @@ Result<Inspection> inspect_checkpoint(const InspectCommand& c, std::ostream& pro
     phase.save = false;
     phase.set_revision(rev);
     progress << fmt::format("inspect: resuming with {} at DP {}\n", rev.name, r.dp);
-    const sim::PhaseRecord rec = sim::resume_from_checkpoint(scenario, phase, converted);
-    r.judgements.push_back(properties::judge_resume(rec, scenario, ck, r.saved_step));
+    const sim::PhaseRecord rec = sim::resume_from_checkpoint(r.inferred.scenario, phase, converted);
+    r.judgements.push_back(
+        properties::judge_resume(rec, r.inferred.scenario, r.checkpoint, r.saved_step));
   }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<Inspection> inspect_checkpoint(const InspectCommand& c, std::ostream& progress) {
+  const auto invalid = [&](const Status& why) {
+    return Status::invalid_input(c.dir + ": " + why.to_string());
+  };
+  std::error_code ec;
+  if (!std::filesystem::is_directory(c.dir, ec))
+    return Status::invalid_input(c.dir + ": not a directory");
+  model::DirectoryStorage storage(c.dir);
+  auto opened = open_metadata(storage);
+  if (!opened.is_ok()) return invalid(opened.status());
+  Inspection r;
+  const properties::CheckpointCheck tiling_unread =
+      properties::check_shards_tile_buckets(opened.value().metadata, nullptr);
+  auto read = model::read_torch_dist_checkpoint(storage, "");
+  if (!read.is_ok()) {
+    if (tiling_unread.outcome != properties::CheckOutcome::kFails) return invalid(read.status());
+    r.checks.push_back(tiling_unread);
+    r.unreadable = read.status().to_string();
+    return r;
+  }
+  r.checkpoint = std::move(read.value());
+  auto registry = model::RevisionRegistry::load_embedded();
+  if (!registry.is_ok()) return invalid(registry.status());
+  auto revisions = resolve_revisions(c, registry.value());
+  if (!revisions.is_ok()) return invalid(revisions.status());
+  std::vector<std::pair<std::string, model::RevisionSwitches>> switches;
+  for (const auto& rev : revisions.value()) switches.emplace_back(rev.name, rev.profile->switches);
+  r.checks = {properties::check_shards_tile_buckets(opened.value().metadata, &r.checkpoint)};
+  for (auto& k : properties::check_checkpoint(r.checkpoint, switches))
+    r.checks.push_back(std::move(k));
+  if (Status s = choose_scenario(c, registry.value(), revisions.value().front(), r); !s.is_ok()) {
+    return invalid(s);
+  }
+  r.dp = c.dp > 0 ? c.dp : r.inferred.dp_at_save;
+  r.saved_step = properties::saved_group_step(r.checkpoint)
+                     .value_or(static_cast<double>(r.checkpoint.iteration));
+  if (Status s = resume_each(revisions.value(), progress, r); !s.is_ok()) return invalid(s);
   return r;
 }
 
@@ -224,6 +246,81 @@ bool Inspection::ok() const {
   return true;
 }
 
+namespace {
+
+std::string dtype_text(model::DType d) { return d == model::DType::kBFloat16 ? "bf16" : "fp32"; }
+
+json inspection_json(const InspectCommand& c, const Inspection& r) {
+  const model::TorchDistCheckpoint& ck = r.checkpoint;
+  json params = json::array();
+  for (const auto& p : r.inferred.scenario.params) {
+    params.push_back(json{{"name", p.name}, {"numel", p.numel}, {"dtype", dtype_text(p.dtype)}});
+  }
+  json j{
+      {"dir", c.dir},
+      {"iter_dir", ck.iter_dir},
+      {"iteration", ck.iteration},
+      {"dp_size_at_save", ck.dp_size_at_save ? json(*ck.dp_size_at_save) : json(nullptr)},
+      {"writer_ranks", ck.writer_ranks},
+      {"sharding_type", ck.sharding_type},
+      {"common_state", ck.common_from_sharded_object ? "ShardedObject common_state" : "common.pt"},
+      {"optimizer", optimizer_text(r.inferred.scenario, ck)},
+      {"params", params},
+      {"buckets", bucket_lines(ck)},
+      {"checks", json::array()},
+      {"resume_dp", r.dp},
+      {"resumes", json::array()},
+      {"guesses", r.inferred.guesses},
+      {"ok", r.ok()}};
+  for (const auto& k : r.checks) j["checks"].push_back(check_json(k));
+  for (const auto& x : r.judgements) j["resumes"].push_back(judgement_json(x));
+  return j;
+}
+
+void print_contents(const InspectCommand& c, const Inspection& r, std::ostream& out) {
+  const model::TorchDistCheckpoint& ck = r.checkpoint;
+  out << fmt::format("checkpoint {}/{}\n", c.dir, ck.iter_dir);
+  out << fmt::format(
+      "  iteration {}, DP {} at save ({} ranks wrote data files), sharding {}, common "
+      "state in {}\n",
+      ck.iteration, ck.dp_size_at_save ? std::to_string(*ck.dp_size_at_save) : "unknown",
+      ck.writer_ranks, ck.sharding_type,
+      ck.common_from_sharded_object ? "the ShardedObject 'common_state'" : "common.pt");
+  out << "  optimizer: " << optimizer_text(r.inferred.scenario, ck) << "\n";
+  std::vector<std::string> params;
+  for (const auto& p : r.inferred.scenario.params) {
+    params.push_back(fmt::format("{} ({}, {})", p.name, p.numel, dtype_text(p.dtype)));
+  }
+  out << "  params: " << fmt::format("{}", fmt::join(params, ", ")) << "\n";
+  for (const auto& line : bucket_lines(ck)) out << "  bucket " << line << "\n";
+}
+
+void print_verdicts(const Inspection& r, std::ostream& out) {
+  out << "checks\n";
+  for (const auto& k : r.checks) {
+    out << fmt::format("  {:<5}  {}: {}\n", properties::check_outcome_name(k.outcome), k.name,
+                       k.detail);
+    for (const auto& line : k.lines) out << "         " << line << "\n";
+  }
+  out << fmt::format(
+      "resume from this checkpoint at DP {}, {} further steps (the model's simulation; "
+      "right: t continues from the saved step {})\n",
+      r.dp, kStepsAfterResume, r.saved_step);
+  for (const auto& j : r.judgements) out << judgement_text(j);
+  if (!r.inferred.guesses.empty()) {
+    out << "what the model assumed (not in the checkpoint)\n";
+    for (const auto& g : r.inferred.guesses) out << "  " << g << "\n";
+  }
+  size_t correct = 0;
+  for (const auto& j : r.judgements) correct += j.correct() ? 1 : 0;
+  size_t failed = 0;
+  for (const auto& k : r.checks) failed += k.outcome == properties::CheckOutcome::kFails ? 1 : 0;
+  out << fmt::format("inspect: {} of {} checks fail; {} of {} revisions resume it correctly\n",
+                     failed, r.checks.size(), correct, r.judgements.size());
+}
+
+}  // namespace
+
 int inspect_command(const InspectCommand& c, std::ostream& out, std::ostream& err) {
   std::ostringstream quiet;
   auto inspected = inspect_checkpoint(c, c.json ? quiet : err);
@@ -237,82 +334,70 @@ int inspect_command(const InspectCommand& c, std::ostream& out, std::ostream& er
     out << "the model cannot read it (" << r.unreadable << "), so no resume is simulated\n";
     return kExitFail;
   }
-  const model::TorchDistCheckpoint& ck = r.checkpoint;
-  const auto& checks = r.checks;
-  const auto& judgements = r.judgements;
-  const auto& inferred = r.inferred;
-  const sim::Scenario& scenario = inferred.scenario;
-  const int64_t dp = r.dp;
-  const double saved_step = r.saved_step;
-  const bool ok = r.ok();
-
   if (c.json) {
-    json params = json::array();
-    for (const auto& p : scenario.params) {
-      params.push_back(json{{"name", p.name},
-                            {"numel", p.numel},
-                            {"dtype", p.dtype == model::DType::kBFloat16 ? "bf16" : "fp32"}});
-    }
-    json j{{"dir", c.dir},
-           {"iter_dir", ck.iter_dir},
-           {"iteration", ck.iteration},
-           {"dp_size_at_save", ck.dp_size_at_save ? json(*ck.dp_size_at_save) : json(nullptr)},
-           {"writer_ranks", ck.writer_ranks},
-           {"sharding_type", ck.sharding_type},
-           {"common_state",
-            ck.common_from_sharded_object ? "ShardedObject common_state" : "common.pt"},
-           {"optimizer", optimizer_text(scenario, ck)},
-           {"params", params},
-           {"buckets", bucket_lines(ck)},
-           {"checks", json::array()},
-           {"resume_dp", dp},
-           {"resumes", json::array()},
-           {"guesses", inferred.guesses},
-           {"ok", ok}};
-    for (const auto& k : checks) j["checks"].push_back(check_json(k));
-    for (const auto& r : judgements) j["resumes"].push_back(judgement_json(r));
-    out << j.dump(2) << "\n";
-    return ok ? kExitOk : kExitFail;
+    out << inspection_json(c, r).dump(2) << "\n";
+  } else {
+    print_contents(c, r, out);
+    print_verdicts(r, out);
   }
-
-  out << fmt::format("checkpoint {}/{}\n", c.dir, ck.iter_dir);
-  out << fmt::format(
-      "  iteration {}, DP {} at save ({} ranks wrote data files), sharding {}, common "
-      "state in {}\n",
-      ck.iteration, ck.dp_size_at_save ? std::to_string(*ck.dp_size_at_save) : "unknown",
-      ck.writer_ranks, ck.sharding_type,
-      ck.common_from_sharded_object ? "the ShardedObject 'common_state'" : "common.pt");
-  out << "  optimizer: " << optimizer_text(scenario, ck) << "\n";
-  std::vector<std::string> params;
-  for (const auto& p : scenario.params) {
-    params.push_back(fmt::format("{} ({}, {})", p.name, p.numel,
-                                 p.dtype == model::DType::kBFloat16 ? "bf16" : "fp32"));
-  }
-  out << "  params: " << fmt::format("{}", fmt::join(params, ", ")) << "\n";
-  for (const auto& line : bucket_lines(ck)) out << "  bucket " << line << "\n";
-  out << "checks\n";
-  for (const auto& k : checks) {
-    out << fmt::format("  {:<5}  {}: {}\n", properties::check_outcome_name(k.outcome), k.name,
-                       k.detail);
-    for (const auto& line : k.lines) out << "         " << line << "\n";
-  }
-  out << fmt::format(
-      "resume from this checkpoint at DP {}, {} further steps (the model's simulation; "
-      "right: t continues from the saved step {})\n",
-      dp, kStepsAfterResume, saved_step);
-  for (const auto& j : judgements) out << judgement_text(j);
-  if (!inferred.guesses.empty()) {
-    out << "what the model assumed (not in the checkpoint)\n";
-    for (const auto& g : inferred.guesses) out << "  " << g << "\n";
-  }
-  size_t correct = 0;
-  for (const auto& j : judgements) correct += j.correct() ? 1 : 0;
-  size_t failed = 0;
-  for (const auto& k : checks) failed += k.outcome == properties::CheckOutcome::kFails ? 1 : 0;
-  out << fmt::format("inspect: {} of {} checks fail; {} of {} revisions resume it correctly\n",
-                     failed, checks.size(), correct, judgements.size());
-  return ok ? kExitOk : kExitFail;
+  return r.ok() ? kExitOk : kExitFail;
 }
+
+namespace {
+
+// One fixture of a fixtures.json: its table row; r.compared/agreeing count its comparison.
+Result<std::string> fixture_row(const std::string& dir, const std::string& manifest, const json& f,
+                                RealCheckpointsReport& r, std::ostream& out) {
+  const std::string name = f.value("dir", "");
+  const std::string scenario_name = f.value("scenario", "");
+  const int phase = f.value("phase", -1);
+  std::ifstream sin(dir + "/runs/" + scenario_name + ".scenario.json");
+  std::ifstream tin(dir + "/runs/" + scenario_name + ".trace.json");
+  const json scenario = json::parse(sin, nullptr, false);
+  const json trace = json::parse(tin, nullptr, false);
+  if (name.empty() || phase < 0 || !scenario.is_object() || !trace.is_object() ||
+      static_cast<size_t>(phase) >= scenario.value("phases", json::array()).size()) {
+    return Status::invalid_input(manifest + ": fixture '" + name +
+                                 "': needs dir, phase and runs/<scenario>.{scenario,trace}.json");
+  }
+  const size_t next = static_cast<size_t>(phase) + 1;
+  const bool resumed = next < scenario["phases"].size();
+  const json& by = scenario["phases"][resumed ? next : static_cast<size_t>(phase)];
+  InspectCommand c;
+  c.dir = dir + "/" + name;
+  c.revisions = {by["revision"].get<std::string>()};
+  if (resumed) c.dp = by["dp"].get<int64_t>();
+  std::ostringstream quiet;
+  auto inspected = inspect_checkpoint(c, quiet);
+  if (!inspected.is_ok()) return inspected.status();
+  const Inspection& i = inspected.value();
+  std::string failing;
+  for (const auto& k : i.checks) {
+    if (k.outcome == properties::CheckOutcome::kFails)
+      failing += (failing.empty() ? "" : ", ") + k.name;
+  }
+  const properties::ResumeJudgement j =
+      i.judgements.empty() ? properties::ResumeJudgement{} : i.judgements[0];
+  const properties::ResumeOutcome model = properties::resume_outcome(j);
+  std::string real_text = "(no later phase resumed from it)";
+  std::string verdict = "n/a";
+  for (const auto& run : resumed ? trace["runs"] : json::array()) {
+    if (run.value("id", "") != "phase" + std::to_string(next)) continue;
+    const properties::ResumeOutcome real = properties::resume_outcome(run);
+    real_text = real.text();
+    ++r.compared;
+    r.agreeing += real == model ? 1 : 0;
+    verdict = real == model ? "agree" : "**DISAGREE**";
+    out << fmt::format("{} {} (resumed by {} at DP {})", real == model ? "agree   " : "DISAGREE",
+                       name, c.revisions[0], i.dp)
+        << std::endl;
+  }
+  return fmt::format("| `{}` | {} | {} at DP {} | {} | {} | {} of {} | {} |", name,
+                     failing.empty() ? "all hold" : failing, c.revisions[0], i.dp, real_text,
+                     model.text(), j.elements_equal, j.elements_compared, verdict);
+}
+
+}  // namespace
 
 Result<RealCheckpointsReport> real_checkpoints_report(const std::vector<std::string>& dirs,
                                                       std::ostream& out) {
@@ -327,64 +412,9 @@ Result<RealCheckpointsReport> real_checkpoints_report(const std::vector<std::str
       return Status::invalid_input(manifest + ": no 'fixtures' list");
     }
     for (const auto& f : m["fixtures"]) {
-      const std::string name = f.value("dir", "");
-      const std::string scenario_name = f.value("scenario", "");
-      const int phase = f.value("phase", -1);
-      std::ifstream sin(dir + "/runs/" + scenario_name + ".scenario.json");
-      std::ifstream tin(dir + "/runs/" + scenario_name + ".trace.json");
-      const json scenario = json::parse(sin, nullptr, false);
-      const json trace = json::parse(tin, nullptr, false);
-      if (name.empty() || phase < 0 || !scenario.is_object() || !trace.is_object()) {
-        return Status::invalid_input(
-            manifest + ": fixture '" + name +
-            "': needs dir, phase and runs/<scenario>.{scenario,trace}.json");
-      }
-      const size_t next = static_cast<size_t>(phase) + 1;
-      InspectCommand c;
-      c.dir = dir + "/" + name;
-      json resumed_run;
-      if (next < scenario["phases"].size()) {
-        c.revisions = {scenario["phases"][next]["revision"].get<std::string>()};
-        c.dp = scenario["phases"][next]["dp"].get<int64_t>();
-        for (const auto& run : trace["runs"]) {
-          if (run.value("id", "") == "phase" + std::to_string(next)) resumed_run = run;
-        }
-      } else {
-        c.revisions = {scenario["phases"][phase]["revision"].get<std::string>()};
-      }
-      std::ostringstream quiet;
-      auto inspected = inspect_checkpoint(c, quiet);
-      if (!inspected.is_ok()) return inspected.status();
-      const Inspection& i = inspected.value();
-      std::string failing;
-      for (const auto& k : i.checks) {
-        if (k.outcome == properties::CheckOutcome::kFails)
-          failing += (failing.empty() ? "" : ", ") + k.name;
-      }
-      std::string real_text = "(no later phase resumed from it)";
-      std::string model_text =
-          i.judgements.empty() ? "" : properties::resume_outcome(i.judgements[0]).text();
-      std::string verdict = "n/a";
-      if (resumed_run.is_object() && !i.judgements.empty()) {
-        const auto real = properties::resume_outcome(resumed_run);
-        const auto model = properties::resume_outcome(i.judgements[0]);
-        real_text = real.text();
-        ++r.compared;
-        if (real == model) {
-          ++r.agreeing;
-          verdict = "agree";
-        } else {
-          verdict = "**DISAGREE**";
-        }
-        out << fmt::format("{} {} (resumed by {} at DP {})",
-                           real == model ? "agree   " : "DISAGREE", name, c.revisions[0], c.dp)
-            << std::endl;
-      }
-      const auto& j = i.judgements.empty() ? properties::ResumeJudgement{} : i.judgements[0];
-      rows.push_back(fmt::format("| `{}` | {} | {} at DP {} | {} | {} | {} of {} | {} |", name,
-                                 failing.empty() ? "all hold" : failing, c.revisions[0], i.dp,
-                                 real_text, model_text, j.elements_equal, j.elements_compared,
-                                 verdict));
+      auto row = fixture_row(dir, manifest, f, r, out);
+      if (!row.is_ok()) return row.status();
+      rows.push_back(row.value());
     }
   }
   r.markdown =

@@ -71,6 +71,46 @@ std::vector<std::pair<std::string, const Value*>> raw_steps(const model::TorchDi
   return out;
 }
 
+// What is wrong with a group step that all groups agree on: per-param steps of the common state
+// that differ, and a step behind or past the iteration. `per_param` gets the counters found;
+// `lines` what is only a possibility (steps the grad scaler may have skipped).
+std::vector<std::string> step_problems(const model::TorchDistCheckpoint& c, double group_step,
+                                       std::map<double, int>& per_param,
+                                       std::vector<std::string>& lines) {
+  for (const auto& [path, v] : raw_steps(c)) {
+    const auto s = as_step(*v);
+    if (!s) continue;  // a padding entry's step: a torch.empty vector, no counter
+    ++per_param[*s];
+  }
+  std::vector<std::string> problems;
+  for (const auto& [s, n] : per_param) {
+    if (s != group_step) {
+      problems.push_back(
+          fmt::format("{} per-param step(s) in the common state say {} where the "
+                      "param groups say {}",
+                      n, number_text(s), number_text(group_step)));
+    }
+  }
+  const bool has_scaler = c.sharded.dict()->contains(model::format_object_key(0, "grad_scaler"));
+  const double iteration = static_cast<double>(c.iteration);
+  if (group_step < iteration) {
+    const std::string text = fmt::format(
+        "the param groups say step {} at iteration {}: {} optimizer steps are missing from the "
+        "counter, the signature of a counter that restarted at 1 on the resume from iteration {}",
+        number_text(group_step), c.iteration, number_text(iteration - group_step),
+        number_text(iteration - group_step + 1));
+    if (has_scaler) {
+      lines.push_back(text + " (or of steps the grad scaler skipped: it is in the checkpoint)");
+    } else {
+      problems.push_back(text);
+    }
+  } else if (group_step > iteration) {
+    problems.push_back(fmt::format("the param groups say step {}, past iteration {}",
+                                   number_text(group_step), c.iteration));
+  }
+  return problems;
+}
+
 CheckpointCheck check_steps(const model::TorchDistCheckpoint& c) {
   CheckpointCheck out{"step_counters_agree", CheckOutcome::kHolds, "", {}};
   const model::List* groups = groups_of(c);
@@ -106,37 +146,7 @@ CheckpointCheck check_steps(const model::TorchDistCheckpoint& c) {
   }
   const double group_step = *steps.begin();
   std::map<double, int> per_param;
-  for (const auto& [path, v] : raw_steps(c)) {
-    const auto s = as_step(*v);
-    if (!s) continue;  // a padding entry's step: a torch.empty vector, no counter
-    ++per_param[*s];
-  }
-  std::vector<std::string> problems;
-  for (const auto& [s, n] : per_param) {
-    if (s != group_step) {
-      problems.push_back(
-          fmt::format("{} per-param step(s) in the common state say {} where the "
-                      "param groups say {}",
-                      n, number_text(s), number_text(group_step)));
-    }
-  }
-  const bool has_scaler = c.sharded.dict()->contains(model::format_object_key(0, "grad_scaler"));
-  const double iteration = static_cast<double>(c.iteration);
-  if (group_step < iteration) {
-    const std::string text = fmt::format(
-        "the param groups say step {} at iteration {}: {} optimizer steps are missing from the "
-        "counter, the signature of a counter that restarted at 1 on the resume from iteration {}",
-        number_text(group_step), c.iteration, number_text(iteration - group_step),
-        number_text(iteration - group_step + 1));
-    if (has_scaler) {
-      out.lines.push_back(text + " (or of steps the grad scaler skipped: it is in the checkpoint)");
-    } else {
-      problems.push_back(text);
-    }
-  } else if (group_step > iteration) {
-    problems.push_back(fmt::format("the param groups say step {}, past iteration {}",
-                                   number_text(group_step), c.iteration));
-  }
+  const std::vector<std::string> problems = step_problems(c, group_step, per_param, out.lines);
   if (!problems.empty()) {
     out.outcome = CheckOutcome::kFails;
     out.detail = problems.front();
