@@ -420,6 +420,23 @@ int run_command(const RunCommand& c, std::ostream& out, std::ostream& err) {
     if (!trace_out) return invalid(err, c.trace + ": cannot open the trace file for writing");
   }
   if (!device.is_ok()) return invalid(err, device.status().message());
+  sim::CheckpointFormat format = sim::CheckpointFormat::kCkptsim;
+  if (c.checkpoint_format == "torch_dist") {
+    format = sim::CheckpointFormat::kTorchDist;
+    if (c.memory)
+      return invalid(err, "--checkpoint-format torch_dist writes to disk: drop --memory");
+  } else if (c.checkpoint_format != "ckptsim") {
+    return invalid(
+        err, "--checkpoint-format: 'ckptsim' or 'torch_dist', got '" + c.checkpoint_format + "'");
+  }
+  model::TorchDistExportOptions export_options;
+  for (const std::string& rename : c.torch_dist_classes) {
+    if (format != sim::CheckpointFormat::kTorchDist) {
+      return invalid(err, "--torch-dist-class needs --checkpoint-format torch_dist");
+    }
+    Status parsed = model::parse_class_rename(rename, export_options.class_renames);
+    if (!parsed.is_ok()) return invalid(err, "--torch-dist-class " + parsed.message());
+  }
   const bool talk = !c.quiet && !c.json;
   std::vector<sim::RunResult> runs;
   runs.reserve(scenarios.value().size());
@@ -428,6 +445,8 @@ int run_command(const RunCommand& c, std::ostream& out, std::ostream& err) {
     sim::RunOptions options;
     options.device = device.value();
     if (!c.memory) options.checkpoint_dir = c.checkpoint_root + "/" + sanitize(s.scenario.name);
+    options.checkpoint_format = format;
+    options.torch_dist = export_options;
     options.progress = [&](const std::string& line) {
       if (talk) out << "  " << line << std::endl;
     };

@@ -38,6 +38,10 @@ struct RunCommand {
   bool quiet = false;
   std::string report;
   std::string checkpoint_root = "ckptsim-checkpoints";
+  // "ckptsim" (the model's own format) or "torch_dist" (Megatron's, for real Megatron to
+  // load: sim::CheckpointFormat); torch_dist_classes: "From=To" class renames of the export.
+  std::string checkpoint_format = "ckptsim";
+  std::vector<std::string> torch_dist_classes;
   std::string trace;
   std::vector<std::string> profiles;
   std::string device = "auto";

@@ -190,6 +190,16 @@ CLI::App* add_run(CLI::App& app, app::RunCommand& f) {
                   "Directory for checkpoints, one folder per scenario")
       ->capture_default_str();
   run->add_flag("--memory", f.memory, "Keep checkpoints in memory instead of on disk");
+  run->add_option("--checkpoint-format", f.checkpoint_format,
+                  "Format of the checkpoints on disk: ckptsim (the model's own, what it loads) or "
+                  "torch_dist (Megatron's, phase_<i>/{latest_checkpointed_iteration.txt,iter_*/}"
+                  ", for real Megatron to load; the simulator's own stay in memory)")
+      ->check(CLI::IsMember({"ckptsim", "torch_dist"}))
+      ->capture_default_str();
+  run->add_option("--torch-dist-class", f.torch_dist_classes,
+                  "With --checkpoint-format torch_dist: write class From as To (From=To), e.g. "
+                  "transformer_engine.pytorch.optimizers.fused_adam.FusedAdam="
+                  "replay.emulation.StandinFusedAdam for a replay with --fused-adam-standin");
   run->add_option("--trace", f.trace, "Write the trace (one line per event) to this file");
   run->add_option("--profile", f.profiles, "Extra revision profile JSON files");
   run->add_flag("--quiet", f.quiet, "Print nothing but errors (and --json output)");

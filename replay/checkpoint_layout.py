@@ -61,3 +61,55 @@ def resume_dir(root: str) -> str:
     if not os.path.isdir(d):
         raise LayoutError("%s names iteration folder %s, which does not exist" % (TRACKER, d))
     return d
+
+
+# ---------------------------------------------------------------------------------------------
+# --resume-from: a run loads a given checkpoint directory instead of an earlier run's save
+# ---------------------------------------------------------------------------------------------
+# For the cross-load (a checkpoint the model saved, exported by `ckptsim run --checkpoint-format
+# torch_dist`, loaded by the real Megatron): `run --resume-from [RUN=]DIR`. DIR is a checkpoint
+# directory in this layout (tracker + iteration folder); `{scenario}` in it stands for the plan's
+# scenario name, so one option serves a folder of plans. Without RUN=, the spec applies to the
+# plan's first run that loads. The run still records its after_load state as usual, with
+# "resumed_from": DIR in the trace (load_from keeps naming the plan's source run, whose own save
+# is then what the loaded state can be compared with).
+
+
+def parse_resume_from(specs):
+    """[(run id or None, directory template)] from the --resume-from values; LayoutError for an
+    empty directory or run id."""
+    out = []
+    for spec in specs or []:
+        run, sep, directory = spec.partition("=")
+        if not sep:
+            run, directory = None, spec
+        elif not run or "/" in run or os.sep in run:
+            # "DIR" that holds '=' but no run id before it: the whole text is the directory.
+            run, directory = None, spec
+        if not directory:
+            raise LayoutError("--resume-from %r: no checkpoint directory" % spec)
+        out.append((run, directory))
+    return out
+
+
+def resume_dirs_for(plan, specs):
+    """{run id: absolute checkpoint directory} of one plan (parse_resume_from's specs). Every
+    named run must exist and load; every directory must hold a tracker naming an existing
+    iteration folder (resume_dir). Raises LayoutError naming the spec."""
+    name = plan["scenario"]["name"]
+    loading = [r["id"] for r in plan["runs"] if r.get("load")]
+    out = {}
+    for run, template in specs:
+        rid = run if run is not None else (loading[0] if loading else None)
+        if rid is None:
+            raise LayoutError("--resume-from %s: plan %s has no run that loads" % (template, name))
+        if rid not in [r["id"] for r in plan["runs"]]:
+            raise LayoutError("--resume-from %s=%s: plan %s has no run %r" % (rid, template, name, rid))
+        if rid not in loading:
+            raise LayoutError("--resume-from %s=%s: run %r of plan %s does not load" % (rid, template, rid, name))
+        if rid in out:
+            raise LayoutError("--resume-from: run %r of plan %s named twice" % (rid, name))
+        directory = os.path.abspath(template.replace("{scenario}", name))
+        resume_dir(directory)  # the tracker and its iteration folder exist
+        out[rid] = directory
+    return out

@@ -24,6 +24,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from . import checkouts as co
+from . import checkpoint_layout as layout
 from . import compare
 from . import plan as plan_mod
 from . import trace_schema as ts
@@ -64,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--check-grads", action="store_true",
                    help="before running, check that each global step's gradients sum to the same total in every run")
     r.add_argument("--dry-run", action="store_true", help="validate the plans and print which checkout runs what")
+    r.add_argument("--resume-from", action="append", default=[], metavar="[RUN=]DIR",
+                   help="run RUN (default: each plan's first run that loads) loads the checkpoint directory DIR "
+                        "(latest_checkpointed_iteration.txt + iter_NNNNNNN/, e.g. from `ckptsim run "
+                        "--checkpoint-format torch_dist`) instead of the earlier run's save; {scenario} in DIR is "
+                        "the plan's scenario name; repeatable")
     r.add_argument("--no-prestart", action="store_true",
                    help="start a checkout's workers only when a run needs them (default: start all at once, "
                         "so their imports overlap)")
@@ -189,6 +195,12 @@ def cmd_run(a: argparse.Namespace, argv: Sequence[str]) -> int:
             if probs:
                 print("%s: gradients do not sum alike:\n  %s" % (p, "\n  ".join(probs)), file=sys.stderr)
                 return 2
+    try:
+        resume_specs = layout.parse_resume_from(a.resume_from)
+        resumes = [layout.resume_dirs_for(plan, resume_specs) for _, plan in plans]
+    except layout.LayoutError as e:
+        print(e, file=sys.stderr)
+        return 2
     mappings = []
     for p, plan in plans:
         try:
@@ -228,9 +240,9 @@ def cmd_run(a: argparse.Namespace, argv: Sequence[str]) -> int:
                         need[d] = max(need.get(d, 0), int(run["dp"]))
             for d, n in sorted(need.items()):
                 coord.prestart(d, n)
-        for (p, plan), (found, missing) in zip(plans, mappings):
+        for (p, plan), (found, missing), resume in zip(plans, mappings, resumes):
             print("replaying %s" % plan_mod.scenario_name(plan), flush=True)
-            trace = coord.replay_plan(p, plan, found, missing)
+            trace = coord.replay_plan(p, plan, found, missing, resume)
             probs = ts.validate_trace(trace)
             if probs:
                 print("internal error: the trace of %s breaks the schema:\n  %s" % (p, "\n  ".join(probs[:20])),

@@ -269,7 +269,8 @@ class Coordinator:
 
     # ------------------------------------------------------------------ one run
     def execute_run(self, plan_path: str, plan: Dict[str, Any], index: int, checkout: Optional[str],
-                    missing_reason: Optional[str], done: Dict[str, Dict[str, Any]], ckpt_root: str) -> Dict[str, Any]:
+                    missing_reason: Optional[str], done: Dict[str, Dict[str, Any]], ckpt_root: str,
+                    resume_from: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
         run = plan["runs"][index]
         rec: Dict[str, Any] = {"id": run["id"], "dp": run["dp"], "revision": run["revision"],
                                "start_step": run["start_step"], "steps": run["steps"], "load": bool(run["load"]),
@@ -283,11 +284,17 @@ class Coordinator:
             return rec
 
         src = plan_mod.load_source(plan, index)
+        external = (resume_from or {}).get(run["id"]) if run["load"] else None
         if run["load"]:
             rec["load_from"] = src
-            prev = done.get(src) if src else None
-            if prev is None or prev["status"] != "completed":
-                return skipped("%s did not complete, so there is no checkpoint to resume from" % (src or "no earlier run"))
+            if external:
+                # --resume-from: the given checkpoint, whatever became of the plan's source run.
+                rec["resumed_from"] = external
+            else:
+                prev = done.get(src) if src else None
+                if prev is None or prev["status"] != "completed":
+                    return skipped("%s did not complete, so there is no checkpoint to resume from"
+                                   % (src or "no earlier run"))
         if checkout is None:
             return skipped(missing_reason or "no Megatron checkout for revision %s" % run["revision"])
         reason = plan_mod.unsupported_reason(plan)
@@ -319,7 +326,7 @@ class Coordinator:
         save_dir = os.path.join(ckpt_root, run["id"]) if run["save"] else None
         if save_dir and os.path.exists(save_dir):
             shutil.rmtree(save_dir)
-        load_dir = os.path.join(ckpt_root, src) if run["load"] else None
+        load_dir = external or (os.path.join(ckpt_root, src) if run["load"] else None)
         workers = self.workers_for(checkout, run["dp"])
         broken = [w for w in workers if w.state != "idle"]
         if broken:
@@ -423,7 +430,7 @@ class Coordinator:
 
     # ------------------------------------------------------------------ one plan
     def replay_plan(self, plan_path: str, plan: Dict[str, Any], mapping: Dict[str, str],
-                    missing: Dict[str, str]) -> Dict[str, Any]:
+                    missing: Dict[str, str], resume_from: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
         name = plan_mod.scenario_name(plan)
         os.makedirs(os.path.join(self.work, "checkpoints"), exist_ok=True)
         ckpt_root = tempfile.mkdtemp(prefix="ckpt-%s-" % re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:40],
@@ -432,7 +439,8 @@ class Coordinator:
         runs = []
         for i, run in enumerate(plan["runs"]):
             rev = run["revision"]
-            rec = self.execute_run(plan_path, plan, i, mapping.get(rev), missing.get(rev), done, ckpt_root)
+            rec = self.execute_run(plan_path, plan, i, mapping.get(rev), missing.get(rev), done, ckpt_root,
+                                   resume_from)
             done[run["id"]] = rec
             runs.append(rec)
             line = "  %-10s dp=%d %-18s %-9s" % (rec["id"], rec["dp"], rev, rec["status"])
@@ -442,6 +450,8 @@ class Coordinator:
                 line += " %.1fs" % rec["wall_s"]
             if rec.get("skipped_reason"):
                 line += " (%s)" % rec["skipped_reason"]
+            if rec.get("resumed_from"):
+                line += " resumed from %s" % rec["resumed_from"]
             first = next((e for e in rec["events"] if e["at"] == "error" and not e.get("secondary")), None)
             if first:
                 line += "\n      rank %d %s: %s: %s [%s]" % (first["rank"], first["stage"], first["py_type"],

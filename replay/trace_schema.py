@@ -228,7 +228,7 @@ def _validate_setup(v: _V, s: Any) -> None:
 def _validate_run(v: _V, run: Any, path: str) -> None:
     if not v.obj(run, path, ["id", "dp", "revision", "status", "events"],
                  ["phase", "start_step", "steps", "load", "save", "backend", "te", "fused_adam_standin",
-                  "coalescing_workaround", "skipped_reason", "wall_s", "load_from", "devices"]):
+                  "coalescing_workaround", "skipped_reason", "wall_s", "load_from", "resumed_from", "devices"]):
         return
     v.string(run.get("id"), _join(path, "id"), nonempty=True)
     v.integer(run.get("dp"), _join(path, "dp"), lo=1)
@@ -244,6 +244,10 @@ def _validate_run(v: _V, run: Any, path: str) -> None:
     for k in ("start_step", "steps", "phase"):
         if k in run:
             v.integer(run[k], _join(path, k))
+    if "resumed_from" in run:
+        v.string(run["resumed_from"], _join(path, "resumed_from"), nonempty=True)
+        if not run.get("load"):
+            v.err(_join(path, "resumed_from"), "only a run that loads resumes from a checkpoint")
     if run.get("status") == "skipped":
         if not isinstance(run.get("skipped_reason"), str) or not run.get("skipped_reason"):
             v.err(_join(path, "skipped_reason"), "a skipped run must say why")

@@ -390,7 +390,20 @@ Result<RunResult> run_scenario(const Scenario& scenario, const RunOptions& optio
   result.gpu_resident =
       options.device == DeviceChoice::kCuda || (options.device == DeviceChoice::kAuto && have_gpu);
   result.trace.push_back(options_line(scenario));
-  auto root = open_storage(options, result.checkpoint_location);
+  const bool export_torch_dist =
+      options.checkpoint_format == CheckpointFormat::kTorchDist && !options.checkpoint_dir.empty();
+  std::unique_ptr<model::Storage> export_root;
+  if (export_torch_dist) {
+    // The simulator's own checkpoints stay in memory; the directory gets the exports.
+    auto dir = open_storage(options, result.checkpoint_location);
+    if (!dir.is_ok()) return dir.status();
+    export_root = std::move(dir.value());
+  }
+  std::string own_location;
+  RunOptions own_options = options;
+  if (export_torch_dist) own_options.checkpoint_dir.clear();
+  auto root =
+      open_storage(own_options, export_torch_dist ? own_location : result.checkpoint_location);
   if (!root.is_ok()) return root.status();
 
   run_reference(scenario, result);
@@ -428,6 +441,22 @@ Result<RunResult> run_scenario(const Scenario& scenario, const RunOptions& optio
     job.save_to = spec.save ? stores.back().get() : nullptr;
     run_phase(scenario, options, job, *stores.back(), result, rec);
     result.phases.push_back(std::move(rec));
+    if (export_torch_dist && spec.save && stores.back()->exists("metadata.json")) {
+      Status cleared_export = export_root->remove_all(prefix);
+      if (!cleared_export.is_ok()) return cleared_export;
+      auto target = model::subdir(*export_root, prefix);
+      model::TorchDistExportOptions export_options = options.torch_dist;
+      if (export_options.checkpoint_root.empty()) {
+        export_options.checkpoint_root = options.checkpoint_dir + "/" + prefix;
+      }
+      auto exported =
+          model::export_torch_dist_checkpoint(*stores.back(), *target, "", export_options);
+      if (!exported.is_ok()) {
+        return Status::io_error(fmt::format("{}/{}: torch_dist export of phase {} failed: {}",
+                                            options.checkpoint_dir, prefix, i,
+                                            exported.status().to_string()));
+      }
+    }
   }
   uint64_t h = fnv1a(nullptr, 0);
   for (const auto& line : result.trace) h = fnv1a(line.data(), line.size(), h);

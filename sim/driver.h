@@ -20,6 +20,7 @@
 #include <functional>
 #include <string>
 
+#include "model/megatron/torch_dist_writer.h"
 #include "model/status.h"
 #include "model/storage.h"
 #include "sim/record.h"
@@ -29,12 +30,25 @@ namespace ckptsim::sim {
 
 enum class DeviceChoice { kAuto, kCpu, kCuda };
 
+// How a phase's checkpoint is written to the checkpoint directory.
+//   kCkptsim   the model's own format (model/megatron/serialization.h), what the simulator
+//              saves and loads: phase_<i>/{metadata.json, shards/, objects/, common.pt}.
+//   kTorchDist Megatron's torch_dist format in the training loop's layout
+//              (model/megatron/torch_dist_writer.h), for real Megatron to load:
+//              phase_<i>/{latest_checkpointed_iteration.txt, iter_NNNNNNN/}. The simulator
+//              still saves and loads its own format, in memory; each completed save is
+//              exported right after the phase. The trace is the same in both formats.
+enum class CheckpointFormat { kCkptsim, kTorchDist };
+
 struct RunOptions {
   // Where 'cuda' state lives: kCpu simulates the device (CPU tensors, CPU kernels); kCuda keeps
   // it on the real GPU (CUDA FusedAdam kernel); kAuto picks kCuda when real_cuda_available().
   DeviceChoice device = DeviceChoice::kCpu;
   // Empty: an in-memory store. Otherwise a directory; phase i saves to <dir>/phase_<i>/.
   std::string checkpoint_dir;
+  // Only with a checkpoint_dir.
+  CheckpointFormat checkpoint_format = CheckpointFormat::kCkptsim;
+  model::TorchDistExportOptions torch_dist;  // kTorchDist only
   // Called with a one-line status after each phase (progress on long runs); may be empty.
   std::function<void(const std::string&)> progress;
 };

@@ -375,7 +375,7 @@ Status write_checkpoint_contents(const CheckpointContents& contents, Storage& st
   return storage.write_file(kMetadataFile, to_bytes(meta.dump(1)));
 }
 
-Result<std::vector<SavedPiece>> read_checkpoint_pieces(const Storage& storage) {
+Result<CheckpointIndex> read_checkpoint_index(const Storage& storage) {
   auto bytes = storage.read_file(kMetadataFile);
   if (!bytes.is_ok()) return bytes.status();
   json meta;
@@ -387,13 +387,28 @@ Result<std::vector<SavedPiece>> read_checkpoint_pieces(const Storage& storage) {
   if (!meta.is_object() || meta.value("format", "") != kFormat) {
     return Status::corruption(std::string(kMetadataFile) + ": not a " + kFormat + " checkpoint");
   }
-  std::vector<SavedPiece> out;
+  CheckpointIndex out;
   for (const auto& p : meta["pieces"]) {
     auto piece = piece_from_json(p);
     if (!piece.is_ok()) return piece.status();
-    out.push_back(std::move(piece.value()));
+    out.pieces.push_back(std::move(piece.value()));
+  }
+  try {
+    for (const auto& o : meta.value("objects", json::array())) {
+      out.objects.push_back(
+          SavedObject{o.at("unique_key").get<std::string>(), o.at("file").get<std::string>()});
+    }
+    out.common_in_common_pt = meta.contains("common") && meta["common"].is_string();
+  } catch (const json::exception& e) {
+    return Status::corruption(std::string(kMetadataFile) + ": bad object entry: " + e.what());
   }
   return out;
+}
+
+Result<std::vector<SavedPiece>> read_checkpoint_pieces(const Storage& storage) {
+  Result<CheckpointIndex> index = read_checkpoint_index(storage);
+  if (!index.is_ok()) return index.status();
+  return std::move(index.value().pieces);
 }
 
 Result<Value> read_common_state(const Storage& storage) {

@@ -115,6 +115,19 @@ Status write_checkpoint_contents(const CheckpointContents& contents, Storage& st
 
 // The pieces listed in a checkpoint's metadata.json (for checkers). Status names the file.
 Result<std::vector<SavedPiece>> read_checkpoint_pieces(const Storage& storage);
+
+struct SavedObject {
+  std::string unique_key;  // '<key>/shard_<offset>_<shape>'
+  std::string file;        // objects/<unique_key>.pt, a pickle_codec blob of the object
+};
+
+// Everything metadata.json lists (for exporters, model/megatron/torch_dist_writer.h).
+struct CheckpointIndex {
+  std::vector<SavedPiece> pieces;
+  std::vector<SavedObject> objects;  // in save order
+  bool common_in_common_pt = false;  // else in the ShardedObject 'common_state/shard_0_1'
+};
+Result<CheckpointIndex> read_checkpoint_index(const Storage& storage);
 // The checkpoint's common state, from common.pt or the 'common_state' ShardedObject (for
 // checkers and reports).
 Result<Value> read_common_state(const Storage& storage);

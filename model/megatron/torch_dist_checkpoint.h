@@ -1,4 +1,5 @@
-// A real Megatron-LM checkpoint in the `torch_dist` format, read side: what
+// A real Megatron-LM checkpoint in the `torch_dist` format, read side (the write side, from
+// the model's own checkpoints, is model/megatron/torch_dist_writer.h): what
 // megatron/training/checkpointing.py save_checkpoint() leaves on disk with
 // `--ckpt-format torch_dist`, read into the model's Values without Python.
 //

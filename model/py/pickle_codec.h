@@ -5,7 +5,8 @@
 // serialization headers (model/torch/torch_save_format.cpp includes only the zip reader).
 // Real Python pickles that libtorch's unpickler refuses (dtype globals, tuple dict keys,
 // optimizer classes, torch.distributed.checkpoint's `.metadata`) are read by
-// model/py/pickle_tree.h and model/torch/torch_save_format.h instead.
+// model/py/pickle_tree.h and model/torch/torch_save_format.h instead, and written, for the
+// torch_dist exchange format, by model/py/pickle_writer.h (torch_save(), the DCP writer).
 //
 // Mapping (encode; decode is the inverse except where marked LOSSY):
 //   None, bool, int, float, str   -> the pickle scalars

@@ -3,11 +3,15 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 
+#include <algorithm>
 #include <utility>
 
 #include <fmt/format.h>
 
+#include "model/errors.h"
 #include "model/py/pickle_tree.h"
+#include "model/py/pickle_writer.h"
+#include "model/py/value.h"
 #include "model/torch/torch_save_format.h"
 
 namespace ckptsim::model {
@@ -57,8 +61,16 @@ class MetadataParser {
     if (!f.contains("state_dict_metadata")) fail("Metadata without state_dict_metadata");
     if (!f.contains("storage_data")) fail("Metadata without storage_data");
     if (f.contains("storage_meta") && t_.at(f["storage_meta"]).kind != Kind::kNone) {
-      fields(f["storage_meta"], kStorageMetaCls,
-             {"checkpoint_id", "save_id", "load_id", "modules"});
+      auto sm = fields(f["storage_meta"], kStorageMetaCls,
+                       {"checkpoint_id", "save_id", "load_id", "modules"});
+      DcpStorageMeta meta;
+      if (sm.contains("checkpoint_id") && t_.at(sm["checkpoint_id"]).kind == Kind::kStr) {
+        meta.checkpoint_id = t_.at(sm["checkpoint_id"]).text;
+      }
+      if (sm.contains("save_id") && t_.at(sm["save_id"]).kind == Kind::kStr) {
+        meta.save_id = t_.at(sm["save_id"]).text;
+      }
+      out.storage_meta = meta;
     }
     parse_state_dict_metadata(f["state_dict_metadata"], out);
     parse_storage_data(f["storage_data"], out);
@@ -188,6 +200,7 @@ void MetadataParser::parse_state_dict_metadata(PickleNodeId id, DcpMetadata& out
   for (size_t i = 0; i + 1 < d.items.size(); i += 2) {
     const std::string key = str(d.items[i], "a state_dict_metadata key");
     if (out.tensors.contains(key) || out.bytes_items.contains(key)) fail("key '" + key + "' twice");
+    out.key_order.push_back(key);
     const PickleNode& v = t_.at(d.items[i + 1]);
     if (v.kind == Kind::kObject && v.text == kBytesCls) {
       fields(d.items[i + 1], kBytesCls, {});
@@ -419,6 +432,365 @@ Result<std::vector<char>> DcpReader::read_bytes(const std::string& fqn) {
   Result<std::span<const char>> bytes = read_item(fqn, *info);
   if (!bytes.is_ok()) return bytes.status();
   return std::vector<char>(bytes.value().begin(), bytes.value().end());
+}
+
+}  // namespace ckptsim::model
+
+// ---- write side ------------------------------------------------------------------------------
+
+namespace ckptsim::model {
+
+namespace {
+
+std::pair<std::string, std::string> split_dotted(const std::string& dotted) {
+  const size_t dot = dotted.rfind('.');
+  CKPTSIM_CHECK(dot != std::string::npos, "'" + dotted + "' is no module.name");
+  return {dotted.substr(0, dot), dotted.substr(dot + 1)};
+}
+
+// Writes metadata.py's dataclasses as pickle.dump(metadata) does (protocol 4): a dataclass is
+// NEWOBJ(cls, ()) then BUILD with the dict of the fields it set, TensorProperties BUILDs the
+// tuple of its __getstate__, torch.Size and the enum are REDUCEs.
+class MetadataPickler {
+ public:
+  std::vector<char> pickle(const DcpMetadata& m) {
+    object_begin(kMetadataCls);
+    dict_begin(5);
+    w_.str("state_dict_metadata");
+    state_dict_metadata(m);
+    w_.str("planner_data");
+    w_.none();
+    w_.str("storage_data");
+    storage_data(m);
+    w_.str("storage_meta");
+    storage_meta(m.storage_meta.value_or(DcpStorageMeta{}));
+    w_.str("version");
+    if (m.version) {
+      w_.str(*m.version);
+    } else {
+      w_.none();
+    }
+    dict_end(5);
+    w_.build();
+    return w_.finish();
+  }
+
+ private:
+  void global(const std::string& dotted) {
+    const auto [module, name] = split_dotted(dotted);
+    w_.global(module, name);
+  }
+
+  void object_begin(const std::string& cls) {
+    global(cls);
+    w_.tuple(0);
+    w_.newobj();
+    w_.memoize();
+  }
+
+  // A dict of `n` items: its items go between dict_begin and dict_end (batches of 1000, as
+  // pickle.py _batch_setitems; callers here write at most a handful except the two big ones,
+  // which batch themselves through batched()).
+  void dict_begin(size_t n) {
+    w_.empty_dict();
+    if (n > 1) w_.mark();
+  }
+  void dict_end(size_t n) { w_.setitems(n); }
+
+  // Writes items [0, n) of a dict or list through `each`, batched as pickle.py batches them.
+  template <typename F>
+  void batched(size_t n, bool is_dict, F each) {
+    constexpr size_t kBatch = 1000;
+    for (size_t begin = 0; begin < n; begin += kBatch) {
+      const size_t count = std::min(kBatch, n - begin);
+      if (count > 1) w_.mark();
+      for (size_t i = begin; i < begin + count; ++i) each(i);
+      if (is_dict) {
+        w_.setitems(count);
+      } else {
+        w_.appends(count);
+      }
+    }
+  }
+
+  void torch_size(const std::vector<int64_t>& dims) {
+    global(kSizeCls);
+    if (dims.size() > 3) w_.mark();
+    for (const int64_t d : dims) w_.integer(d);
+    w_.tuple(dims.size());
+    w_.tuple(1);
+    w_.reduce();
+    w_.memoize();
+  }
+
+  void properties(at::ScalarType dtype) {
+    object_begin(kPropertiesCls);
+    w_.mark();
+    const std::string name = "torch." + dtype_global_name(dtype);
+    global(name);
+    // torch.strided and the contiguous-format member are one object each in Python: the
+    // pickler writes them once and fetches them afterwards.
+    if (layout_memo_) {
+      w_.get(*layout_memo_);
+    } else {
+      global(kLayoutCls);
+      w_.str("torch.strided");
+      w_.tuple(1);
+      w_.reduce();
+      layout_memo_ = w_.memoize();
+    }
+    w_.boolean(false);  // requires_grad
+    if (memory_format_memo_) {
+      w_.get(*memory_format_memo_);
+    } else {
+      global(kMemFormatCls);
+      w_.integer(0);  // TORCH_CONTIGUOUS_FORMAT
+      w_.tuple(1);
+      w_.reduce();
+      memory_format_memo_ = w_.memoize();
+    }
+    w_.boolean(false);  // pin_memory
+    w_.tuple(5);
+    w_.build();
+  }
+
+  void tensor_metadata(const TensorStorageMetadata& t) {
+    object_begin(kTensorCls);
+    dict_begin(3);
+    w_.str("properties");
+    properties(t.dtype);
+    w_.str("size");
+    torch_size(t.size);
+    w_.str("chunks");
+    w_.empty_list();
+    batched(t.chunks.size(), false, [&](size_t i) {
+      object_begin(kChunkCls);
+      dict_begin(2);
+      w_.str("offsets");
+      torch_size(t.chunks[i].offsets);
+      w_.str("sizes");
+      torch_size(t.chunks[i].sizes);
+      dict_end(2);
+      w_.build();
+    });
+    dict_end(3);
+    w_.build();
+  }
+
+  void state_dict_metadata(const DcpMetadata& m) {
+    std::vector<std::string> keys = m.key_order;
+    if (keys.empty()) {
+      for (const auto& [fqn, t] : m.tensors) keys.push_back(fqn);
+      keys.insert(keys.end(), m.bytes_items.begin(), m.bytes_items.end());
+    }
+    CKPTSIM_CHECK(keys.size() == m.tensors.size() + m.bytes_items.size() &&
+                      std::set<std::string>(keys.begin(), keys.end()).size() == keys.size(),
+                  "serialize_dcp_metadata: key_order does not name every key once");
+    w_.empty_dict();
+    batched(keys.size(), true, [&](size_t i) {
+      w_.str(keys[i]);
+      if (const auto t = m.tensors.find(keys[i]); t != m.tensors.end()) {
+        tensor_metadata(t->second);
+      } else {
+        CKPTSIM_CHECK(m.bytes_items.contains(keys[i]), "key_order names an unknown key");
+        object_begin(kBytesCls);  // no fields: no BUILD
+      }
+    });
+  }
+
+  void storage_data(const DcpMetadata& m) {
+    w_.empty_dict();
+    batched(m.storage_data.size(), true, [&](size_t i) {
+      const StorageDataEntry& e = m.storage_data[i];
+      // MetadataIndex.__init__ sets fqn, then index, then offset only when there is one.
+      object_begin(kIndexCls);
+      const size_t fields = e.index.offset ? 3 : 2;
+      dict_begin(fields);
+      w_.str("fqn");
+      w_.str(e.index.fqn);
+      w_.str("index");
+      if (e.index.index) {
+        w_.integer(*e.index.index);
+      } else {
+        w_.none();
+      }
+      if (e.index.offset) {
+        w_.str("offset");
+        torch_size(*e.index.offset);
+      }
+      dict_end(fields);
+      w_.build();
+      object_begin(kStorageInfoCls);
+      dict_begin(3);
+      w_.str("relative_path");
+      w_.str(e.info.relative_path);
+      w_.str("offset");
+      w_.integer(e.info.offset);
+      w_.str("length");
+      w_.integer(e.info.length);
+      dict_end(3);
+      w_.build();
+    });
+  }
+
+  void storage_meta(const DcpStorageMeta& s) {
+    object_begin(kStorageMetaCls);
+    dict_begin(4);
+    w_.str("checkpoint_id");
+    if (s.checkpoint_id) {
+      w_.str(*s.checkpoint_id);
+    } else {
+      w_.none();
+    }
+    w_.str("save_id");
+    if (s.save_id) {
+      w_.str(*s.save_id);
+    } else {
+      w_.none();
+    }
+    w_.str("load_id");
+    w_.none();
+    w_.str("modules");
+    w_.empty_list();
+    dict_end(4);
+    w_.build();
+  }
+
+  static std::string dtype_global_name(at::ScalarType dtype) {
+    for (const char* d : {"float32", "bfloat16", "float16", "float64", "int64", "int32", "int16",
+                          "int8", "uint8", "bool"}) {
+      const std::string name = std::string("torch.") + d;
+      if (dtype_from_global(name) == dtype) return d;
+    }
+    CKPTSIM_CHECK(false, std::string("serialize_dcp_metadata: no torch global for dtype ") +
+                             c10::toString(dtype));
+  }
+
+  PickleWriter w_{4};
+  std::optional<size_t> layout_memo_;
+  std::optional<size_t> memory_format_memo_;
+};
+
+uint64_t fnv1a64(std::span<const char> bytes, uint64_t h) {
+  for (const char c : bytes) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+// A uuid4-shaped id from the data files' bytes (invariant 3).
+std::string content_uuid(const std::vector<std::vector<char>>& files) {
+  uint64_t a = 0xcbf29ce484222325ULL;
+  uint64_t b = 0x84222325cbf29ce4ULL;
+  for (const auto& f : files) {
+    a = fnv1a64(f, a);
+    b = fnv1a64(f, b ^ a);
+  }
+  const std::string hex = fmt::format("{:016x}{:016x}", a, b);
+  // xxxxxxxx-xxxx-4xxx-yxxx-xxxxxxxxxxxx (version 4, variant 10xx)
+  const char variant = "89ab"[std::stoi(hex.substr(16, 1), nullptr, 16) & 3];
+  return hex.substr(0, 8) + "-" + hex.substr(8, 4) + "-4" + hex.substr(13, 3) + "-" + variant +
+         hex.substr(17, 3) + "-" + hex.substr(20, 12);
+}
+
+}  // namespace
+
+std::string dcp_data_file(int64_t rank) { return fmt::format("__{}_0.distcp", rank); }
+
+std::vector<char> serialize_dcp_metadata(const DcpMetadata& metadata) {
+  return MetadataPickler().pickle(metadata);
+}
+
+Result<DcpMetadata> write_dcp_checkpoint(Storage& storage, const std::string& dir,
+                                         const std::vector<DcpRankToWrite>& ranks,
+                                         const DcpWriteOptions& options) {
+  const auto path = [&](const std::string& name) { return dir.empty() ? name : dir + "/" + name; };
+  DcpMetadata meta;
+  meta.version = "1.0.0";
+  std::vector<std::pair<std::string, std::vector<char>>> files;
+  const auto note_key = [&](const std::string& fqn) {
+    if (std::find(meta.key_order.begin(), meta.key_order.end(), fqn) == meta.key_order.end()) {
+      meta.key_order.push_back(fqn);
+    }
+  };
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const DcpRankToWrite& rank = ranks[r];
+    CKPTSIM_CHECK(rank.rank >= 0 && (r == 0 || rank.rank > ranks[r - 1].rank),
+                  "write_dcp_checkpoint: ranks not in increasing order");
+    if (rank.bytes_items.empty() && rank.chunks.empty()) continue;
+    const std::string file = dcp_data_file(rank.rank);
+    std::vector<char> data;
+    const auto add = [&](MetadataIndex index, std::span<const char> bytes) {
+      meta.storage_data.push_back(
+          {std::move(index), StorageInfo{file, static_cast<int64_t>(data.size()),
+                                         static_cast<int64_t>(bytes.size())}});
+      data.insert(data.end(), bytes.begin(), bytes.end());
+    };
+    for (const DcpBytesToWrite& item : rank.bytes_items) {
+      if (meta.tensors.contains(item.fqn) || !meta.bytes_items.insert(item.fqn).second) {
+        return Status::invalid_input("write_dcp_checkpoint: key '" + item.fqn +
+                                     "' written twice, or as bytes and as a tensor");
+      }
+      note_key(item.fqn);
+      add(MetadataIndex{item.fqn, std::nullopt, std::nullopt}, item.bytes);
+    }
+    for (const DcpChunkToWrite& chunk : rank.chunks) {
+      const std::string where = fmt::format("write_dcp_checkpoint: key '{}' chunk at {} (rank {})",
+                                            chunk.fqn, tuple_repr(chunk.offsets), rank.rank);
+      if (meta.bytes_items.contains(chunk.fqn)) {
+        return Status::invalid_input(where + ": the key is also a bytes item");
+      }
+      if (!chunk.data.defined()) return Status::invalid_input(where + ": no data");
+      const std::vector<int64_t> sizes = chunk.data.sizes().vec();
+      const size_t dims = chunk.global_size.size();
+      bool inside =
+          dims > 0 && dims <= kDcpDimsMax && sizes.size() == dims && chunk.offsets.size() == dims;
+      for (size_t d = 0; inside && d < dims; ++d) {
+        inside = chunk.offsets[d] >= 0 && sizes[d] >= 0 &&
+                 chunk.offsets[d] <= chunk.global_size[d] &&
+                 sizes[d] <= chunk.global_size[d] - chunk.offsets[d];
+      }
+      if (!inside) {
+        return Status::invalid_input(fmt::format("{}: of size {} outside the tensor's {}", where,
+                                                 tuple_repr(sizes), tuple_repr(chunk.global_size)));
+      }
+      auto [it, fresh] = meta.tensors.try_emplace(chunk.fqn);
+      TensorStorageMetadata& t = it->second;
+      if (fresh) {
+        t.dtype = chunk.data.scalar_type();
+        t.size = chunk.global_size;
+      } else if (t.dtype != chunk.data.scalar_type() || t.size != chunk.global_size) {
+        return Status::invalid_input(
+            fmt::format("{}: dtype {} and size {} where an earlier chunk has {} and {}", where,
+                        c10::toString(chunk.data.scalar_type()), tuple_repr(chunk.global_size),
+                        c10::toString(t.dtype), tuple_repr(t.size)));
+      }
+      if (meta.find(chunk.fqn, chunk.offsets) != nullptr) {
+        return Status::invalid_input(where + ": written twice");
+      }
+      note_key(chunk.fqn);
+      t.chunks.push_back(ChunkStorageMetadata{chunk.offsets, sizes});
+      // filesystem.py saves a tensor that owns exactly its elements.
+      const at::Tensor own = chunk.data.to(at::kCPU).clone(at::MemoryFormat::Contiguous);
+      Result<std::vector<char>> blob = torch_save(Value(own));
+      if (!blob.is_ok()) return Status::invalid_input(where + ": " + blob.status().message());
+      add(MetadataIndex{chunk.fqn, chunk.offsets, static_cast<int64_t>(t.chunks.size() - 1)},
+          blob.value());
+    }
+    files.emplace_back(file, std::move(data));
+  }
+  std::vector<std::vector<char>> contents;
+  for (const auto& [file, data] : files) contents.push_back(data);
+  meta.storage_meta = DcpStorageMeta{options.checkpoint_id, content_uuid(contents)};
+  for (const auto& [file, data] : files) {
+    if (Status s = storage.write_file(path(file), data); !s.is_ok()) return s;
+  }
+  const std::vector<char> bytes = serialize_dcp_metadata(meta);
+  if (Status s = storage.write_file(path(std::string(kDcpMetadataFile)), bytes); !s.is_ok()) {
+    return s;
+  }
+  return meta;
 }
 
 }  // namespace ckptsim::model

@@ -1,5 +1,5 @@
-// torch.distributed.checkpoint (DCP) as FileSystemWriter lays it out in a directory, read
-// side: `.metadata`, a pickled torch.distributed.checkpoint.metadata.Metadata naming every
+// torch.distributed.checkpoint (DCP) as FileSystemWriter lays it out in a directory, read and
+// write side: `.metadata`, a pickled torch.distributed.checkpoint.metadata.Metadata naming every
 // saved key (a tensor with its chunks, or a bytes item) and where each item lies, and the
 // `__<rank>_<n>.distcp` data files that hold the items back to back. Each tensor chunk is a
 // torch.save blob of that chunk (model/torch/torch_save_format.h); each bytes item is the raw
@@ -81,12 +81,21 @@ struct StorageDataEntry {
   StorageInfo info;
 };
 
+// Mirrors metadata.py StorageMeta (its `modules` is always empty here; `load_id` is set by a
+// reader, never saved).
+struct DcpStorageMeta {
+  std::optional<std::string> checkpoint_id;
+  std::optional<std::string> save_id;
+};
+
 // Mirrors metadata.py Metadata.
 struct DcpMetadata {
   std::optional<std::string> version;
   std::map<std::string, TensorStorageMetadata> tensors;  // state_dict_metadata's tensors
   std::set<std::string> bytes_items;                     // state_dict_metadata's bytes items
+  std::vector<std::string> key_order;                    // state_dict_metadata's keys, in order
   std::vector<StorageDataEntry> storage_data;            // in the order of the pickle
+  std::optional<DcpStorageMeta> storage_meta;
 
   // The item saved for (fqn, offset), as torch's MetadataIndex equality finds it; nullptr
   // when there is none.
@@ -99,6 +108,64 @@ const std::set<std::string>& dcp_metadata_globals();
 
 // Parses the bytes of a `.metadata` file. Errors name `file` (for the message only).
 Result<DcpMetadata> parse_dcp_metadata(std::span<const char> bytes, const std::string& file);
+
+// ---- write side ------------------------------------------------------------------------------
+// Mirrors filesystem.py FileSystemWriter (one writer thread, no compression, no transforms)
+// driven by Megatron's MCoreSavePlanner (strategies/torch.py: every rank writes its own items,
+// bytes items included) and metadata.py's dataclasses as pickle.dump (protocol 4) writes them.
+// Each rank writing items gets one data file `__<rank>_0.distcp`: its bytes items first, then
+// its tensor chunks (filesystem.py _split_by_size_and_type puts bytes first), each chunk the
+// torch.save of a tensor that owns exactly its elements (as filesystem.py clones a view
+// before saving it). `.metadata` (what the coordinator writes after every rank) names every
+// item. The state_dict_metadata keys come in the order the ranks first write them (rank 0
+// first); a chunk's MetadataIndex.index is its position in its key's chunks (the hint
+// create_default_global_save_plan sets), a bytes item's index is None.
+//
+// Write invariants (each violation an invalid_input Status naming the key, nothing written):
+//   1. Every chunk of a key has the key's dtype and global size, as many dims, lies inside
+//      it, and is written once per offset; no key is both a tensor and a bytes item; no
+//      bytes key twice.
+//   2. What is written parses back (parse_dcp_metadata) into the DcpMetadata returned.
+//   3. Deterministic: the same items give the same bytes. storage_meta.save_id, a random
+//      uuid4 in torch, is here a uuid4-shaped hash of the data files (nothing reads it on
+//      load).
+struct DcpChunkToWrite {
+  std::string fqn;
+  std::vector<int64_t> global_size;
+  std::vector<int64_t> offsets;
+  at::Tensor data;  // the chunk; its sizes are the chunk's
+};
+
+struct DcpBytesToWrite {
+  std::string fqn;
+  std::vector<char> bytes;
+};
+
+struct DcpRankToWrite {
+  int64_t rank = 0;
+  std::vector<DcpBytesToWrite> bytes_items;
+  std::vector<DcpChunkToWrite> chunks;
+};
+
+struct DcpWriteOptions {
+  // storage_meta.checkpoint_id: torch writes the directory it saved to; nothing reads it.
+  std::string checkpoint_id;
+};
+
+// The `__<rank>_0.distcp` name of a rank's data file.
+std::string dcp_data_file(int64_t rank);
+
+// Writes `<dir>/__<rank>_0.distcp` for every rank with items, then `<dir>/.metadata`.
+// REQUIRES: ranks in increasing rank order, each rank once.
+Result<DcpMetadata> write_dcp_checkpoint(Storage& storage, const std::string& dir,
+                                         const std::vector<DcpRankToWrite>& ranks,
+                                         const DcpWriteOptions& options);
+
+// The bytes of `.metadata` for `metadata` (pickle protocol 4, the classes of
+// dcp_metadata_globals()). key_order, when set, orders state_dict_metadata and must name
+// every key once. REQUIRES: metadata is well formed (as parse_dcp_metadata returns it);
+// throws InvariantViolation otherwise.
+std::vector<char> serialize_dcp_metadata(const DcpMetadata& metadata);
 
 // Reads one checkpoint directory of `storage`: its `.metadata` first, then items on demand.
 // Every data file is read at most once. Not thread-safe.

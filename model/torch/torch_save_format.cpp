@@ -17,6 +17,7 @@
 
 #include "model/errors.h"
 #include "model/py/pickle_tree.h"
+#include "model/py/pickle_writer.h"
 
 namespace ckptsim::model {
 
@@ -306,6 +307,288 @@ Result<Value> load_torch_save(std::span<const char> bytes) {
   } catch (const std::exception& e) {
     return Status::corruption(std::string("torch.save blob: ") + e.what());
   }
+}
+
+}  // namespace ckptsim::model
+
+// ---- write side ------------------------------------------------------------------------------
+
+namespace ckptsim::model {
+
+namespace {
+
+struct SaveError {
+  std::string message;
+};
+
+// The storage class torch.save names for a dtype (the inverse of storage_types()).
+std::string storage_class(at::ScalarType dtype) {
+  for (const auto& [name, type] : storage_types()) {
+    if (type == dtype) return name;
+  }
+  throw SaveError{std::string("a tensor of dtype ") + c10::toString(dtype) +
+                  ", which torch_save does not write"};
+}
+
+std::pair<std::string, std::string> split_global(const std::string& dotted) {
+  const size_t dot = dotted.rfind('.');
+  CKPTSIM_CHECK(dot != std::string::npos && dot > 0 && dot + 1 < dotted.size(),
+                "split_global: '" + dotted + "' is no module.name");
+  return {dotted.substr(0, dot), dotted.substr(dot + 1)};
+}
+
+// Writes a Value as torch.save's pickler does (protocol 2).
+class TorchSavePickler {
+ public:
+  explicit TorchSavePickler(const TorchSaveOptions& options) : options_(options) {}
+
+  void value(const Value& v, KeyPath& path) {
+    if (path.size() > kTorchSaveDepthMax) fail(path, "nesting deeper than kTorchSaveDepthMax");
+    switch (v.kind()) {
+      case Value::Kind::kNone:
+        return w_.none();
+      case Value::Kind::kBool:
+        return w_.boolean(v.as_bool());
+      case Value::Kind::kInt:
+        return w_.integer(v.as_int());
+      case Value::Kind::kFloat:
+        return w_.floating(v.as_float());
+      case Value::Kind::kStr:
+        return w_.str(v.as_str());
+      case Value::Kind::kSymbol:
+        return symbol(v.as_symbol().name, path);
+      case Value::Kind::kTuple:
+        return tuple(v, path);
+      case Value::Kind::kTensor:
+        return tensor(v.tensor(), path);
+      case Value::Kind::kDict:
+        return dict(v, path);
+      case Value::Kind::kList:
+        return list(v, path);
+      case Value::Kind::kShardedTensor:
+      case Value::Kind::kShardedObject:
+      case Value::Kind::kNonpersistent:
+        break;
+    }
+    fail(path, "a " + v.type_name() + ", which save() extracts before anything is pickled");
+  }
+
+  std::vector<char> finish() { return w_.finish(); }
+  const std::vector<std::pair<std::string, at::Tensor>>& storages() const { return storages_; }
+
+ private:
+  [[noreturn]] static void fail(const KeyPath& path, const std::string& what) {
+    throw SaveError{"at " + repr(path) + ": " + what};
+  }
+
+  bool fetch(const void* identity) {
+    const auto it = memo_.find(identity);
+    if (it == memo_.end()) return false;
+    w_.get(it->second);
+    return true;
+  }
+
+  void symbol(const std::string& name, const KeyPath& path) {
+    if (dtype_from_global(name)) {
+      const auto [module, attr] = split_global(name);
+      return w_.global(module, attr);
+    }
+    const std::optional<std::string> cls = class_global(name);
+    if (!cls) fail(path, "the symbol " + name + ", which is neither a dtype nor a class");
+    if (options_.weights_only) {
+      fail(path, "the class " + *cls + ", which torch.load(weights_only=True) refuses");
+    }
+    const auto [module, attr] = split_global(*cls);
+    w_.global(module, attr);
+  }
+
+  void key(const Key& k, const KeyPath& path) {
+    switch (k.kind()) {
+      case Key::Kind::kInt:
+        return w_.integer(k.as_int());
+      case Key::Kind::kStr:
+        return w_.str(k.as_str());
+      case Key::Kind::kSymbol:
+        return symbol(k.as_str(), path);
+      case Key::Kind::kTuple:
+        if (k.items().size() > 3) w_.mark();
+        for (const Key& item : k.items()) key(item, path);
+        w_.tuple(k.items().size());
+        return;
+    }
+  }
+
+  void tuple(const Value& v, KeyPath& path) {
+    const std::vector<Value>& items = v.as_tuple();
+    if (!items.empty() && fetch(&items)) return;
+    if (items.size() > 3) w_.mark();
+    for (size_t i = 0; i < items.size(); ++i) {
+      path.push_back(Key(static_cast<int64_t>(i)));
+      value(items[i], path);
+      path.pop_back();
+    }
+    const size_t memo = w_.tuple(items.size());
+    if (!items.empty()) memo_[&items] = memo;
+  }
+
+  void list(const Value& v, KeyPath& path) {
+    const List& l = *v.list();
+    if (fetch(&l)) return;
+    memo_[&l] = w_.empty_list();
+    // pickle.py _batch_appends: batches of 1000, a batch of one as APPEND without a mark.
+    for (size_t begin = 0; begin < l.size(); begin += kBatch) {
+      const size_t n = std::min(kBatch, l.size() - begin);
+      if (n > 1) w_.mark();
+      for (size_t i = begin; i < begin + n; ++i) {
+        path.push_back(Key(static_cast<int64_t>(i)));
+        value(l.at(i), path);
+        path.pop_back();
+      }
+      w_.appends(n);
+    }
+  }
+
+  void dict(const Value& v, KeyPath& path) {
+    const Dict& d = *v.dict();
+    if (fetch(&d)) return;
+    memo_[&d] = w_.empty_dict();
+    std::vector<const Dict::Item*> items;
+    for (const auto& item : d) items.push_back(&item);
+    for (size_t begin = 0; begin < items.size(); begin += kBatch) {
+      const size_t n = std::min(kBatch, items.size() - begin);
+      if (n > 1) w_.mark();
+      for (size_t i = begin; i < begin + n; ++i) {
+        path.push_back(items[i]->first);
+        key(items[i]->first, path);
+        value(items[i]->second, path);
+        path.pop_back();
+      }
+      w_.setitems(n);
+    }
+  }
+
+  void int_tuple(c10::IntArrayRef values) {
+    if (values.size() > 3) w_.mark();
+    for (const int64_t x : values) w_.integer(x);
+    w_.tuple(values.size());
+  }
+
+  void tensor(const at::Tensor& t, const KeyPath& path) {
+    if (!t.defined()) return w_.none();
+    if (fetch(t.unsafeGetTensorImpl())) return;
+    if (t.dim() > static_cast<int64_t>(kTorchSaveDimsMax))
+      fail(path, "a tensor over kTorchSaveDimsMax dims");
+    const at::Storage& storage = t.storage();
+    const size_t element_bytes = t.element_size();
+    const int64_t storage_numel = static_cast<int64_t>(storage.nbytes() / element_bytes);
+    std::string key;
+    if (const auto it = storage_keys_.find(storage.unsafeGetStorageImpl());
+        it != storage_keys_.end()) {
+      key = it->second;
+    } else {
+      key = std::to_string(storage_keys_.size());
+      storage_keys_.emplace(storage.unsafeGetStorageImpl(), key);
+      // The whole storage, on the CPU, as bytes in the tensor's dtype.
+      at::Tensor whole = at::empty({0}, t.options())
+                             .set_(storage, 0, {storage_numel}, {1})
+                             .to(at::kCPU)
+                             .contiguous();
+      storages_.emplace_back(key, whole);
+    }
+    w_.global("torch._utils", "_rebuild_tensor_v2");
+    w_.mark();
+    w_.mark();
+    w_.str("storage");
+    const auto [module, attr] = split_global(storage_class(t.scalar_type()));
+    w_.global(module, attr);
+    w_.str(key);
+    w_.str("cpu");
+    w_.integer(storage_numel);
+    w_.tuple(5);
+    w_.binpersid();
+    w_.integer(t.storage_offset());
+    int_tuple(t.sizes());
+    int_tuple(t.strides());
+    w_.boolean(false);  // requires_grad: state dicts hold detached tensors
+    w_.global("collections", "OrderedDict");
+    w_.tuple(0);
+    w_.reduce();
+    w_.memoize();
+    w_.tuple(6);
+    w_.reduce();
+    memo_[t.unsafeGetTensorImpl()] = w_.memoize();
+  }
+
+  static constexpr size_t kBatch = 1000;  // pickle.py _BATCHSIZE
+
+  const TorchSaveOptions& options_;
+  PickleWriter w_{2};
+  std::map<const void*, size_t> memo_;  // only looked up, never iterated
+  std::map<const void*, std::string> storage_keys_;
+  std::vector<std::pair<std::string, at::Tensor>> storages_;
+};
+
+}  // namespace
+
+std::optional<std::string> class_global(const std::string& symbol) {
+  constexpr std::string_view kOpen = "<class '";
+  constexpr std::string_view kClose = "'>";
+  if (!symbol.starts_with(kOpen) || !symbol.ends_with(kClose)) return std::nullopt;
+  const std::string name =
+      symbol.substr(kOpen.size(), symbol.size() - kOpen.size() - kClose.size());
+  // A dotted path of identifiers with at least one dot.
+  bool ok = name.find('.') != std::string::npos;
+  bool at_start = true;
+  for (const char c : name) {
+    if (c == '.') {
+      ok = ok && !at_start;
+      at_start = true;
+    } else if (std::isalpha(static_cast<unsigned char>(c)) || c == '_' ||
+               (!at_start && std::isdigit(static_cast<unsigned char>(c)))) {
+      at_start = false;
+    } else {
+      ok = false;
+    }
+  }
+  if (!ok || at_start) return std::nullopt;
+  return name;
+}
+
+Result<std::vector<char>> torch_save(const Value& v, const TorchSaveOptions& options) {
+  std::vector<char> pickle;
+  std::vector<std::pair<std::string, at::Tensor>> storages;
+  try {
+    TorchSavePickler pickler(options);
+    KeyPath path;
+    pickler.value(v, path);
+    pickle = pickler.finish();
+    storages = pickler.storages();
+  } catch (const SaveError& e) {
+    return Status::invalid_input("torch_save: " + e.message);
+  }
+  std::vector<char> out;
+  try {
+    caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
+      const char* bytes = static_cast<const char*>(data);
+      out.insert(out.end(), bytes, bytes + size);
+      return size;
+    });
+    const auto record = [&](const std::string& name, std::string_view text) {
+      writer.writeRecord(name, text.data(), text.size());
+    };
+    writer.writeRecord("data.pkl", pickle.data(), pickle.size());
+    record(".format_version", "1");
+    record(".storage_alignment", "64");
+    record("byteorder", "little");
+    for (const auto& [key, whole] : storages) {
+      writer.writeRecord("data/" + key, whole.data_ptr(), whole.numel() * whole.element_size());
+    }
+    writer.writeEndOfFile();  // the "version" record
+  } catch (const c10::Error& e) {
+    CKPTSIM_CHECK(false, std::string("torch_save: libtorch's zip writer failed: ") +
+                             e.what_without_backtrace());
+  }
+  return out;
 }
 
 }  // namespace ckptsim::model

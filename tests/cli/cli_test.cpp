@@ -80,6 +80,36 @@ TEST(Cli, InvalidInputExitsTwoNamingFileAndField) {
   std::filesystem::remove_all(dir);
 }
 
+// --checkpoint-format torch_dist writes each phase in Megatron's layout (and only that);
+// wrong combinations are exit 2 naming the flag.
+TEST(Cli, CheckpointFormatTorchDistWritesTheTrainingLoopsLayout) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("ckptsim-cli-td-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const std::string fixture = ckptsim::test::source_path(
+      "tests/fixtures/real-checkpoints/runs/fx-upstream-head-fused-adam-dp2.scenario.json");
+  const auto out = ckptsim_cli("run --quiet --checkpoint-format torch_dist --checkpoint-dir " +
+                               dir.string() + " " + fixture);
+  EXPECT_EQ(out.exit_code, 0) << out.text;
+  const auto phase = dir / "fx-upstream-head-fused-adam-dp2" / "phase_0";
+  EXPECT_TRUE(std::filesystem::exists(phase / "latest_checkpointed_iteration.txt"));
+  EXPECT_TRUE(std::filesystem::exists(phase / "iter_0000003" / ".metadata"));
+  EXPECT_TRUE(std::filesystem::exists(phase / "iter_0000003" / "__1_0.distcp"));
+  EXPECT_FALSE(std::filesystem::exists(phase / "metadata.json")) << "not the own format";
+  std::filesystem::remove_all(dir);
+  auto bad = ckptsim_cli("run --memory --checkpoint-format torch_dist " + fixture);
+  EXPECT_EQ(bad.exit_code, 2) << bad.text;
+  EXPECT_NE(bad.text.find("--memory"), std::string::npos) << bad.text;
+  bad = ckptsim_cli("run --memory --checkpoint-format pickle " + fixture);
+  EXPECT_EQ(bad.exit_code, 2) << bad.text;
+  bad = ckptsim_cli("run --memory --torch-dist-class a.B=c.D " + fixture);
+  EXPECT_EQ(bad.exit_code, 2) << bad.text;
+  EXPECT_NE(bad.text.find("--torch-dist-class"), std::string::npos) << bad.text;
+  bad = ckptsim_cli("run --checkpoint-format torch_dist --torch-dist-class nodot=c.D " + fixture);
+  EXPECT_EQ(bad.exit_code, 2) << bad.text;
+  EXPECT_NE(bad.text.find("module.Class=module.Class"), std::string::npos) << bad.text;
+}
+
 TEST(Cli, RevisionsListsEveryProfileWithSwitches) {
   const auto out = ckptsim_cli("revisions --json");
   ASSERT_EQ(out.exit_code, 0) << out.text;

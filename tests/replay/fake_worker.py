@@ -100,8 +100,11 @@ def main():
             else:
                 events.append(ev("at_save", counter))
                 stream(events[-1])
+        notes = ["fake worker %s" % job["backend"]]
+        if run["load"]:
+            notes.append("fake worker loaded %s" % job["load_dir"])
         res = {"type": "result", "job_id": job["job_id"], "status": status, "events": events,
-               "notes": ["fake worker %s" % job["backend"]], "timings": {}}
+               "notes": notes, "timings": {}}
         out.write(json.dumps(res) + "\n")
         out.write(json.dumps({"type": "ready", "job_id": job["job_id"]}) + "\n")
         out.flush()
