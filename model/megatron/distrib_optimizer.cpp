@@ -133,11 +133,18 @@ void DistributedOptimizer::build_param_groups() {
       }
     }
     if (g == param_groups_.size()) {
+      // The schedule's keys as _get_param_groups sets them (default_config: no override;
+      // max_lr the config's lr, min_lr its min_lr, 0.0 in every scenario). Upstream HEAD
+      // (d98e8a64dd) identifies a group at load by max_lr and min_lr too: a checkpoint
+      // without them loads there with a KeyError, seen on the real code.
       param_groups_.push_back(Dict::make({{"params", Value(List::make())},
                                           {"wd_mult", Value(s.wd_mult)},
                                           {"lr_mult", Value(s.lr_mult)},
                                           {"is_expert_parallel", Value(false)},
-                                          {"is_decoupled_lr", Value(false)}}));
+                                          {"is_decoupled_lr", Value(false)},
+                                          {"default_config", Value(true)},
+                                          {"max_lr", Value(config_.adam.lr)},
+                                          {"min_lr", Value(0.0)}}));
     }
     param_groups_[g]->at("params").list()->append(Value(ddp_.param(i)));
     world_param_group_map_[i] = g;

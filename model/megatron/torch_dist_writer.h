@@ -40,7 +40,7 @@
 //
 // Not exported: anything the model does not save (args, rng_state, opt_param_scheduler,
 // num_floating_point_operations_so_far, rerun_state_machine of a real training checkpoint;
-// the param-group keys the model does not model, such as max_lr, min_lr, default_config),
+// torch 2.x AdamW's param-group key decoupled_weight_decay, which the model does not model),
 // `.data/serialization_id` records, more than one data file per rank (torch's thread_count).
 //
 // Invariants:

@@ -10,6 +10,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <tuple>
 
 #include "properties/conformance.h"
 #include "report/trace_json.h"
@@ -19,12 +21,13 @@ using namespace ckptsim;
 
 namespace {
 
-// Traces under tests/conformance/ (one H200, gloo at DP > 1), nccl-x2/ (two H200s, NCCL) and
-// te-absent/ (Megatron's no-TE branches for hybrid scenarios without TE), as paths relative to
-// tests/conformance/.
+// Traces under tests/conformance/ (one H200, gloo at DP > 1), nccl-x2/ (two H200s, NCCL),
+// te-absent/ (Megatron's no-TE branches for hybrid scenarios without TE) and xload/ (phase 1
+// resumed by the real code from the model's own phase-0 checkpoint, exported as torch_dist:
+// `replay run --resume-from`), as paths relative to tests/conformance/.
 std::vector<std::string> recorded() {
   std::vector<std::string> out;
-  for (const std::string dir : {"", "nccl-x2/", "te-absent/"}) {
+  for (const std::string dir : {"", "nccl-x2/", "te-absent/", "xload/"}) {
     for (const auto& e :
          std::filesystem::directory_iterator(test::source_path("tests/conformance/" + dir))) {
       if (e.path().string().ends_with(".trace.json"))
@@ -87,11 +90,51 @@ INSTANTIATE_TEST_SUITE_P(Recorded, RealMegatron, ::testing::ValuesIn(recorded())
                            std::string name = file.substr(0, file.find("__"));
                            if (name.starts_with("nccl-x2/")) name = name.substr(8) + "_nccl_x2";
                            if (name.starts_with("te-absent/")) name = name.substr(10) + "_no_te";
+                           if (name.starts_with("xload/")) name = name.substr(6) + "_xload";
                            for (char& c : name) {
                              if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
                            }
                            return name;
                          });
+
+// The phase-1 after_load state hashes of one trace: (rank, state, param) -> hash.
+std::map<std::tuple<int, std::string, std::string>, std::string> after_load_hashes(
+    const nlohmann::json& trace) {
+  std::map<std::tuple<int, std::string, std::string>, std::string> out;
+  for (const auto& run : trace["runs"]) {
+    if (run["id"] != "phase1") continue;
+    for (const auto& e : run["events"]) {
+      if (e["at"] != "after_load" || !e.contains("hashes")) continue;
+      for (const auto& [state, per_param] : e["hashes"].items()) {
+        for (const auto& [param, hash] : per_param.items()) {
+          out[{e["rank"].get<int>(), state, param}] = hash.get<std::string>();
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// The real code resumed from the model's own checkpoint (xload/): where it loaded, it holds
+// the model's master params, moments and model params after the load bit for bit, and the
+// trace says which directory it resumed from.
+TEST(RealMegatronLoadsModelCheckpoint, AfterTheLoadItHoldsTheModelsStateBitForBit) {
+  size_t compared = 0;
+  for (const auto& file : recorded()) {
+    if (!file.starts_with("xload/")) continue;
+    const nlohmann::json real = read(file);
+    bool resumed = false;
+    for (const auto& run : real["runs"]) {
+      if (run["id"] == "phase1") resumed = run.contains("resumed_from");
+    }
+    EXPECT_TRUE(resumed) << file;
+    const auto model = after_load_hashes(report::trace_json(test::run(scenario_of(real))));
+    const auto got = after_load_hashes(real);
+    EXPECT_EQ(got, model) << file;
+    compared += got.size();
+  }
+  EXPECT_GE(compared, 50u);  // 5 of the 10 resumes load (the others fail as the model's do)
+}
 
 TEST(RealMegatronMutated, Bug2WithTheStepKeptDisagrees) {
   nlohmann::json real =
