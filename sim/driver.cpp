@@ -370,18 +370,64 @@ void run_phase(const Scenario& scenario, const RunOptions& options, const PhaseJ
   }
 }
 
-}  // namespace
+// Where phases save: `root` (memory, or options.checkpoint_dir), and with --checkpoint-format
+// torch_dist `export_root` (the directory, which then gets the exports while the simulator's own
+// checkpoints stay in memory).
+Status open_roots(const RunOptions& options, RunResult& result,
+                  std::unique_ptr<model::Storage>& root,
+                  std::unique_ptr<model::Storage>& export_root) {
+  const bool export_torch_dist =
+      options.checkpoint_format == CheckpointFormat::kTorchDist && !options.checkpoint_dir.empty();
+  if (export_torch_dist) {
+    auto dir = open_storage(options, result.checkpoint_location);
+    if (!dir.is_ok()) return dir.status();
+    export_root = std::move(dir.value());
+  }
+  std::string own_location;
+  RunOptions own_options = options;
+  if (export_torch_dist) own_options.checkpoint_dir.clear();
+  auto own =
+      open_storage(own_options, export_torch_dist ? own_location : result.checkpoint_location);
+  if (!own.is_ok()) return own.status();
+  root = std::move(own.value());
+  return Status::ok();
+}
 
-Result<RunResult> run_scenario(const Scenario& scenario, const RunOptions& options) {
-  RunResult result;
-  result.scenario = scenario;
+// Trace line 1: `seed=<s> revision=<r0>,<r1>,... scenario=<name>`.
+std::string seed_line(const Scenario& scenario) {
   std::string revisions;
   for (const auto& p : scenario.phases) {
     CKPTSIM_CHECK(p.profile != nullptr, "a phase without a resolved revision: " + p.revision);
     revisions += (revisions.empty() ? "" : ",") + p.profile->name;
   }
-  result.trace.push_back(
-      fmt::format("seed={} revision={} scenario={}", scenario.seed, revisions, scenario.name));
+  return fmt::format("seed={} revision={} scenario={}", scenario.seed, revisions, scenario.name);
+}
+
+// --checkpoint-format torch_dist: phase i's save (in the simulator's own format) exported to
+// <checkpoint_dir>/<prefix>/ as Megatron's torch_dist.
+Status export_phase(const RunOptions& options, const model::Storage& saved,
+                    model::Storage& export_root, const std::string& prefix, size_t i) {
+  if (Status cleared = export_root.remove_all(prefix); !cleared.is_ok()) return cleared;
+  auto target = model::subdir(export_root, prefix);
+  model::TorchDistExportOptions export_options = options.torch_dist;
+  if (export_options.checkpoint_root.empty()) {
+    export_options.checkpoint_root = options.checkpoint_dir + "/" + prefix;
+  }
+  auto exported = model::export_torch_dist_checkpoint(saved, *target, "", export_options);
+  if (!exported.is_ok()) {
+    return Status::io_error(fmt::format("{}/{}: torch_dist export of phase {} failed: {}",
+                                        options.checkpoint_dir, prefix, i,
+                                        exported.status().to_string()));
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<RunResult> run_scenario(const Scenario& scenario, const RunOptions& options) {
+  RunResult result;
+  result.scenario = scenario;
+  result.trace.push_back(seed_line(scenario));
   std::string why_not;
   const bool have_gpu = model::real_cuda_available(&why_not);
   if (options.device == DeviceChoice::kCuda && !have_gpu) {
@@ -390,21 +436,10 @@ Result<RunResult> run_scenario(const Scenario& scenario, const RunOptions& optio
   result.gpu_resident =
       options.device == DeviceChoice::kCuda || (options.device == DeviceChoice::kAuto && have_gpu);
   result.trace.push_back(options_line(scenario));
-  const bool export_torch_dist =
-      options.checkpoint_format == CheckpointFormat::kTorchDist && !options.checkpoint_dir.empty();
-  std::unique_ptr<model::Storage> export_root;
-  if (export_torch_dist) {
-    // The simulator's own checkpoints stay in memory; the directory gets the exports.
-    auto dir = open_storage(options, result.checkpoint_location);
-    if (!dir.is_ok()) return dir.status();
-    export_root = std::move(dir.value());
-  }
-  std::string own_location;
-  RunOptions own_options = options;
-  if (export_torch_dist) own_options.checkpoint_dir.clear();
-  auto root =
-      open_storage(own_options, export_torch_dist ? own_location : result.checkpoint_location);
-  if (!root.is_ok()) return root.status();
+  std::unique_ptr<model::Storage> root;
+  std::unique_ptr<model::Storage> export_root;  // set with --checkpoint-format torch_dist
+  if (Status st = open_roots(options, result, root, export_root); !st.is_ok()) return st;
+  const bool export_torch_dist = export_root != nullptr;
 
   run_reference(scenario, result);
 
@@ -422,9 +457,9 @@ Result<RunResult> run_scenario(const Scenario& scenario, const RunOptions& optio
       continue;
     }
     const std::string prefix = fmt::format("phase_{}", i);
-    Status cleared = root.value()->remove_all(prefix);
+    Status cleared = root->remove_all(prefix);
     if (!cleared.is_ok()) return cleared;
-    stores.push_back(model::subdir(*root.value(), prefix));
+    stores.push_back(model::subdir(*root, prefix));
     if (i > 0 && scenario.phases[i - 1].dp != spec.dp) {
       result.trace.push_back(fmt::format("reshard dp {}->{}", scenario.phases[i - 1].dp, spec.dp));
     }
@@ -442,20 +477,8 @@ Result<RunResult> run_scenario(const Scenario& scenario, const RunOptions& optio
     run_phase(scenario, options, job, *stores.back(), result, rec);
     result.phases.push_back(std::move(rec));
     if (export_torch_dist && spec.save && stores.back()->exists("metadata.json")) {
-      Status cleared_export = export_root->remove_all(prefix);
-      if (!cleared_export.is_ok()) return cleared_export;
-      auto target = model::subdir(*export_root, prefix);
-      model::TorchDistExportOptions export_options = options.torch_dist;
-      if (export_options.checkpoint_root.empty()) {
-        export_options.checkpoint_root = options.checkpoint_dir + "/" + prefix;
-      }
-      auto exported =
-          model::export_torch_dist_checkpoint(*stores.back(), *target, "", export_options);
-      if (!exported.is_ok()) {
-        return Status::io_error(fmt::format("{}/{}: torch_dist export of phase {} failed: {}",
-                                            options.checkpoint_dir, prefix, i,
-                                            exported.status().to_string()));
-      }
+      if (Status st = export_phase(options, *stores.back(), *export_root, prefix, i); !st.is_ok())
+        return st;
     }
   }
   uint64_t h = fnv1a(nullptr, 0);

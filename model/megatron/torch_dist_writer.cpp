@@ -167,34 +167,30 @@ Status parse_class_rename(const std::string& text, std::map<std::string, std::st
   return Status::ok();
 }
 
-Result<TorchDistExportReport> export_torch_dist_checkpoint(const Storage& source, Storage& target,
-                                                           const std::string& dir,
-                                                           const TorchDistExportOptions& options) {
-  Result<CheckpointIndex> index = read_checkpoint_index(source);
-  if (!index.is_ok()) return index.status();
-  SymbolRestorer restorer(options.class_renames);
+namespace {
 
+// The common state as exported (classes restored, content_metadata added) and its iteration.
+Result<Value> exported_common(const Storage& source, const CheckpointIndex& index,
+                              SymbolRestorer& restorer, int64_t& iteration) {
   Result<Value> common_read = read_common_state(source);
   if (!common_read.is_ok()) return common_read.status();
   Value common = restorer.restore(common_read.value());
-  const std::string common_where =
-      index.value().common_in_common_pt ? "common.pt" : "the common_state object";
-  if (!common.is_dict()) return Status::corruption(common_where + ": the common state is no dict");
+  const std::string where = index.common_in_common_pt ? "common.pt" : "the common_state object";
+  if (!common.is_dict()) return Status::corruption(where + ": the common state is no dict");
   const Value* it_value = common.dict()->find("iteration");
   if (it_value == nullptr || !it_value->is_int() || it_value->as_int() < 0 ||
       it_value->as_int() > kIterationMax) {
-    return Status::corruption(common_where + ": no iteration (an int) in the common state");
+    return Status::corruption(where + ": no iteration (an int) in the common state");
   }
+  iteration = it_value->as_int();
   add_content_metadata(common);
+  return common;
+}
 
-  TorchDistExportReport report;
-  report.iteration = it_value->as_int();
-  report.iter_dir = join(dir, iteration_dir_name(report.iteration));
-  report.common_pt = index.value().common_in_common_pt;
-
-  std::vector<DcpRankToWrite> ranks;
-  if (Status s = collect_chunks(source, index.value().pieces, ranks); !s.is_ok()) return s;
-  for (const SavedObject& o : index.value().objects) {
+// Every ShardedObject as rank 0's bytes item (the common state's too, where it is one).
+Status add_objects(const Storage& source, const CheckpointIndex& index, SymbolRestorer& restorer,
+                   const Value& common, std::vector<DcpRankToWrite>& ranks) {
+  for (const SavedObject& o : index.objects) {
     if (o.unique_key == kCommonStateUniqueKey) continue;  // below, with content_metadata
     Result<Value> data = read_object(source, o.file, restorer);
     if (!data.is_ok()) return data.status();
@@ -203,13 +199,34 @@ Result<TorchDistExportReport> export_torch_dist_checkpoint(const Storage& source
     if (!bytes.is_ok()) return bytes.status();
     ranks[0].bytes_items.push_back(DcpBytesToWrite{o.unique_key, std::move(bytes.value())});
   }
-  if (!report.common_pt) {
+  if (!index.common_in_common_pt) {
     Result<std::vector<char>> bytes =
         sharded_object_bytes(common, /*weights_only=*/true, std::string(kCommonStateUniqueKey));
     if (!bytes.is_ok()) return bytes.status();
     ranks[0].bytes_items.push_back(
         DcpBytesToWrite{std::string(kCommonStateUniqueKey), std::move(bytes.value())});
   }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<TorchDistExportReport> export_torch_dist_checkpoint(const Storage& source, Storage& target,
+                                                           const std::string& dir,
+                                                           const TorchDistExportOptions& options) {
+  Result<CheckpointIndex> index = read_checkpoint_index(source);
+  if (!index.is_ok()) return index.status();
+  SymbolRestorer restorer(options.class_renames);
+  TorchDistExportReport report;
+  Result<Value> common = exported_common(source, index.value(), restorer, report.iteration);
+  if (!common.is_ok()) return common.status();
+  report.iter_dir = join(dir, iteration_dir_name(report.iteration));
+  report.common_pt = index.value().common_in_common_pt;
+
+  std::vector<DcpRankToWrite> ranks;
+  if (Status s = collect_chunks(source, index.value().pieces, ranks); !s.is_ok()) return s;
+  if (Status s = add_objects(source, index.value(), restorer, common.value(), ranks); !s.is_ok())
+    return s;
 
   DcpWriteOptions dcp;
   dcp.checkpoint_id = options.checkpoint_root.empty()
@@ -225,7 +242,7 @@ Result<TorchDistExportReport> export_torch_dist_checkpoint(const Storage& source
   report.objects = static_cast<int64_t>(written.value().bytes_items.size());
 
   if (report.common_pt) {
-    Result<std::vector<char>> bytes = torch_save(common);
+    Result<std::vector<char>> bytes = torch_save(common.value());
     if (!bytes.is_ok()) return Status::invalid_input("common.pt: " + bytes.status().message());
     if (Status s = target.write_file(join(report.iter_dir, kCommonStateFile), bytes.value());
         !s.is_ok()) {

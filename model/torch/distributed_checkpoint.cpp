@@ -702,6 +702,41 @@ std::vector<char> serialize_dcp_metadata(const DcpMetadata& metadata) {
   return MetadataPickler().pickle(metadata);
 }
 
+namespace {
+
+// The chunk checked (data, inside its tensor) and its key's TensorStorageMetadata made or checked
+// to agree (dtype, global size); the chunk itself is not yet added.
+Status add_chunk_metadata(const DcpChunkToWrite& chunk, const std::string& where,
+                          DcpMetadata& meta) {
+  if (!chunk.data.defined()) return Status::invalid_input(where + ": no data");
+  const std::vector<int64_t> sizes = chunk.data.sizes().vec();
+  const size_t dims = chunk.global_size.size();
+  bool inside =
+      dims > 0 && dims <= kDcpDimsMax && sizes.size() == dims && chunk.offsets.size() == dims;
+  for (size_t d = 0; inside && d < dims; ++d) {
+    inside = chunk.offsets[d] >= 0 && sizes[d] >= 0 && chunk.offsets[d] <= chunk.global_size[d] &&
+             sizes[d] <= chunk.global_size[d] - chunk.offsets[d];
+  }
+  if (!inside) {
+    return Status::invalid_input(fmt::format("{}: of size {} outside the tensor's {}", where,
+                                             tuple_repr(sizes), tuple_repr(chunk.global_size)));
+  }
+  auto [it, fresh] = meta.tensors.try_emplace(chunk.fqn);
+  TensorStorageMetadata& t = it->second;
+  if (fresh) {
+    t.dtype = chunk.data.scalar_type();
+    t.size = chunk.global_size;
+  } else if (t.dtype != chunk.data.scalar_type() || t.size != chunk.global_size) {
+    return Status::invalid_input(
+        fmt::format("{}: dtype {} and size {} where an earlier chunk has {} and {}", where,
+                    c10::toString(chunk.data.scalar_type()), tuple_repr(chunk.global_size),
+                    c10::toString(t.dtype), tuple_repr(t.size)));
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
 Result<DcpMetadata> write_dcp_checkpoint(Storage& storage, const std::string& dir,
                                          const std::vector<DcpRankToWrite>& ranks,
                                          const DcpWriteOptions& options) {
@@ -741,31 +776,9 @@ Result<DcpMetadata> write_dcp_checkpoint(Storage& storage, const std::string& di
       if (meta.bytes_items.contains(chunk.fqn)) {
         return Status::invalid_input(where + ": the key is also a bytes item");
       }
-      if (!chunk.data.defined()) return Status::invalid_input(where + ": no data");
+      if (Status st = add_chunk_metadata(chunk, where, meta); !st.is_ok()) return st;
+      TensorStorageMetadata& t = meta.tensors.at(chunk.fqn);
       const std::vector<int64_t> sizes = chunk.data.sizes().vec();
-      const size_t dims = chunk.global_size.size();
-      bool inside =
-          dims > 0 && dims <= kDcpDimsMax && sizes.size() == dims && chunk.offsets.size() == dims;
-      for (size_t d = 0; inside && d < dims; ++d) {
-        inside = chunk.offsets[d] >= 0 && sizes[d] >= 0 &&
-                 chunk.offsets[d] <= chunk.global_size[d] &&
-                 sizes[d] <= chunk.global_size[d] - chunk.offsets[d];
-      }
-      if (!inside) {
-        return Status::invalid_input(fmt::format("{}: of size {} outside the tensor's {}", where,
-                                                 tuple_repr(sizes), tuple_repr(chunk.global_size)));
-      }
-      auto [it, fresh] = meta.tensors.try_emplace(chunk.fqn);
-      TensorStorageMetadata& t = it->second;
-      if (fresh) {
-        t.dtype = chunk.data.scalar_type();
-        t.size = chunk.global_size;
-      } else if (t.dtype != chunk.data.scalar_type() || t.size != chunk.global_size) {
-        return Status::invalid_input(
-            fmt::format("{}: dtype {} and size {} where an earlier chunk has {} and {}", where,
-                        c10::toString(chunk.data.scalar_type()), tuple_repr(chunk.global_size),
-                        c10::toString(t.dtype), tuple_repr(t.size)));
-      }
       if (meta.find(chunk.fqn, chunk.offsets) != nullptr) {
         return Status::invalid_input(where + ": written twice");
       }
