@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <ostream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -43,6 +45,8 @@ std::vector<Reproducer> reproducers() {
   return out;
 }
 
+void PrintTo(const Reproducer& r, std::ostream* os) { *os << r.target->name << " " << r.file; }
+
 class FuzzRegression : public ::testing::TestWithParam<Reproducer> {};
 
 TEST_P(FuzzRegression, ReaderKeepsItsPromises) {
@@ -51,8 +55,11 @@ TEST_P(FuzzRegression, ReaderKeepsItsPromises) {
   std::stringstream ss;
   ss << in.rdbuf();
   const std::string bytes = ss.str();
-  EXPECT_NO_THROW(GetParam().target->run({bytes.data(), bytes.size()}))
-      << GetParam().target->name << " on " << GetParam().file;
+  try {
+    GetParam().target->run({bytes.data(), bytes.size()});
+  } catch (const std::exception& e) {
+    FAIL() << GetParam().target->name << " on " << GetParam().file << ": " << e.what();
+  }
 }
 
 // Every folder of reproducers names a fuzzer (a typo would silently replay nothing).
