@@ -46,20 +46,20 @@ function(ckptsim_fuzz_library name)
 endfunction()
 
 set(M ${CMAKE_SOURCE_DIR}/model)
-# The pickle reader alone (no libtorch but c10, for errors.cpp).
-ckptsim_fuzz_library(ckptsim_fuzz_pickle SOURCES
-  ${M}/py/pickle_tree.cpp ${M}/errors.cpp ${M}/py/key.cpp)
+# What every fuzzer needs, and the pickle reader (no libtorch but c10, for errors.cpp).
+ckptsim_fuzz_library(ckptsim_fuzz_base SOURCES
+  ${M}/py/pickle_tree.cpp ${M}/errors.cpp ${M}/py/key.cpp ${M}/json_depth.cpp)
 # The checkpoint readers: torch.save blobs, torch.distributed.checkpoint, Megatron's torch_dist.
 ckptsim_fuzz_library(ckptsim_fuzz_readers TORCH SOURCES
   ${M}/torch/torch_save_format.cpp ${M}/torch/distributed_checkpoint.cpp
   ${M}/megatron/torch_dist_checkpoint.cpp ${M}/megatron/optimizer_key.cpp
   ${M}/megatron/mapping.cpp ${M}/py/value.cpp ${M}/storage.cpp)
-target_link_libraries(ckptsim_fuzz_readers PUBLIC ckptsim_fuzz_pickle)
+target_link_libraries(ckptsim_fuzz_readers PUBLIC ckptsim_fuzz_base)
 # The JSON readers: scenarios and revision profiles.
 ckptsim_fuzz_library(ckptsim_fuzz_json SOURCES
   ${CMAKE_SOURCE_DIR}/sim/scenario.cpp ${M}/revision.cpp ${M}/config.cpp ${M}/faults.cpp
   ${CKPTSIM_EMBEDDED})
-target_link_libraries(ckptsim_fuzz_json PUBLIC ckptsim_fuzz_pickle)
+target_link_libraries(ckptsim_fuzz_json PUBLIC ckptsim_fuzz_base)
 
 # ckptsim_fuzzer(<name> <library>): fuzz/<name>.cpp, an LLVMFuzzerTestOneInput. A fuzzer of
 # the libtorch readers reuses their precompiled header (and with it torch_prelude.h).
@@ -81,7 +81,7 @@ function(ckptsim_fuzz_executable name library)
   endif()
 endfunction()
 
-ckptsim_fuzzer(pickle_tree_fuzzer ckptsim_fuzz_pickle)
+ckptsim_fuzzer(pickle_tree_fuzzer ckptsim_fuzz_base)
 ckptsim_fuzzer(torch_save_fuzzer ckptsim_fuzz_readers)
 ckptsim_fuzzer(dcp_metadata_fuzzer ckptsim_fuzz_readers)
 ckptsim_fuzzer(dcp_reader_fuzzer ckptsim_fuzz_readers)

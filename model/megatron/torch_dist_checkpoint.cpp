@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "model/json_depth.h"
 #include "model/py/key.h"
 #include "model/torch/distributed_checkpoint.h"
 #include "model/torch/torch_save_format.h"
@@ -34,6 +35,10 @@ Status check_megatron_metadata(const Storage& storage, const std::string& iter_d
   }
   if (bytes.value().size() > kMegatronMetadataJsonBytesMax) {
     return Status::corruption(file + ": over kMegatronMetadataJsonBytesMax bytes");
+  }
+  if (json_nests_deeper_than({bytes.value().data(), bytes.value().size()})) {
+    return Status::corruption(
+        fmt::format("{}: nested deeper than kJsonDepthMax={}", file, kJsonDepthMax));
   }
   const nlohmann::json j = nlohmann::json::parse(bytes.value().begin(), bytes.value().end(),
                                                  nullptr, /*allow_exceptions=*/false);

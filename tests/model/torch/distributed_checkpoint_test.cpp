@@ -205,5 +205,16 @@ TEST_F(DamagedCheckpoint, ControlCharacterInTheTrackerStaysOnOneLine) {
   error(std::string(kTrackerFile), "'3\\n4' is not an iteration");
 }
 
+// A metadata.json (at most kMegatronMetadataJsonBytesMax bytes) nested 30000 arrays deep
+// overflowed the stack: the reader copies the value it quotes, and nlohmann's copy recurses once
+// per level. Nesting is bounded before parsing.
+TEST_F(DamagedCheckpoint, DeeplyNestedMetadataJsonIsAnErrorNotAStackOverflow) {
+  const size_t depth = 30000;
+  const std::string text =
+      "{\"sharded_backend\": " + std::string(depth, '[') + std::string(depth, ']') + "}";
+  put("metadata.json", std::vector<char>(text.begin(), text.end()));
+  error(kIterDir + "/metadata.json", "nested deeper than kJsonDepthMax");
+}
+
 }  // namespace
 }  // namespace ckptsim::model
