@@ -7,6 +7,8 @@
 #include <functional>
 #include <sstream>
 
+#include "model/json_depth.h"
+
 namespace ckptsim::model {
 
 namespace {
@@ -170,6 +172,10 @@ const SwitchDef* find_switch(const std::string& name) {
 }
 
 Result<json> parse_json(const std::string& text, const std::string& source) {
+  if (json_nests_deeper_than(text)) {
+    return Status::invalid_input(
+        fmt::format("{}: nested deeper than kJsonDepthMax={}", source, kJsonDepthMax));
+  }
   try {
     json j = json::parse(text);
     if (!j.is_object())

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what ckptsim needs from Debian 12's packages, only if something is missing.
+# Installs what ckptsim needs from Debian 12's packages, only if something is missing
+# (with --fuzz, also what the fuzz build needs).
 # Run as root (or with sudo available). Nothing is downloaded from anywhere but Debian.
 set -euo pipefail
 
@@ -15,6 +16,11 @@ packages=(
   # pictures name (report/plot.cpp)
   gnuplot-nox fonts-dejavu-core
 )
+
+# With --fuzz (scripts/fuzz.sh), also clang 14 with libFuzzer and the sanitizer runtimes.
+if [ "${1:-}" = "--fuzz" ]; then
+  packages+=(clang-14 libclang-rt-14-dev)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "model/faults.h"
+#include "model/json_depth.h"
 
 namespace ckptsim::sim {
 
@@ -345,6 +346,10 @@ Result<Revision> resolve_revision(model::RevisionRegistry& registry, const std::
 Result<Scenario> parse_scenario(const std::string& json_text, const std::string& source,
                                 model::RevisionRegistry& registry) {
   const Reader r(source);
+  if (model::json_nests_deeper_than(json_text)) {
+    return Status::invalid_input(
+        fmt::format("{}: nested deeper than kJsonDepthMax={}", source, model::kJsonDepthMax));
+  }
   json j;
   try {
     j = json::parse(json_text);

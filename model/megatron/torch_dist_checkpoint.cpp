@@ -9,6 +9,8 @@
 
 #include <fmt/format.h>
 
+#include "model/json_depth.h"
+#include "model/py/key.h"
 #include "model/torch/distributed_checkpoint.h"
 #include "model/torch/torch_save_format.h"
 
@@ -33,6 +35,10 @@ Status check_megatron_metadata(const Storage& storage, const std::string& iter_d
   }
   if (bytes.value().size() > kMegatronMetadataJsonBytesMax) {
     return Status::corruption(file + ": over kMegatronMetadataJsonBytesMax bytes");
+  }
+  if (json_nests_deeper_than({bytes.value().data(), bytes.value().size()})) {
+    return Status::corruption(
+        fmt::format("{}: nested deeper than kJsonDepthMax={}", file, kJsonDepthMax));
   }
   const nlohmann::json j = nlohmann::json::parse(bytes.value().begin(), bytes.value().end(),
                                                  nullptr, /*allow_exceptions=*/false);
@@ -85,7 +91,7 @@ Status read_sharded(DcpReader& reader, TorchDistCheckpoint& out) {
     Result<std::vector<char>> bytes = reader.read_bytes(fqn);
     if (!bytes.is_ok()) return bytes.status();
     const StorageInfo* info = reader.metadata().find(fqn, std::nullopt);
-    const std::string where = reader.path(info->relative_path) + ": key '" + fqn + "'";
+    const std::string where = reader.path(info->relative_path) + ": key " + py_str_repr(fqn);
     Result<Value> obj = load_torch_save(bytes.value());
     if (!obj.is_ok()) return Status::corruption(where + ": " + obj.status().message());
     // strategies/torch.py saves torch.save([sh_obj.data for sh_obj in sh_objs]).
@@ -93,7 +99,9 @@ Status read_sharded(DcpReader& reader, TorchDistCheckpoint& out) {
       return Status::corruption(where + ": a ShardedObject item that is not a list of one object");
     }
     const std::string key = object_key(fqn);
-    if (sharded->contains(key)) return Status::corruption(where + ": key '" + key + "' twice");
+    if (sharded->contains(key)) {
+      return Status::corruption(where + ": key " + py_str_repr(key) + " twice");
+    }
     sharded->set(key, obj.value().list()->at(0));
     out.object_unique_keys.emplace(key, fqn);
   }
@@ -140,9 +148,9 @@ Status check_common(const std::string& iter_dir, TorchDistCheckpoint& out) {
   const std::string content = str_at("content_metadata", "distrib_optim_sharding_type");
   const std::string param_state = str_at("optimizer", "param_state_sharding_type");
   if (!content.empty() && !param_state.empty() && content != param_state) {
-    return Status::corruption(where + ": key 'content_metadata.distrib_optim_sharding_type' is '" +
-                              content + "' but 'optimizer.param_state_sharding_type' is '" +
-                              param_state + "'");
+    return Status::corruption(
+        where + ": key 'content_metadata.distrib_optim_sharding_type' is " + py_str_repr(content) +
+        " but 'optimizer.param_state_sharding_type' is " + py_str_repr(param_state));
   }
   out.sharding_type = content.empty() ? param_state : content;
   return Status::ok();
@@ -243,7 +251,7 @@ Result<int64_t> read_checkpoint_tracker(const Storage& storage, const std::strin
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), iteration);
   if (ec != std::errc() || end != text.data() + text.size() || iteration < 0 ||
       iteration > kIterationMax) {
-    return Status::corruption(file + ": '" + text + "' is not an iteration");
+    return Status::corruption(file + ": " + py_str_repr(text) + " is not an iteration");
   }
   return iteration;
 }

@@ -32,6 +32,7 @@
 //   3. Every malformed input is a Status with a one-line message naming the file and, where
 //      there is one, the key: a missing tracker, iter dir, `.metadata` or common state, an
 //      unreadable item, a chunk of another shape than its metadata, chunks that do not tile.
+//      Names and text from the files are quoted as Python's repr writes them.
 //   4. dp_size_at_save is set only when the files prove it (see there); else nullopt.
 #pragma once
 

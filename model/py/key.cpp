@@ -36,18 +36,38 @@ const std::vector<Key>& Key::items() const {
   return items_;
 }
 
+std::string escape_control_characters(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (const char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (u < 0x20 || u == 0x7f) {
+      constexpr char kHex[] = "0123456789abcdef";
+      out += {'\\', 'x', kHex[u >> 4], kHex[u & 0xf]};
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
 std::string py_str_repr(const std::string& s) {
   const bool has_single = s.find('\'') != std::string::npos;
   const bool has_double = s.find('"') != std::string::npos;
   const char quote = (has_single && !has_double) ? '"' : '\'';
   std::string out(1, quote);
   for (char c : s) {
-    if (c == quote || c == '\\') out.push_back('\\');
-    if (c == '\n') {
-      out += "\\n";
-      continue;
+    if (c == quote || c == '\\') {
+      out += {'\\', c};
+    } else {
+      out += escape_control_characters(std::string_view(&c, 1));
     }
-    out.push_back(c);
   }
   out.push_back(quote);
   return out;

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ckptsim::model {
@@ -60,7 +61,14 @@ using KeyPath = std::vector<Key>;
 // Python repr of the path as a tuple: ('optimizer', 'param_state', 0, 'step').
 std::string repr(const KeyPath& path);
 
-// Python repr of a str: single quotes unless the text holds a single quote and no double.
+// Python repr of a str: single quotes unless the text holds a single quote and no double;
+// backslashes, the quote and control characters escaped (\n, \r, \t, \xNN), so that a name
+// read from a file prints on one line.
 std::string py_str_repr(const std::string& s);
+
+// `s` with every ASCII control character (below 0x20, and 0x7f) written as Python writes it in
+// a repr (\n, \r, \t, \xNN) and everything else as it is: for text from a file or another
+// library quoted in a one-line message.
+std::string escape_control_characters(std::string_view s);
 
 }  // namespace ckptsim::model

@@ -7,6 +7,8 @@
 #include <map>
 #include <utility>
 
+#include "model/py/key.h"
+
 namespace ckptsim::model {
 
 namespace {
@@ -332,7 +334,7 @@ void Unpickler::push_long(size_t n) {
 
 void Unpickler::push_global(std::string module, std::string name) {
   std::string full = module + "." + name;
-  if (!options_.allowed_globals.contains(full)) fail("unknown pickle class '" + full + "'");
+  if (!options_.allowed_globals.contains(full)) fail("unknown pickle class " + py_str_repr(full));
   push_text(Kind::kGlobal, std::move(full));
 }
 

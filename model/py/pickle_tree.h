@@ -18,7 +18,8 @@
 //   3. Every malformed input is a Status (corruption), never a crash or an exception: an
 //      unknown or unsupported opcode (by name and byte offset), a truncated stream, a stack
 //      underflow, a memo miss, a limit exceeded (the k*Max constants below), a second BUILD
-//      of one object, a SETITEM on a non-dict.
+//      of one object, a SETITEM on a non-dict. Its message is one line: a class name read
+//      from the input is quoted as Python's repr writes it.
 //   4. The graph returned is acyclic and at most kPickleTreeDepthMax containers deep (checked
 //      once the stream has been read: a list appended to itself, say, is an error), so a
 //      caller may walk it recursively. Nodes live in one arena (`nodes`) and refer to each

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "model/errors.h"
+#include "model/py/key.h"
 #include "model/py/pickle_tree.h"
 #include "model/py/pickle_writer.h"
 #include "model/py/value.h"
@@ -38,6 +39,9 @@ struct MetadataError {
 
 [[noreturn]] void fail(std::string message) { throw MetadataError{std::move(message)}; }
 
+// "key 'name'": a key read from the file, quoted so that the message stays one line.
+std::string key_name(const std::string& key) { return "key " + py_str_repr(key); }
+
 std::string tuple_repr(const std::vector<int64_t>& v) {
   std::string out = "(";
   for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
@@ -56,7 +60,9 @@ class MetadataParser {
     DcpMetadata out;
     if (f.contains("version") && t_.at(f["version"]).kind != Kind::kNone) {
       out.version = str(f["version"], "Metadata.version");
-      if (*out.version != "1.0.0") fail("Metadata.version '" + *out.version + "' is not 1.0.0");
+      if (*out.version != "1.0.0") {
+        fail("Metadata.version " + py_str_repr(*out.version) + " is not 1.0.0");
+      }
     }
     if (!f.contains("state_dict_metadata")) fail("Metadata without state_dict_metadata");
     if (!f.contains("storage_data")) fail("Metadata without storage_data");
@@ -88,8 +94,10 @@ class MetadataParser {
     if (state.kind != Kind::kDict) fail(cls + " whose state is " + t_.describe(n.state));
     for (size_t i = 0; i + 1 < state.items.size(); i += 2) {
       const std::string name = str(state.items[i], cls + " field name");
-      if (!allowed.contains(name)) fail(cls + " with an unknown field '" + name + "'");
-      if (!out.emplace(name, state.items[i + 1]).second) fail(cls + " field '" + name + "' twice");
+      if (!allowed.contains(name)) fail(cls + " with an unknown field " + py_str_repr(name));
+      if (!out.emplace(name, state.items[i + 1]).second) {
+        fail(cls + " field " + py_str_repr(name) + " twice");
+      }
     }
     return out;
   }
@@ -142,7 +150,7 @@ class MetadataParser {
 // memory_format, pin_memory) (its __getstate__); only the dtype still means anything.
 at::ScalarType MetadataParser::properties_dtype(PickleNodeId id, const std::string& key) const {
   const PickleNode& n = object(id, kPropertiesCls);
-  const std::string what = "key '" + key + "': TensorProperties";
+  const std::string what = key_name(key) + ": TensorProperties";
   if (n.state == PickleNode::kNoState || t_.at(n.state).kind != Kind::kTuple ||
       t_.at(n.state).items.size() != 5) {
     fail(what + " whose state is not (dtype, layout, requires_grad, memory_format, pin_memory)");
@@ -164,28 +172,27 @@ at::ScalarType MetadataParser::properties_dtype(PickleNodeId id, const std::stri
 TensorStorageMetadata MetadataParser::tensor_metadata(PickleNodeId id,
                                                       const std::string& key) const {
   auto f = fields(id, kTensorCls, {"properties", "size", "chunks"});
-  if (f.size() != 3) fail("key '" + key + "': TensorStorageMetadata without all its fields");
+  if (f.size() != 3) fail(key_name(key) + ": TensorStorageMetadata without all its fields");
   TensorStorageMetadata out;
   out.dtype = properties_dtype(f["properties"], key);
-  out.size = torch_size(f["size"], "key '" + key + "': size");
+  out.size = torch_size(f["size"], key_name(key) + ": size");
   __int128 numel = 1;
   for (const int64_t d : out.size) numel = std::min<__int128>(numel * d, kDcpTensorNumelMax + 1);
-  if (numel > kDcpTensorNumelMax)
-    fail(fmt::format("key '{}': over kDcpTensorNumelMax elements", key));
+  if (numel > kDcpTensorNumelMax) fail(key_name(key) + ": over kDcpTensorNumelMax elements");
   const PickleNode& chunks = t_.at(f["chunks"]);
-  if (chunks.kind != Kind::kList) fail("key '" + key + "': chunks is not a list");
-  if (chunks.items.size() > kDcpChunksMax) fail("key '" + key + "': over kDcpChunksMax chunks");
+  if (chunks.kind != Kind::kList) fail(key_name(key) + ": chunks is not a list");
+  if (chunks.items.size() > kDcpChunksMax) fail(key_name(key) + ": over kDcpChunksMax chunks");
   for (const PickleNodeId c : chunks.items) {
     auto cf = fields(c, kChunkCls, {"offsets", "sizes"});
-    if (cf.size() != 2) fail("key '" + key + "': a chunk without offsets and sizes");
-    ChunkStorageMetadata chunk{torch_size(cf["offsets"], "key '" + key + "': chunk offsets"),
-                               torch_size(cf["sizes"], "key '" + key + "': chunk sizes")};
+    if (cf.size() != 2) fail(key_name(key) + ": a chunk without offsets and sizes");
+    ChunkStorageMetadata chunk{torch_size(cf["offsets"], key_name(key) + ": chunk offsets"),
+                               torch_size(cf["sizes"], key_name(key) + ": chunk sizes")};
     bool inside = chunk.offsets.size() == out.size.size() && chunk.sizes.size() == out.size.size();
     for (size_t d = 0; inside && d < out.size.size(); ++d) {
       inside = chunk.offsets[d] <= out.size[d] && chunk.sizes[d] <= out.size[d] - chunk.offsets[d];
     }
     if (!inside) {
-      fail(fmt::format("key '{}': chunk at {} of size {} outside the tensor's {}", key,
+      fail(fmt::format("{}: chunk at {} of size {} outside the tensor's {}", key_name(key),
                        tuple_repr(chunk.offsets), tuple_repr(chunk.sizes), tuple_repr(out.size)));
     }
     out.chunks.push_back(std::move(chunk));
@@ -199,7 +206,7 @@ void MetadataParser::parse_state_dict_metadata(PickleNodeId id, DcpMetadata& out
   if (d.items.size() / 2 > kDcpKeysMax) fail("state_dict_metadata has over kDcpKeysMax keys");
   for (size_t i = 0; i + 1 < d.items.size(); i += 2) {
     const std::string key = str(d.items[i], "a state_dict_metadata key");
-    if (out.tensors.contains(key) || out.bytes_items.contains(key)) fail("key '" + key + "' twice");
+    if (out.tensors.contains(key) || out.bytes_items.contains(key)) fail(key_name(key) + " twice");
     out.key_order.push_back(key);
     const PickleNode& v = t_.at(d.items[i + 1]);
     if (v.kind == Kind::kObject && v.text == kBytesCls) {
@@ -215,7 +222,7 @@ MetadataIndex MetadataParser::metadata_index(PickleNodeId id) const {
   auto f = fields(id, kIndexCls, {"fqn", "offset", "index"});
   if (!f.contains("fqn")) fail("a MetadataIndex without fqn");
   MetadataIndex out{str(f["fqn"], "MetadataIndex.fqn"), std::nullopt, std::nullopt};
-  const std::string what = "key '" + out.fqn + "': MetadataIndex";
+  const std::string what = key_name(out.fqn) + ": MetadataIndex";
   if (f.contains("offset") && t_.at(f["offset"]).kind != Kind::kNone) {
     out.offset = torch_size(f["offset"], what + ".offset");
   }
@@ -228,7 +235,7 @@ MetadataIndex MetadataParser::metadata_index(PickleNodeId id) const {
 StorageInfo MetadataParser::storage_info(PickleNodeId id, const std::string& key) const {
   auto f =
       fields(id, kStorageInfoCls, {"relative_path", "offset", "length", "transform_descriptors"});
-  const std::string what = "key '" + key + "': _StorageInfo";
+  const std::string what = key_name(key) + ": _StorageInfo";
   if (!f.contains("relative_path") || !f.contains("offset") || !f.contains("length")) {
     fail(what + " without relative_path, offset and length");
   }
@@ -242,9 +249,11 @@ StorageInfo MetadataParser::storage_info(PickleNodeId id, const std::string& key
   StorageInfo out{str(f["relative_path"], what + ".relative_path"),
                   integer(f["offset"], what + ".offset"), integer(f["length"], what + ".length")};
   const std::string& p = out.relative_path;
-  if (p.empty() || p == "." || p == ".." || p.find('/') != std::string::npos ||
-      p.find('\0') != std::string::npos) {
-    fail(what + " names the file '" + p + "', not a file of the checkpoint directory");
+  const bool control = std::any_of(p.begin(), p.end(), [](char c) {
+    return static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) == 0x7f;
+  });
+  if (p.empty() || p == "." || p == ".." || p.find('/') != std::string::npos || control) {
+    fail(what + " names the file " + py_str_repr(p) + ", not a file of the checkpoint directory");
   }
   return out;
 }
@@ -258,28 +267,28 @@ void MetadataParser::parse_storage_data(PickleNodeId id, DcpMetadata& out) const
     const std::string& fqn = e.index.fqn;
     const auto tensor = out.tensors.find(fqn);
     if (tensor == out.tensors.end() && !out.bytes_items.contains(fqn)) {
-      fail("storage_data names key '" + fqn + "', which state_dict_metadata lacks");
+      fail("storage_data names " + key_name(fqn) + ", which state_dict_metadata lacks");
     }
     const bool chunk_known =
         tensor != out.tensors.end() && e.index.offset &&
         std::any_of(tensor->second.chunks.begin(), tensor->second.chunks.end(),
                     [&](const ChunkStorageMetadata& c) { return c.offsets == *e.index.offset; });
     if (tensor != out.tensors.end() ? !chunk_known : e.index.offset.has_value()) {
-      fail("storage_data item of key '" + fqn + "' at no chunk of its metadata");
+      fail("storage_data item of " + key_name(fqn) + " at no chunk of its metadata");
     }
     if (out.find(fqn, e.index.offset) != nullptr)
-      fail("key '" + fqn + "' saved twice at one offset");
+      fail(key_name(fqn) + " saved twice at one offset");
     out.storage_data.push_back(std::move(e));
   }
   for (const auto& [fqn, meta] : out.tensors) {
     for (const ChunkStorageMetadata& c : meta.chunks) {
       if (out.find(fqn, c.offsets) == nullptr) {
-        fail("key '" + fqn + "': chunk at " + tuple_repr(c.offsets) + " has no storage_data item");
+        fail(key_name(fqn) + ": chunk at " + tuple_repr(c.offsets) + " has no storage_data item");
       }
     }
   }
   for (const std::string& fqn : out.bytes_items) {
-    if (out.find(fqn, std::nullopt) == nullptr) fail("key '" + fqn + "' has no storage_data item");
+    if (out.find(fqn, std::nullopt) == nullptr) fail(key_name(fqn) + " has no storage_data item");
   }
 }
 
@@ -347,16 +356,16 @@ Result<std::span<const char>> DcpReader::read_item(const std::string& fqn,
   if (it == files_.end()) {
     Result<std::vector<char>> bytes = storage_.read_file(file);
     if (!bytes.is_ok()) {
-      return Status::corruption(fmt::format("{}: key '{}': cannot read its data file: {}", file,
-                                            fqn, bytes.status().to_string()));
+      return Status::corruption(fmt::format("{}: {}: cannot read its data file: {}", file,
+                                            key_name(fqn), bytes.status().to_string()));
     }
     it = files_.emplace(file, std::move(bytes.value())).first;
   }
   const std::vector<char>& bytes = it->second;
   if (uint64_t(info.offset) > bytes.size() || uint64_t(info.length) > bytes.size() - info.offset) {
-    return Status::corruption(fmt::format(
-        "{}: key '{}': item at offset {} of length {} past the end of the file ({} bytes)", file,
-        fqn, info.offset, info.length, bytes.size()));
+    return Status::corruption(
+        fmt::format("{}: {}: item at offset {} of length {} past the end of the file ({} bytes)",
+                    file, key_name(fqn), info.offset, info.length, bytes.size()));
   }
   return std::span<const char>(bytes).subspan(info.offset, info.length);
 }
@@ -365,7 +374,7 @@ Status DcpReader::place_chunk(const std::string& fqn, const ChunkStorageMetadata
                               const at::Tensor& piece, at::Tensor& full, at::Tensor& covered,
                               const std::string& file) {
   const std::string where =
-      fmt::format("{}: key '{}' chunk at {}", file, fqn, tuple_repr(chunk.offsets));
+      fmt::format("{}: {} chunk at {}", file, key_name(fqn), tuple_repr(chunk.offsets));
   if (piece.scalar_type() != full.scalar_type()) {
     return Status::corruption(fmt::format("{}: holds a tensor of {} where .metadata says {}", where,
                                           c10::toString(piece.scalar_type()),
@@ -394,7 +403,7 @@ Status DcpReader::place_chunk(const std::string& fqn, const ChunkStorageMetadata
 Result<at::Tensor> DcpReader::read_tensor(const std::string& fqn) {
   const auto meta = metadata_.tensors.find(fqn);
   if (meta == metadata_.tensors.end()) {
-    return Status::not_found(path(std::string(kDcpMetadataFile)) + ": no tensor key '" + fqn + "'");
+    return Status::not_found(path(std::string(kDcpMetadataFile)) + ": no tensor " + key_name(fqn));
   }
   at::Tensor full = at::empty(meta->second.size, at::TensorOptions().dtype(meta->second.dtype));
   at::Tensor covered = at::zeros(meta->second.size, at::TensorOptions().dtype(at::kBool));
@@ -406,7 +415,7 @@ Result<at::Tensor> DcpReader::read_tensor(const std::string& fqn) {
     Result<Value> piece = load_torch_save(bytes.value());
     if (!piece.is_ok() || !piece.value().is_tensor()) {
       return Status::corruption(
-          fmt::format("{}: key '{}' chunk at {}: {}", file, fqn, tuple_repr(chunk.offsets),
+          fmt::format("{}: {} chunk at {}: {}", file, key_name(fqn), tuple_repr(chunk.offsets),
                       piece.is_ok() ? "holds a " + piece.value().type_name() + ", not a tensor"
                                     : piece.status().message()));
     }
@@ -415,10 +424,9 @@ Result<at::Tensor> DcpReader::read_tensor(const std::string& fqn) {
   }
   const int64_t missing = covered.numel() - covered.sum().item<int64_t>();
   if (missing != 0) {
-    return Status::corruption(
-        fmt::format("{}: key '{}': its chunks leave {} of {} elements "
-                    "uncovered",
-                    path(std::string(kDcpMetadataFile)), fqn, missing, covered.numel()));
+    return Status::corruption(fmt::format("{}: {}: its chunks leave {} of {} elements uncovered",
+                                          path(std::string(kDcpMetadataFile)), key_name(fqn),
+                                          missing, covered.numel()));
   }
   return full;
 }
@@ -427,7 +435,7 @@ Result<std::vector<char>> DcpReader::read_bytes(const std::string& fqn) {
   const StorageInfo* info =
       metadata_.bytes_items.contains(fqn) ? metadata_.find(fqn, std::nullopt) : nullptr;
   if (info == nullptr) {
-    return Status::not_found(path(std::string(kDcpMetadataFile)) + ": no bytes key '" + fqn + "'");
+    return Status::not_found(path(std::string(kDcpMetadataFile)) + ": no bytes " + key_name(fqn));
   }
   Result<std::span<const char>> bytes = read_item(fqn, *info);
   if (!bytes.is_ok()) return bytes.status();

@@ -16,13 +16,14 @@
 //   1. A key is a tensor or a bytes item, never both; a tensor's dtype and shape come from
 //      its TensorProperties and size; every chunk lies inside the shape.
 //   2. Every item of storage_data names a key of state_dict_metadata, a plain file name in
-//      the checkpoint directory (no '/', never "." or ".."), a non-negative offset and
-//      length; on read, offset + length must lie inside that file.
+//      the checkpoint directory (no '/' and no control character, never "." or ".."), a
+//      non-negative offset and length; on read, offset + length must lie inside that file.
 //   3. read_tensor returns the full tensor: every chunk read, checked against its metadata
 //      (dtype, shape) and copied to its offsets; the chunks must cover the tensor exactly
 //      once (a gap or an overlap is an error).
 //   4. Every error is a Status with one line naming the file (and the key where there is
-//      one); nothing here throws for bad bytes.
+//      one, quoted as Python's repr writes it, so a key with a newline stays on the line);
+//      nothing here throws for bad bytes.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "model/errors.h"
+#include "model/py/key.h"
 #include "model/py/pickle_tree.h"
 #include "model/py/pickle_writer.h"
 
@@ -207,7 +208,7 @@ at::Tensor TreeToValue::storage(PickleNodeId persistent) {
   if (key.empty() || !std::all_of(key.begin(), key.end(), [](char c) {
         return std::isalnum(static_cast<unsigned char>(c)) != 0;
       })) {
-    fail("a storage key '" + key + "'");
+    fail("a storage key " + py_str_repr(key));
   }
   if (const auto it = storages_.find(key); it != storages_.end()) return it->second;
   const std::string record = "data/" + key;
@@ -302,10 +303,11 @@ Result<Value> load_torch_save(std::span<const char> bytes) {
   } catch (const InvariantViolation&) {
     throw;  // our bug, not the bytes' (as pickle_codec.cpp unpickle_value)
   } catch (const c10::Error& e) {
-    return Status::corruption(std::string("torch.save blob: libtorch cannot read the archive: ") +
-                              e.what_without_backtrace());
+    // libtorch's message quotes the archive's record names, and may add context lines.
+    return Status::corruption("torch.save blob: libtorch cannot read the archive: " +
+                              escape_control_characters(e.what_without_backtrace()));
   } catch (const std::exception& e) {
-    return Status::corruption(std::string("torch.save blob: ") + e.what());
+    return Status::corruption("torch.save blob: " + escape_control_characters(e.what()));
   }
 }
 

@@ -27,6 +27,8 @@
 //      partial result): an archive libtorch cannot open, a missing record, a storage record
 //      whose size is not numel * element size, a view that reaches past its storage, an
 //      unknown class, a dict key of another type, more than kTorchSaveRecordsMax records.
+//      Its message is one line: names from the blob, and libtorch's own messages, have
+//      their control characters escaped.
 //   2. Aliasing survives as in pickle_codec.h: an object reached twice is one Value.
 #pragma once
 

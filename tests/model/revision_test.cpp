@@ -70,3 +70,16 @@ TEST(Revision, ExtendsCycleIsAnError) {
   EXPECT_FALSE(reg.get("nope").is_ok());
   EXPECT_FALSE(reg.add(R"({"name": "a"})", "dup.json").is_ok());
 }
+
+// A profile nested a million arrays deep overflowed the stack (the 'upstream' error dumps the
+// value, and nlohmann's dump() recurses once per level). Nesting is bounded before parsing.
+TEST(Revision, DeeplyNestedJsonIsAnErrorNotAStackOverflow) {
+  RevisionRegistry reg;
+  const size_t depth = 1000000;
+  Status s = reg.add(
+      "{\"name\": \"x\", \"upstream\": " + std::string(depth, '[') + std::string(depth, ']') + "}",
+      "deep.json");
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("deep.json: nested deeper than kJsonDepthMax"), std::string::npos)
+      << s.message();
+}

@@ -121,3 +121,14 @@ TEST(Scenario, TransformerEngineIsAHybridFieldOfTwoValues) {
   EXPECT_TRUE(with_te.value().optimizer.te_installed);
   EXPECT_FALSE(sim::scenario_to_json(with_te.value())["optimizer"].contains("transformer_engine"));
 }
+
+// A scenario nested a million arrays deep overflowed the stack: the error quotes the value
+// (nlohmann's dump() recurses once per level). Found with a hand-written input after the fuzz
+// runs (fuzz/scenario_fuzzer's inputs stay a few KB long). Nesting is bounded before parsing.
+TEST(Scenario, DeeplyNestedJsonIsAnErrorNotAStackOverflow) {
+  const size_t depth = 1000000;
+  const std::string m =
+      error_of("{\"seed\": " + std::string(depth, '[') + std::string(depth, ']') + "}");
+  EXPECT_NE(m.find("bug.json"), std::string::npos) << m;
+  EXPECT_NE(m.find("nested deeper than kJsonDepthMax"), std::string::npos) << m;
+}

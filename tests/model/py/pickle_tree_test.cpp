@@ -94,5 +94,20 @@ TEST(PickleTree, AMemoMissAndTrailingBytesAreErrors) {
   EXPECT_FALSE(read(kDictOfList + "N").is_ok());
 }
 
+// Found by fuzz/pickle_tree_fuzzer: a class name is the file's bytes, and the error quoted it
+// verbatim, so a newline in it split the message (invariant 3 wants one line).
+// pickle.dumps-style STACK_GLOBAL of the module 'a\nb' and the name 'c'.
+TEST(PickleTree, FuzzUnknownClassWithANewlineStaysOneLine) {
+  const std::string bytes(
+      "\x80\x04\x8c\x03"
+      "a\nb\x8c\x01"
+      "c\x93.");
+  Result<PickleTree> t = read(bytes);
+  ASSERT_FALSE(t.is_ok());
+  const std::string& m = t.status().message();
+  EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  EXPECT_NE(m.find("unknown pickle class 'a\\nb.c'"), std::string::npos) << m;
+}
+
 }  // namespace
 }  // namespace ckptsim::model
