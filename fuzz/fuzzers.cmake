@@ -89,9 +89,9 @@ ckptsim_fuzzer(torch_dist_checkpoint_fuzzer ckptsim_fuzz_readers)
 ckptsim_fuzzer(scenario_fuzzer ckptsim_fuzz_json)
 ckptsim_fuzzer(revision_profile_fuzzer ckptsim_fuzz_json)
 
-# The seed corpora, from the repository's real files (fuzz/make_seeds.cpp). Rewritten when a
+# The seed corpora, from the repository's real files (fuzz/make_seeds.cpp, fuzz/seeds.h). Rewritten when a
 # fixture, scenario or profile changes.
-add_executable(ckptsim_fuzz_seeds ${CKPTSIM_FUZZ_DIR}/make_seeds.cpp)
+add_executable(ckptsim_fuzz_seeds ${CKPTSIM_FUZZ_DIR}/make_seeds.cpp ${CKPTSIM_FUZZ_DIR}/seeds.cpp)
 ckptsim_fuzz_executable(ckptsim_fuzz_seeds ckptsim_fuzz_readers)
 target_link_options(ckptsim_fuzz_seeds PRIVATE -fsanitize=address,undefined)
 file(GLOB_RECURSE CKPTSIM_FUZZ_SEED_INPUTS CONFIGURE_DEPENDS

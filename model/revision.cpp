@@ -213,6 +213,11 @@ Result<RevisionRegistry> RevisionRegistry::load_embedded() {
 }
 
 Status RevisionRegistry::add(const std::string& json_text, const std::string& source) {
+  const Status s = add_profile(json_text, source);
+  return s.is_ok() ? s : s.on_one_line();
+}
+
+Status RevisionRegistry::add_profile(const std::string& json_text, const std::string& source) {
   auto parsed = parse_json(json_text, source);
   if (!parsed.is_ok()) return parsed.status();
   const json& j = parsed.value();
@@ -333,6 +338,12 @@ Result<RevisionProfile> RevisionRegistry::resolve(const std::string& name, int d
 }
 
 Result<RevisionProfile> RevisionRegistry::get(const std::string& name_or_path) {
+  Result<RevisionProfile> r = get_profile(name_or_path);
+  if (!r.is_ok()) return r.status().on_one_line();
+  return r;
+}
+
+Result<RevisionProfile> RevisionRegistry::get_profile(const std::string& name_or_path) {
   const std::string suffix = ".json";
   if (name_or_path.size() > suffix.size() &&
       name_or_path.compare(name_or_path.size() - suffix.size(), suffix.size(), suffix) == 0) {
@@ -344,7 +355,7 @@ Result<RevisionProfile> RevisionRegistry::get(const std::string& name_or_path) {
     if (!parsed.is_ok()) return parsed.status();
     const std::string name = parsed.value().value("name", std::string());
     if (raw_.count(name) == 0 || raw_.at(name).second != name_or_path) {
-      Status s = add(ss.str(), name_or_path);
+      Status s = add_profile(ss.str(), name_or_path);
       if (!s.is_ok()) return s;
     }
     return resolve(name, 0);

@@ -188,7 +188,8 @@ class RevisionRegistry {
   // The embedded profiles. Fails only if an embedded file is invalid (a build-time mistake).
   static Result<RevisionRegistry> load_embedded();
 
-  // Adds a profile from JSON text; `source` names it in errors.
+  // Adds a profile from JSON text; `source` names it in errors (each on one line:
+  // Status::on_one_line, as get()'s).
   Status add(const std::string& json_text, const std::string& source);
   // Adds a profile file from disk.
   Status add_file(const std::string& path);
@@ -198,6 +199,8 @@ class RevisionRegistry {
   std::vector<std::string> names() const;  // sorted
 
  private:
+  Status add_profile(const std::string& json_text, const std::string& source);
+  Result<RevisionProfile> get_profile(const std::string& name_or_path);
   Result<RevisionProfile> resolve(const std::string& name, int depth) const;
   // Raw parsed files by name: the JSON text and its source.
   std::map<std::string, std::pair<std::string, std::string>> raw_;

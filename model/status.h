@@ -29,6 +29,11 @@ class Status {
   Code code() const { return code_; }
   const std::string& message() const { return message_; }
   std::string to_string() const;
+  // The same status with its message on one line: control characters (a newline in a field
+  // name a user's file spelled, say) are written as \n, \r, \t or \xNN. Readers of users'
+  // files return their errors through it, so that a message stays one line whatever the file
+  // held.
+  Status on_one_line() const;
 
  private:
   Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}
@@ -74,6 +79,27 @@ inline std::string Status::to_string() const {
       return "corruption: " + message_;
   }
   return message_;
+}
+
+inline Status Status::on_one_line() const {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(message_.size());
+  for (const char c : message_) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (u < 0x20 || u == 0x7f) {
+      out += {'\\', 'x', kHex[u >> 4], kHex[u & 0xf]};
+    } else {
+      out += c;
+    }
+  }
+  return Status(code_, std::move(out));
 }
 
 }  // namespace ckptsim

@@ -343,8 +343,10 @@ Result<Revision> resolve_revision(model::RevisionRegistry& registry, const std::
   return Revision{name, std::make_shared<const model::RevisionProfile>(profile.value())};
 }
 
-Result<Scenario> parse_scenario(const std::string& json_text, const std::string& source,
-                                model::RevisionRegistry& registry) {
+namespace {
+
+Result<Scenario> parse_scenario_text(const std::string& json_text, const std::string& source,
+                                     model::RevisionRegistry& registry) {
   const Reader r(source);
   if (model::json_nests_deeper_than(json_text)) {
     return Status::invalid_input(
@@ -376,6 +378,15 @@ Result<Scenario> parse_scenario(const std::string& json_text, const std::string&
   CKPTSIM_TRY(parse_layout(r, j, s));
   CKPTSIM_TRY(parse_phases(r, j, source, registry, s));
   CKPTSIM_TRY(parse_faults_and_expect(r, j, s));
+  return s;
+}
+
+}  // namespace
+
+Result<Scenario> parse_scenario(const std::string& json_text, const std::string& source,
+                                model::RevisionRegistry& registry) {
+  Result<Scenario> s = parse_scenario_text(json_text, source, registry);
+  if (!s.is_ok()) return s.status().on_one_line();  // a field name may hold a newline
   return s;
 }
 

@@ -400,11 +400,33 @@ Status DcpReader::place_chunk(const std::string& fqn, const ChunkStorageMetadata
   return Status::ok();
 }
 
+// Nothing is allocated for more than the data files hold: a chunk's item is a torch.save blob
+// of at least its elements' bytes, so a tensor whose size needs more bytes than its items hold
+// together is damaged (and a forged size would otherwise allocate gigabytes). The items are
+// bounds-checked against their files first (read_item).
+Status DcpReader::fits_its_items(const std::string& fqn, const TensorStorageMetadata& meta) {
+  int64_t items = 0;
+  for (const ChunkStorageMetadata& chunk : meta.chunks) {
+    Result<std::span<const char>> bytes = read_item(fqn, *metadata_.find(fqn, chunk.offsets));
+    if (!bytes.is_ok()) return bytes.status();
+    items += static_cast<int64_t>(bytes.value().size());  // each within a file held in memory
+  }
+  int64_t numel = 1;  // parse bounded it by kDcpTensorNumelMax
+  for (const int64_t d : meta.size) numel *= d;
+  const int64_t needed = numel * static_cast<int64_t>(c10::elementSize(meta.dtype));
+  if (needed <= items) return Status::ok();
+  return Status::corruption(fmt::format("{}: {}: its size {} needs {} bytes, its chunks hold {}",
+                                        path(std::string(kDcpMetadataFile)), key_name(fqn),
+                                        tuple_repr(meta.size), needed, items));
+}
+
 Result<at::Tensor> DcpReader::read_tensor(const std::string& fqn) {
   const auto meta = metadata_.tensors.find(fqn);
   if (meta == metadata_.tensors.end()) {
     return Status::not_found(path(std::string(kDcpMetadataFile)) + ": no tensor " + key_name(fqn));
   }
+  Status fits = fits_its_items(fqn, meta->second);
+  if (!fits.is_ok()) return fits;
   at::Tensor full = at::empty(meta->second.size, at::TensorOptions().dtype(meta->second.dtype));
   at::Tensor covered = at::zeros(meta->second.size, at::TensorOptions().dtype(at::kBool));
   for (const ChunkStorageMetadata& chunk : meta->second.chunks) {

@@ -189,6 +189,7 @@ class DcpReader {
 
  private:
   Result<std::span<const char>> read_item(const std::string& fqn, const StorageInfo& info);
+  Status fits_its_items(const std::string& fqn, const TensorStorageMetadata& meta);
   Status place_chunk(const std::string& fqn, const ChunkStorageMetadata& chunk,
                      const at::Tensor& piece, at::Tensor& full, at::Tensor& covered,
                      const std::string& file);

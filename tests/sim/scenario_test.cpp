@@ -73,6 +73,23 @@ TEST(Scenario, UnknownFieldIsAnError) {
             std::string::npos);
 }
 
+// Found by the short fuzz run (tests/fixtures/fuzz-regressions/scenario_fuzzer/): a field
+// name that holds a newline (JSON "\n") printed the newline into the error.
+TEST(Scenario, AFieldNameWithANewlineStaysOnOneLine) {
+  const std::string m = error_of(with(R"("steps": 1)", R"("steps": 1, "ste\nps": 2)"));
+  EXPECT_EQ(m.find_first_of("\n\r"), std::string::npos) << m;
+  EXPECT_NE(m.find(R"(field 'phases[0].ste\nps': unknown field)"), std::string::npos) << m;
+}
+
+TEST(Revision, AProfileFieldNameWithAControlCharacterStaysOnOneLine) {
+  model::RevisionRegistry registry = test::registry();
+  const Status s = registry.add(R"({"name": "x", "switches": {"a\rb\u0001": true}})", "p.json");
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_EQ(s.message().find_first_of("\n\r\x01"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(R"(field 'switches.a\rb\x01': unknown switch)"), std::string::npos)
+      << s.message();
+}
+
 TEST(Scenario, LimitsAreErrors) {
   EXPECT_NE(error_of(with("\"numel\": 10", "\"numel\": 2000000")).find("params[0].numel"),
             std::string::npos);

@@ -157,6 +157,21 @@ TEST_F(DamagedCheckpoint, ChunksThatLeaveAGap) {
   error(kIterDir + "/.metadata", "key 'w0': its chunks leave 16 of 112 elements uncovered");
 }
 
+TEST_F(DamagedCheckpoint, ASizeItsItemsCannotHoldIsAnErrorNotAnAllocation) {
+  // w0's size (BININT1 96, its first occurrence) becomes BININT 2^30: gigabytes that the
+  // few hundred bytes of its one chunk's item cannot hold. The reader says so before it
+  // allocates anything.
+  std::vector<char> bytes = file(".metadata");
+  const std::string from = "K`";
+  const auto at = std::search(bytes.begin(), bytes.end(), from.begin(), from.end());
+  ASSERT_NE(at, bytes.end());
+  const std::string to{'J', 0, 0, 0, 0x40};
+  bytes.insert(bytes.erase(at, at + 2), to.begin(), to.end());
+  put(".metadata", bytes);
+  const std::string m = error(kIterDir + "/.metadata", "key 'w0': its size (1073741824,) needs ");
+  EXPECT_NE(m.find(" bytes, its chunks hold "), std::string::npos) << m;
+}
+
 TEST_F(DamagedCheckpoint, ChunksThatOverlap) {
   // Each bucket tensor's last chunk starts at 128 (chunk metadata and storage index): move it
   // to 120, over the chunk [64, 128).
