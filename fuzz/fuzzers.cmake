@@ -53,7 +53,7 @@ ckptsim_fuzz_library(ckptsim_fuzz_base SOURCES
 ckptsim_fuzz_library(ckptsim_fuzz_readers TORCH SOURCES
   ${M}/torch/torch_save_format.cpp ${M}/torch/distributed_checkpoint.cpp
   ${M}/megatron/torch_dist_checkpoint.cpp ${M}/megatron/optimizer_key.cpp
-  ${M}/megatron/mapping.cpp ${M}/py/value.cpp ${M}/storage.cpp)
+  ${M}/megatron/mapping.cpp ${M}/py/value.cpp ${M}/py/pickle_writer.cpp ${M}/storage.cpp)
 target_link_libraries(ckptsim_fuzz_readers PUBLIC ckptsim_fuzz_base)
 # The JSON readers: scenarios and revision profiles.
 ckptsim_fuzz_library(ckptsim_fuzz_json SOURCES
