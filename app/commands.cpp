@@ -236,6 +236,10 @@ std::string search_repeat_flags(const SearchCommand& c) {
   if (c.dp_max != defaults.dp_max) out += fmt::format(" --dp-max {}", c.dp_max);
   if (c.params_max != defaults.params_max) out += fmt::format(" --params-max {}", c.params_max);
   if (c.phases_max != defaults.phases_max) out += fmt::format(" --phases-max {}", c.phases_max);
+  if (c.steps_max != defaults.steps_max) out += fmt::format(" --steps-max {}", c.steps_max);
+  if (c.long_steps_max != defaults.long_steps_max) {
+    out += fmt::format(" --long-steps-max {}", c.long_steps_max);
+  }
   if (c.stateful) out += " --stateful";
   return out;
 }
@@ -247,6 +251,8 @@ Result<search::SearchOptions> search_options(const SearchCommand& c) {
   g.dp_max = c.dp_max;
   g.params_max = c.params_max;
   g.phases_max = c.phases_max;
+  g.steps_max = c.steps_max;
+  g.long_steps_max = c.long_steps_max;
   g.stateful = c.stateful;
   g.faults = c.faults;
   if (!c.kinds.empty()) {
@@ -557,10 +563,13 @@ int check_command(const SearchCommand& c, const std::string& revision, std::ostr
       return invalid(err, s.message());
   }
   if (talk) say_check_findings(result, reported.value(), repeat, out);
+  if (talk && c.coverage) out << result.coverage.text();
   if (c.json) {
     const auto cases = report::check_junit_cases(revision, reported.value(), repeat);
-    out << report::check_json(revision, c.seed, result, repeat, reported.value(), cases).dump(2)
-        << std::endl;
+    nlohmann::json j =
+        report::check_json(revision, c.seed, result, repeat, reported.value(), cases);
+    if (c.coverage) j["coverage"] = result.coverage.json();
+    out << j.dump(2) << std::endl;
   }
   return reported.value().empty() ? kExitOk : kExitFail;
 }

@@ -128,8 +128,11 @@ struct SearchCommand {
   int64_t dp_max = 32;
   int params_max = 6;
   int phases_max = 4;
+  int64_t steps_max = 6;          // search::GeneratorConfig::steps_max
+  int64_t long_steps_max = 4096;  // search::GeneratorConfig::long_steps_max (0: none)
   bool stateful = false;
-  int jobs = 0;  // gate: searches at once (0: two where there are two cores)
+  bool coverage = false;  // print what the search drew (search::Coverage)
+  int jobs = 0;           // gate: searches at once (0: two where there are two cores)
   RealCodeOptions real_code;
 };
 

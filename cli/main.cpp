@@ -40,7 +40,16 @@ void add_search_flags(CLI::App* cmd, app::SearchCommand& f) {
   cmd->add_option("--dp-max", f.dp_max, "Largest DP size drawn")->capture_default_str();
   cmd->add_option("--params-max", f.params_max, "Most params drawn")->capture_default_str();
   cmd->add_option("--phases-max", f.phases_max, "Most phases drawn")->capture_default_str();
+  cmd->add_option("--steps-max", f.steps_max, "Most steps of a phase that is not long")
+      ->capture_default_str();
+  cmd->add_option("--long-steps-max", f.long_steps_max,
+                  "Most steps of a long phase (about one phase in 70; most near 2^8 and 2^11); 0: "
+                  "no long phases")
+      ->capture_default_str();
   cmd->add_flag("--quiet", f.quiet, "Print nothing but errors (and --json output)");
+  cmd->add_flag("--coverage", f.coverage,
+                "Print what the search drew (optimizer kinds, DP sizes and reshards, steps per "
+                "phase, revisions, dtypes, param groups, layout), as counts and shares");
   cmd->add_flag("--stateful", f.stateful,
                 "Draw the save/resume cycles as a RapidCheck command sequence (Train(k), "
                 "SaveResume(dp, revision))");

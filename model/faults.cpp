@@ -21,6 +21,11 @@ const std::vector<FaultSite>& fault_sites() {
       {fault::kRankDependentCommon,
        "the saved training state carries a rank-dependent common leaf ('ckptsim_rank')",
        "common_state_rank_independent"},
+      {fault::kStepCounterBf16,
+       "every Adam part keeps its step counter rounded to bfloat16 as it increments it (the "
+       "narrow counter of torchao PR #4915 and DeepSpeed PR #8496): past 256 it stops counting. "
+       "The uninterrupted run shares it, so only an absolute check sees it",
+       "step_counts_optimizer_steps"},
   };
   return sites;
 }

@@ -62,6 +62,7 @@ class ComparedFields {
 PropertyResult no_duplicate_leaves(const sim::RunResult& run);               // resume.cpp
 PropertyResult resume_completes(const sim::RunResult& run);                  // resume.cpp
 PropertyResult step_matches_uninterrupted(const sim::RunResult& run);        // step.cpp
+PropertyResult step_counts_optimizer_steps(const sim::RunResult& run);       // step.cpp
 PropertyResult step_tensors_not_aliased(const sim::RunResult& run);          // step.cpp
 PropertyResult trajectory_matches_uninterrupted(const sim::RunResult& run);  // trajectory.cpp
 PropertyResult round_trip_identity(const sim::RunResult& run);               // trajectory.cpp

@@ -28,6 +28,9 @@ const std::vector<Property>& all_properties() {
        "after every resume every Adam part holds and uses the uninterrupted run's bias-correction "
        "step",
        step_matches_uninterrupted},
+      {"step_counts_optimizer_steps",
+       "every Adam counter equals the number of optimizer steps taken (absolute: no reference)",
+       step_counts_optimizer_steps},
       {"trajectory_matches_uninterrupted",
        "master params, moments and model params equal the uninterrupted run (bitwise for the same "
        "kernel kind)",

@@ -11,6 +11,12 @@
 //                                     FusedAdam groups inside and outside HDO) holds and then
 //                                     uses the uninterrupted run's bias-correction step
 //                                     (I11, I12, I14; B1, B5, B6, B9)
+//   step_counts_optimizer_steps       every Adam part's counter equals the number of optimizer
+//                                     steps taken, and each step uses t = that number: after
+//                                     global step g, t = g and the counter is g; after a load at
+//                                     g, the counter is g. True of each run on its own, the
+//                                     uninterrupted one included, so a counter bug both runs
+//                                     share (a narrow counter type) is still seen
 //   trajectory_matches_uninterrupted  master params, exp_avg, exp_avg_sq and model params equal
 //                                     the uninterrupted run after every step and every load:
 //                                     bit for bit where the same kind of kernel updated the

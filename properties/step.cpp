@@ -1,5 +1,7 @@
 // Step family: step_matches_uninterrupted (every Adam part resumes at, and then uses, the
-// uninterrupted run's bias-correction step: I11, I12, I14; B1, B5, B6, B9) and
+// uninterrupted run's bias-correction step: I11, I12, I14; B1, B5, B6, B9),
+// step_counts_optimizer_steps (the same, absolutely: every counter equals the number of
+// optimizer steps taken, in every run including the uninterrupted one) and
 // step_tensors_not_aliased (no two params share one step tensor: I14, B9).
 #include "properties/step.h"
 
@@ -122,6 +124,66 @@ PropertyResult step_matches_uninterrupted(const sim::RunResult& run) {
   r.detail = fmt::format(
       "{} resume(s): {} step counters and bias-correction steps equal the uninterrupted run's",
       resumes, checks);
+  return r;
+}
+
+namespace {
+
+// The absolute check of one recorded state: after global step g (`after_step`) every shard
+// that took the step used t = g and advances from g next; right after a load at global step g
+// every shard advances from g (no counter counts as 0: a fresh Adam starts there).
+void count_mismatches(const sim::RunResult& run, const sim::GlobalState& st, bool after_step,
+                      const std::string& where, std::vector<std::string>& failures,
+                      std::string& signature, int64_t& checks) {
+  const auto g = static_cast<double>(st.global_step);
+  for (const sim::ShardRecord& s : st.shards) {
+    if (after_step && !s.step_used.has_value()) continue;  // this part took no step
+    ++checks;
+    const double counter = counter_value(s.counter);
+    const std::optional<double> used = after_step ? s.step_used : std::nullopt;
+    if (counter == g && (!used || *used == g)) continue;
+    if (signature.empty()) {
+      signature = std::string("step_counts_optimizer_steps:") +
+                  (after_step ? "training:" : "after_load:") + sim::part_name(s.part);
+    }
+    failures.push_back(
+        used ? fmt::format("{}, after global step {}: {} used t={} and holds step {} (right: {})",
+                           where, st.global_step, shard_label(run, s), num(*used), num(counter),
+                           num(g))
+             : fmt::format("{}, after the load at global step {}: {} holds step {} (right: {})",
+                           where, st.global_step, shard_label(run, s), num(counter), num(g)));
+  }
+}
+
+}  // namespace
+
+PropertyResult step_counts_optimizer_steps(const sim::RunResult& run) {
+  PropertyResult r = pass("step_counts_optimizer_steps");
+  std::vector<std::string> failures;
+  std::string signature;
+  int64_t checks = 0;
+  int first_phase = -1;
+  for (const sim::GlobalState& st : run.reference) {
+    count_mismatches(run, st, true, "the uninterrupted run", failures, signature, checks);
+  }
+  for (const auto& p : run.phases) {
+    if (!p.ran) continue;
+    const size_t before = failures.size();
+    if (p.after_load)
+      count_mismatches(run, *p.after_load, false, phase_label(p), failures, signature, checks);
+    for (const auto& st : p.after_step) {
+      count_mismatches(run, st, true, phase_label(p), failures, signature, checks);
+    }
+    if (before == 0 && failures.size() > before) {  // the first failure (-1: reference run)
+      first_phase = static_cast<int>(p.index);
+    }
+  }
+  if (!failures.empty())
+    return fail(std::move(r), first_phase, signature, joined_failures(failures));
+  r.detail = fmt::format(
+      "{} step counters and bias-correction steps (the uninterrupted run's too) equal the number "
+      "of optimizer steps taken",
+      checks);
   return r;
 }
 

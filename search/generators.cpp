@@ -43,12 +43,28 @@ rc::Gen<int64_t> gen_dp(int64_t dp_max) {
   });
 }
 
-rc::Gen<int64_t> gen_steps(int64_t steps_max) {
-  return gen::weightedOneOf<int64_t>({
-      {1, gen::just<int64_t>(0)},
-      {2, gen::just<int64_t>(1)},
-      {4, gen::inRange<int64_t>(1, steps_max + 1)},
-  });
+// A long phase: next to 2^8 (where a bf16 counter stops counting) most often, next to 2^11
+// (fp16's) less, anything up to long_max now and then. REQUIRES: long_max > kLongBand8.second.
+rc::Gen<int64_t> gen_long_steps(int64_t long_max) {
+  const auto band8 = gen::inRange<int64_t>(kLongBand8.first, kLongBand8.second + 1);
+  const auto beyond = gen::inRange<int64_t>(kLongBand8.second + 1, long_max + 1);
+  if (long_max < kLongBand11.first) return gen::weightedOneOf<int64_t>({{6, band8}, {1, beyond}});
+  const auto band11 =
+      gen::inRange<int64_t>(kLongBand11.first, std::min<int64_t>(kLongBand11.second, long_max) + 1);
+  return gen::weightedOneOf<int64_t>({{6, band8}, {3, band11}, {1, beyond}});
+}
+
+// The steps of one phase. The short choices come first, so that a failing long phase shrinks
+// toward a short one where the failure allows it, and a long one toward its band's start.
+rc::Gen<int64_t> gen_steps(int64_t steps_max, int64_t long_max) {
+  const auto none = gen::just<int64_t>(0);
+  const auto one = gen::just<int64_t>(1);
+  const auto few = gen::inRange<int64_t>(1, steps_max + 1);
+  if (long_max <= kLongBand8.second) {
+    return gen::weightedOneOf<int64_t>({{1, none}, {2, one}, {4, few}});
+  }
+  return gen::weightedOneOf<int64_t>(
+      {{10, none}, {20, one}, {40, few}, {kLongPhaseWeight, gen_long_steps(long_max)}});
 }
 
 rc::Gen<double> gen_offload() {
@@ -67,6 +83,15 @@ rc::Gen<bool> gen_te_installed(const std::vector<bool>& allowed) {
   return gen::just(installed);
 }
 
+// Long phases may add up past what a scenario file allows: the later phases give up steps.
+void cap_total_steps(sim::Scenario& s) {
+  int64_t left = sim::Scenario::kStepsMax;
+  for (sim::PhaseSpec& p : s.phases) {
+    p.steps = std::min(p.steps, left);
+    left -= p.steps;
+  }
+}
+
 }  // namespace
 
 Status GeneratorConfig::validate() const {
@@ -77,8 +102,16 @@ Status GeneratorConfig::validate() const {
   };
   for (Status s : {range("--dp-max", dp_max, sim::Scenario::kDpMax),
                    range("--params-max", params_max, kParamsMaxLimit),
-                   range("--phases-max", phases_max, kPhasesMaxLimit)}) {
+                   range("--phases-max", phases_max, kPhasesMaxLimit),
+                   range("--steps-max", steps_max, kStepsMaxLimit)}) {
     if (!s.is_ok()) return s;
+  }
+  if (long_steps_max != 0 &&
+      (long_steps_max <= kLongBand8.second || long_steps_max > kLongStepsMaxLimit)) {
+    return Status::invalid_input(
+        fmt::format("--long-steps-max must be 0 (no long phases) or in "
+                    "[{}, {}], got {}",
+                    kLongBand8.second + 1, kLongStepsMaxLimit, long_steps_max));
   }
   if (te_installed.empty())
     return Status::invalid_input("--transformer-engine names neither installed nor absent");
@@ -131,7 +164,8 @@ rc::Gen<sim::Scenario> gen_scenario(const GeneratorConfig& config) {
     const auto phase_gen = gen::resize(size, gen::exec([config, dp_max] {
                                          sim::PhaseSpec p;
                                          p.dp = *gen_dp(dp_max);
-                                         p.steps = *gen_steps(config.steps_max);
+                                         p.steps =
+                                             *gen_steps(config.steps_max, config.long_steps_max);
                                          p.set_revision(*gen::elementOf(config.revisions));
                                          return p;
                                        }));
@@ -139,6 +173,7 @@ rc::Gen<sim::Scenario> gen_scenario(const GeneratorConfig& config) {
                             gen::nonEmpty(gen::container<std::vector<sim::PhaseSpec>>(phase_gen)));
     if (s.phases.size() > static_cast<size_t>(config.phases_max))
       s.phases.resize(static_cast<size_t>(config.phases_max));
+    cap_total_steps(s);
     if (config.require_revision_change && config.revisions.size() > 1) {
       bool changed = false;
       for (size_t i = 1; i < s.phases.size(); ++i)
@@ -167,7 +202,10 @@ using CycleCommand = rc::state::Command<CycleModel, ScenarioBuilder>;
 
 struct Train : CycleCommand {
   int64_t k;
-  explicit Train(const CycleModel& m) : k(*gen_steps(m.steps_max)) {}
+  // Long phases may add up past what a scenario file allows: a step count that would is cut.
+  explicit Train(const CycleModel& m)
+      : k(std::min(*gen_steps(m.steps_max, m.long_steps_max),
+                   sim::Scenario::kStepsMax - m.total_steps)) {}
   void apply(CycleModel& m) const override {
     m.steps_in_phase += k;
     m.total_steps += k;
@@ -214,6 +252,7 @@ rc::Gen<sim::Scenario> gen_scenario_stateful(const GeneratorConfig& config) {
     m0.phases_max = config.phases_max;
     m0.dp_max = phase_dp_max(config, s);
     m0.steps_max = config.steps_max;
+    m0.long_steps_max = config.long_steps_max;
     m0.dp = *gen_dp(m0.dp_max);
     m0.revision = *gen::elementOf(config.revisions);
     // At most 8 commands: the step and phase counts stay small.

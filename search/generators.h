@@ -24,6 +24,7 @@
 #include <rapidcheck.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sim/scenario.h"
@@ -34,6 +35,8 @@ struct GeneratorConfig {
   // The ranges a user may set (check/gate --params-max, --phases-max, --dp-max).
   static constexpr int kParamsMaxLimit = 64;
   static constexpr int kPhasesMaxLimit = 16;
+  static constexpr int64_t kStepsMaxLimit = 256;
+  static constexpr int64_t kLongStepsMaxLimit = 10000;  // sim::Scenario::kStepsMax
 
   // Phase revisions are drawn from these (one entry: every phase uses it), resolved once by
   // the caller (sim::resolve_revision). REQUIRES: at least one.
@@ -51,7 +54,13 @@ struct GeneratorConfig {
   int params_max = 6;
   int phases_max = 4;
   int64_t dp_max = 32;
+  // Steps of a phase: 0, 1 or up to steps_max (--steps-max) mostly; one phase in about
+  // 1 + 70 / kLongPhaseWeight is long (--long-steps-max; 0: none): next to 2^8 (kLongBand8)
+  // most often, next to 2^11 (kLongBand11) less, anything up to long_steps_max now and then.
+  // The library draws no long phases unless asked (the tests' searches stay short); the CLI's
+  // check and gate draw them by default (app::SearchCommand::long_steps_max, 4096).
   int64_t steps_max = 6;
+  int64_t long_steps_max = 0;
   // Draw the phases as a RapidCheck stateful command sequence (gen_scenario_stateful).
   bool stateful = false;
 
@@ -59,6 +68,13 @@ struct GeneratorConfig {
   // got 0"); unknown fault sites too.
   Status validate() const;
 };
+
+// Long phases: the bands next to the step counts where a narrow counter goes wrong (bf16
+// counts integers exactly up to 2^8, fp16 up to 2^11), and how often one is drawn (out of 70
+// for the short choices).
+inline constexpr std::pair<int64_t, int64_t> kLongBand8 = {250, 270};
+inline constexpr std::pair<int64_t, int64_t> kLongBand11 = {2040, 2060};
+inline constexpr uint32_t kLongPhaseWeight = 1;
 
 rc::Gen<sim::Scenario> gen_scenario(const GeneratorConfig& config);
 
@@ -89,6 +105,7 @@ struct CycleModel {
   int phases_max = 4;
   int64_t dp_max = 32;
   int64_t steps_max = 6;
+  int64_t long_steps_max = 0;
 };
 rc::Gen<sim::Scenario> gen_scenario_stateful(const GeneratorConfig& config);
 // What the model predicts each phase of `s` resumes at (the sum of the earlier phases' steps).

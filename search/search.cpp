@@ -287,6 +287,7 @@ SearchResult search(const SearchOptions& options, const Judge& judge) {
     rc::Shrinkable<sim::Scenario> shrinkable = gen(rc::Random(case_seed), size);
     const sim::Scenario original = shrinkable.value();
     rc_lock.unlock();
+    result.coverage.add(original);
     ++result.cases_run;
     ++result.judge_runs;
     std::optional<Finding> finding = judge(original);

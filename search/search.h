@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "properties/properties.h"
+#include "search/coverage.h"
 #include "search/generators.h"
 
 namespace ckptsim::search {
@@ -92,6 +93,7 @@ struct SearchResult {
   double seconds = 0;             // wall clock, the whole search
   double shrink_seconds = 0;      // of which shrinking
   std::vector<Failure> failures;  // one per cause, in the order found
+  Coverage coverage;              // what the cases drew (never the shrink candidates)
 };
 
 // Smaller neighbours of a scenario, most aggressive first: fewer phases (a phase's steps merged

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "model/errors.h"
+#include "model/faults.h"
 #include "model/kernels/fused_adam_cuda.h"
 
 namespace ckptsim::model {
@@ -84,6 +85,7 @@ void TorchAdamW::step() {
       } else {
         st.data_ptr<float>()[0] += 1.0F;
       }
+      if (rt_.fault(fault::kStepCounterBf16)) st.copy_(st.to(at::kBFloat16));
     }
     for (size_t i = 0; i < params.size(); ++i) {
       const at::Tensor& p = params[i];

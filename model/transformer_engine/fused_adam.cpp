@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "model/errors.h"
+#include "model/faults.h"
 #include "model/kernels/fused_adam_cuda.h"
 
 namespace ckptsim::model {
@@ -116,7 +117,9 @@ void FusedAdam::step() {
     const auto params = group_params(group);
     if (params.empty()) continue;
     Value* step = group.find("step");
-    const int64_t t = step != nullptr ? step->as_int() + 1 : 1;
+    int64_t t = step != nullptr ? step->as_int() + 1 : 1;
+    if (rt_.fault(fault::kStepCounterBf16))
+      t = static_cast<int64_t>(float(c10::BFloat16(float(t))));
     group.set("step", Value(t));
     const AdamHyper hyper = group_hyper(group);
     // GPU-resident params go to the CUDA kernel in one multi-tensor apply per group.

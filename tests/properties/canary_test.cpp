@@ -53,6 +53,39 @@ TEST(PropertyCanary, StepMatchesCatchesTheSkeletonStep) {
   EXPECT_EQ(test::verdict(run, "step_matches_uninterrupted").verdict, properties::Verdict::kFail);
 }
 
+// A counter kept in bf16 (torchao PR #4915, DeepSpeed PR #8496) stops at 256: from global step
+// 257 on every Adam part uses t=256. The uninterrupted run shares the bug, so every property
+// that compares the two runs holds; only the absolute count sees it, for each optimizer kind.
+TEST(PropertyCanary, StepCountsCatchesANarrowCounterTheUninterruptedRunShares) {
+  for (const std::string kind : {"hybrid", "fused_adam", "torch_adamw"}) {
+    auto scenario = [&](const std::string& extra) {
+      std::string json =
+          test::two_phase_json(kind, 1.0, 2, 4, "fix-complete", "fix-complete", extra);
+      json.replace(json.find("\"steps\": 3"), 10, "\"steps\": 258");
+      return test::scenario_from_json(json);
+    };
+    const auto run = test::run(scenario(R"(, "faults": ["optimizer.step_counter_bf16"])"));
+    expect_only_failures(run, {"step_counts_optimizer_steps"});
+    const auto r = test::verdict(run, "step_counts_optimizer_steps");
+    EXPECT_NE(r.detail.find("the uninterrupted run, after global step 257:"), std::string::npos)
+        << kind << ": " << r.detail;
+    EXPECT_NE(r.detail.find("used t=256 and holds step 256 (right: 257)"), std::string::npos)
+        << kind << ": " << r.detail;
+    EXPECT_TRUE(test::verdict(test::run(scenario("")), "step_counts_optimizer_steps").ok()) << kind;
+  }
+}
+
+// The reviewer's bug 2 (the skeleton step over the restored one) fails the absolute count too.
+TEST(PropertyCanary, StepCountsCatchesTheSkeletonStep) {
+  const auto run = test::run(test::scenario_from_json(
+      test::two_phase_json("hybrid", 1.0, 2, 4, "upstream-2874", "upstream-2874")));
+  const auto r = test::verdict(run, "step_counts_optimizer_steps");
+  EXPECT_EQ(r.verdict, properties::Verdict::kFail);
+  EXPECT_NE(r.detail.find("after the load at global step 3: HDO cpu AdamW"), std::string::npos)
+      << r.detail;
+  EXPECT_NE(r.detail.find("holds step 1 (right: 3)"), std::string::npos) << r.detail;
+}
+
 TEST(PropertyCanary, TrajectoryCatchesOneUlpInOneRestoredMoment) {
   // Steps are right (fix-recommended); only exp_avg[0] on rank 0 is off by one ulp after the load.
   const auto run =
@@ -158,6 +191,10 @@ TEST(PropertyCanary, EveryFaultSiteFailsThePropertyItNames) {
         test::two_phase_json("hybrid", 1.0, 2, 4, "fix-recommended", "fix-recommended",
                              fault.empty() ? "" : R"(, "faults": [")" + fault + R"("])");
     json.replace(json.find("\"numel\": 130"), 12, "\"numel\": 100");
+    // A narrow counter goes wrong only past 256 steps.
+    if (fault == model::fault::kStepCounterBf16) {
+      json.replace(json.find("\"steps\": 3"), 10, "\"steps\": 258");
+    }
     return test::scenario_from_json(json);
   };
   ASSERT_FALSE(model::fault_sites().empty());
@@ -183,7 +220,8 @@ TEST(PropertyCanary, EveryPropertyHasACanaryHere) {
       "step_matches_uninterrupted", "trajectory_matches_uninterrupted",
       "shards_tile_buckets",        "common_state_rank_independent",
       "layout_invariants",          "round_trip_identity",
-      "reshard_round_trip_bytes",   "step_tensors_not_aliased"};
+      "reshard_round_trip_bytes",   "step_tensors_not_aliased",
+      "step_counts_optimizer_steps"};
   for (const auto& p : properties::all_properties()) {
     EXPECT_NE(std::find(covered.begin(), covered.end(), p.name), covered.end())
         << p.name << " has no canary";

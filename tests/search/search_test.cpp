@@ -241,6 +241,24 @@ TEST(Search, FindsTheDuplicateLeafAcrossRevisionsSmall) {
       << r.failures.front().finding.detail;
 }
 
+// Long phases reach the counter bugs a short search cannot: a bf16 counter goes wrong at step
+// 257, and the search shrinks it to exactly that, in one phase of one param.
+TEST(Search, LongPhasesFindANarrowCounterAndShrinkToStep257) {
+  search::GeneratorConfig g;
+  g.revisions = test::revisions({"fix-complete"});
+  g.faults = {"optimizer.step_counter_bf16"};
+  g.long_steps_max = 4096;
+  const auto r = run_search(g, {"step_counts_optimizer_steps"}, 300);
+  ASSERT_EQ(r.failures.size(), 1u) << "never found in " << r.cases_run << " cases";
+  const sim::Scenario& m = r.failures.front().minimal;
+  EXPECT_EQ(m.total_steps(), 257);
+  EXPECT_EQ(m.phases.size(), 1u);
+  EXPECT_EQ(m.params.size(), 1u);
+  // Without long phases the same search draws nothing past 96 steps, and finds nothing.
+  g.long_steps_max = 0;
+  EXPECT_TRUE(run_search(g, {"step_counts_optimizer_steps"}, 300).failures.empty());
+}
+
 // ---- Mutation controls: every property fails under search on a broken variant. ---------------
 
 struct Control {
@@ -249,6 +267,7 @@ struct Control {
   std::vector<std::string> faults;
   std::vector<model::OptimizerKind> kinds;
   bool change = false;
+  int64_t long_steps_max = 0;  // long phases drawn (the CLI's default), for counter bugs
 };
 
 // How ctest and gtest name a control: "<property> on <revisions> [faults]" (gtest would print
@@ -271,6 +290,7 @@ TEST_P(MutationControls, SearchFindsTheBrokenVariant) {
   g.faults = c.faults;
   g.require_revision_change = c.change;
   if (!c.kinds.empty()) g.kinds = c.kinds;
+  g.long_steps_max = c.long_steps_max;
   const auto r = run_search(g, {c.property}, 300);
   ASSERT_EQ(r.failures.size(), 1u) << c.property << " never failed in " << r.cases_run << " cases";
   EXPECT_EQ(r.failures.front().finding.property, c.property);
@@ -303,7 +323,13 @@ INSTANTIATE_TEST_SUITE_P(
         Control{"step_tensors_not_aliased",
                 {"test-b9-aliased-steps"},
                 {},
-                {model::OptimizerKind::kTorchAdamW}}),
+                {model::OptimizerKind::kTorchAdamW}},
+        Control{"step_counts_optimizer_steps",
+                {"fix-complete"},
+                {"optimizer.step_counter_bf16"},
+                {},
+                false,
+                4096}),
     [](const ::testing::TestParamInfo<Control>& info) { return info.param.property; });
 
 TEST(MutationControls, CoverEveryProperty) {
@@ -312,7 +338,8 @@ TEST(MutationControls, CoverEveryProperty) {
       "step_matches_uninterrupted", "trajectory_matches_uninterrupted",
       "shards_tile_buckets",        "common_state_rank_independent",
       "layout_invariants",          "round_trip_identity",
-      "reshard_round_trip_bytes",   "step_tensors_not_aliased"};
+      "reshard_round_trip_bytes",   "step_tensors_not_aliased",
+      "step_counts_optimizer_steps"};
   for (const auto& p : properties::all_properties()) {
     EXPECT_NE(std::find(covered.begin(), covered.end(), p.name), covered.end())
         << p.name << " has no search control";

@@ -1,0 +1,142 @@
+#include "search/coverage.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <set>
+#include <utility>
+
+#include "search/generators.h"
+
+namespace ckptsim::search {
+
+namespace {
+
+std::string hybrid_label(const model::OptimizerConfig& o) {
+  const double f = o.offload_fraction;
+  const char* offload = f == 0 ? "offload 0" : f == 1 ? "offload 1" : "offload between";
+  return fmt::format("hybrid, {}{}", offload, o.te_installed ? "" : ", TE absent");
+}
+
+std::string dtypes_label(const sim::Scenario& s) {
+  std::set<model::DType> dtypes;
+  for (const auto& p : s.params) dtypes.insert(p.dtype);
+  if (dtypes.size() > 1) return "bf16 and fp32 mixed";
+  return *dtypes.begin() == model::DType::kBFloat16 ? "bf16 only" : "fp32 only";
+}
+
+// "wd_mult 0 and 1", "lr_mult 1 and 0.5": the distinct values of one group key, when they differ.
+std::string mults_label(const sim::Scenario& s) {
+  std::set<double> wd, lr;
+  for (const auto& p : s.params) {
+    wd.insert(p.wd_mult);
+    lr.insert(p.lr_mult);
+  }
+  std::string out;
+  auto add = [&](const char* name, const std::set<double>& values) {
+    if (values.size() < 2) return;
+    const bool beyond =
+        std::any_of(values.begin(), values.end(), [](double v) { return v != 0.0 && v != 1.0; });
+    out += fmt::format("{}{} differs{}", out.empty() ? "" : ", ", name,
+                       beyond ? " (beyond 0/1)" : " (0/1)");
+  };
+  add("wd_mult", wd);
+  add("lr_mult", lr);
+  return out.empty() ? "one group setting" : out;
+}
+
+std::string reshard_label(int64_t from, int64_t to) {
+  if (from == to) return "same DP";
+  if (to % from == 0 || from % to == 0) return to > from ? "up, dividing" : "down, dividing";
+  return to > from ? "up, not dividing" : "down, not dividing";
+}
+
+}  // namespace
+
+std::string Coverage::steps_band(int64_t steps) {
+  if (steps <= 1) return std::to_string(steps);
+  if (steps <= 6) return "2-6";
+  if (steps < kLongBand8.first) return fmt::format("7-{}", kLongBand8.first - 1);
+  if (steps <= kLongBand8.second)
+    return fmt::format("{}-{} (near 2^8)", kLongBand8.first, kLongBand8.second);
+  if (steps < kLongBand11.first)
+    return fmt::format("{}-{}", kLongBand8.second + 1, kLongBand11.first - 1);
+  if (steps <= kLongBand11.second)
+    return fmt::format("{}-{} (near 2^11)", kLongBand11.first, kLongBand11.second);
+  return fmt::format(">{}", kLongBand11.second);
+}
+
+void Coverage::add(const sim::Scenario& s) {
+  ++cases_;
+  const model::OptimizerConfig& o = s.optimizer;
+  bump("cases: optimizer", o.kind == model::OptimizerKind::kHybrid
+                               ? hybrid_label(o)
+                               : model::optimizer_kind_name(o.kind));
+  bump("cases: dtypes", dtypes_label(s));
+  bump("cases: param groups", mults_label(s));
+  bump("cases: params", std::to_string(s.params.size()));
+  bump("cases: buckets", s.bucket_size ? "several (bucket_size set)" : "one");
+  if (s.pad_buckets_for_high_nccl_busbw) bump("cases: buckets", "padded for NCCL busbw");
+  bump("cases: phases", std::to_string(s.phases.size()));
+  int64_t longest = 0;
+  for (size_t i = 0; i < s.phases.size(); ++i) {
+    const sim::PhaseSpec& p = s.phases[i];
+    ++phases_;
+    longest = std::max(longest, p.steps);
+    bump("phases: steps", steps_band(p.steps));
+    bump("phases: revision", p.revision);
+    bump("phases: DP", std::to_string(p.dp));
+    if (i == 0) continue;
+    const sim::PhaseSpec& prev = s.phases[i - 1];
+    bump("resumes: DP", fmt::format("{} -> {}", prev.dp, p.dp));
+    bump("resumes: reshard", reshard_label(prev.dp, p.dp));
+    bump("resumes: revision", prev.revision == p.revision ? "same revision" : "revision changes");
+  }
+  bump("cases: longest phase", steps_band(longest));
+}
+
+void Coverage::merge(const Coverage& other) {
+  cases_ += other.cases_;
+  phases_ += other.phases_;
+  for (const auto& [feature, values] : other.counts_) {
+    for (const auto& [value, n] : values) counts_[feature][value] += n;
+  }
+}
+
+int64_t Coverage::count(const std::string& feature, const std::string& value) const {
+  const auto f = counts_.find(feature);
+  if (f == counts_.end()) return 0;
+  const auto v = f->second.find(value);
+  return v == f->second.end() ? 0 : v->second;
+}
+
+std::string Coverage::text() const {
+  std::string out = fmt::format("coverage: {} cases, {} phases drawn\n", cases_, phases_);
+  for (const auto& [feature, values] : counts_) {
+    std::vector<std::pair<std::string, int64_t>> sorted(values.begin(), values.end());
+    std::stable_sort(sorted.begin(), sorted.end(),
+                     [](const auto& a, const auto& b) { return a.second > b.second; });
+    int64_t total = 0;
+    for (const auto& [_, n] : sorted) total += n;
+    out += "  " + feature + ":";
+    size_t shown = 0;
+    for (const auto& [value, n] : sorted) {
+      if (shown++ == 12) {
+        out += fmt::format(" ... and {} more", sorted.size() - 12);
+        break;
+      }
+      out += fmt::format("{} {} {:.1f}% ({})", shown > 1 ? "," : "", value,
+                         100.0 * static_cast<double>(n) / static_cast<double>(total), n);
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+nlohmann::json Coverage::json() const {
+  nlohmann::json j = {{"cases", cases_}, {"phases", phases_}, {"counts", nlohmann::json::object()}};
+  for (const auto& [feature, values] : counts_) j["counts"][feature] = values;
+  return j;
+}
+
+}  // namespace ckptsim::search

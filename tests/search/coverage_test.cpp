@@ -1,0 +1,90 @@
+// search::Coverage: what a search drew, counted per feature. The counts are checked against
+// scenarios written by hand, and a search's table against its generator's options.
+#include "search/coverage.h"
+
+#include <gtest/gtest.h>
+
+#include <optional>
+
+#include "search/search.h"
+#include "tests/testing.h"
+
+using namespace ckptsim;
+
+namespace {
+
+sim::Scenario three_phases() {
+  // w0 bf16 with wd_mult 0, w1 fp32: two groups, mixed dtypes; DP 2 -> 3 -> 3, 258, 0 and 2048
+  // steps, the revision changes at the second resume.
+  return test::scenario_from_json(R"({"seed": 1, "name": "c", "params": [
+      {"name": "w0", "numel": 10, "dtype": "bf16", "wd_mult": 0.0},
+      {"name": "w1", "numel": 20, "dtype": "fp32"}],
+    "optimizer": {"kind": "hybrid", "offload_fraction": 0.5, "lr": 0.01, "betas": [0.9, 0.95],
+                  "eps": 1e-8, "weight_decay": 0.1},
+    "phases": [{"dp": 2, "revision": "fix-complete", "steps": 258},
+               {"dp": 3, "revision": "fix-complete", "steps": 0},
+               {"dp": 3, "revision": "upstream-2874", "steps": 2048}]})");
+}
+
+}  // namespace
+
+TEST(Coverage, CountsWhatTheScenariosHold) {
+  search::Coverage c;
+  c.add(three_phases());
+  EXPECT_EQ(c.cases(), 1);
+  EXPECT_EQ(c.phases(), 3);
+  EXPECT_EQ(c.count("cases: optimizer", "hybrid, offload between"), 1);
+  EXPECT_EQ(c.count("cases: dtypes", "bf16 and fp32 mixed"), 1);
+  EXPECT_EQ(c.count("cases: param groups", "wd_mult differs (0/1)"), 1);
+  EXPECT_EQ(c.count("phases: steps", "250-270 (near 2^8)"), 1);
+  EXPECT_EQ(c.count("phases: steps", "0"), 1);
+  EXPECT_EQ(c.count("phases: steps", "2040-2060 (near 2^11)"), 1);
+  EXPECT_EQ(c.count("cases: longest phase", "2040-2060 (near 2^11)"), 1);
+  EXPECT_EQ(c.count("resumes: DP", "2 -> 3"), 1);
+  EXPECT_EQ(c.count("resumes: reshard", "up, not dividing"), 1);
+  EXPECT_EQ(c.count("resumes: reshard", "same DP"), 1);
+  EXPECT_EQ(c.count("resumes: revision", "revision changes"), 1);
+  EXPECT_EQ(c.count("phases: revision", "fix-complete"), 2);
+  // Merging adds the counts; the text names every feature with its shares.
+  search::Coverage twice;
+  twice.merge(c);
+  twice.merge(c);
+  EXPECT_EQ(twice.count("phases: steps", "0"), 2);
+  EXPECT_EQ(twice.phases(), 6);
+  const std::string text = twice.text();
+  EXPECT_NE(text.find("coverage: 2 cases, 6 phases drawn"), std::string::npos) << text;
+  EXPECT_NE(text.find("resumes: reshard: same DP 50.0% (2), up, not dividing 50.0% (2)"),
+            std::string::npos)
+      << text;
+}
+
+TEST(Coverage, TheStepBandsMeetAtTheirEdges) {
+  EXPECT_EQ(search::Coverage::steps_band(6), "2-6");
+  EXPECT_EQ(search::Coverage::steps_band(7), "7-249");
+  EXPECT_EQ(search::Coverage::steps_band(249), "7-249");
+  EXPECT_EQ(search::Coverage::steps_band(250), "250-270 (near 2^8)");
+  EXPECT_EQ(search::Coverage::steps_band(271), "271-2039");
+  EXPECT_EQ(search::Coverage::steps_band(2060), "2040-2060 (near 2^11)");
+  EXPECT_EQ(search::Coverage::steps_band(2061), ">2060");
+}
+
+// A search of the CLI's default size and options draws long phases in both bands; without
+// them it draws none past steps_max. (A judge that finds nothing: only the drawing counts.)
+TEST(Coverage, ADefaultSizeSearchDrawsLongPhases) {
+  search::SearchOptions o;
+  o.generator.revisions = test::revisions({"fix-complete"});
+  o.generator.long_steps_max = 4096;
+  const search::Judge nothing = [](const sim::Scenario&) {
+    return std::optional<search::Finding>();
+  };
+  const search::SearchResult with = search::search(o, nothing);
+  EXPECT_EQ(with.coverage.cases(), o.cases);
+  EXPECT_GT(with.coverage.count("phases: steps", "250-270 (near 2^8)"), 0);
+  EXPECT_GT(with.coverage.count("phases: steps", "2040-2060 (near 2^11)"), 0);
+  EXPECT_GT(with.coverage.count("cases: param groups", "wd_mult differs (0/1)"), 0);
+  o.generator.long_steps_max = 0;
+  const search::SearchResult without = search::search(o, nothing);
+  for (const auto& [band, n] : without.coverage.counts().at("phases: steps")) {
+    EXPECT_TRUE(band == "0" || band == "1" || band == "2-6") << band << ": " << n;
+  }
+}
