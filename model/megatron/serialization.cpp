@@ -433,6 +433,35 @@ Value load_common_state_dict(const Storage& storage, bool reads_sharded_common_s
   return common.value();
 }
 
+namespace {
+
+// What is wrong with a saved piece against its tensor and its file ("" when nothing): a piece
+// of a damaged metadata.json must be reported, never read past its buffer.
+std::string piece_problem(const SavedPiece& p, size_t file_size) {
+  // The largest tensor a saved piece may claim (2^31 elements; the model's own are far
+  // smaller): a forged global size must not size a buffer.
+  constexpr int64_t kGlobalNumelMax = int64_t{1} << 31;
+  if (p.global_numel > kGlobalNumelMax) {
+    return fmt::format("a tensor of {} elements, over {}", p.global_numel, kGlobalNumelMax);
+  }
+  if (p.global_numel < 0 || p.numel < 0 || p.global_offset < 0 || p.byte_offset < 0 ||
+      p.global_offset > p.global_numel || p.numel > p.global_numel - p.global_offset) {
+    return fmt::format("piece [{}, {}) outside the tensor's [0, {})", p.global_offset,
+                       p.global_offset + p.numel, p.global_numel);
+  }
+  const auto dtype = dtype_from_name_checked(p.dtype);
+  if (!dtype.has_value()) return "unknown dtype " + p.dtype;
+  const size_t size = static_cast<size_t>(p.numel) * c10::elementSize(*dtype);
+  if (static_cast<size_t>(p.byte_offset) > file_size ||
+      size > file_size - static_cast<size_t>(p.byte_offset)) {
+    return fmt::format("bytes [{}, {}) past the end of the file ({} bytes)", p.byte_offset,
+                       static_cast<size_t>(p.byte_offset) + size, file_size);
+  }
+  return "";
+}
+
+}  // namespace
+
 Value load(const Value& sharded_state_dict, const Storage& storage, ProcessGroup& group,
            const LoadOptions& options, LoadReport* report) {
   auto pieces_r = read_checkpoint_pieces(storage);
@@ -519,18 +548,26 @@ Value load(const Value& sharded_state_dict, const Storage& storage, ProcessGroup
         const int64_t want_begin = st.global_offset.at(0);
         const int64_t want_end = want_begin + st.local_shape.at(0);
         std::vector<std::pair<int64_t, int64_t>> covered;
+        // A damaged metadata.json: torch's reader fails the load on that rank, wrapped as
+        // the KeyError above is. Every piece of the key is checked, used or not.
+        for (const SavedPiece* p : it->second) {
+          if (std::string problem = piece_problem(*p, file_bytes(p->file).size());
+              !problem.empty()) {
+            throw UpstreamError("CheckpointException",
+                                fmt::format("{}: key {}: {}", p->file, p->key, problem),
+                                "torch.py load()");
+          }
+        }
         for (const SavedPiece* p : it->second) {
           const int64_t begin = std::max(want_begin, p->global_offset);
           const int64_t end = std::min(want_end, p->global_offset + p->numel);
           if (begin >= end) continue;
-          const at::ScalarType dtype = dtype_from_name(p->dtype);
           const std::vector<char>& bytes = file_bytes(p->file);
+          const at::ScalarType dtype = dtype_from_name(p->dtype);
           const size_t elem = c10::elementSize(dtype);
           at::Tensor src = at::empty({end - begin}, at::TensorOptions().dtype(dtype));
           const size_t at_byte = static_cast<size_t>(p->byte_offset) +
                                  static_cast<size_t>(begin - p->global_offset) * elem;
-          CKPTSIM_CHECK(at_byte + src.numel() * elem <= bytes.size(),
-                        "piece beyond the end of " + p->file);
           std::memcpy(src.data_ptr(), bytes.data() + at_byte, src.numel() * elem);
           at::Tensor dst = st.data.narrow(0, begin - want_begin, end - begin);
           dst.copy_(src);
@@ -562,13 +599,8 @@ Result<std::map<std::string, std::vector<float>>> read_checkpoint_tensors(
     auto error = [&](const std::string& what) {
       return Status::corruption(fmt::format("{}: key {}: {}", p.file, p.key, what));
     };
-    if (p.global_numel < 0 || p.numel < 0 || p.global_offset < 0 || p.byte_offset < 0 ||
-        p.global_offset > p.global_numel || p.numel > p.global_numel - p.global_offset) {
-      return error(fmt::format("piece [{}, {}) outside the tensor's [0, {})", p.global_offset,
-                               p.global_offset + p.numel, p.global_numel));
-    }
-    auto dtype = dtype_from_name_checked(p.dtype);
-    if (!dtype.has_value()) return error("unknown dtype " + p.dtype);
+    // Before the global size sizes a buffer.
+    if (p.global_numel < 0 || p.global_numel > int64_t{1} << 31) return error(piece_problem(p, 0));
     auto& values = out[p.key];
     if (values.empty()) {
       values.assign(static_cast<size_t>(p.global_numel), std::numeric_limits<float>::quiet_NaN());
@@ -582,15 +614,13 @@ Result<std::map<std::string, std::vector<float>>> read_checkpoint_tensors(
       if (!bytes.is_ok()) return bytes.status();
       it = files.emplace(p.file, std::move(bytes.value())).first;
     }
-    const size_t elem = c10::elementSize(*dtype);
-    const auto size = static_cast<size_t>(p.numel) * elem;
-    if (static_cast<size_t>(p.byte_offset) > it->second.size() ||
-        size > it->second.size() - static_cast<size_t>(p.byte_offset)) {
-      return error(fmt::format("bytes [{}, {}) past the end of the file ({} bytes)", p.byte_offset,
-                               static_cast<size_t>(p.byte_offset) + size, it->second.size()));
+    if (std::string problem = piece_problem(p, it->second.size()); !problem.empty()) {
+      return error(problem);
     }
+    const at::ScalarType dtype = *dtype_from_name_checked(p.dtype);
+    const auto size = static_cast<size_t>(p.numel) * c10::elementSize(dtype);
     if (size == 0) continue;  // an empty piece: an empty tensor's data_ptr() is null
-    at::Tensor src = at::empty({p.numel}, at::TensorOptions().dtype(*dtype));
+    at::Tensor src = at::empty({p.numel}, at::TensorOptions().dtype(dtype));
     std::memcpy(src.data_ptr(), it->second.data() + p.byte_offset, size);
     const at::Tensor f = src.to(at::kFloat);
     std::copy(f.data_ptr<float>(), f.data_ptr<float>() + p.numel,

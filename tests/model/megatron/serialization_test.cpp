@@ -7,6 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <tuple>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include <ATen/ops/add.h>
 #include <ATen/ops/arange.h>
@@ -258,8 +262,49 @@ TEST(Serialization, ReadCheckpointTensorsRefusesBytesPastTheFile) {
   ASSERT_FALSE(r.is_ok());
   EXPECT_NE(r.status().message().find("past the end of the file (16 bytes)"), std::string::npos)
       << r.status().message();
+  // A forged global size is refused before it sizes the assembled tensor.
+  const std::vector<SavedPiece> huge = {
+      {"p.k", "torch.float32", int64_t{1} << 40, 0, 4, 0, "f.bin", 0}};
+  r = read_checkpoint_tensors(store, huge, "p.");
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("a tensor of 1099511627776 elements, over 2147483648"),
+            std::string::npos)
+      << r.status().message();
   const std::vector<SavedPiece> dtype = {{"p.k", "torch.complex64", 4, 0, 1, 0, "f.bin", 0}};
   EXPECT_FALSE(read_checkpoint_tensors(store, dtype, "p.").is_ok());
+}
+
+// A damaged metadata.json (a piece past its file, or past its tensor) fails the load on the
+// rank that reads it, as torch's reader does, with the file and the key; it never reads past a
+// buffer (issue 11: the harness once crashed here). Mutation caught: the check dropped (the
+// read goes past the file's bytes: garbage, under ASan a crash).
+TEST(Serialization, LoadOfADamagedPieceRaisesNamingFileAndKey) {
+  for (const auto& [field, value, what] :
+       std::vector<std::tuple<std::string, int64_t, std::string>>{
+           {"byte_offset", 8, "bytes [8, 24) past the end of the file (16 bytes)"},
+           {"global_offset", 2, "piece [2, 6) outside the tensor's [0, 4)"},
+           {"numel", -1, "piece [0, -1) outside the tensor's [0, 4)"}}) {
+    MemoryStorage store;
+    on_ranks(1, [&](int, ProcessGroup& pg) {
+      save(dict_value({{"t", piece("t", at::zeros({4}), 4, 0)}}), store, pg);
+    });
+    auto meta = store.read_file("metadata.json");
+    ASSERT_TRUE(meta.is_ok());
+    nlohmann::json j = nlohmann::json::parse(meta.value().begin(), meta.value().end());
+    j["pieces"][0][field] = value;
+    const std::string text = j.dump();
+    ASSERT_TRUE(store.write_file("metadata.json", {text.begin(), text.end()}).is_ok());
+    on_ranks(1, [&](int rank, ProcessGroup& pg) {
+      Runtime rt(1, 0, rank);
+      try {
+        load(dict_value({{"t", piece("t", at::zeros({4}), 4, 0)}}), store, pg, {});
+        ADD_FAILURE() << field << ": a damaged piece loaded";
+      } catch (const UpstreamError& e) {
+        EXPECT_EQ(e.py_type(), "CheckpointException") << field;
+        EXPECT_NE(e.message().find("key t: " + what), std::string::npos) << e.message();
+      }
+    });
+  }
 }
 
 // HEAD keeps the common state in the checkpoint ('common_state' ShardedObject, no common.pt):
