@@ -26,6 +26,10 @@ const std::vector<FaultSite>& fault_sites() {
        "narrow counter of torchao PR #4915 and DeepSpeed PR #8496): past 256 it stops counting. "
        "The uninterrupted run shares it, so only an absolute check sees it",
        "step_counts_optimizer_steps"},
+      {fault::kSkipLoadPiece,
+       "on global rank 0 the load skips the first saved piece of every optimizer key that its "
+       "request overlaps, so those elements keep the values the load request was built with",
+       "load_writes_every_element"},
   };
   return sites;
 }

@@ -178,3 +178,46 @@ PropertyResult reshard_round_trip_bytes(const sim::RunResult& run) {
 }
 
 }  // namespace ckptsim::properties
+
+namespace ckptsim::properties {
+
+// load_writes_every_element: every element a load requests (every optimizer state a rank owns,
+// the model params, ...) is written from the checkpoint. The loader records each requested
+// range no saved piece covered (sim::PhaseRecord::load_uncovered): such elements keep the
+// values the request was built with (zeros, or dummy_step's), which only sometimes show in the
+// trajectory.
+PropertyResult load_writes_every_element(const sim::RunResult& run) {
+  PropertyResult r = pass("load_writes_every_element");
+  int loads = 0;
+  std::string not_evaluated;
+  for (const auto& p : run.phases) {
+    if (!p.ran || p.index == 0) continue;
+    if (!p.after_load.has_value()) {
+      if (not_evaluated.empty()) not_evaluated = phase_label(p) + ": the load did not complete";
+      continue;
+    }
+    ++loads;
+    if (p.load_uncovered.empty()) continue;
+    std::string ranges;
+    for (size_t i = 0; i < p.load_uncovered.size() && i < 4; ++i) {
+      ranges += (i ? ", " : "") + p.load_uncovered[i];
+    }
+    if (p.load_uncovered.size() > 4)
+      ranges += fmt::format(", +{} more", p.load_uncovered.size() - 4);
+    const bool skipped =
+        p.load_uncovered.front().find("not in the checkpoint") != std::string::npos;
+    return fail(std::move(r), static_cast<int>(p.index),
+                std::string("load_writes_every_element:") + (skipped ? "missing_key" : "gap"),
+                fmt::format("{}: the load left {} requested range(s) unwritten, holding what the "
+                            "load request was built with: {}",
+                            phase_label(p), p.load_uncovered.size(), ranges));
+  }
+  if (!not_evaluated.empty() && loads == 0) return mark_not_evaluated(std::move(r), not_evaluated);
+  r.detail =
+      loads == 0
+          ? std::string("no load in this run")
+          : fmt::format("{} load(s) wrote every requested element from the checkpoint", loads);
+  return r;
+}
+
+}  // namespace ckptsim::properties

@@ -69,6 +69,7 @@ PropertyResult round_trip_identity(const sim::RunResult& run);               // 
 PropertyResult shards_tile_buckets(const sim::RunResult& run);               // checkpoint.cpp
 PropertyResult common_state_rank_independent(const sim::RunResult& run);     // checkpoint.cpp
 PropertyResult reshard_round_trip_bytes(const sim::RunResult& run);          // checkpoint.cpp
+PropertyResult load_writes_every_element(const sim::RunResult& run);         // checkpoint.cpp
 PropertyResult layout_invariants(const sim::RunResult& run);                 // layout.cpp
 
 }  // namespace ckptsim::properties

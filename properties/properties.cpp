@@ -49,6 +49,9 @@ const std::vector<Property>& all_properties() {
        reshard_round_trip_bytes},
       {"step_tensors_not_aliased", "no two params share one step tensor object (I14)",
        step_tensors_not_aliased},
+      {"load_writes_every_element",
+       "every element a load requests is written from the checkpoint (absolute: no reference)",
+       load_writes_every_element},
   };
   return props;
 }

@@ -39,6 +39,9 @@
 //                                     the same bytes in every param region (not alignment gaps)
 //                                     as the checkpoint it loaded, at any DP size (I5)
 //   step_tensors_not_aliased          no two params share one step tensor object (I14; B9)
+//   load_writes_every_element         every element a load requests (each rank's optimizer
+//                                     state, model params) is written from the checkpoint: none
+//                                     keeps the value the request was built with
 //
 // A verdict is pass, fail, or not_evaluated (the run never reached what the property
 // judges, e.g. a resume whose load crashed); only pass counts as ok.

@@ -30,6 +30,7 @@ int64_t load_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
   options.merge.truncate_optimizer_param_state_lists = switches.merge_truncates_param_state_lists;
   options.strip_common_param_state = switches.load_strips_common_param_state;
   options.allow_missing_keys = switches.load_allows_missing_keys;
+  options.skip_optimizer_piece = rt.rank() == 0 && rt.fault(fault::kSkipLoadPiece);
   const Value loaded = load(request, storage, group, options, report);
   // model.load_state_dict(): the params were read in place; copy for fidelity.
   const Dict& model_sd = *loaded.dict()->at("model").dict();

@@ -558,10 +558,16 @@ Value load(const Value& sharded_state_dict, const Storage& storage, ProcessGroup
                                 "torch.py load()");
           }
         }
+        bool skipped =
+            !options.skip_optimizer_piece || !std::string_view(st.key).starts_with("optimizer.");
         for (const SavedPiece* p : it->second) {
           const int64_t begin = std::max(want_begin, p->global_offset);
           const int64_t end = std::min(want_end, p->global_offset + p->numel);
           if (begin >= end) continue;
+          if (!skipped) {  // fault site load.skip_piece: the first piece this rank needs
+            skipped = true;
+            continue;
+          }
           const std::vector<char>& bytes = file_bytes(p->file);
           const at::ScalarType dtype = dtype_from_name(p->dtype);
           const size_t elem = c10::elementSize(dtype);

@@ -73,6 +73,9 @@ struct LoadOptions {
   // Revision switch common_state_as_sharded_object: the common state may also be read from
   // the 'common_state' ShardedObject (HEAD); without it only common.pt is read.
   bool reads_sharded_common_state = false;
+  // Fault site load.skip_piece (model/faults.h): skip the first saved piece this rank's request
+  // of every 'optimizer.' key overlaps (reported in LoadReport::uncovered like any gap).
+  bool skip_optimizer_piece = false;
 };
 
 struct SaveOptions {

@@ -86,6 +86,21 @@ TEST(PropertyCanary, StepCountsCatchesTheSkeletonStep) {
   EXPECT_NE(r.detail.find("holds step 1 (right: 3)"), std::string::npos) << r.detail;
 }
 
+// A load that leaves a saved piece unread: those elements keep the request's values. The
+// absolute check names the ranges; without the fault the same run writes every element.
+TEST(PropertyCanary, LoadWritesEveryElementCatchesASkippedPiece) {
+  const auto run =
+      test::run(test::scenario_from_json(clean(R"(, "faults": ["load.skip_piece"])")));
+  const auto r = test::verdict(run, "load_writes_every_element");
+  EXPECT_EQ(r.verdict, properties::Verdict::kFail) << r.detail;
+  EXPECT_NE(r.detail.find("phase 1 (dp=4, fix-recommended): the load left"), std::string::npos)
+      << r.detail;
+  EXPECT_NE(r.detail.find("optimizer.distributed."), std::string::npos) << r.detail;
+  EXPECT_TRUE(
+      test::verdict(test::run(test::scenario_from_json(clean())), "load_writes_every_element")
+          .ok());
+}
+
 TEST(PropertyCanary, TrajectoryCatchesOneUlpInOneRestoredMoment) {
   // Steps are right (fix-recommended); only exp_avg[0] on rank 0 is off by one ulp after the load.
   const auto run =
@@ -216,12 +231,12 @@ TEST(PropertyCanary, EveryFaultSiteFailsThePropertyItNames) {
 TEST(PropertyCanary, EveryPropertyHasACanaryHere) {
   // Keeps this file in step with the property list.
   const std::vector<std::string> covered = {
-      "no_duplicate_leaves",        "resume_completes",
-      "step_matches_uninterrupted", "trajectory_matches_uninterrupted",
-      "shards_tile_buckets",        "common_state_rank_independent",
-      "layout_invariants",          "round_trip_identity",
-      "reshard_round_trip_bytes",   "step_tensors_not_aliased",
-      "step_counts_optimizer_steps"};
+      "no_duplicate_leaves",         "resume_completes",
+      "step_matches_uninterrupted",  "trajectory_matches_uninterrupted",
+      "shards_tile_buckets",         "common_state_rank_independent",
+      "layout_invariants",           "round_trip_identity",
+      "reshard_round_trip_bytes",    "step_tensors_not_aliased",
+      "step_counts_optimizer_steps", "load_writes_every_element"};
   for (const auto& p : properties::all_properties()) {
     EXPECT_NE(std::find(covered.begin(), covered.end(), p.name), covered.end())
         << p.name << " has no canary";

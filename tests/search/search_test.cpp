@@ -329,17 +329,18 @@ INSTANTIATE_TEST_SUITE_P(
                 {"optimizer.step_counter_bf16"},
                 {},
                 false,
-                4096}),
+                4096},
+        Control{"load_writes_every_element", {"fix-complete"}, {"load.skip_piece"}, {}}),
     [](const ::testing::TestParamInfo<Control>& info) { return info.param.property; });
 
 TEST(MutationControls, CoverEveryProperty) {
   std::vector<std::string> covered = {
-      "no_duplicate_leaves",        "resume_completes",
-      "step_matches_uninterrupted", "trajectory_matches_uninterrupted",
-      "shards_tile_buckets",        "common_state_rank_independent",
-      "layout_invariants",          "round_trip_identity",
-      "reshard_round_trip_bytes",   "step_tensors_not_aliased",
-      "step_counts_optimizer_steps"};
+      "no_duplicate_leaves",         "resume_completes",
+      "step_matches_uninterrupted",  "trajectory_matches_uninterrupted",
+      "shards_tile_buckets",         "common_state_rank_independent",
+      "layout_invariants",           "round_trip_identity",
+      "reshard_round_trip_bytes",    "step_tensors_not_aliased",
+      "step_counts_optimizer_steps", "load_writes_every_element"};
   for (const auto& p : properties::all_properties()) {
     EXPECT_NE(std::find(covered.begin(), covered.end(), p.name), covered.end())
         << p.name << " has no search control";
