@@ -89,8 +89,7 @@ TEST(PropertyCanary, StepCountsCatchesTheSkeletonStep) {
 // A load that leaves a saved piece unread: those elements keep the request's values. The
 // absolute check names the ranges; without the fault the same run writes every element.
 TEST(PropertyCanary, LoadWritesEveryElementCatchesASkippedPiece) {
-  const auto run =
-      test::run(test::scenario_from_json(clean(R"(, "faults": ["load.skip_piece"])")));
+  const auto run = test::run(test::scenario_from_json(clean(R"(, "faults": ["load.skip_piece"])")));
   const auto r = test::verdict(run, "load_writes_every_element");
   EXPECT_EQ(r.verdict, properties::Verdict::kFail) << r.detail;
   EXPECT_NE(r.detail.find("phase 1 (dp=4, fix-recommended): the load left"), std::string::npos)
