@@ -42,6 +42,21 @@ void TorchAdamW::after_setstate() {
   }
 }
 
+// _foreach_add_(state_steps, 1): every step tensor first, so a shared one advances k times.
+void TorchAdamW::advance_steps(std::vector<at::Tensor>& steps) {
+  for (at::Tensor& st : steps) {
+    CKPTSIM_CHECK(st.numel() == 1 && st.scalar_type() == at::kFloat,
+                  "AdamW step must be a one-element float32 tensor");
+    if (st.is_cuda()) {
+      st.add_(1.0);
+    } else {
+      st.data_ptr<float>()[0] += 1.0F;
+    }
+    // Fault site optimizer.step_counter_bf16: the counter kept in bf16 as it is incremented.
+    if (rt_.fault(fault::kStepCounterBf16)) st.copy_(st.to(at::kBFloat16));
+  }
+}
+
 void TorchAdamW::step() {
   last_used_steps_.clear();
   for (const Value& gv : *param_groups) {
@@ -76,17 +91,7 @@ void TorchAdamW::step() {
       params.push_back(p);
       steps.push_back(s->at("step", "AdamW._init_group").tensor());
     }
-    // _foreach_add_(state_steps, 1): every step tensor first, so a shared one advances k times.
-    for (at::Tensor& st : steps) {
-      CKPTSIM_CHECK(st.numel() == 1 && st.scalar_type() == at::kFloat,
-                    "AdamW step must be a one-element float32 tensor");
-      if (st.is_cuda()) {
-        st.add_(1.0);
-      } else {
-        st.data_ptr<float>()[0] += 1.0F;
-      }
-      if (rt_.fault(fault::kStepCounterBf16)) st.copy_(st.to(at::kBFloat16));
-    }
+    advance_steps(steps);
     for (size_t i = 0; i < params.size(); ++i) {
       const at::Tensor& p = params[i];
       const DictPtr& s = *state.find(p);

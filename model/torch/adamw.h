@@ -30,6 +30,8 @@ class TorchAdamW final : public Optimizer {
   void after_setstate() override;
 
  private:
+  void advance_steps(std::vector<at::Tensor>& steps);
+
   std::vector<UsedStep> last_used_steps_;
 };
 
