@@ -81,25 +81,4 @@ inline std::string Status::to_string() const {
   return message_;
 }
 
-inline Status Status::on_one_line() const {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(message_.size());
-  for (const char c : message_) {
-    const auto u = static_cast<unsigned char>(c);
-    if (c == '\n') {
-      out += "\\n";
-    } else if (c == '\r') {
-      out += "\\r";
-    } else if (c == '\t') {
-      out += "\\t";
-    } else if (u < 0x20 || u == 0x7f) {
-      out += {'\\', 'x', kHex[u >> 4], kHex[u & 0xf]};
-    } else {
-      out += c;
-    }
-  }
-  return Status(code_, std::move(out));
-}
-
 }  // namespace ckptsim

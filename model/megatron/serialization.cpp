@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <optional>
 
 #include "model/errors.h"
 #include "model/megatron/mapping.h"
@@ -435,9 +436,10 @@ Value load_common_state_dict(const Storage& storage, bool reads_sharded_common_s
 
 namespace {
 
-// What is wrong with a saved piece against its tensor and its file ("" when nothing): a piece
-// of a damaged metadata.json must be reported, never read past its buffer.
-std::string piece_problem(const SavedPiece& p, size_t file_size) {
+// What is wrong with a saved piece against its tensor and, when its size is given, its file
+// ("" when nothing): a piece of a damaged metadata.json must be reported, never read past its
+// buffer.
+std::string piece_problem(const SavedPiece& p, std::optional<size_t> file_size) {
   // The largest tensor a saved piece may claim (2^31 elements; the model's own are far
   // smaller): a forged global size must not size a buffer.
   constexpr int64_t kGlobalNumelMax = int64_t{1} << 31;
@@ -451,11 +453,12 @@ std::string piece_problem(const SavedPiece& p, size_t file_size) {
   }
   const auto dtype = dtype_from_name_checked(p.dtype);
   if (!dtype.has_value()) return "unknown dtype " + p.dtype;
+  if (!file_size.has_value()) return "";
   const size_t size = static_cast<size_t>(p.numel) * c10::elementSize(*dtype);
-  if (static_cast<size_t>(p.byte_offset) > file_size ||
-      size > file_size - static_cast<size_t>(p.byte_offset)) {
+  if (static_cast<size_t>(p.byte_offset) > *file_size ||
+      size > *file_size - static_cast<size_t>(p.byte_offset)) {
     return fmt::format("bytes [{}, {}) past the end of the file ({} bytes)", p.byte_offset,
-                       static_cast<size_t>(p.byte_offset) + size, file_size);
+                       static_cast<size_t>(p.byte_offset) + size, *file_size);
   }
   return "";
 }
@@ -549,15 +552,16 @@ Value load(const Value& sharded_state_dict, const Storage& storage, ProcessGroup
         const int64_t want_end = want_begin + st.local_shape.at(0);
         std::vector<std::pair<int64_t, int64_t>> covered;
         // A damaged metadata.json: torch's reader fails the load on that rank, wrapped as
-        // the KeyError above is. Every piece of the key is checked, used or not.
-        for (const SavedPiece* p : it->second) {
-          if (std::string problem = piece_problem(*p, file_bytes(p->file).size());
-              !problem.empty()) {
+        // the KeyError above is. Every piece of the key is checked against its tensor; the
+        // pieces this rank reads, against their files too (no other file is read).
+        auto check = [](const SavedPiece& p, std::optional<size_t> file_size) {
+          if (std::string problem = piece_problem(p, file_size); !problem.empty()) {
             throw UpstreamError("CheckpointException",
-                                fmt::format("{}: key {}: {}", p->file, p->key, problem),
+                                fmt::format("{}: key {}: {}", p.file, p.key, problem),
                                 "torch.py load()");
           }
-        }
+        };
+        for (const SavedPiece* p : it->second) check(*p, std::nullopt);
         bool skipped =
             !options.skip_optimizer_piece || !std::string_view(st.key).starts_with("optimizer.");
         for (const SavedPiece* p : it->second) {
@@ -569,6 +573,7 @@ Value load(const Value& sharded_state_dict, const Storage& storage, ProcessGroup
             continue;
           }
           const std::vector<char>& bytes = file_bytes(p->file);
+          check(*p, bytes.size());
           const at::ScalarType dtype = dtype_from_name(p->dtype);
           const size_t elem = c10::elementSize(dtype);
           at::Tensor src = at::empty({end - begin}, at::TensorOptions().dtype(dtype));
@@ -605,8 +610,10 @@ Result<std::map<std::string, std::vector<float>>> read_checkpoint_tensors(
     auto error = [&](const std::string& what) {
       return Status::corruption(fmt::format("{}: key {}: {}", p.file, p.key, what));
     };
-    // Before the global size sizes a buffer.
-    if (p.global_numel < 0 || p.global_numel > int64_t{1} << 31) return error(piece_problem(p, 0));
+    // Against its tensor before the global size sizes a buffer; against its file below.
+    if (std::string problem = piece_problem(p, std::nullopt); !problem.empty()) {
+      return error(problem);
+    }
     auto& values = out[p.key];
     if (values.empty()) {
       values.assign(static_cast<size_t>(p.global_numel), std::numeric_limits<float>::quiet_NaN());
