@@ -28,6 +28,10 @@ struct ParamSpec {
   int64_t numel = 0;
   DType dtype = DType::kBFloat16;
   double wd_mult = 1.0;  // param group key: weight decay multiplier (0 for biases/norms)
+  // Param group key. Upstream's scheduler never reads lr_mult (POST, HEAD and RX alike: its
+  // get_lr() reads the group's max_lr and min_lr); a group with lr_mult m is what a config
+  // override {lr_mult: m, max_lr: lr * m, min_lr: min_lr * m} gives, which is how the model
+  // and the replay runner both build it.
   double lr_mult = 1.0;
 };
 
@@ -42,7 +46,9 @@ std::string optimizer_kind_names();
 
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::kFusedAdam;
-  AdamHyper adam;                              // lr, betas, eps, weight_decay (bias_correction on)
+  AdamHyper adam;  // lr, betas, eps, weight_decay (bias_correction on)
+  // OptimizerConfig.min_lr: every param group's min_lr (times its lr_mult, see ParamSpec).
+  double min_lr = 0.0;
   double offload_fraction = 0.0;               // hybrid only
   bool overlap_cpu_optimizer_d2h_h2d = false;  // hybrid only: one CPU AdamW per param
   // hybrid only: whether Transformer Engine (or apex) is installed where the run happens.
@@ -53,6 +59,43 @@ struct OptimizerConfig {
   // and torch_adamw is Megatron's optimizer only without TE, so the field is hybrid's alone.
   bool te_installed = true;
 };
+
+// The learning-rate and weight-decay schedule: Megatron's arguments (--lr, --min-lr,
+// --lr-warmup-init, --lr-warmup-iters, --lr-decay-iters, --lr-decay-style,
+// --start-weight-decay, --end-weight-decay, --weight-decay-incr-style, and --train-iters for
+// the weight decay's increment), in iterations. get_optimizer_param_scheduler() turns the
+// iteration counts into samples (times the global batch size); so does the model.
+enum class LrDecayStyle { kConstant, kLinear, kCosine, kInverseSquareRoot };
+enum class WdIncrStyle { kConstant, kLinear, kCosine };
+std::string lr_decay_style_name(LrDecayStyle s);  // "constant", "linear", "cosine",
+                                                  // "inverse-square-root"
+std::optional<LrDecayStyle> parse_lr_decay_style(std::string_view name);
+std::string wd_incr_style_name(WdIncrStyle s);  // "constant", "linear", "cosine"
+std::optional<WdIncrStyle> parse_wd_incr_style(std::string_view name);
+
+struct ScheduleConfig {
+  double lr = 1e-3;  // --lr: the scheduler's max_lr and OptimizerConfig.lr
+  double min_lr = 0.0;
+  double lr_warmup_init = 0.0;
+  int64_t lr_warmup_iters = 0;
+  int64_t lr_decay_iters = 1;  // REQUIRES: > lr_warmup_iters (upstream asserts it)
+  LrDecayStyle lr_decay_style = LrDecayStyle::kConstant;
+  double start_wd = 0.0;  // constant increment style: REQUIRES start_wd == end_wd
+  double end_wd = 0.0;
+  int64_t wd_incr_iters = 1;  // --train-iters
+  WdIncrStyle wd_incr_style = WdIncrStyle::kConstant;
+
+  bool operator==(const ScheduleConfig&) const = default;
+  // The schedule of a run that only sets --lr and --weight-decay (constant both).
+  static ScheduleConfig constant(double lr, double weight_decay);
+};
+
+// How a resume treats the scheduler values in the checkpoint: Megatron's
+// --override-opt_param-scheduler (the arguments win), --use-checkpoint-opt_param-scheduler
+// (the checkpoint wins), or neither (they must agree: _check_and_set asserts).
+enum class SchedulerResume { kNeither, kOverride, kUseCheckpoint };
+std::string scheduler_resume_name(SchedulerResume r);  // "neither", "override", "use_checkpoint"
+std::optional<SchedulerResume> parse_scheduler_resume(std::string_view name);
 
 // The scenario spelling of te_installed: "installed", "absent".
 std::string te_presence_name(bool te_installed);

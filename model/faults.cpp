@@ -30,6 +30,11 @@ const std::vector<FaultSite>& fault_sites() {
        "on global rank 0 the load skips the first saved piece of every optimizer key that its "
        "request overlaps, so those elements keep the values the load request was built with",
        "load_writes_every_element"},
+      {fault::kSchedulerPerIteration,
+       "the training loop steps the lr/weight-decay scheduler by 1 per iteration instead of the "
+       "global batch size, so a warmup, decay or increment given in iterations runs that many "
+       "times slower. The uninterrupted run shares it, so only an absolute check sees it",
+       "hyperparams_follow_schedule"},
   };
   return sites;
 }

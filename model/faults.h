@@ -28,6 +28,7 @@ inline constexpr const char* kRankDependentCommon = "save.rank_dependent_common"
 inline constexpr const char* kMisalignParamStart = "layout.misalign_param_start";
 inline constexpr const char* kStepCounterBf16 = "optimizer.step_counter_bf16";
 inline constexpr const char* kSkipLoadPiece = "load.skip_piece";
+inline constexpr const char* kSchedulerPerIteration = "scheduler.increment_per_iteration";
 }  // namespace fault
 
 }  // namespace ckptsim::model

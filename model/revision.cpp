@@ -156,6 +156,21 @@ const std::vector<SwitchDef>& switch_defs() {
                   "HEAD d98e8a64dd: save() stores the common state as ShardedObject "
                   "'common_state' (no common.pt); load_common_state_dict() reads either",
                   &RevisionSwitches::common_state_as_sharded_object),
+      bool_switch("scheduler_restores_wd_before_step",
+                  "PR #7468: the scheduler's load_state_dict() restores the weight decay's values "
+                  "before it steps (upstream: after; the first step after a resume uses the "
+                  "config's weight decay under --use-checkpoint-opt_param-scheduler)",
+                  &RevisionSwitches::scheduler_restores_wd_before_step),
+      enum_switch("override_lr_bounds",
+                  "what load_checkpoint() does to the param groups' max_lr/min_lr under "
+                  "--override-opt_param-scheduler: checkpoint (POST/RX: keeps the checkpoint's, "
+                  "#1138), arguments (HEAD: --lr/--min-lr for every group, #7173), "
+                  "runtime_groups (fix: each group's bounds from the current config)",
+                  &RevisionSwitches::override_lr_bounds,
+                  std::vector<std::pair<std::string, OverrideLrBounds>>{
+                      {"checkpoint", OverrideLrBounds::kCheckpoint},
+                      {"arguments", OverrideLrBounds::kArguments},
+                      {"runtime_groups", OverrideLrBounds::kRuntimeGroups}}),
       bool_switch("load_strips_common_param_state",
                   "load pre-pass: drop raw 'param_state' lists of an old checkpoint's common "
                   "state before merge",

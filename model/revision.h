@@ -42,6 +42,16 @@ enum class HdoStepSource {
   kAnySubOptimizer,  // fix: fall back to the GPU FusedAdam group step
 };
 
+// What load_checkpoint() does to the param groups' max_lr/min_lr under
+// --override-opt_param-scheduler, after the scheduler's load (training/checkpointing.py).
+enum class OverrideLrBounds {
+  kCheckpoint,     // POST, RX: nothing; the groups keep the checkpoint's bounds, so a new --lr
+                   // never reaches them (Megatron-LM issue #1138)
+  kArguments,      // HEAD d98e8a64dd: every group gets --lr/--min-lr, losing a group's own
+                   // bounds (issue #7173)
+  kRuntimeGroups,  // fix: every group gets the bounds the current config gives it
+};
+
 struct RevisionSwitches {
   // --- distrib_optimizer.py sharded_param_state_dp_reshardable -----------------------------
   ShardedStepMode sharded_step = ShardedStepMode::kNonpersistent;
@@ -138,6 +148,12 @@ struct RevisionSwitches {
   // as one ShardedObject 'common_state' inside the checkpoint, with no common.pt; its loader
   // reads either. Older loaders read common.pt only, and fail on HEAD's checkpoints.
   bool common_state_as_sharded_object = false;
+  // --- optimizer_param_scheduler.py / training/checkpointing.py -------------------------------
+  // PR #7468: load_state_dict() restores the weight decay's values before its step(num_steps)
+  // (upstream steps first: the first step after a resume uses the config's weight decay).
+  bool scheduler_restores_wd_before_step = false;
+  OverrideLrBounds override_lr_bounds = OverrideLrBounds::kCheckpoint;
+
   // Loader pre-pass for old RX-MILES checkpoints (spec §12 last paragraph): drop the raw
   // 'param_state' step lists from the loaded common state before merge.
   bool load_strips_common_param_state = false;

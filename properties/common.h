@@ -71,5 +71,6 @@ PropertyResult common_state_rank_independent(const sim::RunResult& run);     // 
 PropertyResult reshard_round_trip_bytes(const sim::RunResult& run);          // checkpoint.cpp
 PropertyResult load_writes_every_element(const sim::RunResult& run);         // checkpoint.cpp
 PropertyResult layout_invariants(const sim::RunResult& run);                 // layout.cpp
+PropertyResult hyperparams_follow_schedule(const sim::RunResult& run);       // schedule.cpp
 
 }  // namespace ckptsim::properties

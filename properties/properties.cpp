@@ -52,6 +52,10 @@ const std::vector<Property>& all_properties() {
       {"load_writes_every_element",
        "every element a load requests is written from the checkpoint (absolute: no reference)",
        load_writes_every_element},
+      {"hyperparams_follow_schedule",
+       "every param group's lr and weight decay at every step equal the schedule in force "
+       "(absolute: no reference)",
+       hyperparams_follow_schedule},
   };
   return props;
 }

@@ -42,6 +42,13 @@
 //   load_writes_every_element         every element a load requests (each rank's optimizer
 //                                     state, model params) is written from the checkpoint: none
 //                                     keeps the value the request was built with
+//   hyperparams_follow_schedule       every param group's lr and weight decay at every step
+//                                     equal the schedule in force for that step (the first
+//                                     phase's arguments; after a resume as Megatron's
+//                                     --override-opt_param-scheduler / --use-checkpoint-
+//                                     opt_param-scheduler say), each group's bounds times its
+//                                     lr_mult and its weight decay times its wd_mult; true of
+//                                     the uninterrupted run too (issues #1138, #7173, PR #7468)
 //
 // A verdict is pass, fail, or not_evaluated (the run never reached what the property
 // judges, e.g. a resume whose load crashed); only pass counts as ok.

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Extracts exactly megatron/core (plus miles_megatron_plugins where the commit has it) of the
+# Extracts exactly megatron/core and megatron/training/checkpointing.py (plus miles_megatron_plugins where the commit has it) of the
 # Megatron-LM commits the bundled revision profiles name, from local git mirrors, into a
 # git-ignored folder of a ckptsim checkout, for the replay runner (replay/README.md).
 #
@@ -58,7 +58,9 @@ echo "$COMMITS" | while read -r label repo commit; do
   if ! git --git-dir="$gitdir" cat-file -e "$commit^{commit}" 2>/dev/null; then
     echo "fetch-megatron.sh: $repo $commit is not in $gitdir" >&2; exit 1
   fi
-  paths="megatron/core"
+  # training/checkpointing.py is read, never imported: the runner mirrors the training loop's
+  # load_checkpoint() and asks this file which scheduler block it has (replay/schedule.py).
+  paths="megatron/core megatron/training/checkpointing.py"
   if git --git-dir="$gitdir" cat-file -e "$commit:miles_megatron_plugins" 2>/dev/null; then
     paths="$paths miles_megatron_plugins"
   fi

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from . import checkpoint_layout as layout
 from . import errors as errors_mod
 from . import plan as plan_mod
+from . import schedule as schedule_mod
 from . import trace_schema as ts
 from .emulation import STEP_RECORDER, Patches, apply_coalescing_workaround, apply_te_emulation
 
@@ -71,6 +72,19 @@ def _uses_group_step(opt: Any) -> bool:
     return bool(getattr(opt, "ckptsim_standin", False)) or type(opt).__name__ == "FusedAdam"
 
 
+
+def training_loop_reapplies_lr_bounds() -> bool:
+    """Whether the checkout's megatron/training/checkpointing.py re-applies the lr bounds to the
+    param groups under --override-opt_param-scheduler (schedule.reapplies_lr_bounds)."""
+    import megatron
+
+    for root in list(getattr(megatron, "__path__", [])):  # a namespace package has no __file__
+        path = os.path.join(root, "training", "checkpointing.py")
+        if os.path.isfile(path):
+            with open(path, "r", encoding="utf-8") as f:
+                return schedule_mod.reapplies_lr_bounds(f.read())
+    return False
+
 class RankRun:
     """Executes job["run_index"] of job["plan_path"] as rank job["rank"]."""
 
@@ -84,6 +98,9 @@ class RankRun:
         self.params = plan_mod.params(self.plan)
         self.offsets = plan_mod.split_offsets(self.plan)
         self.scenario = self.plan["scenario"]
+        self.samples_per_step = int(self.scenario.get("samples_per_step", 8))
+        self.schedule_args: Dict[str, Any] = {}
+        self.scheduler_cls: Any = None
         self.events: List[Dict[str, Any]] = []
         self.notes: List[str] = []
         self.timings: Dict[str, float] = {}
@@ -167,8 +184,12 @@ class RankRun:
             self.notes.append("bucket_size %d: DDP built with overlap_grad_reduce=True (keeps the bucket size), "
                               "then grad sync made synchronous" % bucket_size)
         hybrid = o["kind"] == "hybrid"
+        phase = int(self.run.get("phase", 0))
+        args = schedule_mod.phase_arguments(sc, phase)
+        self.schedule_args = args
         oconf = OptimizerConfig(
-            optimizer="adam", lr=float(o["lr"]), min_lr=0.0, weight_decay=float(o["weight_decay"]),
+            optimizer="adam", lr=float(args["lr"]), min_lr=float(args["min_lr"]),
+            weight_decay=float(o["weight_decay"]),
             adam_beta1=float(o["betas"][0]), adam_beta2=float(o["betas"][1]), adam_eps=float(o["eps"]),
             bf16=True, params_dtype=torch.bfloat16, use_distributed_optimizer=True, clip_grad=0.0,
             optimizer_cpu_offload=hybrid,
@@ -179,28 +200,22 @@ class RankRun:
         )
         # Param groups: exactly the scenario's wd_mult / lr_mult. An explicit (possibly empty)
         # override dict replaces Megatron's standard one (which sets wd_mult=0 for 1-D params
-        # and biases). lr_mult is carried for the group identity; the lr itself comes from
-        # max_lr (OptimizerParamScheduler sets group['lr'] = max_lr and ignores lr_mult).
+        # and biases). The scheduler never reads lr_mult; a group's lr comes from its own
+        # max_lr/min_lr, which the override sets to the phase's lr/min_lr times lr_mult.
         by_mults: Dict[Tuple[float, float], List[str]] = {}
         for p in self.params:
             if (p["wd_mult"], p["lr_mult"]) != (1.0, 1.0):
                 by_mults.setdefault((p["wd_mult"], p["lr_mult"]), []).append(p["name"])
         overrides: Dict[Any, Dict[str, float]] = {}
         for (wd_mult, lr_mult), names in by_mults.items():
-            ov: Dict[str, float] = {}
-            if wd_mult != 1.0:
-                ov["wd_mult"] = wd_mult
-            if lr_mult != 1.0:
-                ov["lr_mult"] = lr_mult
-                ov["max_lr"] = float(o["lr"]) * lr_mult
             # _get_param_groups matches ParamKey names against the DDP wrapper's
             # named_parameters(), which prefixes every name with "module.".
-            overrides[ParamKey(name=tuple("module." + n for n in names))] = ov
+            overrides[ParamKey(name=tuple("module." + n for n in names))] = schedule_mod.group_override(
+                wd_mult, lr_mult, args)
         opt = get_megatron_optimizer(oconf, [ddp], config_overrides=overrides)
-        sched = OptimizerParamScheduler(opt, init_lr=float(o["lr"]), max_lr=float(o["lr"]), min_lr=0.0,
-                                        lr_warmup_steps=0, lr_decay_steps=1, lr_decay_style="constant",
-                                        start_wd=float(o["weight_decay"]), end_wd=float(o["weight_decay"]),
-                                        wd_incr_steps=1, wd_incr_style="constant")
+        self.scheduler_cls = OptimizerParamScheduler
+        sched = OptimizerParamScheduler(opt, **schedule_mod.scheduler_kwargs(
+            args, self.samples_per_step, schedule_mod.resume_flag(sc, phase)))
         self.module, self.ddp, self.opt, self.sched = module, ddp, opt, sched
 
     # ------------------------------------------------------------------ state
@@ -322,8 +337,31 @@ class RankRun:
         iteration = int(loaded.get("iteration", common.get("iteration", 0)))
         self.ddp.load_state_dict(loaded["model"], strict=True)
         self.opt.load_state_dict(loaded["optimizer"])
+        # The scheduler, as load_checkpoint() does after the optimizer (a checkpoint of this
+        # runner from before it saved one has none: the scheduler stays as built).
+        if "opt_param_scheduler" in loaded:
+            self.sched.load_state_dict(loaded["opt_param_scheduler"])
+            self._override_lr_bounds()
+        else:
+            self.notes.append("the checkpoint holds no opt_param_scheduler")
         torch.cuda.synchronize()
         return iteration
+
+    def _override_lr_bounds(self) -> None:
+        """The block of load_checkpoint() that follows the scheduler's load under
+        --override-opt_param-scheduler, where the checkout's training/checkpointing.py has one
+        (HEAD d98e8a64dd: every group's max_lr/min_lr := --lr/--min-lr, then step(0); older
+        revisions have none). The runner reads the checkout's file to know which."""
+        if schedule_mod.resume_flag(self.scenario, int(self.run.get("phase", 0))) != "override":
+            return
+        if not training_loop_reapplies_lr_bounds():
+            return
+        for group in self.opt.param_groups:
+            group["max_lr"] = float(self.schedule_args["lr"])
+            group["min_lr"] = float(self.schedule_args["min_lr"])
+        self.sched.step(increment=0)
+        self.notes.append("override: the group lr bounds re-applied from the arguments, as this "
+                          "checkout's load_checkpoint() does")
 
     def _step(self, k: int) -> Dict[int, float]:
         """megatron/training/training.py train_step(): zero the grad buffers, gradients into
@@ -345,11 +383,23 @@ class RankRun:
         finally:
             used = STEP_RECORDER.stop()
         if ok:
-            self.sched.step(increment=1)
+            self.sched.step(increment=self.samples_per_step)
         else:
             self.notes.append("optimizer.step() reported no update at step %d" % (k + 1))
         torch.cuda.synchronize()
         return used
+
+    def _change_schedule(self, args: Dict[str, Any], steps_done: int) -> None:
+        """The uninterrupted run where a later phase resumes with other arguments: the schedule
+        that should then be in force (ckptsim's reference run does the same), each group's bounds
+        from it, stepped to where the run is."""
+        for group in self.opt.param_groups:
+            lr_mult = float(group.get("lr_mult", 1.0))
+            group["max_lr"] = float(args["lr"]) * lr_mult
+            group["min_lr"] = float(args["min_lr"]) * lr_mult
+        self.sched = self.scheduler_cls(self.opt, **schedule_mod.scheduler_kwargs(
+            args, self.samples_per_step, "neither"))
+        self.sched.step(increment=steps_done * self.samples_per_step)
 
     def _all_inner_optimizers(self) -> List[Any]:
         inner = self._dist_opt().optimizer
@@ -367,6 +417,7 @@ class RankRun:
         sd: Dict[str, Any] = {"checkpoint_version": 3.0, "iteration": int(iteration)}
         sd["model"] = self.module.sharded_state_dict(metadata=md)
         sd["optimizer"] = self.opt.sharded_state_dict(sd, metadata=md)
+        sd["opt_param_scheduler"] = self.sched.state_dict()
         content = {k: v for k, v in md.items() if k != "dp_cp_group"}
         dist_checkpointing.save(sd, ckpt, validate_access_integrity=True, content_metadata=content)
         torch.cuda.synchronize()
@@ -400,7 +451,10 @@ class RankRun:
                 self._add(self._event("init", gs))
             stage = self._stage("train")
             t = time.time()
+            changes = dict(schedule_mod.reference_changes(self.scenario)) if self.run["id"] == "reference" else {}
             for k in range(int(self.run["steps"])):
+                if gs + 1 in changes:
+                    self._change_schedule(changes[gs + 1], gs)
                 used = self._step(k)
                 gs += 1
                 self._add(self._event("after_step", gs, used))

@@ -14,6 +14,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from . import schedule as schedule_mod
 from . import trace_schema as ts
 
 FORMAT = "ckptsim-replay-plan"
@@ -209,6 +210,7 @@ def _validate_scenario(sc: Dict[str, Any], err) -> List[Dict[str, Any]]:
                 err(path + ".steps", "must be an integer >= 0, got %r" % (ph.get("steps"),))
             if not isinstance(ph.get("revision"), str) or not ph.get("revision"):
                 err(path + ".revision", "must be a profile name")
+    schedule_mod.validate(sc, err)
     return good
 
 

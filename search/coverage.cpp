@@ -45,6 +45,18 @@ std::string mults_label(const sim::Scenario& s) {
   return out.empty() ? "one group setting" : out;
 }
 
+std::string schedule_label(const model::ScheduleConfig& c) {
+  return fmt::format("lr {}{}, weight decay {}", model::lr_decay_style_name(c.lr_decay_style),
+                     c.lr_warmup_iters > 0 ? " after warmup" : "",
+                     model::wd_incr_style_name(c.wd_incr_style));
+}
+
+std::string resume_arguments_label(const sim::Scenario& s, size_t i) {
+  const bool changed = s.schedule_of(i) != s.schedule_of(i - 1);
+  return fmt::format("{}, {}", model::scheduler_resume_name(s.phases[i].opt_param_scheduler),
+                     changed ? "arguments change" : "same arguments");
+}
+
 std::string reshard_label(int64_t from, int64_t to) {
   if (from == to) return "same DP";
   if (to % from == 0 || from % to == 0) return to > from ? "up, dividing" : "down, dividing";
@@ -78,6 +90,7 @@ void Coverage::add(const sim::Scenario& s) {
   bump("cases: buckets", s.bucket_size ? "several (bucket_size set)" : "one");
   if (s.pad_buckets_for_high_nccl_busbw) bump("cases: buckets", "padded for NCCL busbw");
   bump("cases: phases", std::to_string(s.phases.size()));
+  bump("cases: schedule", schedule_label(s.schedule));
   int64_t longest = 0;
   for (size_t i = 0; i < s.phases.size(); ++i) {
     const sim::PhaseSpec& p = s.phases[i];
@@ -91,6 +104,7 @@ void Coverage::add(const sim::Scenario& s) {
     bump("resumes: DP", fmt::format("{} -> {}", prev.dp, p.dp));
     bump("resumes: reshard", reshard_label(prev.dp, p.dp));
     bump("resumes: revision", prev.revision == p.revision ? "same revision" : "revision changes");
+    bump("resumes: opt_param_scheduler", resume_arguments_label(s, i));
   }
   bump("cases: longest phase", steps_band(longest));
 }

@@ -83,6 +83,75 @@ rc::Gen<bool> gen_te_installed(const std::vector<bool>& allowed) {
   return gen::just(installed);
 }
 
+// Group hyper-parameters beyond Megatron's standard 0/1 weight decay: lr_mult 0.5 or 2 (a
+// group with its own max_lr/min_lr), wd_mult 0.5. Drawn after everything else, so that a seed
+// draws the same params, layout and phases it drew before these existed.
+void draw_group_mults(sim::Scenario& s) {
+  for (model::ParamSpec& p : s.params) {
+    p.lr_mult = *gen::weightedElement<double>({{8, 1.0}, {1, 0.5}, {1, 2.0}});
+    if (*gen::weightedElement<bool>({{9, false}, {1, true}})) p.wd_mult = 0.5;
+  }
+}
+
+// The scenario's schedule: constant most often; else a warmup and a decay that move within
+// the few steps a case takes (iterations of samples_per_step), and a weight decay that rises.
+rc::Gen<model::ScheduleConfig> gen_schedule(double lr, double weight_decay) {
+  const auto constant = gen::just(model::ScheduleConfig::constant(lr, weight_decay));
+  const auto moving = gen::exec([lr, weight_decay] {
+    model::ScheduleConfig c = model::ScheduleConfig::constant(lr, weight_decay);
+    c.lr_decay_style = *gen::elementOf(
+        std::vector<model::LrDecayStyle>{model::LrDecayStyle::kLinear, model::LrDecayStyle::kCosine,
+                                         model::LrDecayStyle::kInverseSquareRoot});
+    c.lr_warmup_iters = *gen::inRange<int64_t>(0, 4);
+    c.lr_decay_iters = c.lr_warmup_iters + *gen::inRange<int64_t>(1, 25);
+    c.min_lr = *gen::elementOf(std::vector<double>{0.0, lr / 10});
+    c.wd_incr_style = *gen::elementOf(std::vector<model::WdIncrStyle>{
+        model::WdIncrStyle::kConstant, model::WdIncrStyle::kLinear, model::WdIncrStyle::kCosine});
+    if (c.wd_incr_style != model::WdIncrStyle::kConstant) {
+      c.start_wd = weight_decay / 2;
+      c.wd_incr_iters = *gen::inRange<int64_t>(1, 25);
+    }
+    return c;
+  });
+  return gen::weightedOneOf<model::ScheduleConfig>({{3, constant}, {1, moving}});
+}
+
+// A resume's scheduler flag and arguments: mostly the arguments the previous phase was
+// started with, under Megatron's default (neither flag); now and then a job restarted with
+// another lr or weight decay, under --override-opt_param-scheduler or
+// --use-checkpoint-opt_param-scheduler. With neither flag, arguments that differ from the
+// checkpoint's fail the load (AssertionError), which is not a resume a user can run: after a
+// --use-checkpoint resume with new arguments, the later resumes keep that flag.
+void draw_resume_arguments(sim::Scenario& s, size_t i) {
+  using model::SchedulerResume;
+  sim::PhaseSpec& p = s.phases[i];
+  const model::ScheduleConfig& before = s.schedule_of(i - 1);
+  const bool change = *gen::weightedElement<bool>({{5, false}, {1, true}});
+  if (!change) {
+    if (before != s.schedule) p.schedule = before;
+    const bool checkpoint_differs = sim::intended_schedules(s)[i - 1] != before;
+    p.opt_param_scheduler =
+        checkpoint_differs
+            ? s.phases[i - 1].opt_param_scheduler
+            : *gen::weightedElement<SchedulerResume>({{4, SchedulerResume::kNeither},
+                                                      {1, SchedulerResume::kOverride},
+                                                      {1, SchedulerResume::kUseCheckpoint}});
+    return;
+  }
+  p.opt_param_scheduler = *gen::elementOf(
+      std::vector<SchedulerResume>{SchedulerResume::kOverride, SchedulerResume::kUseCheckpoint});
+  model::ScheduleConfig c = before;
+  const double lr_factor = *gen::elementOf(std::vector<double>{1.0, 0.5, 2.0});
+  const double wd_factor = lr_factor == 1.0 ? *gen::elementOf(std::vector<double>{0.5, 2.0})
+                                            : *gen::elementOf(std::vector<double>{1.0, 0.5, 2.0});
+  c.lr *= lr_factor;
+  c.min_lr *= lr_factor;
+  c.lr_warmup_init *= lr_factor;
+  c.start_wd *= wd_factor;
+  c.end_wd *= wd_factor;
+  p.schedule = c;
+}
+
 // Long phases may add up past what a scenario file allows: the later phases give up steps.
 void cap_total_steps(sim::Scenario& s) {
   int64_t left = sim::Scenario::kStepsMax;
@@ -186,6 +255,9 @@ rc::Gen<sim::Scenario> gen_scenario(const GeneratorConfig& config) {
         if (s.phases.back().steps == 0) s.phases.back().steps = 1;
       }
     }
+    draw_group_mults(s);
+    s.schedule = *gen_schedule(s.optimizer.adam.lr, s.optimizer.adam.weight_decay);
+    for (size_t i = 1; i < s.phases.size(); ++i) draw_resume_arguments(s, i);
     s.faults = config.faults;
     s.name = "generated";
     return s;

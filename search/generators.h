@@ -4,16 +4,23 @@
 //
 // What a generated scenario covers (issue: property-based search):
 //   params     1..max_params; numel tiny (1..64), at multiples of 64 and 128 (and ±1), medium,
-//              large; bf16 and fp32 (both in one param group too); wd_mult 1 or 0 (several
-//              groups; a group can be empty on a rank)
+//              large; bf16 and fp32 (both in one param group too); wd_mult 1, 0 or 0.5 and
+//              lr_mult 1, 0.5 or 2 (several groups, with their own lr bounds; a group can be
+//              empty on a rank)
+//   schedule   constant lr and weight decay mostly; else warmup, then linear, cosine or
+//              inverse-square-root decay, and a weight decay that rises (Megatron's
+//              OptimizerParamScheduler, stepped after each optimizer step)
 //   layout     one bucket or many (bucket_size from 64 up to the total), with and without the
 //              65536 padding option
 //   optimizer  FusedAdam, torch AdamW, hybrid with offload 0, 1 and between (and the
 //              one-AdamW-per-param variant)
 //   phases     1..max_phases; DP sizes that do not divide each other (3 -> 5, 16 -> 24), DP 1,
-//              DP large enough that a rank owns only padding; steps 0, 1 or many (0 after a
+//              DP large enough that a rank owns only padding; steps 0, 1, a few (up to
+//              steps_max) or, rarely, long (near 2^8, near 2^11, up to long_steps_max; 0 after a
 //              resume = a back-to-back save); revisions drawn per phase from the config (old
-//              checkpoint, new code when several are given)
+//              checkpoint, new code when several are given); a resume now and then restarts
+//              the job with another lr or weight decay, under --override-opt_param-scheduler or
+//              --use-checkpoint-opt_param-scheduler (not in the stateful generator)
 //
 // Invariants:
 //   1. Every generated scenario passes sim::parse_scenario's validation (a test checks that

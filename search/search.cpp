@@ -124,7 +124,9 @@ void add_smaller(const sim::Scenario& s, Candidates& out) {
   }
 }
 
-// One bucket, no 65536 padding, TE installed, offload 0 or 1, bf16, wd_mult 1, seed 0.
+// One bucket, no 65536 padding, TE installed, offload 0 or 1, bf16, wd_mult and lr_mult 1, a
+// constant schedule, resumes with the first phase's arguments and neither scheduler flag,
+// seed 0.
 void add_simpler(const sim::Scenario& s, Candidates& out) {
   // Simpler options.
   auto variant = [&](auto&& edit) {
@@ -152,6 +154,19 @@ void add_simpler(const sim::Scenario& s, Candidates& out) {
     if (s.params[i].dtype != model::DType::kBFloat16)
       variant([i](sim::Scenario& c) { c.params[i].dtype = model::DType::kBFloat16; });
     if (s.params[i].wd_mult != 1.0) variant([i](sim::Scenario& c) { c.params[i].wd_mult = 1.0; });
+    if (s.params[i].lr_mult != 1.0) variant([i](sim::Scenario& c) { c.params[i].lr_mult = 1.0; });
+  }
+  // The schedule: constant, then each resume without its own arguments or flag.
+  const auto constant =
+      model::ScheduleConfig::constant(s.optimizer.adam.lr, s.optimizer.adam.weight_decay);
+  if (s.schedule != constant) variant([&](sim::Scenario& c) { c.schedule = constant; });
+  for (size_t i = 0; i < s.phases.size(); ++i) {
+    if (s.phases[i].schedule) variant([i](sim::Scenario& c) { c.phases[i].schedule.reset(); });
+    if (s.phases[i].opt_param_scheduler != model::SchedulerResume::kNeither) {
+      variant([i](sim::Scenario& c) {
+        c.phases[i].opt_param_scheduler = model::SchedulerResume::kNeither;
+      });
+    }
   }
   if (s.seed != 0) variant([](sim::Scenario& c) { c.seed = 0; });
 }

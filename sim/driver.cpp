@@ -9,6 +9,7 @@
 
 #include "model/megatron/checkpointing.h"
 #include "model/megatron/optimizer_key.h"
+#include "model/megatron/optimizer_param_scheduler.h"
 #include "sim/gradients.h"
 #include "sim/local_world.h"
 
@@ -30,6 +31,21 @@ struct PhaseJob {
   const model::Storage* load_from = nullptr;  // null: fresh start
   model::Storage* save_to = nullptr;          // null: no save
   bool real_cuda = false;
+  model::OptimizerConfig optimizer;  // the phase's (its lr and min_lr: the schedule's)
+  model::ScheduleConfig schedule;    // the arguments the phase's job starts with
+  model::SchedulerResume resume = model::SchedulerResume::kNeither;
+  // The reference run only: at global step `first` (after `first - 1` steps), the schedule of
+  // a later phase takes over, as intended_schedules() says it should.
+  std::vector<std::pair<int64_t, model::ScheduleConfig>> schedule_changes;
+
+  // The optimizer and schedule arguments `phase` starts its job with.
+  void set_arguments(const Scenario& s, const PhaseSpec& phase) {
+    schedule = phase.schedule.value_or(s.schedule);
+    optimizer = s.optimizer;
+    optimizer.adam.lr = schedule.lr;
+    optimizer.min_lr = schedule.min_lr;
+    resume = phase.opt_param_scheduler;
+  }
 };
 
 // What one rank recorded in one phase.
@@ -106,13 +122,48 @@ RankError rank_error(const std::exception& e, int rank, const std::string& stage
   return err;
 }
 
+// The lr and weight decay every param group holds: what the next step uses.
+std::vector<GroupHyper> group_hypers(model::DistributedOptimizer& opt) {
+  std::vector<GroupHyper> out;
+  for (const model::Value& g : opt.param_groups()) {
+    const model::Dict& group = *g.dict();
+    out.push_back({group.get("wd_mult", model::Value(1.0)).as_float(),
+                   group.get("lr_mult", model::Value(1.0)).as_float(), group.at("lr").as_float(),
+                   group.at("weight_decay").as_float()});
+  }
+  return out;
+}
+
+// The reference run at a phase boundary: the intended schedule from there on, with each
+// group's bounds from it (max_lr and min_lr times the group's lr_mult, as a job started with
+// those arguments builds them), stepped to where the run is.
+void change_schedule(const PhaseJob& job, model::DistributedOptimizer& opt,
+                     std::optional<model::OptimizerParamScheduler>& scheduler,
+                     const model::ScheduleConfig& schedule, int64_t steps_done) {
+  for (model::Value& g : opt.param_groups()) {
+    model::Dict& group = *g.dict();
+    const double lr_mult = group.get("lr_mult", model::Value(1.0)).as_float();
+    group.set("max_lr", model::Value(schedule.lr * lr_mult));
+    group.set("min_lr", model::Value(schedule.min_lr * lr_mult));
+  }
+  scheduler.emplace(opt, schedule, job.scenario->samples_per_step, job.resume, *job.switches);
+  scheduler->step(steps_done * job.scenario->samples_per_step);
+}
+
 // The phase's training steps on one rank; returns the iteration reached.
-int64_t train(const PhaseJob& job, model::DistributedDataParallel& ddp,
-              model::DistributedOptimizer& opt, int rank, int64_t iteration, RankRecord& out) {
+int64_t train(const PhaseJob& job, model::Runtime& rt, model::DistributedDataParallel& ddp,
+              model::DistributedOptimizer& opt,
+              std::optional<model::OptimizerParamScheduler>& scheduler, int64_t iteration,
+              RankRecord& out) {
   const Scenario& s = *job.scenario;
+  const int rank = rt.rank();
   for (int64_t k = 0; k < job.steps; ++k) {
     const int64_t global_step = iteration + 1;
-    model::train_step(ddp, opt, s.optimizer.adam.lr, s.optimizer.adam.weight_decay,
+    for (const auto& [first, schedule] : job.schedule_changes) {
+      if (first == global_step) change_schedule(job, opt, scheduler, schedule, iteration);
+    }
+    std::vector<GroupHyper> hypers = group_hypers(opt);
+    model::train_step(ddp, opt, *scheduler, s.samples_per_step, rt,
                       [&](size_t i, at::Tensor& grad) {
                         local_scaled_gradient(s, global_step, i, rank, job.dp, grad);
                       });
@@ -122,6 +173,7 @@ int64_t train(const PhaseJob& job, model::DistributedDataParallel& ddp,
     const bool last = k + 1 == job.steps && job.phase_id != kReferencePhaseId;
     RankState state = capture(opt, ddp, rank, last);
     state.uses = std::move(uses);
+    state.hypers = std::move(hypers);
     out.trace.push_back(fmt::format("step phase={} global={} rank={} state={:016x}", job.phase_id,
                                     global_step, rank, rank_state_hash(state)));
     out.steps.push_back(std::move(state));
@@ -140,14 +192,16 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, RankRecord& out) {
     model::DistributedDataParallel ddp(rt, s.params, layout, pg);
     set_initial_params(ddp, s);
     describe_buffers(ddp, out);
-    const auto optimizer = model::get_megatron_optimizer(rt, ddp, s.optimizer, *job.switches);
+    const auto optimizer = model::get_megatron_optimizer(rt, ddp, job.optimizer, *job.switches);
     model::DistributedOptimizer& opt = *optimizer;
+    std::optional<model::OptimizerParamScheduler> scheduler;
+    scheduler.emplace(opt, job.schedule, s.samples_per_step, job.resume, *job.switches);
     out.initial = capture(opt, ddp, rank, job.phase_id == 0);
 
     int64_t iteration = 0;
     if (job.load_from != nullptr) {
       stage = "load";
-      iteration = model::load_checkpoint(ddp, opt, *job.load_from, pg, *job.switches,
+      iteration = model::load_checkpoint(ddp, opt, &*scheduler, *job.load_from, pg, *job.switches,
                                          s.sharding_type, rt, &out.load);
       out.after_load = capture(opt, ddp, rank, true);
       out.trace.push_back(fmt::format("load phase={} rank={} iteration={} state={:016x}",
@@ -156,11 +210,11 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, RankRecord& out) {
     }
     out.start_step = iteration;
     stage = "train";
-    iteration = train(job, ddp, opt, rank, iteration, out);
+    iteration = train(job, rt, ddp, opt, scheduler, iteration, out);
     if (job.save_to != nullptr) {
       stage = "save";
-      out.save = model::save_checkpoint(ddp, opt, iteration, *job.save_to, pg, *job.switches,
-                                        s.sharding_type, rt);
+      out.save = model::save_checkpoint(ddp, opt, &*scheduler, iteration, *job.save_to, pg,
+                                        *job.switches, s.sharding_type, rt);
       out.at_save = capture(opt, ddp, rank, true);
       out.trace.push_back(fmt::format("save phase={} rank={} iteration={} pieces={}", job.phase_id,
                                       rank, iteration, out.save->pieces.size()));
@@ -237,6 +291,14 @@ void run_reference(const Scenario& scenario, RunResult& result) {
   job.steps = scenario.total_steps();
   job.switches = &scenario.phases.front().profile->switches;
   job.real_cuda = result.gpu_resident;
+  job.set_arguments(scenario, scenario.phases.front());
+  const std::vector<model::ScheduleConfig> intended = intended_schedules(scenario);
+  int64_t first = 1;
+  for (size_t i = 0; i < scenario.phases.size(); ++i) {
+    if (i > 0 && intended[i] != intended[i - 1])
+      job.schedule_changes.emplace_back(first, intended[i]);
+    first += scenario.phases[i].steps;
+  }
   const auto outs = run_world(job);
   collect_errors(outs, result.reference_errors);
   result.reference_initial =
@@ -472,6 +534,7 @@ Result<RunResult> run_scenario(const Scenario& scenario, const RunOptions& optio
     job.steps = spec.steps;
     job.switches = &spec.profile->switches;
     job.real_cuda = result.gpu_resident;
+    job.set_arguments(scenario, spec);
     job.load_from = i > 0 ? stores[stores.size() - 2].get() : nullptr;
     job.save_to = spec.save ? stores.back().get() : nullptr;
     run_phase(scenario, options, job, *stores.back(), result, rec);
@@ -506,6 +569,7 @@ PhaseRecord resume_from_checkpoint(const Scenario& scenario, const PhaseSpec& ph
   job.steps = phase.steps;
   job.switches = &phase.profile->switches;
   job.real_cuda = have_gpu && options.device != DeviceChoice::kCpu;
+  job.set_arguments(scenario, phase);
   job.load_from = &checkpoint;
   RunResult unused;
   run_phase(scenario, options, job, checkpoint, unused, rec);

@@ -120,6 +120,7 @@ GlobalState gather_state(const Scenario& s, int64_t global_step,
   if (!ranks.empty() && ranks.front() != nullptr) {
     st.param = ranks.front()->params;
     st.param_groups = ranks.front()->groups;
+    st.hypers = ranks.front()->hypers;
   }
   // Invariant 1: which rank holds each element (-1: none yet).
   std::vector<std::vector<int>> holder;

@@ -25,10 +25,20 @@
 
 namespace ckptsim::sim {
 
+// One param group's hyper-parameters as a step used them (the values the scheduler left in
+// the group before the step), with the group's multipliers.
+struct GroupHyper {
+  double wd_mult = 1.0;
+  double lr_mult = 1.0;
+  double lr = 0.0;
+  double weight_decay = 0.0;
+};
+
 // What one rank captured at one point of a phase.
 struct RankState {
   std::vector<ShardSnapshot> shards;
   std::vector<StepUse> uses;               // after a step: the t each part used
+  std::vector<GroupHyper> hypers;          // after a step: each group's lr and weight decay
   std::vector<std::vector<float>> params;  // rank 0 only: every model param, full length
   std::string groups;                      // rank 0 only, where asked: the saved param groups
 };
@@ -83,6 +93,8 @@ struct GlobalState {
   // Rank 0's DistributedOptimizer.state_dict() param groups after a pickle round trip (what a
   // checkpoint would hold), as text; or what state_dict() raised.
   std::string param_groups;
+  // After a step: rank 0's param groups' lr and weight decay that the step used (not hashed).
+  std::vector<GroupHyper> hypers;
 
   // FNV-1a over global_step, master, exp_avg, exp_avg_sq and param (in that order, NaN as its
   // bits) and every shard's counter and step_used (-1 for none); not over param_groups.

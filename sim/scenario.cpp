@@ -117,6 +117,26 @@ int64_t Scenario::total_numel() const {
   return n;
 }
 
+const model::ScheduleConfig& Scenario::schedule_of(size_t phase) const {
+  const auto& own = phases.at(phase).schedule;
+  return own.has_value() ? *own : schedule;
+}
+
+std::vector<model::ScheduleConfig> intended_schedules(const Scenario& s) {
+  std::vector<model::ScheduleConfig> out;
+  for (size_t i = 0; i < s.phases.size(); ++i) {
+    const model::ScheduleConfig& args = s.schedule_of(i);
+    if (i == 0 || s.phases[i].opt_param_scheduler != model::SchedulerResume::kUseCheckpoint) {
+      out.push_back(args);
+      continue;
+    }
+    model::ScheduleConfig kept = out.back();
+    kept.lr_warmup_init = args.lr_warmup_init;
+    out.push_back(kept);
+  }
+  return out;
+}
+
 namespace {
 
 Status parse_params(const Reader& r, const json& j, Scenario& s) {
@@ -224,6 +244,71 @@ Status parse_optimizer(const Reader& r, const json& j, model::OptimizerConfig& c
   return r.number(o, "weight_decay", "optimizer.weight_decay", 0.0, 10.0, c.adam.weight_decay);
 }
 
+template <typename E>
+Status parse_enum(const Reader& r, const json& o, const char* key, const std::string& path,
+                  std::optional<E> (*parse)(std::string_view), const char* names, E& out) {
+  if (!o.contains(key)) return Status::ok();
+  const json& v = o.at(key);
+  const auto parsed = v.is_string() ? parse(v.get<std::string>()) : std::nullopt;
+  if (!parsed.has_value())
+    return r.error(path, fmt::format("must be one of {}, got {}", names, v.dump()));
+  out = *parsed;
+  return Status::ok();
+}
+
+// Upstream's OptimizerParamScheduler asserts, as scenario errors: a schedule that would
+// assert in __init__ or get_wd() is not a run to simulate.
+Status check_schedule(const Reader& r, const std::string& path, const model::ScheduleConfig& c) {
+  if (c.min_lr > c.lr) return r.error(path + ".min_lr", "must be <= the lr");
+  if (c.lr_warmup_init > c.lr) return r.error(path + ".lr_warmup_init", "must be <= the lr");
+  if (c.lr_warmup_iters >= c.lr_decay_iters)
+    return r.error(path + ".lr_warmup_iters", "must be < lr_decay_iters");
+  if (c.end_wd < c.start_wd)
+    return r.error(path + ".end_weight_decay", "must be >= start_weight_decay");
+  if (c.wd_incr_style == model::WdIncrStyle::kConstant && c.start_wd != c.end_wd) {
+    return r.error(path + ".weight_decay_incr_style",
+                   "\"constant\" needs start_weight_decay == end_weight_decay");
+  }
+  return Status::ok();
+}
+
+// A schedule object: every field optional, defaulting to `out`'s value; "lr" only where
+// `with_lr` (a phase's; the scenario's lr is optimizer.lr).
+Status parse_schedule(const Reader& r, const json& j, const std::string& path, bool with_lr,
+                      model::ScheduleConfig& out) {
+  if (!j.contains("schedule")) return Status::ok();
+  const json& o = j.at("schedule");
+  if (!o.is_object()) return r.error(path, "must be an object");
+  std::set<std::string> fields = {
+      "min_lr",           "lr_warmup_init",          "lr_warmup_iters",
+      "lr_decay_iters",   "lr_decay_style",          "start_weight_decay",
+      "end_weight_decay", "weight_decay_incr_style", "train_iters"};
+  if (with_lr) fields.insert("lr");
+  CKPTSIM_TRY(r.check_fields(o, path, fields));
+  const int64_t iters_max = Scenario::kStepsMax;
+  CKPTSIM_TRY(r.number(o, "lr", path + ".lr", 0.0, 10.0, out.lr, out.lr));
+  CKPTSIM_TRY(r.number(o, "min_lr", path + ".min_lr", 0.0, 10.0, out.min_lr, out.min_lr));
+  CKPTSIM_TRY(r.number(o, "lr_warmup_init", path + ".lr_warmup_init", 0.0, 10.0, out.lr_warmup_init,
+                       out.lr_warmup_init));
+  CKPTSIM_TRY(r.integer(o, "lr_warmup_iters", path + ".lr_warmup_iters", 0, iters_max,
+                        out.lr_warmup_iters, out.lr_warmup_iters));
+  CKPTSIM_TRY(r.integer(o, "lr_decay_iters", path + ".lr_decay_iters", 1, iters_max,
+                        out.lr_decay_iters, out.lr_decay_iters));
+  CKPTSIM_TRY(parse_enum(r, o, "lr_decay_style", path + ".lr_decay_style",
+                         &model::parse_lr_decay_style,
+                         "constant, linear, cosine, inverse-square-root", out.lr_decay_style));
+  CKPTSIM_TRY(r.number(o, "start_weight_decay", path + ".start_weight_decay", 0.0, 10.0,
+                       out.start_wd, out.start_wd));
+  CKPTSIM_TRY(r.number(o, "end_weight_decay", path + ".end_weight_decay", 0.0, 10.0, out.end_wd,
+                       out.end_wd));
+  CKPTSIM_TRY(parse_enum(r, o, "weight_decay_incr_style", path + ".weight_decay_incr_style",
+                         &model::parse_wd_incr_style, "constant, linear, cosine",
+                         out.wd_incr_style));
+  CKPTSIM_TRY(r.integer(o, "train_iters", path + ".train_iters", 1, iters_max, out.wd_incr_iters,
+                        out.wd_incr_iters));
+  return check_schedule(r, path, out);
+}
+
 Status parse_layout(const Reader& r, const json& j, Scenario& s) {
   if (j.contains("bucket_size") && !j["bucket_size"].is_null()) {
     int64_t b = 0;
@@ -262,10 +347,25 @@ std::string profile_path_beside(const std::string& revision, const std::string& 
   return revision;
 }
 
+Status parse_phase_schedule(const Reader& r, const json& p, const std::string& path,
+                            const model::ScheduleConfig& base, PhaseSpec& phase) {
+  if (p.contains("schedule")) {
+    model::ScheduleConfig c = base;
+    CKPTSIM_TRY(parse_schedule(r, p, path + ".schedule", /*with_lr=*/true, c));
+    phase.schedule = c;
+  }
+  return parse_enum(r, p, "opt_param_scheduler", path + ".opt_param_scheduler",
+                    &model::parse_scheduler_resume, "override, use_checkpoint, neither",
+                    phase.opt_param_scheduler);
+}
+
 Status parse_phase(const Reader& r, const json& p, const std::string& path, bool last,
-                   const std::string& source, model::RevisionRegistry& registry, PhaseSpec& phase) {
+                   const std::string& source, model::RevisionRegistry& registry,
+                   const model::ScheduleConfig& schedule, PhaseSpec& phase) {
   if (!p.is_object()) return r.error(path, "must be an object");
-  CKPTSIM_TRY(r.check_fields(p, path, {"dp", "revision", "steps", "save"}));
+  CKPTSIM_TRY(r.check_fields(
+      p, path, {"dp", "revision", "steps", "save", "schedule", "opt_param_scheduler"}));
+  CKPTSIM_TRY(parse_phase_schedule(r, p, path, schedule, phase));
   CKPTSIM_TRY(r.integer(p, "dp", path + ".dp", 1, Scenario::kDpMax, phase.dp));
   std::string revision;
   CKPTSIM_TRY(r.string(p, "revision", path + ".revision", revision));
@@ -293,7 +393,7 @@ Status parse_phases(const Reader& r, const json& j, const std::string& source,
   for (size_t i = 0; i < n; ++i) {
     PhaseSpec phase;
     CKPTSIM_TRY(parse_phase(r, j["phases"][i], fmt::format("phases[{}]", i), i + 1 == n, source,
-                            registry, phase));
+                            registry, s.schedule, phase));
     s.phases.push_back(std::move(phase));
   }
   if (s.total_steps() > Scenario::kStepsMax) {
@@ -362,7 +462,7 @@ Result<Scenario> parse_scenario_text(const std::string& json_text, const std::st
   CKPTSIM_TRY(r.check_fields(j, "",
                              {"seed", "name", "description", "params", "optimizer", "bucket_size",
                               "pad_buckets_for_high_nccl_busbw", "sharding_type",
-                              "samples_per_step", "phases", "faults", "expect"}));
+                              "samples_per_step", "schedule", "phases", "faults", "expect"}));
   Scenario s;
   s.source = source;
   int64_t seed = 0;
@@ -376,6 +476,8 @@ Result<Scenario> parse_scenario_text(const std::string& json_text, const std::st
   CKPTSIM_TRY(parse_params(r, j, s));
   CKPTSIM_TRY(parse_optimizer(r, j, s.optimizer));
   CKPTSIM_TRY(parse_layout(r, j, s));
+  s.schedule = model::ScheduleConfig::constant(s.optimizer.adam.lr, s.optimizer.adam.weight_decay);
+  CKPTSIM_TRY(parse_schedule(r, j, "schedule", /*with_lr=*/false, s.schedule));
   CKPTSIM_TRY(parse_phases(r, j, source, registry, s));
   CKPTSIM_TRY(parse_faults_and_expect(r, j, s));
   return s;
@@ -400,6 +502,32 @@ Result<Scenario> load_scenario_file(const std::string& path, model::RevisionRegi
   ss << in.rdbuf();
   return parse_scenario(ss.str(), path, registry);
 }
+
+namespace {
+
+// The fields of `c` that differ from `base` (so that a default schedule writes nothing).
+json schedule_json(const model::ScheduleConfig& c, const model::ScheduleConfig& base,
+                   bool with_lr) {
+  json j = json::object();
+  auto put = [&](const char* key, auto value, auto base_value) {
+    if (value != base_value) j[key] = value;
+  };
+  if (with_lr) put("lr", c.lr, base.lr);
+  put("min_lr", c.min_lr, base.min_lr);
+  put("lr_warmup_init", c.lr_warmup_init, base.lr_warmup_init);
+  put("lr_warmup_iters", c.lr_warmup_iters, base.lr_warmup_iters);
+  put("lr_decay_iters", c.lr_decay_iters, base.lr_decay_iters);
+  if (c.lr_decay_style != base.lr_decay_style)
+    j["lr_decay_style"] = model::lr_decay_style_name(c.lr_decay_style);
+  put("start_weight_decay", c.start_wd, base.start_wd);
+  put("end_weight_decay", c.end_wd, base.end_wd);
+  if (c.wd_incr_style != base.wd_incr_style)
+    j["weight_decay_incr_style"] = model::wd_incr_style_name(c.wd_incr_style);
+  put("train_iters", c.wd_incr_iters, base.wd_incr_iters);
+  return j;
+}
+
+}  // namespace
 
 json scenario_to_json(const Scenario& s) {
   json j;
@@ -428,10 +556,19 @@ json scenario_to_json(const Scenario& s) {
   if (s.pad_buckets_for_high_nccl_busbw) j["pad_buckets_for_high_nccl_busbw"] = true;
   j["sharding_type"] = s.sharding_type;
   if (s.samples_per_step != 8) j["samples_per_step"] = s.samples_per_step;
+  const json schedule = schedule_json(
+      s.schedule,
+      model::ScheduleConfig::constant(s.optimizer.adam.lr, s.optimizer.adam.weight_decay),
+      /*with_lr=*/false);
+  if (!schedule.empty()) j["schedule"] = schedule;
   j["phases"] = json::array();
   for (const auto& p : s.phases) {
     json pj{{"dp", p.dp}, {"revision", p.revision}, {"steps", p.steps}};
     if (!p.save) pj["save"] = false;
+    // Written as given, even when equal to the scenario's (a round trip keeps it).
+    if (p.schedule.has_value()) pj["schedule"] = schedule_json(*p.schedule, s.schedule, true);
+    if (p.opt_param_scheduler != model::SchedulerResume::kNeither)
+      pj["opt_param_scheduler"] = model::scheduler_resume_name(p.opt_param_scheduler);
     j["phases"].push_back(pj);
   }
   if (!s.faults.empty()) j["faults"] = s.faults;

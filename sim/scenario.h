@@ -13,7 +13,19 @@
 //     pad_buckets_for_high_nccl_busbw   bool, default false
 //     sharding_type         "dp_reshardable" (the only modeled format; the default)
 //     samples_per_step      global batch size, integer in [1, kSamplesPerStepMax], default 8
-//   * phases                [{dp*, revision*, steps*, save (default true)}]
+//     schedule              the lr/weight-decay schedule, Megatron's arguments in iterations:
+//                            {min_lr, lr_warmup_init, lr_warmup_iters, lr_decay_iters,
+//                            lr_decay_style ("constant"|"linear"|"cosine"|
+//                            "inverse-square-root"), start_weight_decay, end_weight_decay,
+//                            weight_decay_incr_style ("constant"|"linear"|"cosine"),
+//                            train_iters}; all optional (default: constant at optimizer.lr and
+//                            optimizer.weight_decay; the lr is optimizer.lr)
+//   * phases                [{dp*, revision*, steps*, save (default true), schedule (the
+//                            same fields and "lr": the arguments this phase's job is started
+//                            with, each defaulting to the scenario's), opt_param_scheduler
+//                            ("override"|"use_checkpoint"|"neither", the default: Megatron's
+//                            --override-opt_param-scheduler / --use-checkpoint-opt_param-
+//                            scheduler)}]
 //     faults                [fault site names] — deliberately broken model variants, for
 //                            testing the checkers (see model/faults.h)
 //     expect                {"ok": bool, "properties": {name: bool | verdict name},
@@ -55,6 +67,10 @@ struct PhaseSpec {
   std::shared_ptr<const model::RevisionProfile> profile;  // what it resolved to (never null)
   int64_t steps = 0;
   bool save = true;
+  // The schedule arguments this phase's job starts with (none: the scenario's), and how its
+  // resume treats the checkpoint's scheduler values.
+  std::optional<model::ScheduleConfig> schedule;
+  model::SchedulerResume opt_param_scheduler = model::SchedulerResume::kNeither;
 
   void set_revision(const Revision& r) {
     revision = r.name;
@@ -79,6 +95,8 @@ struct Scenario {
   uint64_t seed = 0;
   std::vector<model::ParamSpec> params;
   model::OptimizerConfig optimizer;
+  // The first phase's schedule arguments (its lr is optimizer.adam.lr).
+  model::ScheduleConfig schedule;
   std::optional<int64_t> bucket_size;
   bool pad_buckets_for_high_nccl_busbw = false;
   std::string sharding_type = "dp_reshardable";
@@ -91,7 +109,17 @@ struct Scenario {
 
   int64_t total_steps() const;
   int64_t total_numel() const;
+  // The schedule arguments phase `phase` is started with.
+  const model::ScheduleConfig& schedule_of(size_t phase) const;
 };
+
+// The schedule each phase should train under, as Megatron documents its flags: the first
+// phase's arguments; after a resume with --override-opt_param-scheduler the phase's own
+// arguments; with --use-checkpoint-opt_param-scheduler the schedule in force before (the
+// checkpoint's), except lr_warmup_init, which the checkpoint does not hold; with neither the
+// phase's arguments (which must equal the checkpoint's, or the load fails). What the
+// uninterrupted reference run follows, and what hyperparams_follow_schedule checks.
+std::vector<model::ScheduleConfig> intended_schedules(const Scenario& s);
 
 // Parses and validates. `registry` resolves phase revisions (a name or a profile path); a
 // relative profile path is looked up beside the scenario file first (a bug report ships the two

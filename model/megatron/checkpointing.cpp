@@ -5,12 +5,13 @@
 namespace ckptsim::model {
 
 Value generate_state_dict(DistributedDataParallel& ddp, DistributedOptimizer& opt,
-                          int64_t iteration, bool is_loading, const std::string& sharding_type,
-                          Runtime& rt) {
+                          const OptimizerParamScheduler* scheduler, int64_t iteration,
+                          bool is_loading, const std::string& sharding_type, Runtime& rt) {
   auto sd = Dict::make({{"checkpoint_version", Value(3.0)}, {"iteration", Value(iteration)}});
   const Value model_sd = ddp.sharded_state_dict();
   sd->set("model", model_sd);
   sd->set("optimizer", opt.sharded_state_dict(model_sd, is_loading, sharding_type));
+  if (scheduler != nullptr) sd->set("opt_param_scheduler", scheduler->state_dict());
   // Fault site save.rank_dependent_common: a common leaf that differs per rank.
   if (!is_loading && rt.fault(fault::kRankDependentCommon)) {
     sd->set("ckptsim_rank", Value(rt.rank()));
@@ -18,13 +19,55 @@ Value generate_state_dict(DistributedDataParallel& ddp, DistributedOptimizer& op
   return Value(sd);
 }
 
+namespace {
+
+// Each group's (max_lr, min_lr) as the current config built it, in group order.
+std::vector<std::pair<Value, Value>> lr_bounds(DistributedOptimizer& opt) {
+  std::vector<std::pair<Value, Value>> out;
+  for (const Value& g : opt.param_groups()) {
+    const Dict& group = *g.dict();
+    out.emplace_back(group.get("max_lr", Value()), group.get("min_lr", Value()));
+  }
+  return out;
+}
+
+// checkpointing.py load_checkpoint(), the scheduler's part: its load, then (HEAD, and the
+// fix) the groups' bounds under --override-opt_param-scheduler.
+void load_scheduler(DistributedOptimizer& opt, OptimizerParamScheduler& scheduler,
+                    const Dict& loaded, const RevisionSwitches& switches, SchedulerResume resume,
+                    const std::vector<std::pair<Value, Value>>& runtime_bounds) {
+  const Value* saved = loaded.find("opt_param_scheduler");
+  if (saved == nullptr) return;
+  scheduler.load_state_dict(*saved);
+  if (resume != SchedulerResume::kOverride) return;
+  switch (switches.override_lr_bounds) {
+    case OverrideLrBounds::kCheckpoint:
+      break;
+    case OverrideLrBounds::kArguments:
+      scheduler.reapply_lr_bounds();
+      break;
+    case OverrideLrBounds::kRuntimeGroups: {
+      List& groups = opt.param_groups();
+      CKPTSIM_CHECK(groups.size() == runtime_bounds.size(), "param group count changed at load");
+      for (size_t g = 0; g < groups.size(); ++g) {
+        groups.at(g).dict()->set("max_lr", runtime_bounds[g].first);
+        groups.at(g).dict()->set("min_lr", runtime_bounds[g].second);
+      }
+      scheduler.step(0);
+      break;
+    }
+  }
+}
+
+}  // namespace
+
 int64_t load_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
-                        const Storage& storage, ProcessGroup& group,
-                        const RevisionSwitches& switches, const std::string& sharding_type,
-                        Runtime& rt, LoadReport* report) {
+                        OptimizerParamScheduler* scheduler, const Storage& storage,
+                        ProcessGroup& group, const RevisionSwitches& switches,
+                        const std::string& sharding_type, Runtime& rt, LoadReport* report) {
   (void)load_common_state_dict(storage, switches.common_state_as_sharded_object);
-  const Value request =
-      generate_state_dict(ddp, opt, /*iteration=*/0, /*is_loading=*/true, sharding_type, rt);
+  const Value request = generate_state_dict(ddp, opt, scheduler, /*iteration=*/0,
+                                            /*is_loading=*/true, sharding_type, rt);
   LoadOptions options;
   options.reads_sharded_common_state = switches.common_state_as_sharded_object;
   options.merge.truncate_optimizer_param_state_lists = switches.merge_truncates_param_state_lists;
@@ -36,32 +79,38 @@ int64_t load_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
   const Dict& model_sd = *loaded.dict()->at("model").dict();
   for (size_t i = 0; i < ddp.num_params(); ++i)
     py_copy_(ddp.param(i), model_sd.at(ddp.specs()[i].name).tensor());
+  const auto runtime_bounds = lr_bounds(opt);
   opt.load_state_dict(loaded.dict()->at("optimizer"));
+  if (scheduler != nullptr) {
+    load_scheduler(opt, *scheduler, *loaded.dict(), switches, scheduler->resume(), runtime_bounds);
+  }
   return loaded.dict()->at("iteration").as_int();
 }
 
 SaveReport save_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
-                           int64_t iteration, Storage& storage, ProcessGroup& group,
-                           const RevisionSwitches& switches, const std::string& sharding_type,
-                           Runtime& rt) {
+                           const OptimizerParamScheduler* scheduler, int64_t iteration,
+                           Storage& storage, ProcessGroup& group, const RevisionSwitches& switches,
+                           const std::string& sharding_type, Runtime& rt) {
   const Value sd =
-      generate_state_dict(ddp, opt, iteration, /*is_loading=*/false, sharding_type, rt);
+      generate_state_dict(ddp, opt, scheduler, iteration, /*is_loading=*/false, sharding_type, rt);
   SaveOptions options;
   options.common_state_as_sharded_object = switches.common_state_as_sharded_object;
   return save(sd, storage, group, options);
 }
 
-void train_step(DistributedDataParallel& ddp, DistributedOptimizer& opt, double lr,
-                double weight_decay, const std::function<void(size_t, at::Tensor&)>& backward) {
+void train_step(DistributedDataParallel& ddp, DistributedOptimizer& opt,
+                OptimizerParamScheduler& scheduler, int64_t samples_per_iteration, Runtime& rt,
+                const std::function<void(size_t, at::Tensor&)>& backward) {
   ddp.zero_grad_buffer();
   for (size_t i = 0; i < ddp.num_params(); ++i) {
     at::Tensor g = ddp.main_grad(i);
     backward(i, g);
   }
   ddp.finish_grad_sync();
-  opt.apply_schedule(lr, weight_decay);
   opt.step();
   ddp.start_param_sync();
+  // Fault site scheduler.increment_per_iteration: stepped by one iteration, not its samples.
+  scheduler.step(rt.fault(fault::kSchedulerPerIteration) ? 1 : samples_per_iteration);
 }
 
 }  // namespace ckptsim::model

@@ -9,8 +9,8 @@
 //      is_loading=True, which runs the optimizer's sharded_state_dict(is_loading=True) and so
 //      its side effects, see distrib_optimizer.h), dist_checkpointing.load, then
 //      model.load_state_dict, then optimizer.load_state_dict.
-//   2. A training step is zero_grad_buffer → backward → finish_grad_sync → schedule → step →
-//      start_param_sync, as upstream's train_step with overlap off.
+//   2. A training step is zero_grad_buffer → backward → finish_grad_sync → step →
+//      start_param_sync → scheduler step, as upstream's train_step with overlap off.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +19,7 @@
 
 #include "model/megatron/distrib_optimizer.h"
 #include "model/megatron/distributed_data_parallel.h"
+#include "model/megatron/optimizer_param_scheduler.h"
 #include "model/megatron/serialization.h"
 #include "model/process_group.h"
 #include "model/py/runtime.h"
@@ -28,11 +29,12 @@
 namespace ckptsim::model {
 
 // Mirrors checkpointing.py generate_state_dict() for one model chunk:
-// {checkpoint_version, iteration, model, optimizer}. The fault site
-// save.rank_dependent_common adds a common leaf that differs per rank (saving only).
+// {checkpoint_version, iteration, model, optimizer, opt_param_scheduler} (the scheduler's
+// state when `scheduler` is given). The fault site save.rank_dependent_common adds a common
+// leaf that differs per rank (saving only).
 Value generate_state_dict(DistributedDataParallel& ddp, DistributedOptimizer& opt,
-                          int64_t iteration, bool is_loading, const std::string& sharding_type,
-                          Runtime& rt);
+                          const OptimizerParamScheduler* scheduler, int64_t iteration,
+                          bool is_loading, const std::string& sharding_type, Runtime& rt);
 
 // Mirrors checkpointing.py load_checkpoint() (dist_checkpointing, non-strict=False path):
 // returns the checkpoint's iteration. Collective over `group`. First the common state
@@ -40,24 +42,31 @@ Value generate_state_dict(DistributedDataParallel& ddp, DistributedOptimizer& op
 // The switches that change the load itself (merge_truncates_param_state_lists,
 // load_strips_common_param_state, load_allows_missing_keys, common_state_as_sharded_object)
 // are read from `switches`; `report` (optional) receives what the load did not cover.
+// Then the scheduler (when given) loads the checkpoint's 'opt_param_scheduler', and under
+// --override-opt_param-scheduler the groups' lr bounds are set as override_lr_bounds says.
+// A checkpoint without 'opt_param_scheduler' (the replay runner's, which saves none) leaves
+// the scheduler as it was built; upstream raises KeyError there.
 int64_t load_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
-                        const Storage& storage, ProcessGroup& group,
-                        const RevisionSwitches& switches, const std::string& sharding_type,
-                        Runtime& rt, LoadReport* report = nullptr);
+                        OptimizerParamScheduler* scheduler, const Storage& storage,
+                        ProcessGroup& group, const RevisionSwitches& switches,
+                        const std::string& sharding_type, Runtime& rt,
+                        LoadReport* report = nullptr);
 
 // Mirrors checkpointing.py save_checkpoint(): generate_state_dict(is_loading=False) then
 // dist_checkpointing.save (where the common state goes: common_state_as_sharded_object).
 // Collective over `group`.
 SaveReport save_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
-                           int64_t iteration, Storage& storage, ProcessGroup& group,
-                           const RevisionSwitches& switches, const std::string& sharding_type,
-                           Runtime& rt);
+                           const OptimizerParamScheduler* scheduler, int64_t iteration,
+                           Storage& storage, ProcessGroup& group, const RevisionSwitches& switches,
+                           const std::string& sharding_type, Runtime& rt);
 
 // Mirrors training.py train_step() with overlap off and no clipping: `backward(i, main_grad)`
 // writes model param i's local gradient into its main_grad view (fp32), then the grads are
-// reduce-scattered, the schedule applied (lr, weight_decay times each group's multipliers),
-// the optimizer stepped and the params all-gathered.
-void train_step(DistributedDataParallel& ddp, DistributedOptimizer& opt, double lr,
-                double weight_decay, const std::function<void(size_t, at::Tensor&)>& backward);
+// reduce-scattered, the optimizer stepped (with the lr and weight_decay the scheduler left in
+// the groups), the params all-gathered, and the scheduler stepped by the global batch size
+// (`samples_per_iteration`; the fault site scheduler.increment_per_iteration steps it by 1).
+void train_step(DistributedDataParallel& ddp, DistributedOptimizer& opt,
+                OptimizerParamScheduler& scheduler, int64_t samples_per_iteration, Runtime& rt,
+                const std::function<void(size_t, at::Tensor&)>& backward);
 
 }  // namespace ckptsim::model

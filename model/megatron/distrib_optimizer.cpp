@@ -133,18 +133,19 @@ void DistributedOptimizer::build_param_groups() {
       }
     }
     if (g == param_groups_.size()) {
-      // The schedule's keys as _get_param_groups sets them (default_config: no override;
-      // max_lr the config's lr, min_lr its min_lr, 0.0 in every scenario). Upstream HEAD
-      // (d98e8a64dd) identifies a group at load by max_lr and min_lr too: a checkpoint
-      // without them loads there with a KeyError, seen on the real code.
+      // The schedule's keys as _get_param_groups sets them: max_lr the config's lr and
+      // min_lr its min_lr, both times lr_mult (the override that makes a group with that
+      // lr_mult, config.h ParamSpec); default_config false when the override names an lr key.
+      // Upstream HEAD (d98e8a64dd) identifies a group at load by max_lr and min_lr too: a
+      // checkpoint without them loads there with a KeyError, seen on the real code.
       param_groups_.push_back(Dict::make({{"params", Value(List::make())},
                                           {"wd_mult", Value(s.wd_mult)},
                                           {"lr_mult", Value(s.lr_mult)},
                                           {"is_expert_parallel", Value(false)},
                                           {"is_decoupled_lr", Value(false)},
-                                          {"default_config", Value(true)},
-                                          {"max_lr", Value(config_.adam.lr)},
-                                          {"min_lr", Value(0.0)}}));
+                                          {"default_config", Value(s.lr_mult == 1.0)},
+                                          {"max_lr", Value(config_.adam.lr * s.lr_mult)},
+                                          {"min_lr", Value(config_.min_lr * s.lr_mult)}}));
     }
     param_groups_[g]->at("params").list()->append(Value(ddp_.param(i)));
     world_param_group_map_[i] = g;
@@ -298,14 +299,6 @@ at::Tensor DistributedOptimizer::optimizer_param(size_t model_param) {
 
 // ---------------------------------------------------------------------------------------------
 // Training.
-
-void DistributedOptimizer::apply_schedule(double lr, double weight_decay) {
-  for (Value& g : *optimizer_->param_groups) {
-    Dict& group = *g.dict();
-    group.set("lr", Value(lr * group.get("lr_mult", Value(1.0)).as_float()));
-    group.set("weight_decay", Value(weight_decay * group.get("wd_mult", Value(1.0)).as_float()));
-  }
-}
 
 void DistributedOptimizer::step() {
   // _copy_model_grads_to_main_grads.

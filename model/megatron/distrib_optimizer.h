@@ -50,9 +50,9 @@ class DistributedOptimizer {
                        const RevisionSwitches& switches);
 
   // --- training ------------------------------------------------------------------------------
-  // Mirrors OptimizerParamScheduler.step(): every group's lr and weight_decay from the base
-  // values times the group's lr_mult / wd_mult.
-  void apply_schedule(double lr, double weight_decay);
+  // Mirrors the param_groups property: the inner optimizer's groups, whose lr and
+  // weight_decay the scheduler sets (OptimizerParamScheduler).
+  List& param_groups() { return *optimizer_->param_groups; }
   // Mirrors MixedPrecisionOptimizer.step() / DistributedOptimizer.step() without clipping:
   // _copy_model_grads_to_main_grads, the inner step, _copy_main_params_to_model_params (the
   // caller then all-gathers the params: DDP start_param_sync).

@@ -194,6 +194,50 @@ TEST(PropertyCanary, StepTensorsNotAliasedCatchesB9) {
                   .ok());
 }
 
+// A linear warmup and decay, and a rising weight decay, that move within a few steps.
+constexpr const char* kDecaySchedule =
+    R"(, "schedule": {"lr_decay_style": "linear", "lr_warmup_iters": 1, "lr_decay_iters": 6,
+        "min_lr": 0.001, "start_weight_decay": 0.05, "weight_decay_incr_style": "cosine",
+        "train_iters": 5})";
+
+// A scheduler stepped by one iteration instead of the global batch size (the fault site):
+// the uninterrupted run shares it, so only the absolute check sees the schedule running
+// eight times slower; without the fault the same run follows it.
+TEST(PropertyCanary, HyperparamsFollowScheduleCatchesASchedulerSteppedPerIteration) {
+  for (const std::string kind : {"hybrid", "fused_adam", "torch_adamw"}) {
+    auto scenario = [&](const std::string& extra) {
+      return test::scenario_from_json(test::two_phase_json(
+          kind, 1.0, 2, 4, "fix-complete", "fix-complete", std::string(kDecaySchedule) + extra));
+    };
+    const auto run = test::run(scenario(R"(, "faults": ["scheduler.increment_per_iteration"])"));
+    expect_only_failures(run, {"hyperparams_follow_schedule"});
+    const auto r = test::verdict(run, "hyperparams_follow_schedule");
+    EXPECT_NE(r.detail.find("the uninterrupted run, global step 2:"), std::string::npos)
+        << kind << ": " << r.detail;
+    EXPECT_TRUE(test::verdict(test::run(scenario("")), "hyperparams_follow_schedule").ok()) << kind;
+  }
+}
+
+// Megatron-LM issue #1138: a resume with a new lr under --override-opt_param-scheduler keeps
+// the checkpoint's lr on upstream-2874; fix-complete takes the new one.
+TEST(PropertyCanary, HyperparamsFollowScheduleCatchesAnOverrideThatKeepsTheOldLr) {
+  auto scenario = [](const std::string& revision) {
+    std::string json = test::two_phase_json("fused_adam", 1.0, 2, 4, revision, revision);
+    const std::string resumed = R"("dp": 4, "revision": ")" + revision + "\"";
+    json.replace(json.find(resumed), resumed.size(),
+                 resumed + R"(, "schedule": {"lr": 0.02}, "opt_param_scheduler": "override")");
+    return test::scenario_from_json(json);
+  };
+  const auto r = test::verdict(test::run(scenario("upstream-2874")), "hyperparams_follow_schedule");
+  EXPECT_EQ(r.verdict, properties::Verdict::kFail) << r.detail;
+  EXPECT_EQ(r.signature, "hyperparams_follow_schedule:lr:override_resume");
+  EXPECT_NE(r.detail.find("(the schedule says 0.02, from --override-opt_param-scheduler)"),
+            std::string::npos)
+      << r.detail;
+  EXPECT_TRUE(
+      test::verdict(test::run(scenario("fix-complete")), "hyperparams_follow_schedule").ok());
+}
+
 // Every fault site names the property that must catch it (FaultSite::caught_by): switched on in
 // a scenario where it fires, it fails exactly that property (the others may fail too), and the
 // same scenario without it keeps that property.
@@ -201,9 +245,12 @@ TEST(PropertyCanary, EveryFaultSiteFailsThePropertyItNames) {
   // w1 of 100 elements leaves a gap [100, 128) at the end of rank 0's shard at DP 4, where the
   // dropped end pad shows (see ShardsTileBucketsCatchesADroppedPad).
   auto scenario = [](const std::string& fault) {
-    std::string json =
-        test::two_phase_json("hybrid", 1.0, 2, 4, "fix-recommended", "fix-recommended",
-                             fault.empty() ? "" : R"(, "faults": [")" + fault + R"("])");
+    // A scheduler stepped at the wrong rate shows only in a schedule that moves.
+    const std::string schedule =
+        fault == model::fault::kSchedulerPerIteration ? kDecaySchedule : "";
+    std::string json = test::two_phase_json(
+        "hybrid", 1.0, 2, 4, "fix-recommended", "fix-recommended",
+        schedule + (fault.empty() ? "" : R"(, "faults": [")" + fault + R"("])"));
     json.replace(json.find("\"numel\": 130"), 12, "\"numel\": 100");
     // A narrow counter goes wrong only past 256 steps.
     if (fault == model::fault::kStepCounterBf16) {
@@ -235,7 +282,8 @@ TEST(PropertyCanary, EveryPropertyHasACanaryHere) {
       "shards_tile_buckets",         "common_state_rank_independent",
       "layout_invariants",           "round_trip_identity",
       "reshard_round_trip_bytes",    "step_tensors_not_aliased",
-      "step_counts_optimizer_steps", "load_writes_every_element"};
+      "step_counts_optimizer_steps", "load_writes_every_element",
+      "hyperparams_follow_schedule"};
   for (const auto& p : properties::all_properties()) {
     EXPECT_NE(std::find(covered.begin(), covered.end(), p.name), covered.end())
         << p.name << " has no canary";

@@ -330,7 +330,11 @@ INSTANTIATE_TEST_SUITE_P(
                 {},
                 false,
                 4096},
-        Control{"load_writes_every_element", {"fix-complete"}, {"load.skip_piece"}, {}}),
+        Control{"load_writes_every_element", {"fix-complete"}, {"load.skip_piece"}, {}},
+        Control{"hyperparams_follow_schedule",
+                {"fix-complete"},
+                {"scheduler.increment_per_iteration"},
+                {}}),
     [](const ::testing::TestParamInfo<Control>& info) { return info.param.property; });
 
 TEST(MutationControls, CoverEveryProperty) {
@@ -340,7 +344,8 @@ TEST(MutationControls, CoverEveryProperty) {
       "shards_tile_buckets",         "common_state_rank_independent",
       "layout_invariants",           "round_trip_identity",
       "reshard_round_trip_bytes",    "step_tensors_not_aliased",
-      "step_counts_optimizer_steps", "load_writes_every_element"};
+      "step_counts_optimizer_steps", "load_writes_every_element",
+      "hyperparams_follow_schedule"};
   for (const auto& p : properties::all_properties()) {
     EXPECT_NE(std::find(covered.begin(), covered.end(), p.name), covered.end())
         << p.name << " has no search control";
