@@ -31,6 +31,10 @@ const std::vector<Property>& all_properties() {
       {"step_counts_optimizer_steps",
        "every Adam counter equals the number of optimizer steps taken (absolute: no reference)",
        step_counts_optimizer_steps},
+      {"hyperparams_follow_schedule",
+       "every param group's lr and weight decay at every step equal the schedule in force "
+       "(absolute: no reference)",
+       hyperparams_follow_schedule},
       {"trajectory_matches_uninterrupted",
        "master params, moments and model params equal the uninterrupted run (bitwise for the same "
        "kernel kind)",
@@ -52,10 +56,6 @@ const std::vector<Property>& all_properties() {
       {"load_writes_every_element",
        "every element a load requests is written from the checkpoint (absolute: no reference)",
        load_writes_every_element},
-      {"hyperparams_follow_schedule",
-       "every param group's lr and weight decay at every step equal the schedule in force "
-       "(absolute: no reference)",
-       hyperparams_follow_schedule},
   };
   return props;
 }

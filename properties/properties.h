@@ -17,6 +17,13 @@
 //                                     g, the counter is g. True of each run on its own, the
 //                                     uninterrupted one included, so a counter bug both runs
 //                                     share (a narrow counter type) is still seen
+//   hyperparams_follow_schedule       every param group's lr and weight decay at every step
+//                                     equal the schedule in force for that step (the first
+//                                     phase's arguments; after a resume as Megatron's
+//                                     --override-opt_param-scheduler / --use-checkpoint-
+//                                     opt_param-scheduler say), each group's bounds times its
+//                                     lr_mult and its weight decay times its wd_mult; true of
+//                                     the uninterrupted run too (issues #1138, #7173, PR #7468)
 //   trajectory_matches_uninterrupted  master params, exp_avg, exp_avg_sq and model params equal
 //                                     the uninterrupted run after every step and every load:
 //                                     bit for bit where the same kind of kernel updated the
@@ -42,13 +49,6 @@
 //   load_writes_every_element         every element a load requests (each rank's optimizer
 //                                     state, model params) is written from the checkpoint: none
 //                                     keeps the value the request was built with
-//   hyperparams_follow_schedule       every param group's lr and weight decay at every step
-//                                     equal the schedule in force for that step (the first
-//                                     phase's arguments; after a resume as Megatron's
-//                                     --override-opt_param-scheduler / --use-checkpoint-
-//                                     opt_param-scheduler say), each group's bounds times its
-//                                     lr_mult and its weight decay times its wd_mult; true of
-//                                     the uninterrupted run too (issues #1138, #7173, PR #7468)
 //
 // A verdict is pass, fail, or not_evaluated (the run never reached what the property
 // judges, e.g. a resume whose load crashed); only pass counts as ok.
