@@ -351,7 +351,7 @@ SearchResult search(const SearchOptions& options, const Judge& judge) {
   const int64_t stride = options.shard.count;
   const int64_t count = options.cases > first ? (options.cases - first + stride - 1) / stride : 0;
   JudgedInOrder cases(
-      pool, count, 4 * static_cast<int64_t>(pool.workers()), /*urgent=*/false,
+      pool, count, SearchOptions::kCasesAhead, /*urgent=*/false,
       [&gen, &judge, &options, first, stride](int64_t i) {
         return draw_and_judge(gen, judge, options, first + i * stride);
       },

@@ -22,12 +22,13 @@
 //      keeps its generation context in process-wide stacks, so every call into a generator or
 //      a shrink sequence takes one process-wide lock; the judge runs outside it.
 //   5. The same for any number of jobs: with jobs = N, N workers judge cases ahead (at most
-//      4N past the oldest one not yet committed: search/parallel.h) and shrink candidates
-//      (N at once), but results are committed strictly in case order — coverage added, a
-//      finding shrunk only if its cause is new at that point — and a shrink moves to the FIRST
-//      candidate in candidate order that keeps the cause, whichever finished first. So causes,
-//      case indices, minimal scenarios, shrink counts, judge_runs and coverage are those of
-//      jobs = 1; only discarded_runs (work judged ahead and not used) and the seconds differ.
+//      kCasesAhead past the oldest one not yet committed: search/parallel.h) and shrink
+//      candidates (N at once), but results are committed strictly in case order — coverage
+//      added, a finding shrunk only if its cause is new at that point — and a shrink moves to
+//      the FIRST candidate in candidate order that keeps the cause, whichever finished first.
+//      So causes, case indices, minimal scenarios, shrink counts, judge_runs and coverage are
+//      those of jobs = 1; only discarded_runs (work judged ahead and not used) and the seconds
+//      differ.
 //      A time budget makes every search depend on speed, and then on jobs too.
 //   6. Shards partition a search: case k belongs to shard (k mod N) + 1 of N and is drawn and
 //      judged as in the whole search. merge_shards() keeps, per cause, the failure of the
@@ -88,6 +89,11 @@ struct SearchOptions {
   static constexpr int64_t kCasesMax = 10'000'000;
   static constexpr int64_t kShrinkRunsMax = 100'000;
   static constexpr int kJobsMax = 256;
+  // With jobs > 1, cases judged ahead of the oldest one not yet committed. Case costs are
+  // heavy-tailed (a long phase at a large DP takes seconds to minutes, a typical case tens of
+  // milliseconds): a window of a few cases per job leaves the workers idle behind one long case.
+  // What waits to be committed is small (the drawn scenario, its shrinkable, the finding).
+  static constexpr int64_t kCasesAhead = 4096;
 
   GeneratorConfig generator;
   uint64_t seed = 1;
