@@ -2,13 +2,17 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "app/confirm.h"
+#include "app/shard.h"
 #include "model/faults.h"
 #include "model/revision.h"
 #include "properties/conformance.h"
@@ -26,6 +30,8 @@
 #include "sim/scenario.h"
 
 namespace ckptsim::app {
+
+static_assert(kJobsMax == search::SearchOptions::kJobsMax);
 
 namespace {
 
@@ -244,6 +250,13 @@ std::string search_repeat_flags(const SearchCommand& c) {
   return out;
 }
 
+// --jobs: 0 is every core.
+int all_jobs(int jobs) {
+  if (jobs > 0) return jobs;
+  const unsigned cores = std::thread::hardware_concurrency();
+  return static_cast<int>(std::clamp<unsigned>(cores, 1, search::SearchOptions::kJobsMax));
+}
+
 // The search options a command's flags give, revisions aside. Every flag's range is checked.
 Result<search::SearchOptions> search_options(const SearchCommand& c) {
   search::SearchOptions o;
@@ -286,10 +299,15 @@ Result<search::SearchOptions> search_options(const SearchCommand& c) {
   }
   if (!(c.time_budget >= 0))
     return Status::invalid_input("--time-budget must be >= 0 seconds (0: no limit)");
+  if (c.jobs < 0 || c.jobs > search::SearchOptions::kJobsMax) {
+    return Status::invalid_input(fmt::format("--jobs must be in [0, {}] (0: every core), got {}",
+                                             search::SearchOptions::kJobsMax, c.jobs));
+  }
   o.seed = c.seed;
   o.cases = c.cases;
   o.time_budget_s = c.time_budget;
   o.keep_going = c.keep_going;
+  o.jobs = all_jobs(c.jobs);
   return o;
 }
 
@@ -410,6 +428,59 @@ bool confirm_found(const SearchCommand& c, model::RevisionRegistry& registry,
   const std::string runner = confirm_on_real_code(ctx, reported);
   if (talk && !runner.empty()) err << command << ": the runner was: " << runner << std::endl;
   return true;
+}
+
+// What a check (or the merge of its shards) reports, besides its result: `whole` is the whole
+// search's repeat line (the found scenarios' "how", the same in every shard), `repeat` the
+// line that repeats this run.
+struct CheckNames {
+  std::string revision;
+  std::string whole;
+  std::string repeat;
+  search::Shard shard;
+  int jobs = 1;
+};
+
+// <out>/ckptsim-summary.json, for `ckptsim merge`.
+Status write_check_summary(const SearchCommand& c, const CheckNames& n,
+                           const search::SearchResult& result,
+                           const std::vector<report::ReportedFailure>& reported) {
+  report::CheckSummary s{n.revision,   c.seed, n.whole, n.repeat, n.shard,
+                         c.keep_going, n.jobs, result,  {}};
+  return write_json(c.out_dir + "/" + report::kCheckSummaryFile,
+                    report::check_summary_json(s, reported));
+}
+
+// The outputs of check and merge: the minimal scenarios, the JUnit file, the summary, and the
+// console or JSON; the exit code.
+int report_check(const SearchCommand& c, const CheckNames& n, const search::SearchResult& result,
+                 model::RevisionRegistry& registry, std::ostream& out, std::ostream& err) {
+  std::vector<const search::Failure*> failures;
+  for (const auto& f : result.failures) failures.push_back(&f);
+  auto reported = write_failures(c, failures, std::vector<std::string>(failures.size(), n.whole),
+                                 std::vector<std::string>(failures.size()));
+  if (!reported.is_ok()) return invalid(err, reported.status().message());
+  // The JUnit file is written before the real code is asked (a runner that hangs loses nothing)
+  // and again after, with its answers.
+  if (Status s = write_check_junit(c, n.revision, reported.value(), n.repeat); !s.is_ok())
+    return invalid(err, s.message());
+  if (Status s = write_check_summary(c, n, result, reported.value()); !s.is_ok())
+    return invalid(err, s.message());
+  if (confirm_found(c, registry, "check", reported.value(), err)) {
+    if (Status s = write_check_junit(c, n.revision, reported.value(), n.repeat); !s.is_ok())
+      return invalid(err, s.message());
+  }
+  const bool talk = !c.quiet && !c.json;
+  if (talk) say_check_findings(result, reported.value(), n.repeat, out);
+  if (talk && c.coverage) out << result.coverage.text();
+  if (c.json) {
+    const auto cases = report::check_junit_cases(n.revision, reported.value(), n.repeat);
+    nlohmann::json j =
+        report::check_json(n.revision, c.seed, result, n.repeat, reported.value(), cases);
+    if (c.coverage) j["coverage"] = result.coverage.json();
+    out << j.dump(2) << std::endl;
+  }
+  return reported.value().empty() ? kExitOk : kExitFail;
 }
 
 }  // namespace
@@ -533,45 +604,108 @@ int check_command(const SearchCommand& c, const std::string& revision, std::ostr
   if (!options.is_ok()) return invalid(err, options.status().message());
   auto resolved = revision_flag(registry.value(), "--revision", revision);
   if (!resolved.is_ok()) return invalid(err, resolved.status().message());
+  auto shard = choose_shard(c.shard, [](const char* name) { return std::getenv(name); });
+  if (!shard.is_ok()) return invalid(err, shard.status().message());
   if (Status s = prepare_search_outputs(c, registry.value()); !s.is_ok())
     return invalid(err, s.message());
   options.value().generator.revisions = {resolved.value()};
+  options.value().shard = shard.value().shard;
   const bool talk = !c.quiet && !c.json;
   options.value().progress = [&](const std::string& line) {
     if (talk) err << "check: " << line << std::endl;
   };
+  const search::Shard& part = shard.value().shard;
+  const std::string shard_text =
+      part.whole() ? "" : fmt::format(" --shard {}/{}", part.index, part.count);
   if (talk) {
-    out << fmt::format("seed={} revision={} cases={} time_budget={}s{}", c.seed, revision, c.cases,
-                       c.time_budget, c.keep_going ? " keep_going" : "")
+    out << fmt::format("seed={} revision={} cases={} time_budget={}s{} jobs={}{}", c.seed, revision,
+                       c.cases, c.time_budget, c.keep_going ? " keep_going" : "",
+                       options.value().jobs,
+                       part.whole() ? ""
+                                    : fmt::format(" shard={}/{} (from {})", part.index, part.count,
+                                                  shard.value().source))
         << std::endl;
   }
   const search::SearchResult result =
       search::search(options.value(), search::property_judge(c.properties));
-  const std::string repeat = fmt::format("ckptsim check --revision {}{}{}", revision,
-                                         search_repeat_flags(c), c.keep_going ? "" : " --first");
-  std::vector<const search::Failure*> failures;
-  for (const auto& f : result.failures) failures.push_back(&f);
-  auto reported = write_failures(c, failures, std::vector<std::string>(failures.size(), repeat),
-                                 std::vector<std::string>(failures.size()));
-  if (!reported.is_ok()) return invalid(err, reported.status().message());
-  // The JUnit file is written before the real code is asked (a runner that hangs loses nothing)
-  // and again after, with its answers.
-  if (Status s = write_check_junit(c, revision, reported.value(), repeat); !s.is_ok())
+  const std::string whole = fmt::format("ckptsim check --revision {}{}{}", revision,
+                                        search_repeat_flags(c), c.keep_going ? "" : " --first");
+  return report_check(c, {revision, whole, whole + shard_text, part, options.value().jobs}, result,
+                      registry.value(), out, err);
+}
+
+namespace {
+
+// The shards' summaries, checked to be every shard of one search.
+Result<std::vector<report::CheckSummary>> read_shards(const MergeCommand& m,
+                                                      model::RevisionRegistry& registry) {
+  if (m.dirs.empty()) return Status::invalid_input("merge: name the --out directory of each shard");
+  std::vector<report::CheckSummary> shards;
+  std::map<int64_t, std::string> dir_of_index;
+  for (const auto& dir : m.dirs) {
+    auto s = report::read_check_summary(dir, registry);
+    if (!s.is_ok()) return s.status();
+    const report::CheckSummary& first = shards.empty() ? s.value() : shards.front();
+    if (s.value().search != first.search || s.value().shard.count != first.shard.count) {
+      return Status::invalid_input(
+          fmt::format("{}: shard {}/{} of `{}`, but {} holds a shard of {} of `{}`: not one search",
+                      dir, s.value().shard.index, s.value().shard.count, s.value().search,
+                      m.dirs.front(), first.shard.count, first.search));
+    }
+    const auto [at, fresh] = dir_of_index.emplace(s.value().shard.index, dir);
+    if (!fresh) {
+      return Status::invalid_input(fmt::format("{} and {} both hold shard {}/{}", at->second, dir,
+                                               s.value().shard.index, s.value().shard.count));
+    }
+    shards.push_back(std::move(s.value()));
+  }
+  const int64_t count = shards.front().shard.count;
+  for (int64_t k = 1; k <= count; ++k) {
+    if (!dir_of_index.contains(k)) {
+      return Status::invalid_input(
+          fmt::format("merge: shard {}/{} of `{}` is missing (give the --out of every shard)", k,
+                      count, shards.front().search));
+    }
+  }
+  return shards;
+}
+
+}  // namespace
+
+int merge_command(const MergeCommand& m, std::ostream& out, std::ostream& err) {
+  auto registry = load_registry(m.profiles);
+  if (!registry.is_ok()) return invalid(err, registry.status().message());
+  auto shards = read_shards(m, registry.value());
+  if (!shards.is_ok()) return invalid(err, shards.status().message());
+  namespace fs = std::filesystem;
+  for (const auto& dir : m.dirs) {
+    std::error_code ec;
+    if (fs::weakly_canonical(dir, ec) == fs::weakly_canonical(m.out_dir, ec))
+      return invalid(err, "--out " + m.out_dir + ": must not be one of the shards' directories");
+  }
+  const report::CheckSummary& first = shards.value().front();
+  SearchCommand c;
+  c.seed = first.seed;
+  c.out_dir = m.out_dir;
+  c.junit = m.junit;
+  c.json = m.json;
+  c.quiet = m.quiet;
+  c.coverage = m.coverage;
+  c.keep_going = first.keep_going;
+  if (Status s = prepare_search_outputs(c, registry.value()); !s.is_ok())
     return invalid(err, s.message());
-  if (confirm_found(c, registry.value(), "check", reported.value(), err)) {
-    if (Status s = write_check_junit(c, revision, reported.value(), repeat); !s.is_ok())
-      return invalid(err, s.message());
+  std::vector<search::SearchResult> parts;
+  int jobs = 1;
+  for (auto& s : shards.value()) {
+    parts.push_back(std::move(s.result));
+    jobs = std::max(jobs, s.jobs);
   }
-  if (talk) say_check_findings(result, reported.value(), repeat, out);
-  if (talk && c.coverage) out << result.coverage.text();
-  if (c.json) {
-    const auto cases = report::check_junit_cases(revision, reported.value(), repeat);
-    nlohmann::json j =
-        report::check_json(revision, c.seed, result, repeat, reported.value(), cases);
-    if (c.coverage) j["coverage"] = result.coverage.json();
-    out << j.dump(2) << std::endl;
+  if (!c.quiet && !c.json) {
+    out << fmt::format("merge: {} shards of `{}`", parts.size(), first.search) << std::endl;
   }
-  return reported.value().empty() ? kExitOk : kExitFail;
+  const search::SearchResult merged = search::merge_shards(std::move(parts), first.keep_going);
+  return report_check(c, {first.revision, first.search, first.search, search::Shard{}, jobs},
+                      merged, registry.value(), out, err);
 }
 
 int replay_plan_command(const ReplayPlanCommand& c, std::ostream& out, std::ostream& err) {
@@ -915,7 +1049,10 @@ int gate_command(const SearchCommand& c, const std::string& baseline, const std:
   g.candidate = cand.value();
   g.search = options.value();
   g.properties = c.properties;
-  g.concurrent = c.jobs == 0 ? std::thread::hardware_concurrency() >= 2 : c.jobs == 2;
+  // From 2 jobs on, the two searches run at once, each with half of them (rounded up).
+  const int jobs = all_jobs(c.jobs);
+  g.concurrent = jobs >= 2;
+  g.search.jobs = g.concurrent ? (jobs + 1) / 2 : 1;
   g.progress = [&](const std::string& part, const std::string& line) {
     if (talk) err << "gate " << part << ": " << line << std::endl;
   };

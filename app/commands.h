@@ -30,6 +30,9 @@ inline constexpr int kExitFail = 1;
 inline constexpr int kExitInvalid = 2;
 inline constexpr int kExitInternal = 3;
 
+// The most --jobs (search::SearchOptions::kJobsMax).
+inline constexpr int kJobsMax = 256;
+
 struct RunCommand {
   std::vector<std::string> files;
   bool json = false;
@@ -132,7 +135,11 @@ struct SearchCommand {
   int64_t long_steps_max = 4096;  // search::GeneratorConfig::long_steps_max (0: none)
   bool stateful = false;
   bool coverage = false;  // print what the search drew (search::Coverage)
-  int jobs = 0;           // gate: searches at once (0: two where there are two cores)
+  // Threads (0: every core, std::thread::hardware_concurrency). check: threads judging cases;
+  // gate: in all, the two searches at once (each with half) from 2 on. Never changes what a
+  // search finds (search/search.h, invariant 5).
+  int jobs = 0;
+  std::string shard;  // check: "K/N" ("": from the environment, app/shard.h)
   RealCodeOptions real_code;
 };
 
@@ -141,6 +148,22 @@ int revisions_command(bool json, const std::vector<std::string>& profiles, std::
                       std::ostream& err);
 int check_command(const SearchCommand& c, const std::string& revision, std::ostream& out,
                   std::ostream& err);
+// `ckptsim merge`: the summaries (report::kCheckSummaryFile) and minimal scenarios of the
+// shards of one check, as that check's outputs: one minimal scenario per cause, the one of the
+// smallest case index (search::merge_shards), written to out_dir with the merged summary (and
+// JUnit with `junit`); printed as check prints them. Exit 0 no failure, 1 failures, 2 when the
+// directories are not every shard of one search.
+struct MergeCommand {
+  std::vector<std::string> dirs;
+  std::string out_dir = "ckptsim-merged";
+  std::string junit;
+  bool json = false;
+  bool quiet = false;
+  bool coverage = false;
+  std::vector<std::string> profiles;
+};
+int merge_command(const MergeCommand& c, std::ostream& out, std::ostream& err);
+
 int replay_plan_command(const ReplayPlanCommand& c, std::ostream& out, std::ostream& err);
 // Exit 0 when every verdict a trace can judge, every step counter and every run's first error
 // (type, site, merge() key path) agree, 1 when not, 2 on a bad scenario or trace.

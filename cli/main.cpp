@@ -92,6 +92,7 @@ struct Flags {
   bool generate_cross = false;
   app::PlotCommand plot;
   app::InspectCommand inspect;
+  app::MergeCommand merge;
 };
 
 CLI::App* add_inspect(CLI::App& app, app::InspectCommand& f) {
@@ -246,8 +247,35 @@ CLI::App* add_check(CLI::App& app, Flags& f) {
       "--first", f.check_first,
       "Stop at the first failure (default: keep searching, one minimal case per cause)");
   add_search_flags(check, f.check);
+  check
+      ->add_option("--jobs", f.check.jobs,
+                   "Threads judging cases (default 0: every core). The same failures, case "
+                   "indices, minimal scenarios and coverage for any number")
+      ->check(CLI::Range(0, app::kJobsMax))
+      ->capture_default_str();
+  check->add_option("--shard", f.check.shard,
+                    "Run shard K of N (K/N, 1-based: case k belongs to shard (k mod N) + 1); "
+                    "without it: $CKPTSIM_SHARD, else $SLURM_PROCID/$SLURM_NTASKS, else "
+                    "$RANK/$WORLD_SIZE (torchrun), else the whole search. `ckptsim merge` "
+                    "combines the shards' --out directories");
   add_real_code_flags(check, f.check.real_code);
   return check;
+}
+
+CLI::App* add_merge(CLI::App& app, app::MergeCommand& f) {
+  auto* merge = app.add_subcommand(
+      "merge",
+      "Combine the --out directories of every shard of one check (--shard K/N): one minimal "
+      "scenario per cause, the one of the smallest case index, as the unsharded check finds it");
+  merge->add_option("dirs", f.dirs, "The shards' --out directories")->required();
+  merge->add_option("--out", f.out_dir, "Directory for the merged minimal scenarios and summary")
+      ->capture_default_str();
+  merge->add_option("--junit", f.junit, "Write the merged JUnit XML to this file");
+  merge->add_flag("--json", f.json, "Print one JSON object, as check --json does");
+  merge->add_flag("--quiet", f.quiet, "Print nothing but errors (and --json output)");
+  merge->add_flag("--coverage", f.coverage, "Print what the shards drew, together");
+  merge->add_option("--profile", f.profiles, "Extra revision profile JSON files");
+  return merge;
 }
 
 CLI::App* add_gate(CLI::App& app, Flags& f) {
@@ -262,9 +290,11 @@ CLI::App* add_gate(CLI::App& app, Flags& f) {
       ->required();
   add_search_flags(gate, f.gate);
   gate->add_option("--jobs", f.gate.jobs,
-                   "Run the two searches at once (2) or one after the other (1); default: 2 where "
-                   "there are two cores. The findings are the same either way")
-      ->check(CLI::Range(0, 2));
+                   "Threads in all (default 0: every core): from 2 on, the two searches run at "
+                   "once, each with half of them; 1: one after the other. The findings are the "
+                   "same either way")
+      ->check(CLI::Range(0, app::kJobsMax))
+      ->capture_default_str();
   add_real_code_flags(gate, f.gate.real_code);
   return gate;
 }
@@ -288,6 +318,7 @@ int main(int argc, char** argv) {
   CLI::App* generate = add_generate(app, f);
   CLI::App* plot = add_plot(app, f.plot);
   CLI::App* inspect = add_inspect(app, f.inspect);
+  CLI::App* merge = add_merge(app, f.merge);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -308,6 +339,7 @@ int main(int argc, char** argv) {
     if (*campaign) return app::conform_campaign_command(f.campaign, std::cout, std::cerr);
     if (*plot) return app::plot_command(f.plot, std::cout, std::cerr);
     if (*inspect) return app::inspect_command(f.inspect, std::cout, std::cerr);
+    if (*merge) return app::merge_command(f.merge, std::cout, std::cerr);
     if (*generate) {
       return app::generate_command(f.generate, f.generate_revisions, f.generate_cross, std::cout,
                                    std::cerr);

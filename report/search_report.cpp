@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
 
 #include "report/run_report.h"
 
@@ -176,6 +179,125 @@ nlohmann::json gate_json(const std::string& baseline, const std::string& candida
                    {"repeat", repeat},       {"findings", nlohmann::json::array()}};
   for (const auto& r : reported) j["findings"].push_back(failure_json(r));
   return j;
+}
+
+nlohmann::json check_summary_json(const CheckSummary& s,
+                                  const std::vector<ReportedFailure>& reported) {
+  const search::SearchResult& r = s.result;
+  nlohmann::json j{{"format", "ckptsim-check-summary"},
+                   {"version", 1},
+                   {"revision", s.revision},
+                   {"seed", s.seed},
+                   {"search", s.search},
+                   {"repeat", s.repeat},
+                   {"shard", {{"index", s.shard.index}, {"count", s.shard.count}}},
+                   {"keep_going", s.keep_going},
+                   {"jobs", s.jobs},
+                   {"cases_run", r.cases_run},
+                   {"simulator_runs", r.judge_runs},
+                   {"discarded_runs", r.discarded_runs},
+                   {"stopped_by_time", r.stopped_by_time},
+                   {"seconds", r.seconds},
+                   {"shrink_seconds", r.shrink_seconds},
+                   {"coverage", r.coverage.json()},
+                   {"failures", nlohmann::json::array()}};
+  for (const ReportedFailure& rep : reported) {
+    const search::Failure& f = *rep.failure;
+    j["failures"].push_back({{"property", f.finding.property},
+                             {"signature", f.finding.signature},
+                             {"detail", f.finding.detail},
+                             {"phase_revision", f.finding.phase_revision},
+                             {"case", f.case_index},
+                             {"shrink_steps", f.shrink_steps},
+                             {"shrink_runs", f.shrink_runs},
+                             {"file", std::filesystem::path(rep.file).filename().string()}});
+  }
+  return j;
+}
+
+namespace {
+
+// A field of the summary, or an exception naming it (caught by read_check_summary).
+struct SummaryError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+template <class T>
+T summary_field(const nlohmann::json& j, const std::string& key, const std::string& where) {
+  if (!j.is_object() || !j.contains(key))
+    throw SummaryError("field '" + where + key + "' is missing");
+  try {
+    return j.at(key).get<T>();
+  } catch (const nlohmann::json::exception&) {
+    throw SummaryError("field '" + where + key + "' has the wrong type");
+  }
+}
+
+search::Failure summary_failure(const nlohmann::json& j, const std::string& where) {
+  search::Failure f;
+  f.finding.property = summary_field<std::string>(j, "property", where);
+  f.finding.signature = summary_field<std::string>(j, "signature", where);
+  f.finding.detail = summary_field<std::string>(j, "detail", where);
+  f.finding.phase_revision = summary_field<std::string>(j, "phase_revision", where);
+  f.case_index = summary_field<int64_t>(j, "case", where);
+  f.shrink_steps = summary_field<int64_t>(j, "shrink_steps", where);
+  f.shrink_runs = summary_field<int64_t>(j, "shrink_runs", where);
+  return f;
+}
+
+void read_summary_fields(const nlohmann::json& j, CheckSummary& s) {
+  if (summary_field<std::string>(j, "format", "") != "ckptsim-check-summary" ||
+      summary_field<int>(j, "version", "") != 1)
+    throw SummaryError("not a ckptsim check summary of version 1");
+  s.revision = summary_field<std::string>(j, "revision", "");
+  s.seed = summary_field<uint64_t>(j, "seed", "");
+  s.search = summary_field<std::string>(j, "search", "");
+  s.repeat = summary_field<std::string>(j, "repeat", "");
+  const auto shard = summary_field<nlohmann::json>(j, "shard", "");
+  s.shard = {summary_field<int64_t>(shard, "index", "shard."),
+             summary_field<int64_t>(shard, "count", "shard.")};
+  if (s.shard.count < 1 || s.shard.index < 1 || s.shard.index > s.shard.count)
+    throw SummaryError("field 'shard' must have 1 <= index <= count");
+  s.keep_going = summary_field<bool>(j, "keep_going", "");
+  s.jobs = summary_field<int>(j, "jobs", "");
+  s.result.cases_run = summary_field<int64_t>(j, "cases_run", "");
+  s.result.judge_runs = summary_field<int64_t>(j, "simulator_runs", "");
+  s.result.discarded_runs = summary_field<int64_t>(j, "discarded_runs", "");
+  s.result.stopped_by_time = summary_field<bool>(j, "stopped_by_time", "");
+  s.result.seconds = summary_field<double>(j, "seconds", "");
+  s.result.shrink_seconds = summary_field<double>(j, "shrink_seconds", "");
+}
+
+}  // namespace
+
+Result<CheckSummary> read_check_summary(const std::string& dir, model::RevisionRegistry& registry) {
+  const std::string path = dir + "/" + kCheckSummaryFile;
+  std::ifstream in(path);
+  if (!in) return Status::not_found(path + ": cannot open (is it the --out of a ckptsim check?)");
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded()) return Status::invalid_input(path + ": not valid JSON");
+  CheckSummary s;
+  try {
+    read_summary_fields(j, s);
+    const auto failures = summary_field<nlohmann::json>(j, "failures", "");
+    if (!failures.is_array()) throw SummaryError("field 'failures' must be an array");
+    for (size_t i = 0; i < failures.size(); ++i) {
+      const std::string where = fmt::format("failures[{}].", i);
+      search::Failure f = summary_failure(failures[i], where);
+      const auto file = summary_field<std::string>(failures[i], "file", where);
+      auto minimal = sim::load_scenario_file(dir + "/" + file, registry);
+      if (!minimal.is_ok()) return minimal.status();
+      f.minimal = std::move(minimal.value());
+      s.result.failures.push_back(std::move(f));
+      s.files.push_back(file);
+    }
+  } catch (const SummaryError& e) {
+    return Status::invalid_input(path + ": " + e.what());
+  }
+  auto coverage = search::Coverage::from_json(j.value("coverage", nlohmann::json()), path);
+  if (!coverage.is_ok()) return coverage.status();
+  s.result.coverage = std::move(coverage.value());
+  return s;
 }
 
 }  // namespace ckptsim::report

@@ -60,6 +60,33 @@ nlohmann::json check_json(const std::string& revision, uint64_t seed,
                           const search::SearchResult& result, const std::string& repeat,
                           const std::vector<ReportedFailure>& reported,
                           const std::vector<JunitCase>& cases);
+// What one `check` (or one shard of it) found, written beside its minimal scenarios as
+// <out>/ckptsim-summary.json, so that `ckptsim merge` can keep one minimal scenario per cause
+// across shards (search::merge_shards). Invariants: `search` is the repeat line of the whole
+// search (no --shard), equal for every shard of one search; each failure names its minimal
+// scenario's file, in the same directory; read_check_summary(write(x)) gives back every field
+// merge uses (Failure::original is not kept).
+inline constexpr const char* kCheckSummaryFile = "ckptsim-summary.json";
+
+struct CheckSummary {
+  std::string revision;
+  uint64_t seed = 0;
+  std::string search;  // the whole search's repeat line
+  std::string repeat;  // this run's own (with --shard when sharded)
+  search::Shard shard;
+  bool keep_going = true;
+  int jobs = 1;
+  search::SearchResult result;     // failures with their minimal scenarios
+  std::vector<std::string> files;  // per failure: its minimal scenario's file name
+};
+
+// REQUIRES: reported[i].failure == &s.result.failures[i].
+nlohmann::json check_summary_json(const CheckSummary& s,
+                                  const std::vector<ReportedFailure>& reported);
+// Reads <dir>/ckptsim-summary.json and every minimal scenario it names (with `registry`).
+// Status: a missing or malformed file, named with the field.
+Result<CheckSummary> read_check_summary(const std::string& dir, model::RevisionRegistry& registry);
+
 nlohmann::json gate_json(const std::string& baseline, const std::string& candidate, uint64_t seed,
                          const std::string& repeat, bool introduced,
                          const std::vector<ReportedFailure>& reported);

@@ -153,4 +153,27 @@ nlohmann::json Coverage::json() const {
   return j;
 }
 
+Result<Coverage> Coverage::from_json(const nlohmann::json& j, const std::string& source) {
+  auto bad = [&](const std::string& what) {
+    return Status::invalid_input(source + ": coverage: " + what);
+  };
+  auto count_at = [](const nlohmann::json& v) {
+    return v.is_number_integer() && v.get<int64_t>() >= 0;
+  };
+  if (!j.is_object() || !j.contains("cases") || !count_at(j["cases"]) || !j.contains("phases") ||
+      !count_at(j["phases"]) || !j.contains("counts") || !j["counts"].is_object())
+    return bad("must be an object with counts 'cases', 'phases' and an object 'counts'");
+  Coverage c;
+  c.cases_ = j["cases"].get<int64_t>();
+  c.phases_ = j["phases"].get<int64_t>();
+  for (const auto& [feature, values] : j["counts"].items()) {
+    if (!values.is_object()) return bad("'counts." + feature + "' must be an object");
+    for (const auto& [value, n] : values.items()) {
+      if (!count_at(n)) return bad("'counts." + feature + "." + value + "' must be a count");
+      c.counts_[feature][value] = n.get<int64_t>();
+    }
+  }
+  return c;
+}
+
 }  // namespace ckptsim::search

@@ -34,6 +34,9 @@ class Coverage {
   // One block of lines: "  <feature>: <value> <pct>% (<n>), ..." in count order.
   std::string text() const;
   nlohmann::json json() const;
+  // The counts json() wrote (`ckptsim merge` reads each shard's); `source` names the file in
+  // the error. from_json(c.json()) counts what c counts.
+  static Result<Coverage> from_json(const nlohmann::json& j, const std::string& source);
 
   // The step bands a phase falls in: "0", "1", "2-6", "7-249", "250-270 (near 2^8)",
   // "271-2039", "2040-2060 (near 2^11)", ">2060".

@@ -13,8 +13,9 @@
 //
 // Invariants:
 //   1. The findings do not depend on whether the two searches run at once or one after the
-//      other (a test runs both ways); with a time budget, each search gets the whole budget
-//      when they run at once and half of it otherwise.
+//      other (a test runs both ways), nor on each one's jobs (search.h, invariant 5); with a
+//      time budget, each search gets the whole budget when they run at once and half of it
+//      otherwise.
 //   2. The cross-revision search draws from its own seed stream (mix_seed(seed, 2)).
 #pragma once
 
@@ -46,7 +47,7 @@ struct GateOptions {
   // set per search.
   SearchOptions search;
   std::vector<std::string> properties;  // only these count (empty: all)
-  bool concurrent = true;               // the two searches at once
+  bool concurrent = true;               // the two searches at once (each with search.jobs)
   // One progress line of one search ("candidate" or "cross-revision"); may be empty.
   std::function<void(const std::string& part, const std::string& line)> progress;
 };

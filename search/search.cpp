@@ -5,9 +5,11 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <mutex>
 
 #include "model/py/runtime.h"
+#include "search/parallel.h"
 #include "sim/driver.h"
 
 namespace ckptsim::search {
@@ -203,11 +205,18 @@ namespace {
 
 // Shrinks one failing case toward the same cause, in two stages (search.h): RapidCheck's own
 // shrinks, then domain shrinks to a fixpoint. Every judge run counts against shrink_runs_max.
+// Candidates are judged up to `jobs` at once, and the first in candidate order that keeps the
+// cause wins (invariant 5): the shrink is the sequential one.
 class Shrinker {
  public:
   Shrinker(const SearchOptions& options, const Judge& judge, const Clock& clock,
-           SearchResult& result)
-      : options_(options), judge_(judge), clock_(clock), result_(result) {}
+           SearchResult& result, WorkPool& pool, std::atomic<int64_t>& runs)
+      : options_(options),
+        judge_(judge),
+        clock_(clock),
+        result_(result),
+        pool_(pool),
+        runs_(runs) {}
 
   // REQUIRES: `lock` holds the RapidCheck mutex; it holds it again on return.
   Failure shrink(rc::Shrinkable<sim::Scenario> shrinkable, Finding finding, int64_t case_index,
@@ -220,16 +229,25 @@ class Shrinker {
     for (bool progressed = true; progressed && within_budget(failure);) {
       progressed = false;
       auto candidates = shrinkable.shrinks();
-      while (auto candidate = candidates.next()) {
-        if (!within_budget(failure)) break;
-        const sim::Scenario value = candidate->value();
+      for (bool more = true; more && !progressed && within_budget(failure);) {
+        // A batch of candidates, drawn under the lock; judged without it.
+        std::vector<rc::Shrinkable<sim::Scenario>> batch;
+        auto values = std::make_shared<std::vector<sim::Scenario>>();
+        while (static_cast<int64_t>(batch.size()) < batch_max(failure)) {
+          auto candidate = candidates.next();
+          if (!candidate) {
+            more = false;
+            break;
+          }
+          values->push_back(candidate->value());
+          batch.push_back(std::move(*candidate));
+        }
         lock.unlock();
-        const bool same = judged_same(value, failure, current);
+        const int64_t accepted = first_same_cause(values, failure, current);
         lock.lock();
-        if (same) {
-          shrinkable = *candidate;
+        if (accepted >= 0) {
+          shrinkable = batch[static_cast<size_t>(accepted)];
           progressed = true;
-          break;
         }
       }
     }
@@ -247,28 +265,42 @@ class Shrinker {
     return f.shrink_runs < options_.shrink_runs_max && !out_of_time(options_, clock_);
   }
 
-  // Runs the judge on a candidate; true (and `current` updated) when it fails for the same cause.
-  bool judged_same(const sim::Scenario& candidate, Failure& failure, Finding& current) {
-    ++failure.shrink_runs;
-    ++result_.judge_runs;
-    const std::optional<Finding> f = judge_(candidate);
-    if (!f || !f->same_cause(current)) return false;
-    current = *f;
-    ++failure.shrink_steps;
-    return true;
+  int64_t batch_max(const Failure& f) const {
+    return std::min<int64_t>(std::max(1, pool_.workers()),
+                             options_.shrink_runs_max - f.shrink_runs);
+  }
+
+  // Judges the candidates in order (up to `jobs` at once) until one fails for the same cause;
+  // returns its index (and updates `current`), or -1. Counts each candidate up to that one,
+  // exactly as the sequential loop does; the runs judged past it are discarded.
+  int64_t first_same_cause(std::shared_ptr<const std::vector<sim::Scenario>> candidates,
+                           Failure& failure, Finding& current) {
+    const auto count = static_cast<int64_t>(candidates->size());
+    JudgedInOrder judged(
+        pool_, count, pool_.workers(), /*urgent=*/true,
+        [candidates, judge = &judge_](int64_t i) {
+          return Judged{std::nullopt, {}, (*judge)((*candidates)[static_cast<size_t>(i)])};
+        },
+        runs_);
+    for (int64_t i = 0; i < count && within_budget(failure); ++i) {
+      const Judged j = judged.take(i);
+      ++failure.shrink_runs;
+      ++result_.judge_runs;
+      if (!j.finding || !j.finding->same_cause(current)) continue;
+      current = *j.finding;
+      ++failure.shrink_steps;
+      return i;
+    }
+    return -1;
   }
 
   void shrink_by_domain(Failure& failure, Finding& current) {
     for (bool progressed = true; progressed && within_budget(failure);) {
-      progressed = false;
-      for (const sim::Scenario& candidate : domain_shrinks(failure.minimal)) {
-        if (!within_budget(failure)) break;
-        if (judged_same(candidate, failure, current)) {
-          failure.minimal = candidate;
-          progressed = true;
-          break;
-        }
-      }
+      const auto candidates =
+          std::make_shared<const std::vector<sim::Scenario>>(domain_shrinks(failure.minimal));
+      const int64_t accepted = first_same_cause(candidates, failure, current);
+      progressed = accepted >= 0;
+      if (progressed) failure.minimal = (*candidates)[static_cast<size_t>(accepted)];
     }
   }
 
@@ -276,49 +308,91 @@ class Shrinker {
   const Judge& judge_;
   const Clock& clock_;
   SearchResult& result_;
+  WorkPool& pool_;
+  std::atomic<int64_t>& runs_;
 };
 
-}  // namespace
+// Case k as the search draws and judges it: seed mix(seed, k), size k % (size_max + 1).
+Judged draw_and_judge(const rc::Gen<sim::Scenario>& gen, const Judge& judge,
+                      const SearchOptions& options, int64_t k) {
+  const uint64_t case_seed = model::mix_seed(options.seed, static_cast<uint64_t>(k));
+  const int size = static_cast<int>(k % (options.size_max + 1));
+  Judged out;
+  {
+    std::lock_guard rc_lock(rapidcheck_mutex());
+    out.shrinkable = gen(rc::Random(case_seed), size);
+    out.scenario = out.shrinkable->value();
+  }
+  out.finding = judge(out.scenario);
+  return out;
+}
 
-SearchResult search(const SearchOptions& options, const Judge& judge) {
+void check_options(const SearchOptions& options) {
   CKPTSIM_CHECK(options.cases >= 0 && options.cases <= SearchOptions::kCasesMax,
                 "cases out of range");
   CKPTSIM_CHECK(
       options.shrink_runs_max >= 0 && options.shrink_runs_max <= SearchOptions::kShrinkRunsMax,
       "shrink_runs_max out of range");
+  CKPTSIM_CHECK(options.jobs >= 1 && options.jobs <= SearchOptions::kJobsMax, "jobs out of range");
+  CKPTSIM_CHECK(options.shard.count >= 1 && options.shard.count <= Shard::kCountMax &&
+                    options.shard.index >= 1 && options.shard.index <= options.shard.count,
+                "shard out of range");
+}
+
+// "12 / 250 cases, 1 failure(s), 31 cases/s, jobs 2 (shard 1/2)"
+std::string progress_line(const SearchOptions& options, const SearchResult& result,
+                          int64_t shard_cases, double seconds) {
+  return fmt::format("{} / {} cases, {} failure(s), {:.0f} cases/s, jobs {}{}", result.cases_run,
+                     shard_cases, result.failures.size(),
+                     static_cast<double>(result.cases_run) / std::max(seconds, 1e-9), options.jobs,
+                     options.shard.whole()
+                         ? ""
+                         : fmt::format(" (shard {}/{})", options.shard.index, options.shard.count));
+}
+
+}  // namespace
+
+SearchResult search(const SearchOptions& options, const Judge& judge) {
+  check_options(options);
   SearchResult result;
   const Clock clock;
-  Shrinker shrinker(options, judge, clock, result);
   const rc::Gen<sim::Scenario> gen = gen_for(options.generator);
+  std::atomic<int64_t> runs{0};
+  // Declared after everything its tasks refer to: destroyed (joined) before them.
+  WorkPool pool(options.jobs == 1 ? 0 : options.jobs);
+  Shrinker shrinker(options, judge, clock, result, pool, runs);
+  // The shard's cases: k = first, first + stride, ... below options.cases.
+  const int64_t first = options.shard.index - 1;
+  const int64_t stride = options.shard.count;
+  const int64_t count = options.cases > first ? (options.cases - first + stride - 1) / stride : 0;
+  JudgedInOrder cases(
+      pool, count, SearchOptions::kCasesAhead, /*urgent=*/false,
+      [&gen, &judge, &options, first, stride](int64_t i) {
+        return draw_and_judge(gen, judge, options, first + i * stride);
+      },
+      runs);
   double last_progress = 0;
-  for (int64_t k = 0; k < options.cases; ++k) {
+  for (int64_t i = 0; i < count; ++i) {
     if (out_of_time(options, clock)) {
       result.stopped_by_time = true;
       break;
     }
-    const uint64_t case_seed = model::mix_seed(options.seed, static_cast<uint64_t>(k));
-    const int size = static_cast<int>(k % (options.size_max + 1));
-    std::unique_lock rc_lock(rapidcheck_mutex());
-    rc::Shrinkable<sim::Scenario> shrinkable = gen(rc::Random(case_seed), size);
-    const sim::Scenario original = shrinkable.value();
-    rc_lock.unlock();
-    result.coverage.add(original);
+    const int64_t k = first + i * stride;
+    Judged judged = cases.take(i);
+    result.coverage.add(judged.scenario);
     ++result.cases_run;
     ++result.judge_runs;
-    std::optional<Finding> finding = judge(original);
-    if (options.progress && (clock.seconds() - last_progress >= 2.0 || k + 1 == options.cases)) {
+    if (options.progress && (clock.seconds() - last_progress >= 2.0 || i + 1 == count)) {
       last_progress = clock.seconds();
-      options.progress(fmt::format("{} / {} cases, {} failure(s), {:.0f} cases/s", k + 1,
-                                   options.cases, result.failures.size(),
-                                   (k + 1) / std::max(clock.seconds(), 1e-9)));
+      options.progress(progress_line(options, result, count, clock.seconds()));
     }
-    if (!finding) continue;
-    const bool known =
-        std::any_of(result.failures.begin(), result.failures.end(),
-                    [&](const Failure& f) { return f.finding.same_cause(*finding); });
+    if (!judged.finding) continue;
+    const Finding& finding = *judged.finding;
+    const bool known = std::any_of(result.failures.begin(), result.failures.end(),
+                                   [&](const Failure& f) { return f.finding.same_cause(finding); });
     if (known) continue;
-    rc_lock.lock();
-    Failure failure = shrinker.shrink(std::move(shrinkable), *finding, k, rc_lock);
+    std::unique_lock rc_lock(rapidcheck_mutex());
+    Failure failure = shrinker.shrink(std::move(*judged.shrinkable), finding, k, rc_lock);
     rc_lock.unlock();
     if (options.progress) {
       options.progress(fmt::format("case {}: {} ({}); shrunk in {} steps over {} runs", k,
@@ -328,8 +402,37 @@ SearchResult search(const SearchOptions& options, const Judge& judge) {
     result.failures.push_back(std::move(failure));
     if (!options.keep_going) break;
   }
+  pool.shutdown();
+  result.discarded_runs = runs - result.judge_runs;
   result.seconds = clock.seconds();
   return result;
+}
+
+SearchResult merge_shards(std::vector<SearchResult> shards, bool keep_going) {
+  SearchResult out;
+  std::vector<Failure> all;
+  for (SearchResult& s : shards) {
+    out.cases_run += s.cases_run;
+    out.judge_runs += s.judge_runs;
+    out.discarded_runs += s.discarded_runs;
+    out.stopped_by_time = out.stopped_by_time || s.stopped_by_time;
+    out.seconds = std::max(out.seconds, s.seconds);
+    out.shrink_seconds += s.shrink_seconds;
+    out.coverage.merge(s.coverage);
+    for (Failure& f : s.failures) all.push_back(std::move(f));
+  }
+  // The first case index of each cause wins: the one the whole search shrinks (invariant 6).
+  std::stable_sort(all.begin(), all.end(),
+                   [](const Failure& a, const Failure& b) { return a.case_index < b.case_index; });
+  for (Failure& f : all) {
+    const bool known = std::any_of(out.failures.begin(), out.failures.end(), [&](const Failure& g) {
+      return g.finding.same_cause(f.finding);
+    });
+    if (known) continue;
+    out.failures.push_back(std::move(f));
+    if (!keep_going) break;
+  }
+  return out;
 }
 
 nlohmann::json found_scenario_json(const Failure& f, uint64_t seed, const std::string& how,

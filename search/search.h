@@ -21,6 +21,20 @@
 //   4. Searches may run concurrently on several threads (the gate runs two at once): RapidCheck
 //      keeps its generation context in process-wide stacks, so every call into a generator or
 //      a shrink sequence takes one process-wide lock; the judge runs outside it.
+//   5. The same for any number of jobs: with jobs = N, N workers judge cases ahead (at most
+//      kCasesAhead past the oldest one not yet committed: search/parallel.h) and shrink
+//      candidates (N at once), but results are committed strictly in case order — coverage
+//      added, a finding shrunk only if its cause is new at that point — and a shrink moves to
+//      the FIRST candidate in candidate order that keeps the cause, whichever finished first.
+//      So causes, case indices, minimal scenarios, shrink counts, judge_runs and coverage are
+//      those of jobs = 1; only discarded_runs (work judged ahead and not used) and the seconds
+//      differ.
+//      A time budget makes every search depend on speed, and then on jobs too.
+//   6. Shards partition a search: case k belongs to shard (k mod N) + 1 of N and is drawn and
+//      judged as in the whole search. merge_shards() keeps, per cause, the failure of the
+//      smallest case index, so shards 1..N merged give the whole search's failures, coverage
+//      and cases (without --first and without a time budget; judge_runs may differ, since two
+//      shards may each shrink a cause).
 #pragma once
 
 #include <functional>
@@ -62,9 +76,24 @@ struct Finding {
 
 using Judge = std::function<std::optional<Finding>(const sim::Scenario&)>;
 
+// One part of a search spread over machines (invariant 6): shard `index` of `count`, 1-based.
+struct Shard {
+  static constexpr int64_t kCountMax = 100'000;
+  int64_t index = 1;
+  int64_t count = 1;
+  bool holds(int64_t case_index) const { return case_index % count == index - 1; }
+  bool whole() const { return count == 1; }
+};
+
 struct SearchOptions {
   static constexpr int64_t kCasesMax = 10'000'000;
   static constexpr int64_t kShrinkRunsMax = 100'000;
+  static constexpr int kJobsMax = 256;
+  // With jobs > 1, cases judged ahead of the oldest one not yet committed. Case costs are
+  // heavy-tailed (a long phase at a large DP takes seconds to minutes, a typical case tens of
+  // milliseconds): a window of a few cases per job leaves the workers idle behind one long case.
+  // What waits to be committed is small (the drawn scenario, its shrinkable, the finding).
+  static constexpr int64_t kCasesAhead = 4096;
 
   GeneratorConfig generator;
   uint64_t seed = 1;
@@ -73,6 +102,8 @@ struct SearchOptions {
   int size_max = 100;              // RapidCheck size, cycled over cases
   int64_t shrink_runs_max = 2000;  // judge runs spent shrinking one finding
   bool keep_going = true;          // go on after a finding, keep one per signature
+  int jobs = 1;                    // threads judging cases (1: the caller's thread alone)
+  Shard shard;                     // the cases this search runs (invariant 6)
   // Called every few cases and after each finding, for a progress line.
   std::function<void(const std::string&)> progress;
 };
@@ -88,7 +119,8 @@ struct Failure {
 
 struct SearchResult {
   int64_t cases_run = 0;
-  int64_t judge_runs = 0;
+  int64_t judge_runs = 0;      // cases run + shrink candidates judged, as jobs = 1 counts them
+  int64_t discarded_runs = 0;  // jobs > 1: runs judged ahead whose result was not used
   bool stopped_by_time = false;
   double seconds = 0;             // wall clock, the whole search
   double shrink_seconds = 0;      // of which shrinking
@@ -107,6 +139,11 @@ std::vector<sim::Scenario> domain_shrinks(const sim::Scenario& s);
 Judge property_judge(std::vector<std::string> properties = {});
 
 SearchResult search(const SearchOptions& options, const Judge& judge);
+
+// The shards of one search as one result (invariant 6): counts and coverage summed, failures
+// sorted by case index with one per cause, the one of the smallest case index (only the first
+// failure without keep_going), stopped_by_time if any shard was; seconds the longest shard's.
+SearchResult merge_shards(std::vector<SearchResult> shards, bool keep_going);
 
 // A found scenario as a replayable file: named, described, with the search's seed and case.
 // `tag` (optional) names the search part, e.g. "cross-revision".

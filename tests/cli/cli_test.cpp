@@ -18,8 +18,10 @@ struct Output {
   std::string text;
 };
 
-Output ckptsim_cli(const std::string& args) {
-  const std::string cmd = std::string(CKPTSIM_BINARY) + " " + args + " 2>&1";
+// `env`: variables for the command, "NAME=value ..." (run through env(1)).
+Output ckptsim_cli(const std::string& args, const std::string& env = "") {
+  const std::string cmd =
+      (env.empty() ? "" : "env " + env + " ") + std::string(CKPTSIM_BINARY) + " " + args + " 2>&1";
   Output out;
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) return out;
@@ -239,6 +241,9 @@ TEST(Cli, BadSearchOptionsExitTwoNamingTheFlag) {
             "cannot create the output directory"},
            {"check --junit /proc/ckptsim-no/j.xml --cases 100000 --out " + out,
             "cannot write the JUnit file"},
+           {"check --jobs 257 --out " + out, "--jobs"},
+           {"check --shard 3/2 --out " + out,
+            "--shard: must be K/N with 1 <= K <= N <= 100000, got '3/2'"},
        }) {
     const auto o = ckptsim_cli(c.args);
     EXPECT_EQ(o.exit_code, 2) << c.args << "\n" << o.text;
@@ -375,4 +380,108 @@ TEST(Cli, ConformAgreesDisagreesOrRefuses) {
   const auto bad = ckptsim_cli("conform " + scenario("bug2-step-reset-dp2-to-4.json") + " " +
                                scenario("bug2-step-reset-dp2-to-4.json"));
   EXPECT_EQ(bad.exit_code, 2) << bad.text;
+}
+
+namespace {
+
+std::string file_text(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  EXPECT_TRUE(in.good()) << p;
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// A `--json` output with what may differ between a search and its merged shards removed: the
+// scenario files' directories and the simulator runs (two shards may both shrink a cause).
+nlohmann::json comparable(const Output& o) {
+  auto j = nlohmann::json::parse(o.text, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << o.text;
+  if (j.is_discarded()) return j;
+  j.erase("simulator_runs");
+  for (auto& f : j["failures"]) {
+    f["scenario_file"] = std::filesystem::path(f["scenario_file"].get<std::string>()).filename();
+  }
+  return j;
+}
+
+}  // namespace
+
+// Issue 11 item 6: shards 1/2 and 2/2 of upstream-2874, seed 1, merged, are the unsharded check
+// (run with 2 jobs): the same causes at the same case indices, the same minimal scenario files
+// byte for byte, the same JUnit file, cases and coverage. Shard 2 takes its shard from
+// CKPTSIM_SHARD. (Caught: merge keeping a cause's last case index instead of its first.)
+TEST(Cli, ShardsMergedAreTheUnshardedCheck) {
+  const auto dir = scratch("shards");
+  const std::string common =
+      "check --revision upstream-2874 --seed 1 --json --quiet --coverage";  // 500 cases
+  auto run = [&](const std::string& tag, const std::string& flags, const std::string& env) {
+    const auto o = ckptsim_cli(common + " " + flags + " --out " + (dir / tag).string() +
+                                   " --junit " + (dir / (tag + ".xml")).string(),
+                               env);
+    EXPECT_EQ(o.exit_code, 1) << o.text;
+    return o;
+  };
+  const Output whole = run("whole", "--jobs 2", "");
+  run("s1", "--shard 1/2 --jobs 1", "CKPTSIM_SHARD=2/2");  // the flag wins
+  run("s2", "", "CKPTSIM_SHARD=2/2 RANK=0 WORLD_SIZE=3");  // CKPTSIM_SHARD wins
+  const Output merged = ckptsim_cli(
+      "merge --json --quiet --coverage " + (dir / "s1").string() + " " + (dir / "s2").string() +
+      " --out " + (dir / "merged").string() + " --junit " + (dir / "merged.xml").string());
+  ASSERT_EQ(merged.exit_code, 1) << merged.text;
+  const nlohmann::json a = comparable(whole);
+  const nlohmann::json b = comparable(merged);
+  std::string causes;
+  for (const auto& f : a["failures"])
+    causes += f["signature"].get<std::string>() + "@" + std::to_string(f["case"].get<int>()) + " ";
+  ASSERT_GE(a["failures"].size(), 2u) << causes;
+  EXPECT_EQ(a, b) << "unsharded: " << causes;
+  for (const auto& f : a["failures"]) {
+    const std::string name = f["scenario_file"];
+    EXPECT_EQ(file_text(dir / "merged" / name), file_text(dir / "whole" / name)) << name;
+  }
+  // The JUnit file names each minimal scenario's path: the same but for the folder.
+  std::string junit = file_text(dir / "merged.xml");
+  const std::string from = (dir / "merged").string();
+  for (size_t at = junit.find(from); at != std::string::npos; at = junit.find(from, at))
+    junit.replace(at, from.size(), (dir / "whole").string());
+  EXPECT_EQ(junit, file_text(dir / "whole.xml"));
+  // Each shard found some of the causes; between them a cause found twice is kept once.
+  const auto s1 = nlohmann::json::parse(file_text(dir / "s1" / "ckptsim-summary.json"));
+  const auto s2 = nlohmann::json::parse(file_text(dir / "s2" / "ckptsim-summary.json"));
+  EXPECT_EQ(s1["shard"]["index"], 1);
+  EXPECT_EQ(s2["shard"]["index"], 2);
+  EXPECT_EQ(s1["cases_run"].get<int>() + s2["cases_run"].get<int>(), 500);
+}
+
+// merge takes every shard of one search, or refuses at once, naming what is wrong; a check
+// prints its jobs and shard, and its progress line says them too.
+TEST(Cli, MergeRefusesAnIncompleteOrMixedSetOfShards) {
+  const auto dir = scratch("merge-refuses");
+  const std::string check = "check --revision fix-complete --cases 4 --jobs 2 --out ";
+  const Output a = ckptsim_cli(check + (dir / "a").string() + " --shard 1/2");
+  ASSERT_EQ(a.exit_code, 0) << a.text;
+  EXPECT_NE(a.text.find("jobs=2 shard=1/2 (from --shard)"), std::string::npos) << a.text;
+  EXPECT_NE(a.text.find("2 / 2 cases, 0 failure(s), "), std::string::npos) << a.text;
+  EXPECT_NE(a.text.find("jobs 2 (shard 1/2)"), std::string::npos) << a.text;
+  ASSERT_EQ(ckptsim_cli(check + (dir / "b").string() + " --seed 2 --shard 2/2").exit_code, 0);
+  const std::string merge = "merge --out " + (dir / "m").string() + " ";
+  struct Case {
+    std::string dirs;
+    std::string says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {(dir / "a").string(),
+            "shard 2/2 of `ckptsim check --revision fix-complete --seed 1 "
+            "--cases 4` is missing"},
+           {(dir / "a").string() + " " + (dir / "b").string(), "not one search"},
+           {(dir / "a").string() + " " + (dir / "a").string(), "both hold shard 1/2"},
+           {(dir / "nothing").string(), "ckptsim-summary.json: cannot open"},
+       }) {
+    const Output o = ckptsim_cli(merge + c.dirs);
+    EXPECT_EQ(o.exit_code, 2) << c.dirs << "\n" << o.text;
+    EXPECT_NE(o.text.find(c.says), std::string::npos) << c.dirs << "\n" << o.text;
+  }
+  const Output bad_env = ckptsim_cli(check + (dir / "c").string(), "SLURM_PROCID=2 SLURM_NTASKS=2");
+  EXPECT_EQ(bad_env.exit_code, 2) << bad_env.text;
+  EXPECT_NE(bad_env.text.find("SLURM_PROCID: must be a whole number in [0, 2)"), std::string::npos)
+      << bad_env.text;
 }

@@ -88,3 +88,24 @@ TEST(Coverage, ADefaultSizeSearchDrawsLongPhases) {
     EXPECT_TRUE(band == "0" || band == "1" || band == "2-6") << band << ": " << n;
   }
 }
+
+// `ckptsim merge` reads each shard's coverage back from its summary: every count survives, and
+// a malformed table is an error naming the file, never counts made up. (Caught: from_json
+// dropping the phase count.)
+TEST(Coverage, FromJsonGivesBackEveryCount) {
+  search::Coverage c;
+  c.add(three_phases());
+  c.add(three_phases());
+  auto back = search::Coverage::from_json(c.json(), "s.json");
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_EQ(back.value().json(), c.json());
+  EXPECT_EQ(back.value().phases(), 6);
+  nlohmann::json bad = c.json();
+  bad["counts"]["phases: DP"]["2"] = -1;
+  auto refused = search::Coverage::from_json(bad, "s.json");
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("s.json: coverage: 'counts.phases: DP.2'"),
+            std::string::npos)
+      << refused.status().message();
+  EXPECT_FALSE(search::Coverage::from_json(nlohmann::json::object(), "s.json").is_ok());
+}
