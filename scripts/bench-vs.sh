@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Side-by-side search speed: this checkout's ckptsim_bench against a reference commit's, in one
+# run on one machine, so that machine load falls on both alike.
+#
+#   scripts/bench-vs.sh REF [ROUNDS] [FILTER]
+#
+# REF     a commit (e.g. 3f4f898); its bench is built once in build-bench-ref/<REF>/ (a git
+#         worktree under build-bench-ref/, git-ignored by /build*/) and reused on later runs.
+# ROUNDS  how many times each bench runs, alternating reference and this checkout (default 3).
+# FILTER  --benchmark_filter (default SearchCase: both revisions of BM_SearchCase).
+#
+# Prints, per benchmark, the median cases/s of each side over the rounds and the ratio
+# (this / reference), then the load average, since a loaded machine slows both unevenly.
+# The generator may draw differently at REF (this repository's draws more: schedules, group
+# multipliers), so the ratio compares the search as each commit runs it, not equal cases.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ref="${1:?usage: scripts/bench-vs.sh REF [ROUNDS] [FILTER]}"
+rounds="${2:-3}"
+filter="${3:-SearchCase}"
+ref_sha="$(git rev-parse --short=12 "$ref^{commit}")"
+ref_root="build-bench-ref"
+ref_src="$ref_root/src-$ref_sha"
+ref_build="$ref_root/build-$ref_sha"
+jobs="${CKPTSIM_BENCH_JOBS:-2}"
+
+if [[ ! -d "$ref_src" ]]; then
+  mkdir -p "$ref_root"
+  git worktree add --detach "$ref_src" "$ref_sha" >/dev/null
+fi
+cmake -S "$ref_src" -B "$ref_build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$ref_build" -j "$jobs" --target ckptsim_bench
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j "$jobs" --target ckptsim_bench
+
+out="$(mktemp -d)"
+trap 'rm -rf "$out"' EXIT
+for ((i = 0; i < rounds; i++)); do
+  for side in ref this; do
+    bin="build/ckptsim_bench"
+    [[ "$side" == ref ]] && bin="$ref_build/ckptsim_bench"
+    echo "round $((i + 1))/$rounds: $side ($bin)" >&2
+    "$bin" --benchmark_filter="$filter" --benchmark_format=json >"$out/$side-$i.json"
+  done
+done
+
+python3 - "$out" "$ref_sha" "$(git rev-parse --short=12 HEAD)" <<'EOF'
+import glob, json, os, statistics, sys
+out, ref_sha, this_sha = sys.argv[1:4]
+rates = {}  # (side, benchmark) -> [cases/s per round]
+for path in sorted(glob.glob(os.path.join(out, "*.json"))):
+    side = os.path.basename(path).split("-")[0]
+    for b in json.load(open(path))["benchmarks"]:
+        name = b["name"].split("/")[1] if "/" in b["name"] else b["name"]
+        rates.setdefault((side, name), []).append(b["items_per_second"])
+print(f"{'benchmark':<16} {'ref ' + ref_sha:>20} {'this ' + this_sha:>20} {'ratio':>7}")
+for name in sorted({n for _, n in rates}):
+    ref = statistics.median(rates.get(("ref", name), [float("nan")]))
+    this = statistics.median(rates.get(("this", name), [float("nan")]))
+    print(f"{name:<16} {ref:>15.2f} c/s {this:>15.2f} c/s {this / ref:>6.2f}x")
+print("cases/s are medians over the rounds; load average now:", open("/proc/loadavg").read().split()[:3])
+EOF
