@@ -133,9 +133,9 @@ TEST_P(RealCheckpoint, BucketsHoldEveryParamWhereTheLayoutPutsIt) {
   ASSERT_TRUE(c.is_ok()) << c.status().to_string();
   std::vector<std::string> dtypes;  // one buffer per param dtype, in order of first use
   for (const auto& p : e.scenario["params"]) {
-    if (std::find(dtypes.begin(), dtypes.end(), p["dtype"]) == dtypes.end()) {
-      dtypes.push_back(p["dtype"]);
-    }
+    // A std::string, not the json: GCC 13's C++20 std::find finds no string == json.
+    const std::string dtype = p["dtype"].get<std::string>();
+    if (std::find(dtypes.begin(), dtypes.end(), dtype) == dtypes.end()) dtypes.push_back(dtype);
   }
   size_t buckets = 0;
   for (size_t g = 0; g < dtypes.size(); ++g) {

@@ -365,10 +365,12 @@ void rewrite_metadata(Storage& s, const std::function<void(DcpMetadata&)>& chang
       s.write_file(dir + "/" + std::string(kDcpMetadataFile), serialize_dcp_metadata(m)).is_ok());
 }
 
-const Fixture& fixture_named(const std::string& dir) {
+// A string_view, not a const std::string&: GCC 13's -Wdangling-reference takes a reference
+// returned from a call with a temporary string argument for one into that temporary.
+const Fixture& fixture_named(std::string_view dir) {
   for (const Fixture& f : fixtures())
     if (f.dir == dir) return f;
-  throw std::runtime_error("no fixture " + dir);
+  throw std::runtime_error("no fixture " + std::string(dir));
 }
 
 bool has_line_starting(const std::vector<std::string>& lines, const std::string& prefix) {
