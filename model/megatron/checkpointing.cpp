@@ -34,12 +34,12 @@ std::vector<std::pair<Value, Value>> lr_bounds(DistributedOptimizer& opt) {
 // checkpointing.py load_checkpoint(), the scheduler's part: its load, then (HEAD, and the
 // fix) the groups' bounds under --override-opt_param-scheduler.
 void load_scheduler(DistributedOptimizer& opt, OptimizerParamScheduler& scheduler,
-                    const Dict& loaded, const RevisionSwitches& switches, SchedulerResume resume,
+                    const Dict& loaded, const RevisionSwitches& switches,
                     const std::vector<std::pair<Value, Value>>& runtime_bounds) {
   const Value* saved = loaded.find("opt_param_scheduler");
   if (saved == nullptr) return;
   scheduler.load_state_dict(*saved);
-  if (resume != SchedulerResume::kOverride) return;
+  if (scheduler.resume() != SchedulerResume::kOverride) return;
   switch (switches.override_lr_bounds) {
     case OverrideLrBounds::kCheckpoint:
       break;
@@ -82,7 +82,7 @@ int64_t load_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
   const auto runtime_bounds = lr_bounds(opt);
   opt.load_state_dict(loaded.dict()->at("optimizer"));
   if (scheduler != nullptr) {
-    load_scheduler(opt, *scheduler, *loaded.dict(), switches, scheduler->resume(), runtime_bounds);
+    load_scheduler(opt, *scheduler, *loaded.dict(), switches, runtime_bounds);
   }
   return loaded.dict()->at("iteration").as_int();
 }
