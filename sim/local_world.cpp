@@ -2,11 +2,15 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
+#include <deque>
+#include <memory>
 #include <thread>
 #include <utility>
 
 #include "model/errors.h"
+#include "sim/fiber.h"
 
 namespace ckptsim::sim {
 
@@ -24,7 +28,8 @@ PeerAborted::PeerAborted(int aborting_rank, std::string reason, int observing_ra
 // ---------------------------------------------------------------------------------------
 // LocalWorld
 
-LocalWorld::LocalWorld(int world_size) : world_size_(world_size) {
+LocalWorld::LocalWorld(int world_size, Execution execution)
+    : world_size_(world_size), execution_(execution) {
   if (world_size < 1 || world_size > kWorldSizeMax) {
     throw std::invalid_argument(
         fmt::format("world size {} is outside [1, kWorldSizeMax={}]", world_size, kWorldSizeMax));
@@ -246,7 +251,16 @@ void LocalWorld::rendezvous(int rank, const Call& call) {
   resolve_if_complete_locked();
   if (generation_ == generation) {
     ++blocked_count_;
-    cv_.wait(lock, [&] { return generation_ != generation || abort_.has_value(); });
+    if (execution_ == Execution::kThreads) {
+      cv_.wait(lock, [&] { return generation_ != generation || abort_.has_value(); });
+    } else {
+      // run_fibers resumes this rank once the rendezvous resolved or the world was aborted.
+      lock.unlock();
+      Fiber::suspend();
+      lock.lock();
+      CKPTSIM_CHECK(generation_ != generation || abort_.has_value(),
+                    fmt::format("rank {} resumed in an unresolved rendezvous", rank));
+    }
     --blocked_count_;
     if (generation_ == generation) {
       // Explicit abort: this rendezvous will never resolve; withdraw to keep the state whole.
@@ -292,6 +306,15 @@ std::vector<RankOutcome> LocalWorld::run(const std::function<void(ProcessGroup&)
     depart_locked(rank, std::move(departure));
   };
 
+  if (execution_ == Execution::kThreads) {
+    run_threads(body);
+  } else {
+    run_fibers(body);
+  }
+  return outcomes;
+}
+
+void LocalWorld::run_threads(const std::function<void(int)>& body) {
   std::vector<std::thread> threads;
   threads.reserve(static_cast<std::size_t>(world_size_ - 1));
   try {
@@ -305,7 +328,54 @@ std::vector<RankOutcome> LocalWorld::run(const std::function<void(ProcessGroup&)
   }
   body(0);
   for (auto& t : threads) t.join();
-  return outcomes;
+}
+
+void LocalWorld::run_fibers(const std::function<void(int)>& body) {
+  std::vector<std::unique_ptr<Fiber>> fibers;
+  fibers.reserve(static_cast<std::size_t>(world_size_));
+  for (int rank = 0; rank < world_size_; ++rank) {
+    fibers.push_back(std::make_unique<Fiber>([&body, rank] { body(rank); }));
+  }
+  std::deque<int> runnable;
+  for (int rank = 0; rank < world_size_; ++rank) runnable.push_back(rank);
+  std::vector<int> blocked;  // suspended in the pending rendezvous, in the order they blocked
+  uint64_t generation_seen = 0;
+  {
+    std::lock_guard lock(mu_);
+    generation_seen = generation_;
+  }
+  std::exception_ptr start_error;
+  while (!runnable.empty()) {
+    const int rank = runnable.front();
+    runnable.pop_front();
+    Fiber& fiber = *fibers[static_cast<std::size_t>(rank)];
+    try {
+      fiber.resume();
+    } catch (const std::exception& e) {
+      // body catches everything, so only the fiber machinery throws, before the rank ran (no
+      // stack could be mapped). As in run_threads: abort, let the others end, rethrow.
+      if (!start_error) start_error = std::current_exception();
+      abort(rank, fmt::format("could not start the fiber of this rank: {}", e.what()));
+    }
+    {
+      // The ranks blocked before this one ran all wait on one rendezvous; if it resolved
+      // while this rank ran (at most one can: this rank took part in it), they run next.
+      std::lock_guard lock(mu_);
+      if (generation_ != generation_seen || abort_.has_value()) {
+        generation_seen = generation_;
+        std::sort(blocked.begin(), blocked.end());
+        runnable.insert(runnable.end(), blocked.begin(), blocked.end());
+        blocked.clear();
+      }
+    }
+    // A fiber that did not finish is suspended in the next rendezvous.
+    if (fiber.started() && !fiber.finished()) blocked.push_back(rank);
+  }
+  // Every rank posted to a rendezvous resolves it or leaves (invariant 2), so a blocked rank
+  // is always freed by the last one to arrive: none can be left here.
+  CKPTSIM_CHECK(blocked.empty(),
+                fmt::format("{} ranks blocked with no rank left to free them", blocked.size()));
+  if (start_error) std::rethrow_exception(start_error);
 }
 
 // ---------------------------------------------------------------------------------------

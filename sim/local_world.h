@@ -1,5 +1,6 @@
-// Collectives for N simulated ranks that live in ONE process, one std::thread per rank, so
-// that the model code reads like upstream Python: a collective is a plain blocking call.
+// Collectives for N simulated ranks that live in ONE process, each rank a fiber on the calling
+// thread (sim/fiber.h) or, on request, an OS thread of its own, so that the model code reads
+// like upstream Python: a collective is a plain blocking call.
 //
 // ProcessGroup is the interface, modeled on PyTorch c10d Backend.hpp: every collective of the
 // base class throws CollectiveNotImplemented ("<op> is not implemented by backend <name>")
@@ -38,9 +39,15 @@
 //      collective computes into world-owned scratch before writing any output.
 //   5. World size is in [1, kWorldSizeMax]; a collective's per-rank payload is at most
 //      kCollectiveBytesMax.
+//   6. Execution::kFibers runs the ranks in a fixed order: rank 0 until it blocks, then every
+//      other runnable rank in rank order, round after round; a rank blocked in a collective
+//      becomes runnable once the collective resolves. Results are the same under kThreads
+//      (invariant 1); only kFibers makes the interleaving itself repeatable.
 //
-// Threading: a LocalWorld is shared by its ranks' threads; a LocalProcessGroup is used by
-// exactly one thread (its rank's). The LocalWorld must outlive every LocalProcessGroup on it.
+// Threading: under kThreads a LocalWorld is shared by its ranks' threads; under kFibers every
+// rank runs on the thread that called run(). abort() may come from any thread. A
+// LocalProcessGroup is used by its rank only. The LocalWorld must outlive every
+// LocalProcessGroup on it.
 #pragma once
 
 #include <condition_variable>
@@ -66,7 +73,7 @@ using model::CollectiveOp;
 using model::op_name;
 using model::ProcessGroup;
 
-inline constexpr int kWorldSizeMax = 1024;
+inline constexpr int kWorldSizeMax = 4096;
 // Per rank, per collective. The simulator moves buckets of a few thousand elements; a payload
 // this large is a bug in a scenario generator, not a workload.
 inline constexpr std::size_t kCollectiveBytesMax = std::size_t{1} << 30;
@@ -107,19 +114,25 @@ struct AbortInfo {
 
 class LocalProcessGroup;
 
+// How LocalWorld::run runs the ranks.
+enum class Execution {
+  kFibers,   // every rank a fiber on the calling thread, switched at collectives (invariant 6)
+  kThreads,  // one OS thread per rank, rank 0 on the calling thread
+};
+
 class LocalWorld {
  public:
   // REQUIRES: 1 <= world_size <= kWorldSizeMax, else throws std::invalid_argument.
-  explicit LocalWorld(int world_size);
+  explicit LocalWorld(int world_size, Execution execution = Execution::kFibers);
   LocalWorld(const LocalWorld&) = delete;
   LocalWorld& operator=(const LocalWorld&) = delete;
 
   int size() const { return world_size_; }
 
-  // Runs f on every rank, one thread per rank (rank 0 on the calling thread), each with its
-  // own LocalProcessGroup, and departs each rank when its f returns or throws (with the
+  // Runs f on every rank (as the world's Execution says), each with its own
+  // LocalProcessGroup, and departs each rank when its f returns or throws (with the
   // exception's message as the error), so peers throw instead of hanging (invariant 2).
-  // Joins every thread before returning.
+  // Returns when every rank has departed (joining every thread under kThreads).
   // Returns one outcome per rank, in rank order (outcomes[r].rank == r).
   // REQUIRES: called at most once per world.
   std::vector<RankOutcome> run(const std::function<void(ProcessGroup&)>& f);
@@ -140,6 +153,7 @@ class LocalWorld {
   // Ranks currently blocked in a collective, waiting for peers (for tests that must reach a
   // state where peers are blocked before failing a rank).
   int blocked_count() const;
+  Execution execution() const { return execution_; }
 
  private:
   friend class LocalProcessGroup;
@@ -180,6 +194,10 @@ class LocalWorld {
   // Throws PeerAborted or CollectiveMismatch (invariants 2, 3).
   void rendezvous(int rank, const Call& call);
 
+  // run()'s two ways of running `body` (which never throws) on every rank.
+  void run_threads(const std::function<void(int)>& body);
+  void run_fibers(const std::function<void(int)>& body);
+
   // REQUIRES (all *_locked): mu_ held.
   void depart_locked(int rank, Departure departure);
   // Resolves the pending rendezvous if every rank has posted or departed (invariant 2).
@@ -191,6 +209,7 @@ class LocalWorld {
   std::string describe_locked(int rank) const;
 
   const int world_size_;
+  const Execution execution_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

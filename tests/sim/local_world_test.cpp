@@ -42,6 +42,12 @@
 //   BaseClassFailsLoudly              a default collective that silently does nothing.
 //   SequenceNumbersCountCollectives   a collective that does not take a sequence number.
 //   RethrowRootCause                  PeerAborted reported instead of the original error.
+//   RanksRunOnTheCallingThread        kFibers falling back to a thread per rank.
+//   InterleavingIsFixed               freed ranks resumed in the order they blocked, or the
+//                                     completing rank suspended after a collective.
+//   LargestWorldReduces               a limit below kWorldSizeMax in the fiber scheduler (a
+//                                     fixed-size run queue), a stack pool that runs dry.
+//   AbortFromAnotherThread            run_fibers not looking at the abort between fibers.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -160,15 +166,17 @@ bool holds(const RankOutcome& outcome) {
 
 std::size_t elements_per_rank(int rep) { return 1 + static_cast<std::size_t>(rep % 7); }
 
-class CollectivesTest : public ::testing::TestWithParam<int> {
+// Every collective test runs under both executions (header invariant 6: same results).
+class CollectivesTest : public ::testing::TestWithParam<std::tuple<int, Execution>> {
  protected:
-  int world_size() const { return GetParam(); }
-  std::size_t n_ranks() const { return static_cast<std::size_t>(GetParam()); }
+  int world_size() const { return std::get<0>(GetParam()); }
+  std::size_t n_ranks() const { return static_cast<std::size_t>(world_size()); }
+  Execution execution() const { return std::get<1>(GetParam()); }
 };
 
 TEST_P(CollectivesTest, ReduceScatterSum) {
   SCOPED_TRACE("seed=" + std::to_string(kSeed));
-  LocalWorld world(world_size());
+  LocalWorld world(world_size(), execution());
   std::vector<std::vector<std::vector<float>>> got(n_ranks());
   expect_all_ok(run_guarded(world, [&](ProcessGroup& pg) {
     std::mt19937_64 rng(seed_of(-1, pg.rank()));
@@ -193,7 +201,7 @@ TEST_P(CollectivesTest, ReduceScatterSum) {
 
 TEST_P(CollectivesTest, AllReduceSum) {
   SCOPED_TRACE("seed=" + std::to_string(kSeed));
-  LocalWorld world(world_size());
+  LocalWorld world(world_size(), execution());
   std::vector<std::vector<std::vector<float>>> got(n_ranks());
   expect_all_ok(run_guarded(world, [&](ProcessGroup& pg) {
     std::mt19937_64 rng(seed_of(-2, pg.rank()));
@@ -214,7 +222,7 @@ TEST_P(CollectivesTest, AllReduceSum) {
 
 TEST_P(CollectivesTest, AllGather) {
   SCOPED_TRACE("seed=" + std::to_string(kSeed));
-  LocalWorld world(world_size());
+  LocalWorld world(world_size(), execution());
   std::vector<std::vector<std::vector<float>>> got(n_ranks());
   expect_all_ok(run_guarded(world, [&](ProcessGroup& pg) {
     std::mt19937_64 rng(seed_of(-3, pg.rank()));
@@ -241,7 +249,7 @@ TEST_P(CollectivesTest, AllGather) {
 
 TEST_P(CollectivesTest, AllGatherObject) {
   SCOPED_TRACE("seed=" + std::to_string(kSeed));
-  LocalWorld world(world_size());
+  LocalWorld world(world_size(), execution());
   std::vector<std::vector<std::vector<std::vector<char>>>> got(n_ranks());
   expect_all_ok(run_guarded(world, [&](ProcessGroup& pg) {
     std::mt19937_64 rng(seed_of(-4, pg.rank()));
@@ -262,7 +270,7 @@ TEST_P(CollectivesTest, AllGatherObject) {
 
 TEST_P(CollectivesTest, BroadcastObject) {
   SCOPED_TRACE("seed=" + std::to_string(kSeed));
-  LocalWorld world(world_size());
+  LocalWorld world(world_size(), execution());
   std::vector<std::vector<std::vector<char>>> got(n_ranks());
   expect_all_ok(run_guarded(world, [&](ProcessGroup& pg) {
     std::mt19937_64 rng(seed_of(-5, pg.rank()));
@@ -285,7 +293,7 @@ TEST_P(CollectivesTest, BroadcastObject) {
 TEST_P(CollectivesTest, AliasedOutputs) {
   SCOPED_TRACE("seed=" + std::to_string(kSeed));
   constexpr std::size_t kN = 5;
-  LocalWorld world(world_size());
+  LocalWorld world(world_size(), execution());
   std::vector<std::vector<float>> reduced(n_ranks()), gathered(n_ranks());
   expect_all_ok(run_guarded(world, [&](ProcessGroup& pg) {
     const std::size_t r = static_cast<std::size_t>(pg.rank());
@@ -304,7 +312,10 @@ TEST_P(CollectivesTest, AliasedOutputs) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, CollectivesTest, ::testing::Values(1, 2, 3, 5, 8));
+INSTANTIATE_TEST_SUITE_P(WorldSizes, CollectivesTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 5, 8),
+                                            ::testing::Values(Execution::kFibers,
+                                                              Execution::kThreads)));
 
 // ---------------------------------------------------------------------------------------
 // Abort
@@ -312,7 +323,7 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, CollectivesTest, ::testing::Values(1, 2, 3,
 TEST(ProcessGroupAbort, FailedRankWakesBlockedRanks) {
   constexpr int kWorld = 4;
   constexpr int kFailer = 2;
-  LocalWorld world(kWorld);
+  LocalWorld world(kWorld, Execution::kThreads);  // a rank polls while its peers block
   const auto outcomes = run_guarded(world, [&](ProcessGroup& pg) {
     if (pg.rank() != kFailer) {
       pg.barrier();
@@ -344,7 +355,7 @@ TEST(ProcessGroupAbort, FailedRankWakesBlockedRanks) {
 }
 
 TEST(ProcessGroupAbort, FailureSeenOnEntry) {
-  LocalWorld world(3);
+  LocalWorld world(3, Execution::kThreads);  // rank 0 polls until rank 1 has left
   const auto outcomes = run_guarded(world, [&](ProcessGroup& pg) {
     if (pg.rank() == 1) throw std::runtime_error("early failure");
     while (world.departed_count() == 0) std::this_thread::yield();
@@ -401,7 +412,7 @@ TEST(ProcessGroupAbort, FailureNamesLowestFailingRank) {
 // A harness stops a world from outside while ranks are blocked.
 TEST(ProcessGroupAbort, ExternalAbortWakesBlockedRanks) {
   constexpr int kWorld = 3;
-  LocalWorld world(kWorld);
+  LocalWorld world(kWorld, Execution::kThreads);  // rank 0 polls while its peers block
   const auto outcomes = run_guarded(world, [&](ProcessGroup& pg) {
     if (pg.rank() == 0) {
       while (world.blocked_count() < kWorld - 1) std::this_thread::yield();
@@ -440,6 +451,77 @@ TEST(ProcessGroupAbort, RethrowRootCause) {
   LocalWorld ok_world(2);
   const auto ok = run_guarded(ok_world, [](ProcessGroup& pg) { pg.barrier(); });
   EXPECT_NO_THROW(rethrow_root_cause(ok));
+}
+
+// ---------------------------------------------------------------------------------------
+// Fibers (header invariant 6)
+
+TEST(FiberWorld, RanksRunOnTheCallingThread) {
+  LocalWorld world(4);
+  std::vector<std::thread::id> ids(4);
+  expect_all_ok(run_guarded(world, [&](ProcessGroup& pg) {
+    pg.barrier();
+    ids[static_cast<std::size_t>(pg.rank())] = std::this_thread::get_id();
+    pg.barrier();
+  }));
+  for (std::size_t r = 1; r < ids.size(); ++r) EXPECT_EQ(ids[r], ids[0]) << "rank " << r;
+}
+
+// The rank that completes a collective runs on; the ranks it freed follow in rank order (in
+// the second barrier they blocked as 2, 0: rank order puts 0 first).
+TEST(FiberWorld, InterleavingIsFixed) {
+  for (int rep = 0; rep < 3; ++rep) {
+    LocalWorld world(3);
+    std::vector<std::string> events;
+    expect_all_ok(run_guarded(world, [&](ProcessGroup& pg) {
+      const std::string r = std::to_string(pg.rank());
+      events.push_back(r + " b1");
+      pg.barrier();
+      events.push_back(r + " b2");
+      pg.barrier();
+      events.push_back(r + " end");
+    }));
+    EXPECT_EQ(events, (std::vector<std::string>{"0 b1", "1 b1", "2 b1", "2 b2", "0 b2", "1 b2",
+                                                "1 end", "0 end", "2 end"}))
+        << "rep " << rep;
+  }
+}
+
+// The largest world: kWorldSizeMax fibers, all blocked at once in every collective.
+TEST(FiberWorld, LargestWorldReduces) {
+  LocalWorld world(kWorldSizeMax);
+  std::vector<float> sums(static_cast<std::size_t>(kWorldSizeMax));
+  std::vector<std::vector<char>> firsts(static_cast<std::size_t>(kWorldSizeMax));
+  expect_all_ok(run_guarded(world, [&](ProcessGroup& pg) {
+    std::vector<float> one{1.0f};
+    pg.all_reduce_sum(one);
+    sums[static_cast<std::size_t>(pg.rank())] = one[0];
+    const auto gathered = pg.all_gather_object({static_cast<char>(pg.rank() % 7)});
+    firsts[static_cast<std::size_t>(pg.rank())] = gathered.back();
+  }));
+  for (std::size_t r = 0; r < sums.size(); ++r) {
+    ASSERT_EQ(sums[r], static_cast<float>(kWorldSizeMax)) << "rank " << r;
+    ASSERT_EQ(firsts[r], std::vector<char>{static_cast<char>((kWorldSizeMax - 1) % 7)});
+  }
+}
+
+// abort() from another thread reaches fibers that run on: each throws at its next collective.
+TEST(FiberWorld, AbortFromAnotherThread) {
+  LocalWorld world(3);
+  std::promise<void> aborted;
+  std::thread harness([&] {
+    world.abort(1, "stopped by the harness");
+    aborted.set_value();
+  });
+  const auto outcomes = run_guarded(world, [&](ProcessGroup& pg) {
+    if (pg.rank() == 0) aborted.get_future().wait();
+    pg.barrier();
+  });
+  harness.join();
+  for (const RankOutcome& o : outcomes) {
+    ASSERT_TRUE(holds<PeerAborted>(o)) << "rank " << o.rank << ": " << o.error_message;
+    EXPECT_NE(o.error_message.find("stopped by the harness"), std::string::npos);
+  }
 }
 
 // ---------------------------------------------------------------------------------------
