@@ -6,6 +6,7 @@
 #include <benchmark/benchmark.h>
 
 #include "model/py/runtime.h"
+#include "sim/allocator.h"
 #include "search/search.h"
 
 namespace {
@@ -14,6 +15,7 @@ using namespace ckptsim;
 
 void BM_SearchCase(benchmark::State& state, const char* revision) {
   at::set_num_threads(1);
+  sim::keep_freed_memory();
   auto registry = model::RevisionRegistry::load_embedded().value();
   search::GeneratorConfig g;
   g.revisions = {sim::resolve_revision(registry, revision).value()};

@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "app/commands.h"
+#include "sim/allocator.h"
 
 namespace {
 
@@ -302,8 +303,9 @@ CLI::App* add_gate(CLI::App& app, Flags& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Ranks are threads; tensor ops are tiny. One intra-op thread keeps runs reproducible and fast.
+  // Tensor ops are tiny: one intra-op thread keeps runs reproducible and fast.
   at::set_num_threads(1);
+  sim::keep_freed_memory();
   CLI::App app{
       "ckptsim: simulate Megatron-LM distributed-optimizer checkpoint save/resume and check it"};
   app.require_subcommand(1);

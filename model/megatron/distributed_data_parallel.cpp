@@ -92,7 +92,15 @@ void DistributedDataParallel::finish_grad_sync() {
       const int64_t local = bucket.numel / dp;
       // The shard is a view of the bucket, as upstream: the collectives allow an output to
       // alias its rank's input (they sum into their own scratch first). The in-process
-      // collectives move host memory, so a GPU bucket is staged through a host copy.
+      // collectives move host memory, so a GPU bucket is staged through a host copy; a host
+      // bucket is passed as it is (no tensor views: a view per bucket and step costs more than
+      // the small buckets' sums).
+      if (!buffer.grad_data.is_cuda()) {
+        float* base = buffer.grad_data.data_ptr<float>() + bucket.offset;
+        dp_group_.reduce_scatter_sum({base, static_cast<size_t>(bucket.numel)},
+                                     {base + r * local, static_cast<size_t>(local)});
+        continue;
+      }
       const at::Tensor bucket_grad = buffer.grad_data.narrow(0, bucket.offset, bucket.numel);
       const at::Tensor input = bucket_grad.is_cuda() ? bucket_grad.to(at::kCPU) : bucket_grad;
       at::Tensor shard = buffer.grad_data.narrow(0, bucket.offset + r * local, local);
@@ -113,6 +121,14 @@ void DistributedDataParallel::start_param_sync() {
     const size_t elem = buffer.param_data.element_size();
     for (const BucketLayout& bucket : buffer.layout.buckets) {
       const int64_t local = bucket.numel / dp;
+      if (!buffer.param_data.is_cuda()) {
+        auto* base = static_cast<std::byte*>(buffer.param_data.data_ptr()) +
+                     static_cast<size_t>(bucket.offset) * elem;
+        dp_group_.all_gather({base + static_cast<size_t>(r * local) * elem,
+                              static_cast<size_t>(local) * elem},
+                             {base, static_cast<size_t>(bucket.numel) * elem});
+        continue;
+      }
       const at::Tensor shard_view = buffer.param_data.narrow(0, bucket.offset + r * local, local);
       const at::Tensor shard = shard_view.is_cuda() ? shard_view.to(at::kCPU) : shard_view;
       at::Tensor whole = buffer.param_data.narrow(0, bucket.offset, bucket.numel);

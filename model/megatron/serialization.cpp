@@ -251,10 +251,17 @@ SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup&
   const std::vector<char> common_bytes = rank == 0 ? pickle_value(common) : std::vector<char>{};
   const std::vector<char> rank0_common = group.broadcast_object(common_bytes, 0);
   {
-    auto decoded = unpickle_value(rank0_common);
-    CKPTSIM_CHECK(decoded.is_ok(), "rank 0 common state does not decode");
+    // Every rank decodes the same bytes and only reads what they decode to: the ranks of a
+    // world that run on this thread share the last decoding (a pure function of the bytes,
+    // compared whole).
+    thread_local std::pair<std::vector<char>, Value> last_decoded;
+    if (last_decoded.first.empty() || last_decoded.first != rank0_common) {
+      auto decoded = unpickle_value(rank0_common);
+      CKPTSIM_CHECK(decoded.is_ok(), "rank 0 common state does not decode");
+      last_decoded = {rank0_common, decoded.value()};
+    }
     KeyPath path;
-    diff_values(decoded.value(), common, path, report.common_state_differences);
+    diff_values(last_decoded.second, common, path, report.common_state_differences);
   }
 
   // Sharded objects: main replicas unique per unique_key (checked on rank 0 after gathering).
@@ -376,12 +383,47 @@ Status write_checkpoint_contents(const CheckpointContents& contents, Storage& st
   return storage.write_file(kMetadataFile, to_bytes(meta.dump(1)));
 }
 
+namespace {
+
+// metadata.json parsed from `bytes` (its name in messages).
+Result<CheckpointIndex> parse_checkpoint_index(const std::vector<char>& bytes);
+
+// The last few metadata.json texts this thread parsed, with what they parsed to: every rank of
+// a simulated world reads the same file, one after another on one thread, and parsing it is a
+// pure function of its bytes (compared whole, so a changed file is parsed anew).
+class IndexMemo {
+ public:
+  Result<CheckpointIndex> parse(std::vector<char> bytes) {
+    for (const auto& [text, index] : entries_) {
+      if (text == bytes) return index;
+    }
+    Result<CheckpointIndex> parsed = parse_checkpoint_index(bytes);
+    if (!parsed.is_ok()) return parsed;
+    if (entries_.size() == kEntriesMax) entries_.erase(entries_.begin());
+    entries_.emplace_back(std::move(bytes), parsed.value());
+    return parsed;
+  }
+
+ private:
+  static constexpr size_t kEntriesMax = 4;
+  std::vector<std::pair<std::vector<char>, CheckpointIndex>> entries_;
+};
+
+}  // namespace
+
 Result<CheckpointIndex> read_checkpoint_index(const Storage& storage) {
   auto bytes = storage.read_file(kMetadataFile);
   if (!bytes.is_ok()) return bytes.status();
+  thread_local IndexMemo memo;
+  return memo.parse(std::move(bytes.value()));
+}
+
+namespace {
+
+Result<CheckpointIndex> parse_checkpoint_index(const std::vector<char>& bytes) {
   json meta;
   try {
-    meta = json::parse(std::string(bytes.value().begin(), bytes.value().end()));
+    meta = json::parse(bytes.begin(), bytes.end());
   } catch (const json::exception& e) {
     return Status::corruption(std::string(kMetadataFile) + ": " + e.what());
   }
@@ -405,6 +447,8 @@ Result<CheckpointIndex> read_checkpoint_index(const Storage& storage) {
   }
   return out;
 }
+
+}  // namespace
 
 Result<std::vector<SavedPiece>> read_checkpoint_pieces(const Storage& storage) {
   Result<CheckpointIndex> index = read_checkpoint_index(storage);
