@@ -9,6 +9,15 @@
 # ROUNDS  how many times each bench runs, alternating reference and this checkout (default 3).
 # FILTER  --benchmark_filter (default SearchCase: both revisions of BM_SearchCase).
 #
+# Environment:
+#   CKPTSIM_BENCH_CPU         run every bench pinned to this one CPU (taskset -c): cases/s
+#                             per core. Unset: unpinned (a bench whose ranks are threads may
+#                             then use several cores for one case).
+#   CKPTSIM_BENCH_REF_SRC     a directory holding REF's source (e.g. `git archive REF`), for a
+#                             copy of the tree without .git (the GPU machine); else a worktree.
+#   CKPTSIM_BENCH_CMAKE_ARGS  extra arguments for both configures (a libtorch elsewhere).
+#   CKPTSIM_BENCH_JOBS        build parallelism (default 2).
+#
 # Prints, per benchmark, the median cases/s of each side over the rounds and the ratio
 # (this / reference), then the load average, since a loaded machine slows both unevenly.
 # The generator may draw differently at REF (this repository's draws more: schedules, group
@@ -18,35 +27,45 @@ cd "$(dirname "$0")/.."
 ref="${1:?usage: scripts/bench-vs.sh REF [ROUNDS] [FILTER]}"
 rounds="${2:-3}"
 filter="${3:-SearchCase}"
-ref_sha="$(git rev-parse --short=12 "$ref^{commit}")"
-ref_root="build-bench-ref"
-ref_src="$ref_root/src-$ref_sha"
-ref_build="$ref_root/build-$ref_sha"
 jobs="${CKPTSIM_BENCH_JOBS:-2}"
-
-if [[ ! -d "$ref_src" ]]; then
-  mkdir -p "$ref_root"
-  git worktree add --detach "$ref_src" "$ref_sha" >/dev/null
+read -r -a cmake_args <<<"${CKPTSIM_BENCH_CMAKE_ARGS:-}"
+ref_root="build-bench-ref"
+if [[ -n "${CKPTSIM_BENCH_REF_SRC:-}" ]]; then
+  ref_sha="$ref"
+  ref_src="$CKPTSIM_BENCH_REF_SRC"
+  this_sha="$(git rev-parse --short=12 HEAD 2>/dev/null || echo "${CKPTSIM_COMMIT:-this}")"
+else
+  ref_sha="$(git rev-parse --short=12 "$ref^{commit}")"
+  ref_src="$ref_root/src-$ref_sha"
+  this_sha="$(git rev-parse --short=12 HEAD)"
+  if [[ ! -d "$ref_src" ]]; then
+    mkdir -p "$ref_root"
+    git worktree add --detach "$ref_src" "$ref_sha" >/dev/null
+  fi
 fi
-cmake -S "$ref_src" -B "$ref_build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+ref_build="$ref_root/build-$ref_sha"
+this_build="${CKPTSIM_BUILD_DIR:-build}"
+cmake -S "$ref_src" -B "$ref_build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${cmake_args[@]}" >/dev/null
 cmake --build "$ref_build" -j "$jobs" --target ckptsim_bench
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j "$jobs" --target ckptsim_bench
+cmake -S . -B "$this_build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${cmake_args[@]}" >/dev/null
+cmake --build "$this_build" -j "$jobs" --target ckptsim_bench
+pin=()
+[[ -n "${CKPTSIM_BENCH_CPU:-}" ]] && pin=(taskset -c "$CKPTSIM_BENCH_CPU")
 
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 for ((i = 0; i < rounds; i++)); do
   for side in ref this; do
-    bin="build/ckptsim_bench"
+    bin="$this_build/ckptsim_bench"
     [[ "$side" == ref ]] && bin="$ref_build/ckptsim_bench"
-    echo "round $((i + 1))/$rounds: $side ($bin)" >&2
-    "$bin" --benchmark_filter="$filter" --benchmark_format=json >"$out/$side-$i.json"
+    echo "round $((i + 1))/$rounds: $side ($bin) ${pin[*]}" >&2
+    "${pin[@]}" "$bin" --benchmark_filter="$filter" --benchmark_format=json >"$out/$side-$i.json"
   done
 done
 
-python3 - "$out" "$ref_sha" "$(git rev-parse --short=12 HEAD)" <<'EOF'
+python3 - "$out" "$ref_sha" "$this_sha" "${CKPTSIM_BENCH_CPU:-unpinned}" <<'EOF'
 import glob, json, os, statistics, sys
-out, ref_sha, this_sha = sys.argv[1:4]
+out, ref_sha, this_sha, cpu = sys.argv[1:5]
 rates = {}  # (side, benchmark) -> [cases/s per round]
 for path in sorted(glob.glob(os.path.join(out, "*.json"))):
     side = os.path.basename(path).split("-")[0]
@@ -58,5 +77,6 @@ for name in sorted({n for _, n in rates}):
     ref = statistics.median(rates.get(("ref", name), [float("nan")]))
     this = statistics.median(rates.get(("this", name), [float("nan")]))
     print(f"{name:<16} {ref:>15.2f} c/s {this:>15.2f} c/s {this / ref:>6.2f}x")
-print("cases/s are medians over the rounds; load average now:", open("/proc/loadavg").read().split()[:3])
+print("cases/s are medians over the rounds; cpu:", cpu, "; load average now:",
+      open("/proc/loadavg").read().split()[:3])
 EOF
