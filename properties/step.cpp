@@ -143,8 +143,8 @@ void count_mismatches(const sim::RunResult& run, const sim::GlobalState& st, boo
     const std::optional<double> used = after_step ? s.step_used : std::nullopt;
     if (counter == g && (!used || *used == g)) continue;
     if (signature.empty()) {
-      signature = std::string("step_counts_optimizer_steps:") +
-                  (after_step ? "training:" : "after_load:") + sim::part_name(s.part);
+      signature = fmt::format("step_counts_optimizer_steps:{}{}",
+                              after_step ? "training:" : "after_load:", sim::part_name(s.part));
     }
     failures.push_back(
         used ? fmt::format("{}, after global step {}: {} used t={} and holds step {} (right: {})",
