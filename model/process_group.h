@@ -1,7 +1,7 @@
 // ProcessGroup: the slice of torch.distributed that the modeled code calls.
 //
 // model/ only sees this interface (the way Megatron only sees torch.distributed); sim/
-// provides the in-process implementation (sim/local_world.h: LocalWorld, one thread per
+// provides the in-process implementation (sim/local_world.h: LocalWorld, one fiber per
 // rank), and a real c10d backend could implement it later. Modeled on c10d's Backend
 // (torch/csrc/distributed/c10d/Backend.hpp): every collective of the base class throws
 // CollectiveNotImplemented unless a backend overrides it, and every rank counts the

@@ -33,7 +33,8 @@ ref_root="build-bench-ref"
 if [[ -n "${CKPTSIM_BENCH_REF_SRC:-}" ]]; then
   ref_sha="$ref"
   ref_src="$CKPTSIM_BENCH_REF_SRC"
-  this_sha="$(git rev-parse --short=12 HEAD 2>/dev/null || echo "${CKPTSIM_COMMIT:-this}")"
+  # A copy of the tree may carry a stale .git: the caller names the commit.
+  this_sha="${CKPTSIM_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo this)}"
 else
   ref_sha="$(git rev-parse --short=12 "$ref^{commit}")"
   ref_src="$ref_root/src-$ref_sha"
