@@ -6,8 +6,8 @@
 #include <benchmark/benchmark.h>
 
 #include "model/py/runtime.h"
-#include "sim/allocator.h"
 #include "search/search.h"
+#include "sim/allocator.h"
 
 namespace {
 

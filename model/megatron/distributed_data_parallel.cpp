@@ -124,9 +124,9 @@ void DistributedDataParallel::start_param_sync() {
       if (!buffer.param_data.is_cuda()) {
         auto* base = static_cast<std::byte*>(buffer.param_data.data_ptr()) +
                      static_cast<size_t>(bucket.offset) * elem;
-        dp_group_.all_gather({base + static_cast<size_t>(r * local) * elem,
-                              static_cast<size_t>(local) * elem},
-                             {base, static_cast<size_t>(bucket.numel) * elem});
+        dp_group_.all_gather(
+            {base + static_cast<size_t>(r * local) * elem, static_cast<size_t>(local) * elem},
+            {base, static_cast<size_t>(bucket.numel) * elem});
         continue;
       }
       const at::Tensor shard_view = buffer.param_data.narrow(0, bucket.offset + r * local, local);
