@@ -41,6 +41,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -49,6 +50,7 @@
 #include "model/config.h"
 #include "model/revision.h"
 #include "model/status.h"
+#include "sim/local_world.h"
 
 namespace ckptsim::sim {
 
@@ -83,7 +85,10 @@ struct Scenario {
   static constexpr int64_t kParamNumelMax = 1 << 20;
   static constexpr int64_t kTotalNumelMax = 1 << 22;
   static constexpr size_t kPhasesMax = 64;
-  static constexpr int64_t kDpMax = 512;
+  // Production DP sizes (512-4096) are in range: the smaller of the model's limit on one DP
+  // group and the world's on simulated ranks, so a scenario the world cannot run is rejected
+  // when it is parsed, not when its phase starts.
+  static constexpr int64_t kDpMax = std::min<int64_t>(model::kDpSizeMax, kWorldSizeMax);
   static constexpr int64_t kStepsMax = 10000;
   static constexpr int64_t kSamplesPerStepMax = 4096;
   // Bound on total numel x total steps, so the recorded per-step states stay small.

@@ -40,7 +40,8 @@ TEST(Scenario, GoodScenarioParsesWithDefaults) {
 
 TEST(Scenario, ErrorsNameFileFieldAndValues) {
   EXPECT_EQ(error_of(with("\"dp\": 2", "\"dp\": 0")),
-            "bug.json: field 'phases[0].dp': must be an integer in [1, 512], got 0");
+            "bug.json: field 'phases[0].dp': must be an integer in [1, " +
+                std::to_string(sim::Scenario::kDpMax) + "], got 0");
   EXPECT_NE(error_of(with("\"bf16\"", "\"fp16\""))
                 .find("field 'params[0].dtype': must be \"bf16\" or \"fp32\", got \"fp16\""),
             std::string::npos);
@@ -94,6 +95,15 @@ TEST(Scenario, LimitsAreErrors) {
   EXPECT_NE(error_of(with("\"numel\": 10", "\"numel\": 2000000")).find("params[0].numel"),
             std::string::npos);
   EXPECT_NE(error_of(with("\"steps\": 1", "\"steps\": 20000")).find("phases[0].steps"),
+            std::string::npos);
+  // Production DP sizes parse up to the limit of both the model and the world, not beyond.
+  EXPECT_EQ(sim::Scenario::kDpMax, std::min<int64_t>(model::kDpSizeMax, sim::kWorldSizeMax));
+  EXPECT_TRUE(
+      sim::parse_scenario(with("\"dp\": 2", "\"dp\": " + std::to_string(sim::Scenario::kDpMax)),
+                          "big.json", test::registry())
+          .is_ok());
+  EXPECT_NE(error_of(with("\"dp\": 2", "\"dp\": " + std::to_string(sim::Scenario::kDpMax + 1)))
+                .find("phases[0].dp"),
             std::string::npos);
   EXPECT_NE(error_of(with("\"seed\": 1,", "\"seed\": 1, \"faults\": [\"nope\"],"))
                 .find("unknown fault site"),
