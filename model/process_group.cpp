@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "model/errors.h"
+
 namespace ckptsim::model {
 
 const char* op_name(CollectiveOp op) {
@@ -26,6 +28,39 @@ CollectiveNotImplemented::CollectiveNotImplemented(CollectiveOp op, const std::s
     : std::logic_error(
           fmt::format("{} is not implemented by backend {}", op_name(op), backend_name)) {}
 
+uint64_t fingerprint(const std::vector<std::vector<char>>& objects) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  auto mix = [&h](const void* data, size_t n) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < n; ++i) {
+      h ^= p[i];
+      h *= 0x100000001b3ULL;
+    }
+  };
+  for (const auto& o : objects) {
+    const uint64_t size = o.size();
+    mix(&size, sizeof size);
+    mix(o.data(), o.size());
+  }
+  return h;
+}
+
+GatheredObjects::GatheredObjects(std::vector<std::vector<char>> objects)
+    : objects_(std::move(objects)), fingerprint_(fingerprint(objects_)) {}
+
+void GatheredObjects::check_unchanged() const {
+  CKPTSIM_CHECK(fingerprint(objects_) == fingerprint_,
+                fmt::format("gathered objects of {} ranks were written after the gather: every "
+                            "rank sharing them would see the change",
+                            objects_.size()));
+}
+
+void GatheredObjects::check_derived_type(const std::type_info& asked) const {
+  CKPTSIM_CHECK(*derived_type_ == asked,
+                fmt::format("a value derived from gathered objects asked as {} but computed as {}",
+                            asked.name(), derived_type_->name()));
+}
+
 ProcessGroup::~ProcessGroup() = default;
 
 void ProcessGroup::reduce_scatter_sum(std::span<const float>, std::span<float>) {
@@ -39,6 +74,10 @@ void ProcessGroup::all_gather(std::span<const std::byte>, std::span<std::byte>) 
 }
 std::vector<std::vector<char>> ProcessGroup::all_gather_object(const std::vector<char>&) {
   throw CollectiveNotImplemented(CollectiveOp::kAllGatherObject, backend_name());
+}
+std::shared_ptr<const GatheredObjects> ProcessGroup::all_gather_object_shared(
+    const std::vector<char>& bytes) {
+  return std::make_shared<const GatheredObjects>(all_gather_object(bytes));
 }
 std::vector<char> ProcessGroup::broadcast_object(const std::vector<char>&, int) {
   throw CollectiveNotImplemented(CollectiveOp::kBroadcastObject, backend_name());

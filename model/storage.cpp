@@ -111,6 +111,13 @@ Status validate_dir_path(std::string_view dir) {
 
 Storage::~Storage() = default;
 
+Result<std::shared_ptr<const std::vector<char>>> Storage::read_file_shared(
+    const std::string& path) const {
+  auto bytes = read_file(path);
+  if (!bytes.is_ok()) return bytes.status();
+  return std::make_shared<const std::vector<char>>(std::move(bytes.value()));
+}
+
 // ---------------------------------------------------------------------------------------
 // DirectoryStorage
 
@@ -296,18 +303,25 @@ Status MemoryStorage::write_file(const std::string& path, std::span<const char> 
     return Status::io_error(fmt::format("write {} in memory: it is a directory", path_text(path)));
   }
   const auto old = files_.find(path);
-  const size_t old_bytes = old == files_.end() ? 0 : old->second.size();
+  const size_t old_bytes = old == files_.end() ? 0 : old->second->size();
   if (bytes_stored_ - old_bytes + bytes.size() > options_.memory_bytes_max) {
     return Status::io_error(fmt::format("write {} in memory: memory_bytes_max={} reached",
                                         path_text(path), options_.memory_bytes_max));
   }
   for (std::string& a : ancestors(path)) dirs_.insert(std::move(a));
-  files_[path] = std::vector<char>(bytes.begin(), bytes.end());
+  files_[path] = std::make_shared<const std::vector<char>>(bytes.begin(), bytes.end());
   bytes_stored_ = bytes_stored_ - old_bytes + bytes.size();
   return Status::ok();
 }
 
 Result<std::vector<char>> MemoryStorage::read_file(const std::string& path) const {
+  auto shared = read_file_shared(path);
+  if (!shared.is_ok()) return shared.status();
+  return *shared.value();
+}
+
+Result<std::shared_ptr<const std::vector<char>>> MemoryStorage::read_file_shared(
+    const std::string& path) const {
   if (Status s = validate_file_path(path); !s.is_ok()) return s;
   std::lock_guard<std::mutex> lock(mu_);
   if (const auto it = files_.find(path); it != files_.end()) return it->second;
@@ -364,7 +378,7 @@ Status MemoryStorage::remove_all(const std::string& dir) {
   }
   const std::string from = dir.empty() ? "" : dir + "/";
   for (auto it = files_.lower_bound(from); it != files_.end() && is_under(it->first, dir);) {
-    bytes_stored_ -= it->second.size();
+    bytes_stored_ -= it->second->size();
     it = files_.erase(it);
   }
   for (auto it = dirs_.lower_bound(from); it != dirs_.end() && is_under(*it, dir);) {
@@ -372,7 +386,7 @@ Status MemoryStorage::remove_all(const std::string& dir) {
   }
   if (!dir.empty()) {
     if (const auto it = files_.find(dir); it != files_.end()) {
-      bytes_stored_ -= it->second.size();
+      bytes_stored_ -= it->second->size();
       files_.erase(it);
     }
     dirs_.erase(dir);
@@ -403,6 +417,12 @@ Status PrefixedStorage::write_file(const std::string& path, std::span<const char
 Result<std::vector<char>> PrefixedStorage::read_file(const std::string& path) const {
   if (Status s = validate_file_path(path); !s.is_ok()) return s;
   return base_.read_file(full(path));
+}
+
+Result<std::shared_ptr<const std::vector<char>>> PrefixedStorage::read_file_shared(
+    const std::string& path) const {
+  if (Status s = validate_file_path(path); !s.is_ok()) return s;
+  return base_.read_file_shared(full(path));
 }
 
 bool PrefixedStorage::exists(const std::string& path) const {

@@ -33,6 +33,10 @@
 //      with writes beneath the removed directory is unspecified.
 //   7. Durability after a machine crash is not promised (no fsync): the simulator models
 //      visibility, not power loss.
+//   8. read_file_shared(p) returns what read_file(p) returns, immutable. MemoryStorage hands
+//      out the bytes it holds (a write replaces them, never changes them in place), so N ranks
+//      reading one file share one copy, and two reads returning the same pointer read the
+//      same bytes; the default copies.
 #pragma once
 
 #include <cstddef>
@@ -73,6 +77,9 @@ class Storage {
   // REQUIRES: bytes.size() <= file_bytes_max (else invalid_input).
   virtual Status write_file(const std::string& path, std::span<const char> bytes) = 0;
   virtual Result<std::vector<char>> read_file(const std::string& path) const = 0;
+  // Invariant 8.
+  virtual Result<std::shared_ptr<const std::vector<char>>> read_file_shared(
+      const std::string& path) const;
   // True for files and directories; "" (the root) exists if the root does.
   virtual bool exists(const std::string& path) const = 0;
   virtual Result<std::vector<std::string>> list(const std::string& dir) const = 0;
@@ -114,6 +121,8 @@ class MemoryStorage final : public Storage {
 
   Status write_file(const std::string& path, std::span<const char> bytes) override;
   Result<std::vector<char>> read_file(const std::string& path) const override;
+  Result<std::shared_ptr<const std::vector<char>>> read_file_shared(
+      const std::string& path) const override;
   bool exists(const std::string& path) const override;
   Result<std::vector<std::string>> list(const std::string& dir) const override;
   Status remove_all(const std::string& dir) override;
@@ -127,9 +136,9 @@ class MemoryStorage final : public Storage {
 
   const StorageOptions options_;
   mutable std::mutex mu_;
-  std::map<std::string, std::vector<char>> files_;  // guarded by mu_
-  std::set<std::string> dirs_;                      // guarded by mu_; never holds ""
-  size_t bytes_stored_ = 0;                         // guarded by mu_; sum of file sizes
+  std::map<std::string, std::shared_ptr<const std::vector<char>>> files_;  // guarded by mu_
+  std::set<std::string> dirs_;  // guarded by mu_; never holds ""
+  size_t bytes_stored_ = 0;     // guarded by mu_; sum of file sizes
 };
 
 // A view of `base` below the directory `prefix`: path p here is "<prefix>/p" in base, so
@@ -143,6 +152,8 @@ class PrefixedStorage final : public Storage {
 
   Status write_file(const std::string& path, std::span<const char> bytes) override;
   Result<std::vector<char>> read_file(const std::string& path) const override;
+  Result<std::shared_ptr<const std::vector<char>>> read_file_shared(
+      const std::string& path) const override;
   bool exists(const std::string& path) const override;
   Result<std::vector<std::string>> list(const std::string& dir) const override;
   Status remove_all(const std::string& dir) override;

@@ -71,7 +71,7 @@ struct GeneratorConfig {
   // Draw the phases as a RapidCheck stateful command sequence (gen_scenario_stateful).
   bool stateful = false;
 
-  // The limits above, each error naming the flag that sets it ("--dp-max must be in [1, 512],
+  // The limits above, each error naming the flag that sets it ("--dp-max must be in [1, 4096],
   // got 0"); unknown fault sites too.
   Status validate() const;
 };

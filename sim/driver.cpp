@@ -12,6 +12,7 @@
 #include "model/megatron/optimizer_param_scheduler.h"
 #include "sim/gradients.h"
 #include "sim/local_world.h"
+#include "sim/object_exchange.h"
 
 namespace ckptsim::sim {
 
@@ -31,8 +32,9 @@ struct PhaseJob {
   const model::Storage* load_from = nullptr;  // null: fresh start
   model::Storage* save_to = nullptr;          // null: no save
   bool real_cuda = false;
-  model::OptimizerConfig optimizer;  // the phase's (its lr and min_lr: the schedule's)
-  model::ScheduleConfig schedule;    // the arguments the phase's job starts with
+  bool share_gathered_objects = true;  // RunOptions::share_gathered_objects
+  model::OptimizerConfig optimizer;    // the phase's (its lr and min_lr: the schedule's)
+  model::ScheduleConfig schedule;      // the arguments the phase's job starts with
   model::SchedulerResume resume = model::SchedulerResume::kNeither;
   // The reference run only: at global step `first` (after `first - 1` steps), the schedule of
   // a later phase takes over, as intended_schedules() says it should.
@@ -217,7 +219,7 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, RankRecord& out) {
                                         *job.switches, s.sharding_type, rt);
       out.at_save = capture(opt, ddp, rank, true);
       out.trace.push_back(fmt::format("save phase={} rank={} iteration={} pieces={}", job.phase_id,
-                                      rank, iteration, out.save->pieces.size()));
+                                      rank, iteration, out.save->pieces->size()));
     }
     out.firings = rt.fault_firings();
   } catch (const std::exception& e) {
@@ -230,8 +232,13 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, RankRecord& out) {
 std::vector<RankRecord> run_world(const PhaseJob& job) {
   std::vector<RankRecord> outs(static_cast<size_t>(job.dp));
   LocalWorld world(static_cast<int>(job.dp));
-  world.run(
-      [&](model::ProcessGroup& pg) { rank_main(job, pg, outs[static_cast<size_t>(pg.rank())]); });
+  ObjectExchange exchange(static_cast<int>(job.dp));
+  world.run([&](model::ProcessGroup& pg) {
+    RankRecord& out = outs[static_cast<size_t>(pg.rank())];
+    if (!job.share_gathered_objects) return rank_main(job, pg, out);
+    SharingProcessGroup group(pg, exchange);
+    rank_main(job, group, out);
+  });
   return outs;
 }
 
@@ -283,7 +290,7 @@ Result<std::unique_ptr<model::Storage>> open_storage(const RunOptions& options,
 }
 
 // 1. The uninterrupted reference run: every step of every phase at phases[0]'s DP and revision.
-void run_reference(const Scenario& scenario, RunResult& result) {
+void run_reference(const Scenario& scenario, const RunOptions& options, RunResult& result) {
   PhaseJob job;
   job.scenario = &scenario;
   job.phase_id = kReferencePhaseId;
@@ -291,6 +298,7 @@ void run_reference(const Scenario& scenario, RunResult& result) {
   job.steps = scenario.total_steps();
   job.switches = &scenario.phases.front().profile->switches;
   job.real_cuda = result.gpu_resident;
+  job.share_gathered_objects = options.share_gathered_objects;
   job.set_arguments(scenario, scenario.phases.front());
   const std::vector<model::ScheduleConfig> intended = intended_schedules(scenario);
   int64_t first = 1;
@@ -331,10 +339,24 @@ void check_ranks_agree(const std::vector<RankRecord>& outs) {
     CKPTSIM_CHECK(o.steps.size() == first->steps.size(), "ranks took different steps");
     CKPTSIM_CHECK(o.save.has_value() == first->save.has_value(), "ranks disagree on the save");
     if (o.save.has_value()) {
-      CKPTSIM_CHECK(o.save->pieces == first->save->pieces,
-                    "ranks learned different checkpoint pieces");
+      // Ranks that share one list agree; lists of their own are compared element by element.
+      CKPTSIM_CHECK(
+          o.save->pieces == first->save->pieces || *o.save->pieces == *first->save->pieces,
+          "ranks learned different checkpoint pieces");
     }
   }
+}
+
+// Nothing the ranks shared (model/process_group.h GatheredObjects, model/megatron/serialization.h
+// LoadIndex) was written while they shared it: each shared list checked once.
+void check_shared_unchanged(const std::vector<RankRecord>& outs) {
+  const std::vector<model::SavedPiece>* checked = nullptr;
+  for (const auto& o : outs) {
+    if (!o.save.has_value() || o.save->pieces.get() == checked) continue;
+    o.save->check_pieces_unchanged();
+    checked = o.save->pieces.get();
+  }
+  model::check_shared_load_indexes_unchanged();
 }
 
 // The phase's record from what its ranks recorded.
@@ -360,7 +382,7 @@ void gather_phase(const Scenario& scenario, const std::vector<RankRecord>& outs,
   }
   if (std::all_of(outs.begin(), outs.end(),
                   [](const RankRecord& o) { return o.save.has_value(); })) {
-    rec.saved_pieces = outs.front().save->pieces;
+    rec.saved_pieces = *outs.front().save->pieces;
     for (const auto& o : outs) rec.common_differences.push_back(o.save->common_state_differences);
     // A piece the reader refuses (outside its tensor, past its file) is the checkpoint's
     // fault, not ours: shards_tile_buckets reports it.
@@ -413,6 +435,7 @@ void run_phase(const Scenario& scenario, const RunOptions& options, const PhaseJ
                const model::Storage& store, RunResult& result, PhaseRecord& rec) {
   const auto outs = run_world(job);
   check_ranks_agree(outs);
+  check_shared_unchanged(outs);
   record_outcome(outs, rec);
   rec.layout_options = {rec.spec.dp, scenario.bucket_size,
                         scenario.pad_buckets_for_high_nccl_busbw};
@@ -503,7 +526,7 @@ Result<RunResult> run_scenario(const Scenario& scenario, const RunOptions& optio
   if (Status st = open_roots(options, result, root, export_root); !st.is_ok()) return st;
   const bool export_torch_dist = export_root != nullptr;
 
-  run_reference(scenario, result);
+  run_reference(scenario, options, result);
 
   std::vector<std::unique_ptr<model::Storage>> stores;
   for (size_t i = 0; i < scenario.phases.size(); ++i) {
@@ -534,6 +557,7 @@ Result<RunResult> run_scenario(const Scenario& scenario, const RunOptions& optio
     job.steps = spec.steps;
     job.switches = &spec.profile->switches;
     job.real_cuda = result.gpu_resident;
+    job.share_gathered_objects = options.share_gathered_objects;
     job.set_arguments(scenario, spec);
     job.load_from = i > 0 ? stores[stores.size() - 2].get() : nullptr;
     job.save_to = spec.save ? stores.back().get() : nullptr;
@@ -569,6 +593,7 @@ PhaseRecord resume_from_checkpoint(const Scenario& scenario, const PhaseSpec& ph
   job.steps = phase.steps;
   job.switches = &phase.profile->switches;
   job.real_cuda = have_gpu && options.device != DeviceChoice::kCpu;
+  job.share_gathered_objects = options.share_gathered_objects;
   job.set_arguments(scenario, phase);
   job.load_from = &checkpoint;
   RunResult unused;

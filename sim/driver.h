@@ -51,6 +51,10 @@ struct RunOptions {
   model::TorchDistExportOptions torch_dist;  // kTorchDist only
   // Called with a one-line status after each phase (progress on long runs); may be empty.
   std::function<void(const std::string&)> progress;
+  // The ranks of a world share one copy of what they gather (sim/object_exchange.h), as they
+  // must at production DP sizes. false: each rank gets its own copy, LocalWorld's
+  // all_gather_object; the same run, for tests that show the sharing changes nothing.
+  bool share_gathered_objects = true;
 };
 
 // Runs the scenario, whose phases carry their resolved revision profiles. Fails (Status) only

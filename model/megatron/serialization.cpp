@@ -7,6 +7,8 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 
 #include "model/errors.h"
@@ -151,6 +153,27 @@ RankEntries decode_entries(const std::vector<char>& bytes) {
     main = r.i64() != 0;
   }
   return e;
+}
+
+// The save's gathered entries, decoded once for every rank that shares them (GatheredObjects).
+struct GatheredEntries {
+  std::vector<SavedPiece> pieces;  // every rank's, in rank order
+  uint64_t pieces_fingerprint = 0;
+  std::map<std::string, int> main_replicas;  // unique_key -> main replicas
+  std::vector<std::string> object_order;     // objects with a main replica, first-seen order
+};
+
+GatheredEntries decode_gathered(const std::vector<std::vector<char>>& all) {
+  GatheredEntries out;
+  for (const auto& bytes : all) {
+    RankEntries theirs = decode_entries(bytes);
+    for (auto& p : theirs.pieces) out.pieces.push_back(std::move(p));
+    for (const auto& [k, main] : theirs.objects) {
+      if (main && out.main_replicas[k]++ == 0) out.object_order.push_back(k);
+    }
+  }
+  out.pieces_fingerprint = fingerprint(out.pieces);
+  return out;
 }
 
 void throw_if_error(const Status& s) {
@@ -306,18 +329,14 @@ SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup&
   }
   if (!mine.pieces.empty()) throw_if_error(storage.write_file(rank_file(rank), blob));
 
-  // Gather every rank's pieces and objects; rank 0 validates and writes the metadata.
-  const auto all = group.all_gather_object(encode_entries(mine));
-  std::map<std::string, int> main_replicas;  // unique_key -> main replicas, first-seen order below
-  std::vector<std::string> object_order;
-  for (const auto& bytes : all) {
-    RankEntries theirs = decode_entries(bytes);
-    for (auto& p : theirs.pieces) report.pieces.push_back(std::move(p));
-    for (const auto& [k, main] : theirs.objects) {
-      if (main && main_replicas[k]++ == 0) object_order.push_back(k);
-    }
-  }
-  for (const auto& [k, count] : main_replicas) {
+  // Gather every rank's pieces and objects; rank 0 validates and writes the metadata. Every
+  // rank decodes the same entries: once, shared, where the group shares what it gathered.
+  const std::shared_ptr<const GatheredEntries> entries =
+      group.all_gather_object_shared(encode_entries(mine))
+          ->derived<GatheredEntries>(decode_gathered);
+  report.pieces = std::shared_ptr<const std::vector<SavedPiece>>(entries, &entries->pieces);
+  report.pieces_fingerprint = entries->pieces_fingerprint;
+  for (const auto& [k, count] : entries->main_replicas) {
     if (count > 1) {
       throw CheckpointingException(
           fmt::format("Invalid access pattern for ShardedObject {}: {} main replicas", k, count),
@@ -331,8 +350,8 @@ SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup&
              {"common", options.common_state_as_sharded_object ? json(nullptr) : json(kCommonFile)},
              {"pieces", json::array()},
              {"objects", json::array()}};
-    for (const auto& p : report.pieces) meta["pieces"].push_back(piece_to_json(p));
-    for (const auto& k : object_order)
+    for (const auto& p : *report.pieces) meta["pieces"].push_back(piece_to_json(p));
+    for (const auto& k : entries->object_order)
       meta["objects"].push_back(json{{"unique_key", k}, {"file", object_file(k)}});
   }
   if (rank == 0) throw_if_error(storage.write_file(kMetadataFile, to_bytes(meta.dump(1))));
@@ -385,41 +404,6 @@ Status write_checkpoint_contents(const CheckpointContents& contents, Storage& st
 
 namespace {
 
-// metadata.json parsed from `bytes` (its name in messages).
-Result<CheckpointIndex> parse_checkpoint_index(const std::vector<char>& bytes);
-
-// The last few metadata.json texts this thread parsed, with what they parsed to: every rank of
-// a simulated world reads the same file, one after another on one thread, and parsing it is a
-// pure function of its bytes (compared whole, so a changed file is parsed anew).
-class IndexMemo {
- public:
-  Result<CheckpointIndex> parse(std::vector<char> bytes) {
-    for (const auto& [text, index] : entries_) {
-      if (text == bytes) return index;
-    }
-    Result<CheckpointIndex> parsed = parse_checkpoint_index(bytes);
-    if (!parsed.is_ok()) return parsed;
-    if (entries_.size() == kEntriesMax) entries_.erase(entries_.begin());
-    entries_.emplace_back(std::move(bytes), parsed.value());
-    return parsed;
-  }
-
- private:
-  static constexpr size_t kEntriesMax = 4;
-  std::vector<std::pair<std::vector<char>, CheckpointIndex>> entries_;
-};
-
-}  // namespace
-
-Result<CheckpointIndex> read_checkpoint_index(const Storage& storage) {
-  auto bytes = storage.read_file(kMetadataFile);
-  if (!bytes.is_ok()) return bytes.status();
-  thread_local IndexMemo memo;
-  return memo.parse(std::move(bytes.value()));
-}
-
-namespace {
-
 Result<CheckpointIndex> parse_checkpoint_index(const std::vector<char>& bytes) {
   json meta;
   try {
@@ -449,6 +433,12 @@ Result<CheckpointIndex> parse_checkpoint_index(const std::vector<char>& bytes) {
 }
 
 }  // namespace
+
+Result<CheckpointIndex> read_checkpoint_index(const Storage& storage) {
+  auto bytes = storage.read_file(kMetadataFile);
+  if (!bytes.is_ok()) return bytes.status();
+  return parse_checkpoint_index(bytes.value());
+}
 
 Result<std::vector<SavedPiece>> read_checkpoint_pieces(const Storage& storage) {
   Result<CheckpointIndex> index = read_checkpoint_index(storage);
@@ -507,18 +497,113 @@ std::string piece_problem(const SavedPiece& p, std::optional<size_t> file_size) 
   return "";
 }
 
+// The process's LoadIndex cache (invariants 1-3 of LoadIndex in serialization.h).
+class LoadIndexCache {
+ public:
+  // The file is read under the cache's lock, so that ranks waiting for it do not each hold a
+  // copy of the bytes (at DP 2048 that was 1536 copies of a 2.5 MB file).
+  Result<std::shared_ptr<const LoadIndex>> get(const Storage& storage) {
+    std::lock_guard lock(mu_);
+    auto read = storage.read_file_shared(kMetadataFile);
+    if (!read.is_ok()) return read.status();
+    std::shared_ptr<const std::vector<char>>& bytes = read.value();
+    std::erase_if(entries_, [](const auto& e) { return e.expired(); });
+    for (const auto& weak : entries_) {
+      std::shared_ptr<const LoadIndex> index = weak.lock();
+      if (index != nullptr && (index->bytes == bytes || *index->bytes == *bytes)) return index;
+    }
+    auto parsed = parse_checkpoint_index(*bytes);
+    if (!parsed.is_ok()) return parsed.status();
+    auto index = std::make_shared<LoadIndex>();
+    index->bytes = std::move(bytes);
+    index->pieces = std::move(parsed.value().pieces);
+    for (const auto& p : index->pieces) {
+      index->by_key[p.key].push_back(&p);
+      index->problems.push_back(piece_problem(p, std::nullopt));
+    }
+    index->pieces_fingerprint = fingerprint(index->pieces);
+    if (entries_.size() >= kLoadIndexCacheEntriesMax) entries_.erase(entries_.begin());
+    entries_.push_back(index);
+    latest_ = index;
+    return std::shared_ptr<const LoadIndex>(std::move(index));
+  }
+
+  void check_unchanged() const {
+    std::lock_guard lock(mu_);
+    for (const auto& weak : entries_) {
+      if (const auto index = weak.lock()) index->check_unchanged();
+    }
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::weak_ptr<const LoadIndex>> entries_;  // oldest first
+  std::shared_ptr<const LoadIndex> latest_;
+};
+
+LoadIndexCache& load_index_cache() {
+  static LoadIndexCache cache;
+  return cache;
+}
+
 }  // namespace
+
+uint64_t fingerprint(const std::vector<SavedPiece>& pieces) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  auto mix = [&h](const void* data, size_t n) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < n; ++i) {
+      h ^= p[i];
+      h *= 0x100000001b3ULL;
+    }
+  };
+  auto mix_string = [&](const std::string& s) {
+    const uint64_t size = s.size();
+    mix(&size, sizeof size);
+    mix(s.data(), s.size());
+  };
+  for (const auto& p : pieces) {
+    mix_string(p.key);
+    mix_string(p.dtype);
+    mix_string(p.file);
+    for (const int64_t v :
+         {p.global_numel, p.global_offset, p.numel, int64_t{p.rank}, p.byte_offset}) {
+      mix(&v, sizeof v);
+    }
+  }
+  return h;
+}
+
+void SaveReport::check_pieces_unchanged() const {
+  CKPTSIM_CHECK(pieces != nullptr, "a save report without pieces");
+  CKPTSIM_CHECK(fingerprint(*pieces) == pieces_fingerprint,
+                fmt::format("the {} saved pieces every rank shares were written after the save "
+                            "decoded them",
+                            pieces->size()));
+}
+
+void LoadIndex::check_unchanged() const {
+  CKPTSIM_CHECK(fingerprint(pieces) == pieces_fingerprint,
+                fmt::format("the {} pieces of a shared metadata.json index were written after "
+                            "it was parsed",
+                            pieces.size()));
+}
+
+Result<std::shared_ptr<const LoadIndex>> shared_load_index(const Storage& storage) {
+  return load_index_cache().get(storage);
+}
+
+void check_shared_load_indexes_unchanged() { load_index_cache().check_unchanged(); }
 
 Value load(const Value& sharded_state_dict, const Storage& storage, ProcessGroup& group,
            const LoadOptions& options, LoadReport* report) {
-  auto pieces_r = read_checkpoint_pieces(storage);
-  if (!pieces_r.is_ok()) {
-    throw CheckpointingException(pieces_r.status().to_string(),
+  auto index_r = shared_load_index(storage);
+  if (!index_r.is_ok()) {
+    throw CheckpointingException(index_r.status().to_string(),
                                  "serialization.py verify_checkpoint_and_load_strategy()");
   }
-  const std::vector<SavedPiece>& pieces = pieces_r.value();
-  std::map<std::string, std::vector<const SavedPiece*>> by_key;
-  for (const auto& p : pieces) by_key[p.key].push_back(&p);
+  const std::shared_ptr<const LoadIndex> index = std::move(index_r.value());
+  const std::map<std::string, std::vector<const SavedPiece*>>& by_key = index->by_key;
 
   Value common = load_common_state_dict(storage, options.reads_sharded_common_state);
   if (options.strip_common_param_state) strip_param_state(common, false);
@@ -598,14 +683,16 @@ Value load(const Value& sharded_state_dict, const Storage& storage, ProcessGroup
         // A damaged metadata.json: torch's reader fails the load on that rank, wrapped as
         // the KeyError above is. Every piece of the key is checked against its tensor; the
         // pieces this rank reads, against their files too (no other file is read).
-        auto check = [](const SavedPiece& p, std::optional<size_t> file_size) {
-          if (std::string problem = piece_problem(p, file_size); !problem.empty()) {
+        auto fail_if = [](const SavedPiece& p, const std::string& problem) {
+          if (!problem.empty()) {
             throw UpstreamError("CheckpointException",
                                 fmt::format("{}: key {}: {}", p.file, p.key, problem),
                                 "torch.py load()");
           }
         };
-        for (const SavedPiece* p : it->second) check(*p, std::nullopt);
+        for (const SavedPiece* p : it->second) {
+          fail_if(*p, index->problems[static_cast<size_t>(p - index->pieces.data())]);
+        }
         bool skipped =
             !options.skip_optimizer_piece || !std::string_view(st.key).starts_with("optimizer.");
         for (const SavedPiece* p : it->second) {
@@ -617,7 +704,7 @@ Value load(const Value& sharded_state_dict, const Storage& storage, ProcessGroup
             continue;
           }
           const std::vector<char>& bytes = file_bytes(p->file);
-          check(*p, bytes.size());
+          fail_if(*p, piece_problem(*p, bytes.size()));
           const at::ScalarType dtype = dtype_from_name(p->dtype);
           const size_t elem = c10::elementSize(dtype);
           at::Tensor src = at::empty({end - begin}, at::TensorOptions().dtype(dtype));

@@ -26,6 +26,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -50,11 +51,22 @@ struct SavedPiece {
   bool operator==(const SavedPiece&) const = default;
 };
 
+// FNV-1a over every field of every piece, in order.
+uint64_t fingerprint(const std::vector<SavedPiece>& pieces);
+
 struct SaveReport {
   // _validate_common_state_dict: differences of this rank's common state from rank 0's,
   // one line each ("only on rank 1: ('optimizer', ...)"). Upstream logs these as warnings.
   std::vector<std::string> common_state_differences;
-  std::vector<SavedPiece> pieces;  // every piece in the checkpoint (all ranks), metadata order
+  // Every piece in the checkpoint (all ranks), metadata order. Every rank learns the same list
+  // from the same gathered entries, so where the process group shares them
+  // (GatheredObjects) the ranks share this list too: immutable, never null after a save.
+  std::shared_ptr<const std::vector<SavedPiece>> pieces;
+  uint64_t pieces_fingerprint = 0;  // fingerprint(*pieces) when the save decoded them
+
+  // Throws InvariantViolation when *pieces is no longer what the save decoded (a write through
+  // a const_cast into a list that other ranks share).
+  void check_pieces_unchanged() const;
 };
 
 struct LoadReport {
@@ -88,6 +100,40 @@ struct SaveOptions {
 // sharded state dict. The state dict is consumed (LNOs dropped as upstream does in place).
 SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup& group,
                 const SaveOptions& options = {});
+
+// metadata.json as load() reads it: the pieces, each key's pieces in metadata order, and what
+// is wrong with each piece against its own tensor ("" when nothing; its file is checked when
+// read). Every rank of a job loads the same file, so equal bytes are parsed once per process
+// and the ranks share the result: at DP 4096 a parse per rank was 4096 parses of a 5 MB file,
+// all held at once across the load's collective.
+//
+// Invariants:
+//   1. shared_load_index(storage) equals a fresh parse of the file's current bytes: the cache
+//      is keyed by the whole content (compared byte for byte), never by path or by storage.
+//   2. Immutable: reachable only as const; the fingerprint of its pieces, taken when parsed,
+//      is checked by check_unchanged() and by check_shared_load_indexes_unchanged().
+//   3. Bounded: the cache holds the latest index (so the simulator can check it after a phase)
+//      and weak references to at most kLoadIndexCacheEntriesMax others; an index no rank holds
+//      any more is freed.
+struct LoadIndex {
+  // The metadata.json it was parsed from (the cache's key): the storage's own shared bytes
+  // where it shares them (Storage invariant 8), so that a read of the same file is a hit
+  // without comparing 7 MB per rank.
+  std::shared_ptr<const std::vector<char>> bytes;
+  std::vector<SavedPiece> pieces;
+  std::map<std::string, std::vector<const SavedPiece*>> by_key;  // into pieces
+  std::vector<std::string> problems;                             // per piece
+  uint64_t pieces_fingerprint = 0;
+
+  void check_unchanged() const;
+};
+inline constexpr size_t kLoadIndexCacheEntriesMax = 8;
+// Reads metadata.json and returns its index, parsed now or shared from an earlier call on equal
+// bytes. Status: what read_checkpoint_pieces would return (errors are not cached).
+Result<std::shared_ptr<const LoadIndex>> shared_load_index(const Storage& storage);
+// check_unchanged() on every index the cache still reaches (the simulator calls it after each
+// phase, when the ranks that shared an index are done with it).
+void check_shared_load_indexes_unchanged();
 
 // Mirrors serialization.py load(). Collective: every rank of `group` calls it with its own
 // request. In upstream's order: the common state, merge() with the request's LNOs (its errors

@@ -37,6 +37,12 @@
 //   DirectoryStorageHidesTemporaryFiles   list() showing a writer's temporary file
 //   DirectoryStorageErrorsCarryStrerror   messages without strerror or the path
 //   MemoryStorageBytesLimit            not accounting the replaced file's bytes
+//   ReadFileSharedReadsWhatReadFileReads  read_file_shared of another file, or of a stale
+//                                      version after an overwrite (PrefixedStorage: not
+//                                      forwarding it, reading outside the prefix)
+//   MemoryStorage.SharedReadsShareOneCopy  a copy per read (no sharing); an overwrite that
+//                                      writes into the bytes readers hold instead of
+//                                      replacing them
 //   PrefixedStorage*                   dropping the prefix; validating only the joined path
 //                                      (".." would climb out of the prefix)
 #include <gtest/gtest.h>
@@ -174,6 +180,23 @@ TYPED_TEST(StorageContract, WriteThenReadReturnsTheSameBytes) {
   Result<std::vector<char>> empty = s.read_file("empty");
   ASSERT_TRUE(empty.is_ok()) << empty.status().to_string();
   EXPECT_TRUE(empty.value().empty());
+}
+
+TYPED_TEST(StorageContract, ReadFileSharedReadsWhatReadFileReads) {
+  Storage& s = this->store();
+  const std::vector<char> binary = {'a', '\0', 'b', '\xff'};
+  ASSERT_TRUE(s.write_file("d/bin", binary).is_ok());
+  ASSERT_TRUE(write_str(s, "d/other", "other").is_ok());
+  auto shared = s.read_file_shared("d/bin");
+  ASSERT_TRUE(shared.is_ok()) << shared.status().to_string();
+  EXPECT_EQ(*shared.value(), binary);
+  ASSERT_TRUE(write_str(s, "d/bin", "second").is_ok());
+  auto again = s.read_file_shared("d/bin");
+  ASSERT_TRUE(again.is_ok());
+  EXPECT_EQ(std::string(again.value()->begin(), again.value()->end()), "second");
+  EXPECT_EQ(*shared.value(), binary) << "what a reader holds never changes";
+  EXPECT_EQ(s.read_file_shared("d/none").status().code(), Status::Code::kNotFound);
+  EXPECT_EQ(s.read_file_shared("../x").status().code(), Status::Code::kInvalidInput);
 }
 
 TYPED_TEST(StorageContract, OverwriteReplacesTheWholeFile) {
@@ -528,6 +551,24 @@ TEST(MemoryStorage, BytesLimit) {
   ASSERT_TRUE(s.remove_all("a").is_ok());
   EXPECT_EQ(s.bytes_stored(), 4u);
   EXPECT_TRUE(write_str(s, "c", "123456").is_ok());
+}
+
+// N ranks reading one file hold one copy (Storage invariant 8), and an overwrite replaces it.
+TEST(MemoryStorage, SharedReadsShareOneCopy) {
+  MemoryStorage base;
+  std::unique_ptr<Storage> prefixed = subdir(base, "phase_0");
+  ASSERT_TRUE(write_str(*prefixed, "metadata.json", "first").is_ok());
+  auto a = prefixed->read_file_shared("metadata.json");
+  auto b = base.read_file_shared("phase_0/metadata.json");
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  EXPECT_EQ(a.value(), b.value()) << "one copy, not one per reader";
+  ASSERT_TRUE(write_str(*prefixed, "metadata.json", "2nd").is_ok());
+  auto c = base.read_file_shared("phase_0/metadata.json");
+  ASSERT_TRUE(c.is_ok());
+  EXPECT_NE(c.value(), a.value());
+  EXPECT_EQ(std::string(a.value()->begin(), a.value()->end()), "first");
+  EXPECT_EQ(std::string(c.value()->begin(), c.value()->end()), "2nd");
+  EXPECT_EQ(base.bytes_stored(), 3u);
 }
 
 // ---------------------------------------------------------------------------------------

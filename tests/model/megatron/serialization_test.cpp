@@ -21,6 +21,7 @@
 #include "model/megatron/mapping.h"
 #include "model/megatron/serialization.h"
 #include "sim/local_world.h"
+#include "sim/object_exchange.h"
 
 using namespace ckptsim;
 using namespace ckptsim::model;
@@ -184,10 +185,10 @@ TEST(Serialization, EveryRankLearnsAllPiecesAndObjectsAreListedOnce) {
     const Value sd = dict_value({{"t", piece("t", at::zeros({2}).add(rank), 6, 2 * rank)},
                                  {"o", object("o", rank % 2, rank / 2)}});
     const SaveReport report = save(sd, store, pg);
-    ASSERT_EQ(report.pieces.size(), 3u);
+    ASSERT_EQ(report.pieces->size(), 3u);
     for (int r = 0; r < 3; ++r) {
-      EXPECT_EQ(report.pieces[static_cast<size_t>(r)].rank, r);
-      EXPECT_EQ(report.pieces[static_cast<size_t>(r)].global_offset, 2 * r);
+      EXPECT_EQ((*report.pieces)[static_cast<size_t>(r)].rank, r);
+      EXPECT_EQ((*report.pieces)[static_cast<size_t>(r)].global_offset, 2 * r);
     }
   });
   ASSERT_TRUE(store.read_file("objects/o/shard_0_2.pt").is_ok());
@@ -207,6 +208,103 @@ TEST(Serialization, EveryRankLearnsAllPiecesAndObjectsAreListedOnce) {
                           save(dict_value({{"o", object("o", 0, 0)}}), clash, pg);
                         }),
                CheckpointingException);
+}
+
+// Where the group shares what it gathers (sim/object_exchange.h), every rank's report holds one
+// list of pieces, equal to the list each rank decodes from its own copy, and rank 0 writes the
+// same metadata.json. Mutations caught: a shared gather or decode that reorders or drops a
+// rank's entries; a decode per rank (the lists are then not one object).
+TEST(Serialization, SharedGatherGivesEveryRankOneListEqualToTheCopies) {
+  constexpr int kRanks = 4;
+  auto save_on = [](Storage& store, ProcessGroup& pg) {
+    const int rank = pg.rank();
+    return save(dict_value({{"t", piece("t", at::zeros({2}).add(rank), 2 * kRanks, 2 * rank)},
+                            {"o", object("o", 0, rank)}}),
+                store, pg);
+  };
+  MemoryStorage copied_store;
+  std::vector<SaveReport> copied(kRanks);
+  on_ranks(kRanks, [&](int rank, ProcessGroup& pg) {
+    copied[static_cast<size_t>(rank)] = save_on(copied_store, pg);
+  });
+  MemoryStorage shared_store;
+  std::vector<SaveReport> shared(kRanks);
+  sim::LocalWorld world(kRanks);
+  sim::ObjectExchange exchange(kRanks);
+  sim::rethrow_root_cause(world.run([&](ProcessGroup& pg) {
+    sim::SharingProcessGroup group(pg, exchange);
+    shared[static_cast<size_t>(pg.rank())] = save_on(shared_store, group);
+  }));
+  for (int r = 0; r < kRanks; ++r) {
+    const auto i = static_cast<size_t>(r);
+    EXPECT_EQ(*shared[i].pieces, *copied[i].pieces) << "rank " << r;
+    EXPECT_EQ(shared[i].pieces, shared[0].pieces) << "rank " << r << " decoded its own list";
+    EXPECT_EQ(shared[i].pieces_fingerprint, fingerprint(*copied[i].pieces));
+  }
+  EXPECT_EQ(copied[0].pieces->size(), static_cast<size_t>(kRanks));
+  EXPECT_NE(copied[1].pieces, copied[0].pieces) << "the default gather copies per rank";
+  EXPECT_EQ(shared_store.read_file("metadata.json").value(),
+            copied_store.read_file("metadata.json").value());
+}
+
+// A write into the list every rank shares is caught by the check the simulator makes after a
+// phase. Mutation caught: no fingerprint (the write would reach every rank's record silently).
+TEST(Serialization, WriteIntoSharedSavedPiecesIsCaught) {
+  MemoryStorage store;
+  SaveReport report;
+  on_ranks(1, [&](int, ProcessGroup& pg) {
+    report = save(dict_value({{"t", piece("t", at::zeros({4}), 4, 0)}}), store, pg);
+  });
+  EXPECT_NO_THROW(report.check_pieces_unchanged());
+  auto& pieces = const_cast<std::vector<SavedPiece>&>(*report.pieces);
+  pieces[0].numel = 3;
+  EXPECT_THROW(report.check_pieces_unchanged(), InvariantViolation);
+  pieces[0].numel = 4;
+  pieces[0].key = "u";
+  EXPECT_THROW(report.check_pieces_unchanged(), InvariantViolation);
+}
+
+// load() parses metadata.json once per distinct content and every rank shares the index
+// (LoadIndex invariants 1 and 2). Mutations caught: a cache keyed by path or by storage (a
+// rewritten metadata.json would load the old pieces); no cache (each read its own index);
+// no fingerprint (a write into a shared index goes unseen).
+TEST(Serialization, LoadIndexIsSharedForEqualBytesOnly) {
+  MemoryStorage store;
+  on_ranks(2, [&](int rank, ProcessGroup& pg) {
+    save(dict_value({{"t", piece("t", at::zeros({2}).add(rank), 4, 2 * rank)}}), store, pg);
+  });
+  const auto first = shared_load_index(store);
+  ASSERT_TRUE(first.is_ok()) << first.status().to_string();
+  EXPECT_EQ(shared_load_index(store).value(), first.value()) << "the same file, one index";
+  EXPECT_EQ(first.value()->pieces, read_checkpoint_pieces(store).value());
+  EXPECT_EQ(first.value()->by_key.at("t").size(), 2u);
+  EXPECT_EQ(first.value()->problems, (std::vector<std::string>{"", ""}));
+
+  MemoryStorage elsewhere;  // equal bytes in another storage: equal index, shared
+  ASSERT_TRUE(
+      elsewhere.write_file("metadata.json", store.read_file("metadata.json").value()).is_ok());
+  EXPECT_EQ(shared_load_index(elsewhere).value(), first.value());
+
+  // Rewritten at the same path: a new index of the new pieces.
+  on_ranks(1, [&](int, ProcessGroup& pg) {
+    save(dict_value({{"t", piece("t", at::zeros({4}), 4, 0)}}), store, pg);
+  });
+  const auto second = shared_load_index(store);
+  ASSERT_TRUE(second.is_ok());
+  EXPECT_NE(second.value(), first.value());
+  EXPECT_EQ(second.value()->pieces, read_checkpoint_pieces(store).value());
+  EXPECT_EQ(first.value()->pieces.size(), 2u) << "an index a rank holds never changes";
+
+  EXPECT_NO_THROW(check_shared_load_indexes_unchanged());
+  auto& shared = const_cast<LoadIndex&>(*second.value());
+  shared.pieces[0].byte_offset = 8;
+  EXPECT_THROW(check_shared_load_indexes_unchanged(), InvariantViolation);
+  EXPECT_THROW(second.value()->check_unchanged(), InvariantViolation);
+  shared.pieces[0].byte_offset = 0;
+  EXPECT_NO_THROW(check_shared_load_indexes_unchanged());
+
+  MemoryStorage empty;
+  EXPECT_EQ(shared_load_index(empty).status().code(), Status::Code::kNotFound);
 }
 
 // read_checkpoint_tensors assembles each key's pieces into its global tensor and refuses, with a
