@@ -33,8 +33,10 @@ struct PhaseJob {
   model::Storage* save_to = nullptr;          // null: no save
   bool real_cuda = false;
   bool share_gathered_objects = true;  // RunOptions::share_gathered_objects
-  model::OptimizerConfig optimizer;    // the phase's (its lr and min_lr: the schedule's)
-  model::ScheduleConfig schedule;      // the arguments the phase's job starts with
+  // initial_params(*scenario), shared read-only by every rank.
+  const std::vector<at::Tensor>* initial_params = nullptr;
+  model::OptimizerConfig optimizer;  // the phase's (its lr and min_lr: the schedule's)
+  model::ScheduleConfig schedule;    // the arguments the phase's job starts with
   model::SchedulerResume resume = model::SchedulerResume::kNeither;
   // The reference run only: at global step `first` (after `first - 1` steps), the schedule of
   // a later phase takes over, as intended_schedules() says it should.
@@ -66,13 +68,24 @@ struct RankRecord {
   std::vector<model::BufferLayout> layouts;
 };
 
-void set_initial_params(model::DistributedDataParallel& ddp, const Scenario& s) {
+// Every model param's initial values (fp32, on the CPU): the same on every rank of every world,
+// so drawn once per run and only read by the ranks (at DP 4096, drawing them on each rank was
+// a tenth of the run).
+std::vector<at::Tensor> initial_params(const Scenario& s) {
+  std::vector<at::Tensor> out;
   for (size_t i = 0; i < s.params.size(); ++i) {
     at::Tensor src = at::empty({s.params[i].numel}, at::TensorOptions().dtype(at::kFloat));
     float* init = src.data_ptr<float>();
     for (int64_t e = 0; e < s.params[i].numel; ++e) init[e] = initial_param_value(s.seed, i, e);
+    out.push_back(std::move(src));
+  }
+  return out;
+}
+
+void set_initial_params(model::DistributedDataParallel& ddp, const std::vector<at::Tensor>& init) {
+  for (size_t i = 0; i < init.size(); ++i) {
     at::Tensor p = ddp.param(i);
-    p.copy_(src);
+    p.copy_(init[i]);
   }
 }
 
@@ -192,7 +205,7 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, RankRecord& out) {
   try {
     const model::LayoutOptions layout{job.dp, s.bucket_size, s.pad_buckets_for_high_nccl_busbw};
     model::DistributedDataParallel ddp(rt, s.params, layout, pg);
-    set_initial_params(ddp, s);
+    set_initial_params(ddp, *job.initial_params);
     describe_buffers(ddp, out);
     const auto optimizer = model::get_megatron_optimizer(rt, ddp, job.optimizer, *job.switches);
     model::DistributedOptimizer& opt = *optimizer;
@@ -290,9 +303,11 @@ Result<std::unique_ptr<model::Storage>> open_storage(const RunOptions& options,
 }
 
 // 1. The uninterrupted reference run: every step of every phase at phases[0]'s DP and revision.
-void run_reference(const Scenario& scenario, const RunOptions& options, RunResult& result) {
+void run_reference(const Scenario& scenario, const RunOptions& options,
+                   const std::vector<at::Tensor>& init, RunResult& result) {
   PhaseJob job;
   job.scenario = &scenario;
+  job.initial_params = &init;
   job.phase_id = kReferencePhaseId;
   job.dp = scenario.phases.front().dp;
   job.steps = scenario.total_steps();
@@ -526,7 +541,8 @@ Result<RunResult> run_scenario(const Scenario& scenario, const RunOptions& optio
   if (Status st = open_roots(options, result, root, export_root); !st.is_ok()) return st;
   const bool export_torch_dist = export_root != nullptr;
 
-  run_reference(scenario, options, result);
+  const std::vector<at::Tensor> init = initial_params(scenario);
+  run_reference(scenario, options, init, result);
 
   std::vector<std::unique_ptr<model::Storage>> stores;
   for (size_t i = 0; i < scenario.phases.size(); ++i) {
@@ -552,6 +568,7 @@ Result<RunResult> run_scenario(const Scenario& scenario, const RunOptions& optio
                                        spec.profile->name, spec.steps));
     PhaseJob job;
     job.scenario = &scenario;
+    job.initial_params = &init;
     job.phase_id = static_cast<int64_t>(i);
     job.dp = spec.dp;
     job.steps = spec.steps;
@@ -586,8 +603,10 @@ PhaseRecord resume_from_checkpoint(const Scenario& scenario, const PhaseSpec& ph
   rec.index = 1;
   rec.spec = phase;
   rec.spec.save = false;
+  const std::vector<at::Tensor> init = initial_params(scenario);
   PhaseJob job;
   job.scenario = &scenario;
+  job.initial_params = &init;
   job.phase_id = 1;
   job.dp = phase.dp;
   job.steps = phase.steps;
