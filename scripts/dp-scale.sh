@@ -48,6 +48,7 @@ json.dump(s, open(out, "w"), indent=2)
 EOF
   fi
   rc=0
+  rm -f "$work/trace"
   /usr/bin/time -f "%e %M" -o "$work/time" "$bin" run "${where[@]}" --quiet \
     --trace "$work/trace" "$scenario" >"$work/out" 2>&1 || rc=$?
   # GNU time puts "Command exited with non-zero status N" first when the run fails.
@@ -56,7 +57,7 @@ EOF
   case "$rc" in
     0) verdict="all pass" ;;
     1) verdict="some fail" ;;
-    *) verdict="error (exit $rc): $(head -c 120 "$work/out" | tr '\n' ' ')" ;;
+    *) verdict="error (exit $rc): $(head -n 1 "$work/out" | cut -c1-160)" ;;
   esac
   printf '| %s | %s -> %s | %s | %d | %s | %s |\n' "$dp" "$dp" "$target" "$wall" \
     $((rss_kb / 1024)) "$verdict" "${hash:--}"
