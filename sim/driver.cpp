@@ -12,7 +12,6 @@
 #include "model/megatron/optimizer_param_scheduler.h"
 #include "sim/gradients.h"
 #include "sim/local_world.h"
-#include "sim/object_exchange.h"
 
 namespace ckptsim::sim {
 
@@ -244,14 +243,11 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, RankRecord& out) {
 
 std::vector<RankRecord> run_world(const PhaseJob& job) {
   std::vector<RankRecord> outs(static_cast<size_t>(job.dp));
-  LocalWorld world(static_cast<int>(job.dp));
-  ObjectExchange exchange(static_cast<int>(job.dp));
-  world.run([&](model::ProcessGroup& pg) {
-    RankRecord& out = outs[static_cast<size_t>(pg.rank())];
-    if (!job.share_gathered_objects) return rank_main(job, pg, out);
-    SharingProcessGroup group(pg, exchange);
-    rank_main(job, group, out);
-  });
+  LocalWorld world(
+      static_cast<int>(job.dp), Execution::kFibers,
+      job.share_gathered_objects ? ObjectGathers::kShared : ObjectGathers::kCopiedPerRank);
+  world.run(
+      [&](model::ProcessGroup& pg) { rank_main(job, pg, outs[static_cast<size_t>(pg.rank())]); });
   return outs;
 }
 

@@ -51,9 +51,9 @@ struct RunOptions {
   model::TorchDistExportOptions torch_dist;  // kTorchDist only
   // Called with a one-line status after each phase (progress on long runs); may be empty.
   std::function<void(const std::string&)> progress;
-  // The ranks of a world share one copy of what they gather (sim/object_exchange.h), as they
-  // must at production DP sizes. false: each rank gets its own copy, LocalWorld's
-  // all_gather_object; the same run, for tests that show the sharing changes nothing.
+  // The ranks of a world share one copy of what they gather (ObjectGathers::kShared in
+  // sim/local_world.h), as they must at production DP sizes. false: each rank gets its own
+  // copy; the same run, for tests that show the sharing changes nothing.
   bool share_gathered_objects = true;
 };
 

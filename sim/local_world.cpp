@@ -28,8 +28,8 @@ PeerAborted::PeerAborted(int aborting_rank, std::string reason, int observing_ra
 // ---------------------------------------------------------------------------------------
 // LocalWorld
 
-LocalWorld::LocalWorld(int world_size, Execution execution)
-    : world_size_(world_size), execution_(execution) {
+LocalWorld::LocalWorld(int world_size, Execution execution, ObjectGathers gathers)
+    : world_size_(world_size), execution_(execution), gathers_(gathers) {
   if (world_size < 1 || world_size > kWorldSizeMax) {
     throw std::invalid_argument(
         fmt::format("world size {} is outside [1, kWorldSizeMax={}]", world_size, kWorldSizeMax));
@@ -216,10 +216,23 @@ void LocalWorld::execute_locked() {
       return;
     }
     case CollectiveOp::kAllGatherObject: {
+      // A rank asks for a copy (objects_output) or for the shared instance (shared_output);
+      // both are this one op (invariant 7).
       std::vector<std::vector<char>> gathered;
       gathered.reserve(n_ranks);
       for (std::size_t r = 0; r < n_ranks; ++r) gathered.push_back(*call(r).object_input);
-      for (std::size_t r = 0; r < n_ranks; ++r) *call(r).objects_output = gathered;
+      for (std::size_t r = 0; r < n_ranks; ++r) {
+        if (call(r).objects_output != nullptr) *call(r).objects_output = gathered;
+      }
+      std::shared_ptr<const model::GatheredObjects> shared;
+      for (std::size_t r = 0; r < n_ranks; ++r) {
+        if (call(r).shared_output == nullptr) continue;
+        if (shared == nullptr || gathers_ == ObjectGathers::kCopiedPerRank) {
+          shared = std::make_shared<const model::GatheredObjects>(
+              gathers_ == ObjectGathers::kShared ? std::move(gathered) : gathered);
+        }
+        *call(r).shared_output = shared;
+      }
       return;
     }
     case CollectiveOp::kBroadcastObject: {
@@ -446,6 +459,19 @@ std::vector<std::vector<char>> LocalProcessGroup::all_gather_object(
   std::vector<std::vector<char>> gathered;
   call.object_input = &bytes;
   call.objects_output = &gathered;
+  world_.rendezvous(rank_, call);
+  return gathered;
+}
+
+std::shared_ptr<const model::GatheredObjects> LocalProcessGroup::all_gather_object_shared(
+    const std::vector<char>& bytes) {
+  LocalWorld::Call call;
+  call.op = CollectiveOp::kAllGatherObject;
+  call.sequence_number = next_sequence_number();
+  check_payload(bytes.size(), call.op);
+  std::shared_ptr<const model::GatheredObjects> gathered;
+  call.object_input = &bytes;
+  call.shared_output = &gathered;
   world_.rendezvous(rank_, call);
   return gathered;
 }

@@ -43,6 +43,13 @@
 //      other runnable rank in rank order, round after round; a rank blocked in a collective
 //      becomes runnable once the collective resolves. Results are the same under kThreads
 //      (invariant 1); only kFibers makes the interleaving itself repeatable.
+//   7. Under ObjectGathers::kShared (the default) every rank that calls
+//      all_gather_object_shared in one rendezvous gets the same GatheredObjects instance
+//      (ProcessGroup invariant 4): one copy of every rank's bytes, not one per rank (at DP 4096
+//      the save's metadata gather would be 4096 x 4096 entries). It is one rendezvous of op
+//      all_gather_object, so it meets a peer's all_gather_object and fails exactly as that does.
+//      kCopiedPerRank gives each rank its own instance (for tests that show sharing changes
+//      nothing).
 //
 // Threading: under kThreads a LocalWorld is shared by its ranks' threads; under kFibers every
 // rank runs on the thread that called run(). abort() may come from any thread. A
@@ -55,6 +62,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -120,10 +128,17 @@ enum class Execution {
   kThreads,  // one OS thread per rank, rank 0 on the calling thread
 };
 
+// What all_gather_object_shared hands the ranks of one rendezvous (invariant 7).
+enum class ObjectGathers {
+  kShared,        // one GatheredObjects for all of them
+  kCopiedPerRank  // one each, as a separate process per rank would have
+};
+
 class LocalWorld {
  public:
   // REQUIRES: 1 <= world_size <= kWorldSizeMax, else throws std::invalid_argument.
-  explicit LocalWorld(int world_size, Execution execution = Execution::kFibers);
+  explicit LocalWorld(int world_size, Execution execution = Execution::kFibers,
+                      ObjectGathers gathers = ObjectGathers::kShared);
   LocalWorld(const LocalWorld&) = delete;
   LocalWorld& operator=(const LocalWorld&) = delete;
 
@@ -168,8 +183,9 @@ class LocalWorld {
     std::span<const std::byte> input;
     std::span<std::byte> output;
     const std::vector<char>* object_input = nullptr;
-    std::vector<std::vector<char>>* objects_output = nullptr;  // all_gather_object
-    std::vector<char>* object_output = nullptr;                // broadcast_object
+    std::vector<std::vector<char>>* objects_output = nullptr;                // all_gather_object
+    std::shared_ptr<const model::GatheredObjects>* shared_output = nullptr;  // ..._shared
+    std::vector<char>* object_output = nullptr;                              // broadcast_object
   };
 
   struct Departure {
@@ -210,6 +226,7 @@ class LocalWorld {
 
   const int world_size_;
   const Execution execution_;
+  const ObjectGathers gathers_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -241,6 +258,8 @@ class LocalProcessGroup final : public ProcessGroup {
   void all_reduce_sum(std::span<float> data) override;
   void all_gather(std::span<const std::byte> input, std::span<std::byte> output) override;
   std::vector<std::vector<char>> all_gather_object(const std::vector<char>& bytes) override;
+  std::shared_ptr<const model::GatheredObjects> all_gather_object_shared(
+      const std::vector<char>& bytes) override;
   std::vector<char> broadcast_object(const std::vector<char>& bytes, int root) override;
   void barrier() override;
 

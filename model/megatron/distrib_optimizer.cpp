@@ -974,9 +974,9 @@ std::unique_ptr<DistributedOptimizer> get_megatron_optimizer(Runtime& rt,
                                                              const OptimizerConfig& config,
                                                              const RevisionSwitches& switches) {
   check_optimizer_config(config, switches);
-  (void)ddp.dp_group().all_gather_object({});  // _get_param_groups: dense params
+  (void)ddp.dp_group().all_gather_object_shared({});  // _get_param_groups: dense params
   auto opt = std::make_unique<DistributedOptimizer>(rt, ddp, config, switches);
-  (void)ddp.dp_group().all_gather_object({});  // _get_param_groups: expert-parallel params
+  (void)ddp.dp_group().all_gather_object_shared({});  // _get_param_groups: expert-parallel params
   return opt;
 }
 

@@ -615,7 +615,7 @@ Value load(const Value& sharded_state_dict, const Storage& storage, ProcessGroup
   merge(common, nonpersistent, options.merge);
   Value sharded = extract_sharded_base(rest).first;
   // validation.py determine_global_metadata: all_gather_object of every rank's metadata.
-  (void)group.all_gather_object({});
+  (void)group.all_gather_object_shared({});
 
   // torch_dist load: every ShardedTensor in place, every ShardedObject anew.
   std::map<std::string, std::vector<char>> files;

@@ -1,9 +1,10 @@
 // Production DP sizes (issue 11 item 7): the ranks of a world share one copy of what they
-// gather and of the checkpoint index they load (sim/object_exchange.h, model/process_group.h
-// GatheredObjects, model/megatron/serialization.h LoadIndex), and that sharing changes nothing.
+// gather and of the checkpoint index they load (sim/local_world.h ObjectGathers,
+// model/process_group.h GatheredObjects, model/megatron/serialization.h LoadIndex), and that
+// sharing changes nothing.
 //
 // Which deliberately broken variant each test catches:
-//   SharingChangesNothing/*      any sharing that changes what a rank learns: an exchange
+//   SharingChangesNothing/*      any sharing that changes what a rank learns: a shared gather
 //                                that reorders or drops a rank's entries, hands out another
 //                                round's, or fails a collective differently (the trace, the
 //                                saved pieces, the checkpoint and every verdict are compared
@@ -11,7 +12,7 @@
 //   Dp512To384PassesEveryProperty  a production-size reshard that stops tiling, loses state or
 //                                breaks the step counters (its 15 properties)
 //   DpScaleLarge.Dp4096To3072PassesEveryProperty  the same at DP 4096 -> 3072; ctest label
-//                                "scale", not "cpu" (about 20 s on a 2-core machine), and
+//                                "scale", not "cpu" (about 10 s on a 2-core machine), and
 //                                skipped where the world cannot hold 4096 ranks
 #include <gtest/gtest.h>
 

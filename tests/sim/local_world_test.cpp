@@ -12,6 +12,11 @@
 //                                     it, fp32 addition of two terms commutes]; wrong slice
 //                                     given to a rank.
 //   AllGather / AllGatherObject       concatenation in arrival order; missing rank.
+//   AllGatherObjectShared             a shared instance per rank instead of one [tried];
+//                                     a rendezvous mixing shared and copying ranks refused.
+//   CopiedPerRankGivesEachRankItsOwnInstance  kCopiedPerRank ignored (one instance).
+//   SharedGatherFailsAsAllGatherObjectDoes    the shared gather posted as another op, or
+//                                     completing past a failed peer.
 //   BroadcastObject                   root ignored (rank 0's bytes broadcast).
 //   AliasedOutputs                    accumulating straight into the outputs instead of
 //                                     scratch (Megatron's in-place bucket views) [tried: caught,
@@ -59,6 +64,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <future>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -268,6 +274,44 @@ TEST_P(CollectivesTest, AllGatherObject) {
     for (int r = 0; r < world_size(); ++r) want.push_back(object_input(rep, r));
     for (std::size_t r = 0; r < n_ranks(); ++r) {
       ASSERT_EQ(got[r][std::size_t(rep)], want) << "rep " << rep << " rank " << r;
+    }
+  }
+}
+
+// all_gather_object_shared (invariant 7): in each rep half the ranks ask for the shared
+// instance and half for a copy, in one rendezvous; everyone gets every rank's bytes in rank
+// order, and the ranks that asked for the shared instance hold the same one.
+TEST_P(CollectivesTest, AllGatherObjectShared) {
+  SCOPED_TRACE("seed=" + std::to_string(kSeed));
+  LocalWorld world(world_size(), execution());
+  std::vector<std::vector<std::vector<std::vector<char>>>> got(n_ranks());
+  std::vector<std::vector<std::shared_ptr<const model::GatheredObjects>>> instances(
+      n_ranks(), std::vector<std::shared_ptr<const model::GatheredObjects>>(kReps));
+  expect_all_ok(run_guarded(world, [&](ProcessGroup& pg) {
+    std::mt19937_64 rng(seed_of(-7, pg.rank()));
+    const auto r = static_cast<std::size_t>(pg.rank());
+    for (int rep = 0; rep < kReps; ++rep) {
+      perturb(rng, rep, pg.rank(), pg.size());
+      if ((pg.rank() + rep) % 2 == 0) {
+        auto shared = pg.all_gather_object_shared(object_input(rep, pg.rank()));
+        got[r].push_back(shared->objects());
+        instances[r][static_cast<std::size_t>(rep)] = std::move(shared);
+      } else {
+        got[r].push_back(pg.all_gather_object(object_input(rep, pg.rank())));
+      }
+    }
+  }));
+  for (int rep = 0; rep < kReps; ++rep) {
+    const auto k = static_cast<std::size_t>(rep);
+    std::vector<std::vector<char>> want;
+    for (int r = 0; r < world_size(); ++r) want.push_back(object_input(rep, r));
+    const model::GatheredObjects* first = nullptr;
+    for (std::size_t r = 0; r < n_ranks(); ++r) {
+      ASSERT_EQ(got[r][k], want) << "rep " << rep << " rank " << r;
+      const auto& instance = instances[r][k];
+      if (instance == nullptr) continue;
+      if (first == nullptr) first = instance.get();
+      EXPECT_EQ(instance.get(), first) << "rep " << rep << ": rank " << r << " has its own copy";
     }
   }
 }
@@ -550,6 +594,51 @@ void expect_mismatch_everywhere(const std::vector<RankOutcome>& outcomes,
   }
 }
 
+// kCopiedPerRank: each rank its own instance, with the same contents.
+TEST(ProcessGroupObjects, CopiedPerRankGivesEachRankItsOwnInstance) {
+  constexpr int kWorld = 3;
+  LocalWorld world(kWorld, Execution::kFibers, ObjectGathers::kCopiedPerRank);
+  std::vector<std::shared_ptr<const model::GatheredObjects>> got(kWorld);
+  expect_all_ok(run_guarded(world, [&](ProcessGroup& pg) {
+    got[static_cast<std::size_t>(pg.rank())] =
+        pg.all_gather_object_shared(object_input(0, pg.rank()));
+  }));
+  for (std::size_t r = 1; r < got.size(); ++r) {
+    EXPECT_NE(got[r].get(), got[0].get()) << "rank " << r;
+    EXPECT_EQ(got[r]->objects(), got[0]->objects()) << "rank " << r;
+  }
+}
+
+// A shared gather is the one op all_gather_object: it fails on a failed peer and on a peer at
+// another collective exactly as that op does (invariants 2, 3, 7).
+TEST(ProcessGroupObjects, SharedGatherFailsAsAllGatherObjectDoes) {
+  auto errors = [](bool shared, bool peer_throws) {
+    LocalWorld world(3);
+    const auto outcomes = run_guarded(world, [&](ProcessGroup& pg) {
+      if (pg.rank() == 1) {
+        if (peer_throws) throw std::runtime_error("rank 1 failed");
+        pg.barrier();
+      } else if (shared) {
+        (void)pg.all_gather_object_shared(object_input(0, pg.rank()));
+      } else {
+        (void)pg.all_gather_object(object_input(0, pg.rank()));
+      }
+    });
+    std::vector<std::string> out;
+    for (const auto& o : outcomes) out.push_back(o.ok() ? "" : o.error_message);
+    return out;
+  };
+  for (const bool peer_throws : {true, false}) {
+    SCOPED_TRACE(peer_throws ? "a peer throws" : "a peer at a barrier");
+    const auto shared = errors(true, peer_throws);
+    EXPECT_EQ(shared, errors(false, peer_throws));
+    EXPECT_NE(shared[0].find(peer_throws ? "rank 1 failed" : "collective mismatch"),
+              std::string::npos)
+        << shared[0];
+    EXPECT_NE(shared[0].find("all_gather_object"), std::string::npos) << shared[0];
+  }
+}
+
 TEST(ProcessGroupMismatch, MismatchedOps) {
   LocalWorld world(2);
   const auto outcomes = run_guarded(world, [](ProcessGroup& pg) {
@@ -722,12 +811,13 @@ TEST(ProcessGroupBase, SequenceNumbersCountCollectives) {
     pg.all_reduce_sum(g);
     pg.all_gather(b, c);
     pg.all_gather_object({});
+    (void)pg.all_gather_object_shared({});
     pg.broadcast_object({}, 2);
     counts[static_cast<std::size_t>(pg.rank())] = pg.sequence_number();
     EXPECT_EQ(pg.backend_name(), "local");
     EXPECT_EQ(pg.size(), 3);
   }));
-  EXPECT_EQ(counts, (std::vector<uint64_t>{6, 6, 6}));
+  EXPECT_EQ(counts, (std::vector<uint64_t>{7, 7, 7}));
 }
 
 }  // namespace

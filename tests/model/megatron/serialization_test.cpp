@@ -21,7 +21,6 @@
 #include "model/megatron/mapping.h"
 #include "model/megatron/serialization.h"
 #include "sim/local_world.h"
-#include "sim/object_exchange.h"
 
 using namespace ckptsim;
 using namespace ckptsim::model;
@@ -210,8 +209,8 @@ TEST(Serialization, EveryRankLearnsAllPiecesAndObjectsAreListedOnce) {
                CheckpointingException);
 }
 
-// Where the group shares what it gathers (sim/object_exchange.h), every rank's report holds one
-// list of pieces, equal to the list each rank decodes from its own copy, and rank 0 writes the
+// Where the group shares what it gathers (sim::ObjectGathers::kShared), every rank's report holds
+// one list of pieces, equal to the list each rank decodes from its own copy, and rank 0 writes the
 // same metadata.json. Mutations caught: a shared gather or decode that reorders or drops a
 // rank's entries; a decode per rank (the lists are then not one object).
 TEST(Serialization, SharedGatherGivesEveryRankOneListEqualToTheCopies) {
@@ -224,16 +223,16 @@ TEST(Serialization, SharedGatherGivesEveryRankOneListEqualToTheCopies) {
   };
   MemoryStorage copied_store;
   std::vector<SaveReport> copied(kRanks);
-  on_ranks(kRanks, [&](int rank, ProcessGroup& pg) {
-    copied[static_cast<size_t>(rank)] = save_on(copied_store, pg);
-  });
+  sim::LocalWorld copying_world(kRanks, sim::Execution::kFibers,
+                                sim::ObjectGathers::kCopiedPerRank);
+  sim::rethrow_root_cause(copying_world.run([&](ProcessGroup& pg) {
+    copied[static_cast<size_t>(pg.rank())] = save_on(copied_store, pg);
+  }));
   MemoryStorage shared_store;
   std::vector<SaveReport> shared(kRanks);
-  sim::LocalWorld world(kRanks);
-  sim::ObjectExchange exchange(kRanks);
+  sim::LocalWorld world(kRanks, sim::Execution::kFibers, sim::ObjectGathers::kShared);
   sim::rethrow_root_cause(world.run([&](ProcessGroup& pg) {
-    sim::SharingProcessGroup group(pg, exchange);
-    shared[static_cast<size_t>(pg.rank())] = save_on(shared_store, group);
+    shared[static_cast<size_t>(pg.rank())] = save_on(shared_store, pg);
   }));
   for (int r = 0; r < kRanks; ++r) {
     const auto i = static_cast<size_t>(r);
@@ -242,7 +241,7 @@ TEST(Serialization, SharedGatherGivesEveryRankOneListEqualToTheCopies) {
     EXPECT_EQ(shared[i].pieces_fingerprint, fingerprint(*copied[i].pieces));
   }
   EXPECT_EQ(copied[0].pieces->size(), static_cast<size_t>(kRanks));
-  EXPECT_NE(copied[1].pieces, copied[0].pieces) << "the default gather copies per rank";
+  EXPECT_NE(copied[1].pieces, copied[0].pieces) << "kCopiedPerRank gives each rank its own";
   EXPECT_EQ(shared_store.read_file("metadata.json").value(),
             copied_store.read_file("metadata.json").value());
 }
