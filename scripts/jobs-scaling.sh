@@ -8,10 +8,13 @@
 #           the machine's cores is what the table means: more jobs than cores measures nothing).
 # CKPTSIM_BIN  the ckptsim binary (default build/ckptsim).
 #
-# Prints a Markdown table: jobs, wall seconds, cases/s, speed-up over jobs 1, speed-up / jobs,
-# and whether the minimal scenarios are byte-identical to jobs 1's and the summary (failures,
-# coverage, simulator runs; not its timings, nor the runs that jobs > 1 ran ahead and
-# discarded) equal. Exits 1 if any N found something else.
+# Prints a Markdown table: jobs, wall seconds, the search's own seconds (the summary's: without
+# the process's start-up, libtorch's load among it), CPU seconds (user + system, every thread),
+# busy (CPU seconds / (wall x jobs): below 1, jobs waited), cases/s, speed-up over jobs 1,
+# speed-up / jobs, and whether the minimal scenarios are byte-identical to jobs 1's and the
+# summary (failures, coverage, simulator runs; not its timings, nor the runs that jobs > 1 ran
+# ahead and discarded) equal. Exits 1 if any N found something else. CPU seconds that grow with
+# N mean each case cost more (shared caches, memory, a lower clock), not that jobs waited.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 revision="${1:-fix-complete}"
@@ -35,21 +38,30 @@ print(json.dumps(d, sort_keys=True))' ckptsim-summary.json) | sha256sum | cut -c
 echo "ckptsim check --revision $revision --cases $cases --seed 1 on $(nproc) CPUs" \
      "($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'))"
 echo
-echo "| jobs | wall s | cases/s | speed-up | speed-up / jobs | findings as jobs 1 |"
-echo "|---|---|---|---|---|---|"
+echo "| jobs | wall s | search s | CPU s | busy | cases/s | speed-up | speed-up / jobs | findings as jobs 1 |"
+echo "|---|---|---|---|---|---|---|---|---|"
+# Runs one search; prints its wall and CPU seconds (user + system, every thread).
+timed_check() {
+  python3 -c '
+import resource, subprocess, sys, time
+start = time.monotonic()
+subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL)
+wall = time.monotonic() - start
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(f"{wall:.2f} {usage.ru_utime + usage.ru_stime:.2f}")' "$@"
+}
 base_wall="" base_digest="" status=0
 for j in "${jobs_list[@]}"; do
   dir="$out/jobs-$j"
-  start=$(date +%s.%N)
-  "$bin" check --revision "$revision" --cases "$cases" --seed 1 --jobs "$j" --quiet \
-    --out "$dir" >/dev/null || true
-  end=$(date +%s.%N)
-  wall=$(python3 -c "print(f'{$end - $start:.2f}')")
+  read -r wall cpu < <(timed_check "$bin" check --revision "$revision" --cases "$cases" \
+    --seed 1 --jobs "$j" --quiet --out "$dir")
+  search=$(python3 -c 'import json, sys; print("%.2f" % json.load(open(sys.argv[1]))["seconds"])' \
+    "$dir/ckptsim-summary.json")
   d=$(digest "$dir")
   [[ -z "$base_wall" ]] && base_wall=$wall base_digest=$d
   same=yes
   [[ "$d" != "$base_digest" ]] && same="NO ($d vs $base_digest)" && status=1
-  python3 -c "w=$wall; b=$base_wall; j=$j
-print(f'| {j} | {w:.2f} | {$cases / w:.1f} | {b / w:.2f} | {b / w / j:.2f} | $same |')"
+  python3 -c "w=$wall; b=$base_wall; j=$j; c=$cpu
+print(f'| {j} | {w:.2f} | $search | {c:.2f} | {c / (w * j):.2f} | {$cases / w:.1f} | {b / w:.2f} | {b / w / j:.2f} | $same |')"
 done
 exit $status
