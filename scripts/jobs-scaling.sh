@@ -7,6 +7,11 @@
 # REVISION  default fix-complete; CASES default 2000; JOBS default "1 2 4 8 16" (each at most
 #           the machine's cores is what the table means: more jobs than cores measures nothing).
 # CKPTSIM_BIN  the ckptsim binary (default build/ckptsim).
+# CKPTSIM_CHECK_ARGS  more arguments for every check (e.g. "--long-steps-max 0": no long phases).
+# CKPTSIM_SPIN  K: K busy loops (`yes`) run on the other cores during every row, so that a row
+#               of jobs 1 shows what a case costs when the machine is loaded by something that
+#               shares nothing with ckptsim (clock, caches, memory), apart from ckptsim's own
+#               contention.
 #
 # Prints a Markdown table: jobs, wall seconds, the search's own seconds (the summary's: without
 # the process's start-up, libtorch's load among it), CPU seconds (user + system, every thread),
@@ -23,6 +28,7 @@ shift $(($# < 2 ? $# : 2))
 jobs_list=("$@")
 [[ ${#jobs_list[@]} -eq 0 ]] && jobs_list=(1 2 4 8 16)
 bin="${CKPTSIM_BIN:-build/ckptsim}"
+read -r -a check_args <<<"${CKPTSIM_CHECK_ARGS:-}"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 
@@ -35,7 +41,7 @@ for k in ("seconds", "shrink_seconds", "jobs", "discarded_runs"): d.pop(k, None)
 print(json.dumps(d, sort_keys=True))' ckptsim-summary.json) | sha256sum | cut -c1-16
 }
 
-echo "ckptsim check --revision $revision --cases $cases --seed 1 on $(nproc) CPUs" \
+echo "ckptsim check --revision $revision --cases $cases --seed 1 ${check_args[*]} on $(nproc) CPUs${CKPTSIM_SPIN:+, $CKPTSIM_SPIN busy loops beside}" \
      "($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'))"
 echo
 echo "| jobs | wall s | search s | CPU s | busy | cases/s | speed-up | speed-up / jobs | findings as jobs 1 |"
@@ -50,11 +56,18 @@ wall = time.monotonic() - start
 usage = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(f"{wall:.2f} {usage.ru_utime + usage.ru_stime:.2f}")' "$@"
 }
+spinners=()
+stop_spinners() { [[ ${#spinners[@]} -eq 0 ]] || kill "${spinners[@]}" 2>/dev/null || true; }
+trap 'stop_spinners; rm -rf "$out"' EXIT
+for ((k = 0; k < ${CKPTSIM_SPIN:-0}; k++)); do
+  yes >/dev/null &
+  spinners+=($!)
+done
 base_wall="" base_digest="" status=0
 for j in "${jobs_list[@]}"; do
   dir="$out/jobs-$j"
   read -r wall cpu < <(timed_check "$bin" check --revision "$revision" --cases "$cases" \
-    --seed 1 --jobs "$j" --quiet --out "$dir")
+    --seed 1 --jobs "$j" --quiet --out "$dir" "${check_args[@]}")
   search=$(python3 -c 'import json, sys; print("%.2f" % json.load(open(sys.argv[1]))["seconds"])' \
     "$dir/ckptsim-summary.json")
   d=$(digest "$dir")

@@ -184,7 +184,9 @@ std::vector<sim::Scenario> domain_shrinks(const sim::Scenario& s) {
 
 Judge property_judge(std::vector<std::string> only) {
   return [only](const sim::Scenario& s) -> std::optional<Finding> {
-    auto run = sim::run_scenario(s);
+    sim::RunOptions options;
+    options.trace_steps = false;  // no property reads the trace
+    auto run = sim::run_scenario(s, options);
     CKPTSIM_CHECK(run.is_ok(), "a generated scenario could not run: " + run.status().to_string());
     for (const auto& p : properties::all_properties()) {
       if (!only.empty() && std::find(only.begin(), only.end(), p.name) == only.end()) continue;

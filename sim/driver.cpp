@@ -32,6 +32,7 @@ struct PhaseJob {
   model::Storage* save_to = nullptr;          // null: no save
   bool real_cuda = false;
   bool share_gathered_objects = true;  // RunOptions::share_gathered_objects
+  bool trace_steps = true;             // RunOptions::trace_steps
   // initial_params(*scenario), shared read-only by every rank.
   const std::vector<at::Tensor>* initial_params = nullptr;
   model::OptimizerConfig optimizer;  // the phase's (its lr and min_lr: the schedule's)
@@ -188,8 +189,10 @@ int64_t train(const PhaseJob& job, model::Runtime& rt, model::DistributedDataPar
     RankState state = capture(opt, ddp, rank, last);
     state.uses = std::move(uses);
     state.hypers = std::move(hypers);
-    out.trace.push_back(fmt::format("step phase={} global={} rank={} state={:016x}", job.phase_id,
-                                    global_step, rank, rank_state_hash(state)));
+    if (job.trace_steps) {
+      out.trace.push_back(fmt::format("step phase={} global={} rank={} state={:016x}", job.phase_id,
+                                      global_step, rank, rank_state_hash(state)));
+    }
     out.steps.push_back(std::move(state));
   }
   return iteration;
@@ -310,6 +313,7 @@ void run_reference(const Scenario& scenario, const RunOptions& options,
   job.switches = &scenario.phases.front().profile->switches;
   job.real_cuda = result.gpu_resident;
   job.share_gathered_objects = options.share_gathered_objects;
+  job.trace_steps = options.trace_steps;
   job.set_arguments(scenario, scenario.phases.front());
   const std::vector<model::ScheduleConfig> intended = intended_schedules(scenario);
   int64_t first = 1;
@@ -571,6 +575,7 @@ Result<RunResult> run_scenario(const Scenario& scenario, const RunOptions& optio
     job.switches = &spec.profile->switches;
     job.real_cuda = result.gpu_resident;
     job.share_gathered_objects = options.share_gathered_objects;
+    job.trace_steps = options.trace_steps;
     job.set_arguments(scenario, spec);
     job.load_from = i > 0 ? stores[stores.size() - 2].get() : nullptr;
     job.save_to = spec.save ? stores.back().get() : nullptr;
@@ -609,6 +614,7 @@ PhaseRecord resume_from_checkpoint(const Scenario& scenario, const PhaseSpec& ph
   job.switches = &phase.profile->switches;
   job.real_cuda = have_gpu && options.device != DeviceChoice::kCpu;
   job.share_gathered_objects = options.share_gathered_objects;
+  job.trace_steps = options.trace_steps;
   job.set_arguments(scenario, phase);
   job.load_from = &checkpoint;
   RunResult unused;

@@ -96,20 +96,6 @@ std::string Key::repr() const {
 
 std::string Key::str() const { return kind_ == Kind::kStr ? str_ : repr(); }
 
-bool operator==(const Key& a, const Key& b) {
-  if (a.kind_ != b.kind_) return false;
-  switch (a.kind_) {
-    case Key::Kind::kInt:
-      return a.int_ == b.int_;
-    case Key::Kind::kStr:
-    case Key::Kind::kSymbol:
-      return a.str_ == b.str_;
-    case Key::Kind::kTuple:
-      return a.items_ == b.items_;
-  }
-  return false;
-}
-
 bool operator<(const Key& a, const Key& b) {
   if (a.kind_ != b.kind_) return a.kind_ < b.kind_;
   switch (a.kind_) {

@@ -45,7 +45,13 @@ class Key {
   std::string repr() const;
   std::string str() const;
 
-  friend bool operator==(const Key& a, const Key& b);
+  // Inline: dict lookups compare keys linearly, and most keys are ints or short strs.
+  friend bool operator==(const Key& a, const Key& b) {
+    if (a.kind_ != b.kind_) return false;
+    if (a.kind_ == Kind::kInt) return a.int_ == b.int_;
+    if (a.kind_ == Kind::kTuple) return a.items_ == b.items_;
+    return a.str_ == b.str_;  // kStr, kSymbol
+  }
   friend bool operator<(const Key& a, const Key& b);
 
  private:

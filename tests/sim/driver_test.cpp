@@ -31,6 +31,44 @@ TEST(Driver, RerunGivesTheSameTraceHash) {
   EXPECT_EQ(a.reference.back().hash(), b.reference.back().hash());
 }
 
+// RunOptions::trace_steps = false (the search's judge) leaves out only the per-step state
+// lines: the rest of the trace, every recorded state and every verdict are the same. Mutations
+// caught: the option ignored (step lines still there); the option skipping the capture instead
+// of only its trace line (the recorded states differ).
+TEST(Driver, WithoutStepTracesOnlyTheStepLinesGo) {
+  const auto s = test::scenario_file("scenarios/bug2-step-reset-dp2-to-4.json");
+  const auto full = test::run(s);
+  sim::RunOptions options;
+  options.trace_steps = false;
+  const auto lean = test::run(s, options);
+  std::vector<std::string> full_without_steps;
+  size_t step_lines = 0;
+  for (const auto& line : full.trace) {
+    if (line.rfind("step phase=", 0) == 0) {
+      ++step_lines;
+    } else if (line.rfind("trace_hash=", 0) != 0) {
+      full_without_steps.push_back(line);
+    }
+  }
+  EXPECT_GT(step_lines, 0u);
+  std::vector<std::string> lean_trace(lean.trace.begin(), lean.trace.end() - 1);  // no trace_hash
+  EXPECT_EQ(lean_trace, full_without_steps);
+  ASSERT_EQ(lean.reference.size(), full.reference.size());
+  for (size_t k = 0; k < full.reference.size(); ++k)
+    EXPECT_EQ(lean.reference[k].hash(), full.reference[k].hash()) << "reference step " << k;
+  ASSERT_EQ(lean.phases.size(), full.phases.size());
+  for (size_t i = 0; i < full.phases.size(); ++i) {
+    ASSERT_EQ(lean.phases[i].after_step.size(), full.phases[i].after_step.size()) << i;
+    for (size_t k = 0; k < full.phases[i].after_step.size(); ++k) {
+      EXPECT_EQ(lean.phases[i].after_step[k].hash(), full.phases[i].after_step[k].hash())
+          << "phase " << i << " step " << k;
+    }
+  }
+  for (const auto& p : properties::all_properties()) {
+    EXPECT_EQ(p.check(lean).verdict, p.check(full).verdict) << p.name;
+  }
+}
+
 TEST(Driver, DeterministicAcrossRepeatsWithManyRanks) {
   // Five ranks, threads scheduled differently each time: the final states must not change.
   const auto s = test::scenario_from_json(
