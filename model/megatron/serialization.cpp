@@ -501,27 +501,31 @@ std::string piece_problem(const SavedPiece& p, std::optional<size_t> file_size) 
 class LoadIndexCache {
  public:
   // The file is read under the cache's lock, so that ranks waiting for it do not each hold a
-  // copy of the bytes (at DP 2048 that was 1536 copies of a 2.5 MB file).
+  // copy of the bytes (at DP 2048 that was 1536 copies of a 2.5 MB file). It is parsed outside
+  // the lock: the searches of `check --jobs N` load their own checkpoints on N threads at once,
+  // and a parse under the lock made them wait for each other.
   Result<std::shared_ptr<const LoadIndex>> get(const Storage& storage) {
-    std::lock_guard lock(mu_);
-    auto read = storage.read_file_shared(kMetadataFile);
-    if (!read.is_ok()) return read.status();
-    std::shared_ptr<const std::vector<char>>& bytes = read.value();
-    std::erase_if(entries_, [](const auto& e) { return e.expired(); });
-    for (const auto& weak : entries_) {
-      std::shared_ptr<const LoadIndex> index = weak.lock();
-      if (index != nullptr && (index->bytes == bytes || *index->bytes == *bytes)) return index;
+    std::shared_ptr<const std::vector<char>> bytes;
+    {
+      std::lock_guard lock(mu_);
+      auto read = storage.read_file_shared(kMetadataFile);
+      if (!read.is_ok()) return read.status();
+      bytes = std::move(read.value());
+      if (auto index = find_locked(bytes)) return index;
     }
     auto parsed = parse_checkpoint_index(*bytes);
     if (!parsed.is_ok()) return parsed.status();
     auto index = std::make_shared<LoadIndex>();
-    index->bytes = std::move(bytes);
+    index->bytes = bytes;
     index->pieces = std::move(parsed.value().pieces);
     for (const auto& p : index->pieces) {
       index->by_key[p.key].push_back(&p);
       index->problems.push_back(piece_problem(p, std::nullopt));
     }
     index->pieces_fingerprint = fingerprint(index->pieces);
+    std::lock_guard lock(mu_);
+    // Another thread may have parsed equal bytes meanwhile: every caller shares its index.
+    if (auto earlier = find_locked(bytes)) return earlier;
     if (entries_.size() >= kLoadIndexCacheEntriesMax) entries_.erase(entries_.begin());
     entries_.push_back(index);
     latest_ = index;
@@ -536,6 +540,17 @@ class LoadIndexCache {
   }
 
  private:
+  // The cached index of these bytes (same buffer or equal content), or null.
+  std::shared_ptr<const LoadIndex> find_locked(
+      const std::shared_ptr<const std::vector<char>>& bytes) {
+    std::erase_if(entries_, [](const auto& e) { return e.expired(); });
+    for (const auto& weak : entries_) {
+      std::shared_ptr<const LoadIndex> index = weak.lock();
+      if (index != nullptr && (index->bytes == bytes || *index->bytes == *bytes)) return index;
+    }
+    return nullptr;
+  }
+
   mutable std::mutex mu_;
   std::vector<std::weak_ptr<const LoadIndex>> entries_;  // oldest first
   std::shared_ptr<const LoadIndex> latest_;
