@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <bit>
+#include <cmath>
 #include <limits>
 
 #include "model/megatron/mapping.h"
@@ -104,13 +106,13 @@ uint64_t rank_state_hash(const RankState& state) {
   uint64_t h = fnv1a(nullptr, 0);
   for (const auto& s : state.shards) {
     h = fnv1a(&s.model_param, sizeof s.model_param, h);
-    h = fnv1a(s.master.data(), s.master.size() * sizeof(float), h);
-    h = fnv1a(s.exp_avg.data(), s.exp_avg.size() * sizeof(float), h);
-    h = fnv1a(s.exp_avg_sq.data(), s.exp_avg_sq.size() * sizeof(float), h);
+    h = fnv1a_floats(s.master, h);
+    h = fnv1a_floats(s.exp_avg, h);
+    h = fnv1a_floats(s.exp_avg_sq, h);
     const double step = s.step.value_or(-1.0);
     h = fnv1a(&step, sizeof step, h);
   }
-  for (const auto& p : state.params) h = fnv1a(p.data(), p.size() * sizeof(float), h);
+  for (const auto& p : state.params) h = fnv1a_floats(p, h);
   return h;
 }
 
@@ -160,10 +162,19 @@ uint64_t fnv1a(const void* data, size_t n, uint64_t h) {
   return h;
 }
 
+uint64_t fnv1a_floats(std::span<const float> values, uint64_t h) {
+  constexpr uint32_t kQuietNan = 0x7fc00000U;
+  for (const float v : values) {
+    const uint32_t bits = std::isnan(v) ? kQuietNan : std::bit_cast<uint32_t>(v);
+    h = fnv1a(&bits, sizeof bits, h);
+  }
+  return h;
+}
+
 uint64_t GlobalState::hash() const {
   uint64_t h = fnv1a(&global_step, sizeof global_step);
   for (const auto* group : {&master, &exp_avg, &exp_avg_sq, &param}) {
-    for (const auto& v : *group) h = fnv1a(v.data(), v.size() * sizeof(float), h);
+    for (const auto& v : *group) h = fnv1a_floats(v, h);
   }
   for (const auto& s : shards) {
     const double c = s.counter.value_or(-1.0);

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -96,8 +97,9 @@ struct GlobalState {
   // After a step: rank 0's param groups' lr and weight decay that the step used (not hashed).
   std::vector<GroupHyper> hypers;
 
-  // FNV-1a over global_step, master, exp_avg, exp_avg_sq and param (in that order, NaN as its
-  // bits) and every shard's counter and step_used (-1 for none); not over param_groups.
+  // FNV-1a over global_step, master, exp_avg, exp_avg_sq and param (in that order, every NaN as
+  // one quiet NaN: fnv1a_floats) and every shard's counter and step_used (-1 for none); not over
+  // param_groups.
   uint64_t hash() const;
   // The shard that holds element `element` of model param `param`, or null.
   const ShardRecord* shard_at(size_t param, int64_t element) const;
@@ -162,5 +164,10 @@ GlobalState gather_state(const Scenario& s, int64_t global_step,
 
 // FNV-1a, used for state and trace hashes.
 uint64_t fnv1a(const void* data, size_t n, uint64_t h = 0xcbf29ce484222325ULL);
+// fnv1a over the floats' bytes, every NaN as the one quiet NaN 0x7fc00000: a NaN's sign and
+// payload are the hardware's (x86 makes 0xffc00000, CUDA 0x7fffffff from the same inputs), not
+// the model's, so a GPU-resident run and a CPU run that hold NaNs in the same places hash alike.
+// Every other value hashes exactly as fnv1a of its bytes.
+uint64_t fnv1a_floats(std::span<const float> values, uint64_t h);
 
 }  // namespace ckptsim::sim
