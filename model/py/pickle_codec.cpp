@@ -8,8 +8,10 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <set>
@@ -380,7 +382,103 @@ std::vector<char> pickle_value(const Value& v) {
   return out;
 }
 
-Result<Value> unpickle_value(std::span<const char> bytes) {
+namespace {
+
+// A copy of a decoded value that shares nothing with it and keeps the aliasing the decoder
+// made (invariant 3): a dict, list, tuple or tensor reached twice is one new object, and
+// tensors over one storage are views of one new storage (same dtype, sizes, strides, offset).
+class FreshCopy {
+ public:
+  Value copy(const Value& v) {
+    switch (v.kind()) {
+      case Value::Kind::kTensor:
+        return once(v.tensor().unsafeGetTensorImpl(), [&] { return Value(tensor(v.tensor())); });
+      case Value::Kind::kTuple:
+        return once(&v.as_tuple(), [&] {
+          std::vector<Value> items;
+          items.reserve(v.as_tuple().size());
+          for (const Value& item : v.as_tuple()) items.push_back(copy(item));
+          return Value::tuple(std::move(items));
+        });
+      case Value::Kind::kList:
+        return once(v.list().get(), [&] {
+          ListPtr list = List::make();
+          for (const Value& item : *v.list()) list->append(copy(item));
+          return Value(list);
+        });
+      case Value::Kind::kDict:
+        return once(v.dict().get(), [&] {
+          DictPtr dict = Dict::make();
+          dict->reserve(v.dict()->size());
+          for (const auto& [k, item] : *v.dict()) dict->set_new(k, copy(item));  // distinct
+          return Value(dict);
+        });
+      default:
+        return v;  // the decoder's scalars: None, bool, int, float, str
+    }
+  }
+
+ private:
+  // A container reached again is the same new object; none contains itself (the decoder
+  // refuses cycles), so the memo entry is written after the copy.
+  template <typename Build>
+  Value once(const void* identity, Build build) {
+    if (const auto it = memo_.find(identity); it != memo_.end()) return it->second;
+    Value built = build();
+    memo_.emplace(identity, built);
+    return built;
+  }
+
+  at::Tensor tensor(const at::Tensor& t) {
+    const c10::StorageImpl* id = t.storage().unsafeGetStorageImpl();
+    auto it = storages_.find(id);
+    if (it == storages_.end()) {
+      const auto elements = static_cast<int64_t>(t.storage().nbytes() / t.element_size());
+      at::Tensor fresh = at::empty({elements}, t.options());
+      if (t.storage().nbytes() > 0)
+        std::memcpy(fresh.data_ptr(), t.storage().data(), t.storage().nbytes());
+      it = storages_.emplace(id, fresh.storage()).first;
+    }
+    return at::empty({0}, t.options()).set_(it->second, t.storage_offset(), t.sizes(), t.strides());
+  }
+
+  std::unordered_map<const void*, Value> memo_;             // lookup only
+  std::unordered_map<const void*, c10::Storage> storages_;  // lookup only
+};
+
+// The last few decoded files of this thread, by their bytes: the ranks of a world (fibers on
+// one thread) read the same common.pt and the same replicated object files, and each rank
+// gets its own FreshCopy of one decode instead of running torch's zip reader and unpickler
+// again. Each entry keeps the whole bytes it stands for, so a changed file decodes anew.
+class DecodedFiles {
+ public:
+  static constexpr size_t kEntriesMax = 8;
+
+  const Value* find(std::span<const char> bytes) const {
+    for (const auto& [held, value] : entries_) {
+      if (held.size() == bytes.size() && std::equal(held.begin(), held.end(), bytes.begin()))
+        return &value;
+    }
+    return nullptr;
+  }
+
+  void insert(std::span<const char> bytes, Value value) {
+    std::pair<std::vector<char>, Value> entry{std::vector<char>(bytes.begin(), bytes.end()),
+                                              std::move(value)};
+    if (entries_.size() < kEntriesMax) {
+      entries_.push_back(std::move(entry));
+    } else {
+      entries_[next_] = std::move(entry);
+      next_ = (next_ + 1) % kEntriesMax;
+    }
+  }
+
+ private:
+  std::vector<std::pair<std::vector<char>, Value>> entries_;
+  size_t next_ = 0;
+};
+
+Result<Value> decode_bytes(std::span<const char> bytes) {
   try {
     const c10::IValue root = torch::jit::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
     return Decoder().decode(root);
@@ -394,6 +492,17 @@ Result<Value> unpickle_value(std::span<const char> bytes) {
   } catch (const std::exception& e) {
     return Status::corruption(std::string("torch could not unpickle: ") + e.what());
   }
+}
+
+}  // namespace
+
+Result<Value> unpickle_value(std::span<const char> bytes) {
+  thread_local DecodedFiles decoded;
+  if (const Value* hit = decoded.find(bytes)) return FreshCopy().copy(*hit);
+  Result<Value> r = decode_bytes(bytes);
+  if (!r.is_ok()) return r;  // not kept: a damaged file is rare and decodes to a Status again
+  decoded.insert(bytes, r.value());
+  return FreshCopy().copy(r.value());
 }
 
 }  // namespace ckptsim::model

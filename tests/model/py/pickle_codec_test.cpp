@@ -23,6 +23,10 @@
 //                                     -0.0 and nan, strings with NUL, empty containers
 //   AliasingSurvivesTheRoundTrip      encoder without its identity memo (a dict reached twice
 //                                     comes back as two dicts); decoder without its memo
+//   ASecondDecodeOfTheSameBytesIsAFreshCopy  the memo of decoded bytes handing out its own
+//                                     tree (writes through one decode seen in the next), or
+//                                     a copy without its memo (aliasing lost), or tensors
+//                                     cloned one by one (views no longer share a storage)
 //   ArchiveNamesOnlyWeightsOnlyGlobals   using torch::pickle_save (tag_aggregates=true),
 //                                     whose restore_type_tag torch.load(weights_only) rejects
 //   CorruptBytesAreCorruption         letting c10::Error escape; accepting a truncated file
@@ -376,6 +380,55 @@ TEST(PickleCodec, AliasingSurvivesTheRoundTrip) {
   EXPECT_TRUE(v1.storage().is_alias_of(v2.storage()));
   EXPECT_EQ(v2.storage_offset(), 3);
   EXPECT_EQ(v2[0].item<float>(), 3.0f);
+}
+
+// unpickle_value keeps this thread's last decodes by their bytes; a second decode of the same
+// bytes (what every rank after the first gets) must be an equal tree that shares nothing with
+// the first and keeps the aliasing the first has.
+TEST(PickleCodec, ASecondDecodeOfTheSameBytesIsAFreshCopy) {
+  const at::Tensor flat = at::arange(6, at::kFloat);
+  DictPtr shared_dict = Dict::make({{"x", Value(1)}});
+  const Value shared_tuple = Value::tuple({Value(List::make({Value(3)}))});
+  const Value v = dict_value({
+      {"d1", Value(shared_dict)},
+      {"d2", Value(shared_dict)},
+      {"t1", shared_tuple},
+      {"t2", shared_tuple},
+      {"s1", Value(at::scalar_tensor(5.0))},
+      {"v1", Value(flat.narrow(0, 0, 3))},
+      {"v2", Value(flat.narrow(0, 3, 3))},
+  });
+  const std::vector<char> bytes = pickle_value(v);
+  const Value first = unpickle_value(bytes).value();
+  const Value second = unpickle_value(bytes).value();
+  same_tree(v, second, "second decode");
+  const Dict& a = *first.dict();
+  const Dict& b = *second.dict();
+  // Nothing shared between the two decodes.
+  EXPECT_FALSE(a.at("d1").is(b.at("d1")));
+  EXPECT_FALSE(a.at("t1").is(b.at("t1")));
+  EXPECT_FALSE(a.at("t1").as_tuple()[0].is(b.at("t1").as_tuple()[0]));
+  EXPECT_FALSE(a.at("s1").is(b.at("s1")));
+  EXPECT_FALSE(a.at("v1").tensor().storage().is_alias_of(b.at("v1").tensor().storage()));
+  a.at("d1").dict()->set("y", Value(2));
+  a.at("s1").tensor().fill_(7.0);
+  a.at("v2").tensor().fill_(9.0);
+  EXPECT_FALSE(b.at("d1").dict()->contains("y"));
+  EXPECT_EQ(b.at("s1").tensor().item<float>(), 5.0f);
+  EXPECT_EQ(b.at("v2").tensor()[0].item<float>(), 3.0f);
+  // The aliasing inside the second decode is the first's.
+  EXPECT_TRUE(b.at("d1").is(b.at("d2")));
+  EXPECT_TRUE(b.at("t1").is(b.at("t2")));
+  const at::Tensor& v1 = b.at("v1").tensor();
+  const at::Tensor& v2 = b.at("v2").tensor();
+  EXPECT_TRUE(v1.storage().is_alias_of(v2.storage()));
+  EXPECT_EQ(v2.storage_offset(), 3);
+  EXPECT_EQ(v2.strides(), at::IntArrayRef({1}));
+  // A third decode, after writes through both, still decodes the bytes.
+  b.at("d2").dict()->set("z", Value(3));
+  b.at("v1").tensor().fill_(8.0);
+  const Value third = unpickle_value(bytes).value();
+  same_tree(v, third, "third decode");
 }
 
 bool contains_text(const std::vector<char>& bytes, const std::string& text) {
