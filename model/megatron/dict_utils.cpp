@@ -71,15 +71,16 @@ std::pair<Value, Value> extract_matching_values(const Value& x,
   if (x.is_dict()) {
     auto matching = Dict::make();
     auto nonmatching = Dict::make();
+    // x's keys are distinct, so each goes into a dict that does not hold it yet.
     for (const auto& [k, v] : *x.dict()) {
       if (v.is_container()) {
         auto [match, nonmatch] = extract_matching_values(v, predicate, return_lists_as_dicts);
-        if (!match.container_empty()) matching->set(k, match);
-        if (!nonmatch.container_empty() || v.container_empty()) nonmatching->set(k, nonmatch);
+        if (!match.container_empty()) matching->set_new(k, match);
+        if (!nonmatch.container_empty() || v.container_empty()) nonmatching->set_new(k, nonmatch);
       } else if (predicate(v)) {
-        matching->set(k, v);
+        matching->set_new(k, v);
       } else {
-        nonmatching->set(k, v);
+        nonmatching->set_new(k, v);
       }
     }
     return {Value(matching), Value(nonmatching)};
@@ -89,7 +90,7 @@ std::pair<Value, Value> extract_matching_values(const Value& x,
     Value nonmatching = return_lists_as_dicts ? Value(Dict::make()) : Value(List::make());
     auto set_elem = [&](Value& target, size_t ind, Value v) {
       if (return_lists_as_dicts) {
-        target.dict()->set(static_cast<int64_t>(ind), std::move(v));
+        target.dict()->set_new(static_cast<int64_t>(ind), std::move(v));  // ind only grows
       } else {
         target.list()->append(std::move(v));
       }

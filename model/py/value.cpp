@@ -385,7 +385,8 @@ struct DeepCopier {
         auto d = Dict::make();
         Value out(d);
         memo.emplace(id, out);
-        for (const auto& [k, item] : *v.dict()) d->set(k, copy(item));
+        d->reserve(v.dict()->size());
+        for (const auto& [k, item] : *v.dict()) d->set_new(k, copy(item));  // distinct keys
         return out;
       }
       case Value::Kind::kList: {

@@ -161,7 +161,12 @@ class Dict {
   Value& at(const Key& k, const char* site = "dict lookup");
   // d.get(k, default)
   Value get(const Key& k, Value fallback = Value()) const;
-  void set(const Key& k, Value v);                         // d[k] = v
+  void set(const Key& k, Value v);  // d[k] = v
+  // d[k] = v for a key the dict does not hold, without the linear search set() makes: for
+  // building a dict from another dict's items (whose keys are distinct). REQUIRES: k is not
+  // in the dict; a key that is would be held twice.
+  void set_new(const Key& k, Value v) { items_.emplace_back(k, std::move(v)); }
+  void reserve(size_t n) { items_.reserve(n); }
   Value pop(const Key& k, const char* site = "dict.pop");  // throws PyKeyError when missing
   bool erase(const Key& k);  // del d[k] if present; returns whether it was
   void setdefault(const Key& k, Value v);

@@ -140,8 +140,10 @@ Value Optimizer::state_dict() {
   for (const Value& gv : *param_groups) {
     const Dict& group = *gv.dict();
     auto packed = Dict::make();
+    packed->reserve(group.size());
+    const Key params_key("params");
     for (const auto& [k, v] : group) {
-      if (!(k == Key("params"))) packed->set(k, v);
+      if (!(k == params_key)) packed->set_new(k, v);  // the group's keys are distinct
     }
     auto ids = List::make();
     int64_t i = start_index;
@@ -158,7 +160,7 @@ Value Optimizer::state_dict() {
   for (const auto& [p, s] : state) {
     const int64_t* id = mappings.find(p);
     CKPTSIM_CHECK(id != nullptr, "optimizer state holds a tensor that is in no param group");
-    packed_state->set(*id, Value(s));
+    packed_state->set(*id, Value(s));  // set: two params of one id would be one entry
   }
   return dict_value({{"state", Value(packed_state)}, {"param_groups", Value(packed_groups)}});
 }
