@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "model/errors.h"
+#include "model/fnv1a.h"
 
 namespace ckptsim::model {
 
@@ -29,18 +30,11 @@ CollectiveNotImplemented::CollectiveNotImplemented(CollectiveOp op, const std::s
           fmt::format("{} is not implemented by backend {}", op_name(op), backend_name)) {}
 
 uint64_t fingerprint(const std::vector<std::vector<char>>& objects) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  auto mix = [&h](const void* data, size_t n) {
-    const auto* p = static_cast<const unsigned char*>(data);
-    for (size_t i = 0; i < n; ++i) {
-      h ^= p[i];
-      h *= 0x100000001b3ULL;
-    }
-  };
+  uint64_t h = kFnv1aOffset;
   for (const auto& o : objects) {
     const uint64_t size = o.size();
-    mix(&size, sizeof size);
-    mix(o.data(), o.size());
+    h = fnv1a(&size, sizeof size, h);
+    h = fnv1a(o.data(), o.size(), h);
   }
   return h;
 }

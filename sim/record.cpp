@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "model/fnv1a.h"
 #include "model/megatron/mapping.h"
 #include "model/py/pickle_codec.h"
 
@@ -153,14 +154,7 @@ GlobalState gather_state(const Scenario& s, int64_t global_step,
   return st;
 }
 
-uint64_t fnv1a(const void* data, size_t n, uint64_t h) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 0x100000001b3ULL;
-  }
-  return h;
-}
+uint64_t fnv1a(const void* data, size_t n, uint64_t h) { return model::fnv1a(data, n, h); }
 
 uint64_t fnv1a_floats(std::span<const float> values, uint64_t h) {
   constexpr uint32_t kQuietNan = 0x7fc00000U;

@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "model/errors.h"
+#include "model/fnv1a.h"
 #include "model/megatron/mapping.h"
 #include "model/py/pickle_codec.h"
 
@@ -564,14 +565,8 @@ LoadIndexCache& load_index_cache() {
 }  // namespace
 
 uint64_t fingerprint(const std::vector<SavedPiece>& pieces) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  auto mix = [&h](const void* data, size_t n) {
-    const auto* p = static_cast<const unsigned char*>(data);
-    for (size_t i = 0; i < n; ++i) {
-      h ^= p[i];
-      h *= 0x100000001b3ULL;
-    }
-  };
+  uint64_t h = kFnv1aOffset;
+  auto mix = [&h](const void* data, size_t n) { h = fnv1a(data, n, h); };
   auto mix_string = [&](const std::string& s) {
     const uint64_t size = s.size();
     mix(&size, sizeof size);
