@@ -31,16 +31,108 @@ std::string object_file(const std::string& unique_key) { return "objects/" + uni
 // ShardedObject("common_state", None, (1,), (0,)).unique_key: HEAD's home of the common state.
 constexpr const char* kCommonStateObjectKey = "common_state/shard_0_1";
 
-json piece_to_json(const SavedPiece& p) {
-  return json{{"key", p.key},
-              {"dtype", p.dtype},
-              {"global_numel", p.global_numel},
-              {"global_offset", p.global_offset},
-              {"numel", p.numel},
-              {"rank", p.rank},
-              {"file", p.file},
-              {"byte_offset", p.byte_offset}};
+// A JSON string as nlohmann::json's dump() writes it: printable ASCII without '"' or '\' as it is,
+// anything else through nlohmann itself (its escapes, and its type_error on invalid UTF-8).
+void append_json_string(std::string& out, const std::string& s) {
+  const bool plain = std::all_of(
+      s.begin(), s.end(), [](char c) { return c >= 0x20 && c <= 0x7e && c != '"' && c != '\\'; });
+  if (!plain) {
+    out += json(s).dump();
+    return;
+  }
+  out += '"';
+  out += s;
+  out += '"';
 }
+
+// One object of metadata.json's arrays, at indent `level` (dump(1): one space per level),
+// its members given in nlohmann's (sorted) key order.
+template <typename WriteMembers>
+void append_json_object(std::string& out, int level, WriteMembers&& members) {
+  const std::string inner(static_cast<size_t>(level) + 1, ' ');
+  out += "{\n";
+  bool first = true;
+  auto member = [&](const char* name) {
+    if (!first) out += ",\n";
+    first = false;
+    out += inner;
+    out += '"';
+    out += name;
+    out += "\": ";
+  };
+  members(member);
+  out += '\n';
+  out.append(static_cast<size_t>(level), ' ');
+  out += '}';
+}
+
+}  // namespace
+
+std::string metadata_json(bool common_in_common_pt, const std::vector<SavedPiece>& pieces,
+                          const std::vector<std::string>& object_keys) {
+  // The text nlohmann::json's dump(1) gives for {"format", "common", "pieces", "objects"}: keys
+  // sorted (its object is a std::map), one space of indent per level, "[]" when empty.
+  std::string out;
+  out.reserve(64 + pieces.size() * 200 + object_keys.size() * 100);
+  auto array = [&out](size_t n, auto&& item) {
+    if (n == 0) {
+      out += "[]";
+      return;
+    }
+    out += "[\n";
+    for (size_t i = 0; i < n; ++i) {
+      if (i > 0) out += ",\n";
+      out += "  ";
+      item(i);
+    }
+    out += "\n ]";
+  };
+  auto integer = [&out](int64_t v) { fmt::format_to(std::back_inserter(out), "{}", v); };
+  append_json_object(out, 0, [&](auto&& member) {
+    member("common");
+    if (common_in_common_pt) {
+      append_json_string(out, kCommonFile);
+    } else {
+      out += "null";
+    }
+    member("format");
+    append_json_string(out, kFormat);
+    member("objects");
+    array(object_keys.size(), [&](size_t i) {
+      append_json_object(out, 2, [&](auto&& m) {
+        m("file");
+        append_json_string(out, object_file(object_keys[i]));
+        m("unique_key");
+        append_json_string(out, object_keys[i]);
+      });
+    });
+    member("pieces");
+    array(pieces.size(), [&](size_t i) {
+      const SavedPiece& p = pieces[i];
+      append_json_object(out, 2, [&](auto&& m) {
+        m("byte_offset");
+        integer(p.byte_offset);
+        m("dtype");
+        append_json_string(out, p.dtype);
+        m("file");
+        append_json_string(out, p.file);
+        m("global_numel");
+        integer(p.global_numel);
+        m("global_offset");
+        integer(p.global_offset);
+        m("key");
+        append_json_string(out, p.key);
+        m("numel");
+        integer(p.numel);
+        m("rank");
+        integer(p.rank);
+      });
+    });
+  });
+  return out;
+}
+
+namespace {
 
 Result<SavedPiece> piece_from_json(const json& j) {
   try {
@@ -344,27 +436,21 @@ SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup&
           "validation.py validate_sharding_integrity()");
     }
   }
-  json meta;
   if (rank == 0) {
-    meta =
-        json{{"format", kFormat},
-             {"common", options.common_state_as_sharded_object ? json(nullptr) : json(kCommonFile)},
-             {"pieces", json::array()},
-             {"objects", json::array()}};
-    for (const auto& p : *report.pieces) meta["pieces"].push_back(piece_to_json(p));
-    for (const auto& k : entries->object_order)
-      meta["objects"].push_back(json{{"unique_key", k}, {"file", object_file(k)}});
+    throw_if_error(storage.write_file(
+        kMetadataFile, to_bytes(metadata_json(!options.common_state_as_sharded_object,
+                                              *report.pieces, entries->object_order))));
+    // The next load of these bytes finds their index parsed (it equals a parse: the text
+    // holds every field of every piece).
+    prime_load_index(storage, *report.pieces);
   }
-  if (rank == 0) throw_if_error(storage.write_file(kMetadataFile, to_bytes(meta.dump(1))));
   group.barrier();
   return report;
 }
 
 Status write_checkpoint_contents(const CheckpointContents& contents, Storage& storage) {
-  json meta{{"format", kFormat},
-            {"common", contents.common_state_as_sharded_object ? json(nullptr) : json(kCommonFile)},
-            {"pieces", json::array()},
-            {"objects", json::array()}};
+  std::vector<SavedPiece> pieces;
+  std::vector<std::string> object_keys;
   std::vector<char> blob;
   for (const auto& [key, tensor] : contents.tensors) {
     const at::Tensor data = tensor.to(at::kCPU).contiguous().flatten();
@@ -381,7 +467,7 @@ Status write_checkpoint_contents(const CheckpointContents& contents, Storage& st
     p.byte_offset = static_cast<int64_t>(blob.size());
     const auto* bytes = static_cast<const char*>(data.data_ptr());
     blob.insert(blob.end(), bytes, bytes + data.numel() * data.element_size());
-    meta["pieces"].push_back(piece_to_json(p));
+    pieces.push_back(std::move(p));
   }
   std::map<std::string, Value> objects = contents.objects;
   if (contents.common_state_as_sharded_object) objects[kCommonStateObjectKey] = contents.common;
@@ -391,7 +477,7 @@ Status write_checkpoint_contents(const CheckpointContents& contents, Storage& st
     }
     if (Status s = storage.write_file(object_file(unique_key), pickle_value(object)); !s.is_ok())
       return s;
-    meta["objects"].push_back(json{{"unique_key", unique_key}, {"file", object_file(unique_key)}});
+    object_keys.push_back(unique_key);
   }
   if (!contents.common_state_as_sharded_object) {
     if (Status s = storage.write_file(kCommonFile, pickle_value(contents.common)); !s.is_ok())
@@ -400,7 +486,9 @@ Status write_checkpoint_contents(const CheckpointContents& contents, Storage& st
   if (!blob.empty()) {
     if (Status s = storage.write_file(rank_file(0), blob); !s.is_ok()) return s;
   }
-  return storage.write_file(kMetadataFile, to_bytes(meta.dump(1)));
+  return storage.write_file(
+      kMetadataFile,
+      to_bytes(metadata_json(!contents.common_state_as_sharded_object, pieces, object_keys)));
 }
 
 namespace {
@@ -516,21 +604,25 @@ class LoadIndexCache {
     }
     auto parsed = parse_checkpoint_index(*bytes);
     if (!parsed.is_ok()) return parsed.status();
-    auto index = std::make_shared<LoadIndex>();
-    index->bytes = bytes;
-    index->pieces = std::move(parsed.value().pieces);
-    for (const auto& p : index->pieces) {
-      index->by_key[p.key].push_back(&p);
-      index->problems.push_back(piece_problem(p, std::nullopt));
+    return insert(make_index(std::move(bytes), std::move(parsed.value().pieces)));
+  }
+
+  // The index of the metadata.json just written into `storage`, from the pieces it lists
+  // (what a parse of it gives: the text holds every field of every piece), kept alive for this
+  // thread's next load. A storage that cannot read the file back is left alone.
+  void prime(const Storage& storage, const std::vector<SavedPiece>& pieces) {
+    std::shared_ptr<const std::vector<char>> bytes;
+    {
+      std::lock_guard lock(mu_);
+      auto read = storage.read_file_shared(kMetadataFile);
+      if (!read.is_ok()) return;
+      bytes = std::move(read.value());
+      if (find_locked(bytes) != nullptr) return;
     }
-    index->pieces_fingerprint = fingerprint(index->pieces);
-    std::lock_guard lock(mu_);
-    // Another thread may have parsed equal bytes meanwhile: every caller shares its index.
-    if (auto earlier = find_locked(bytes)) return earlier;
-    if (entries_.size() >= kLoadIndexCacheEntriesMax) entries_.erase(entries_.begin());
-    entries_.push_back(index);
-    latest_ = index;
-    return std::shared_ptr<const LoadIndex>(std::move(index));
+    // One per thread (a search's case saves and loads on its own thread): bounded by the
+    // number of threads, and another thread's prime does not drop it before its load.
+    thread_local std::shared_ptr<const LoadIndex> primed_here;
+    primed_here = insert(make_index(std::move(bytes), pieces));
   }
 
   void check_unchanged() const {
@@ -550,6 +642,29 @@ class LoadIndexCache {
       if (index != nullptr && (index->bytes == bytes || *index->bytes == *bytes)) return index;
     }
     return nullptr;
+  }
+
+  static std::shared_ptr<LoadIndex> make_index(std::shared_ptr<const std::vector<char>> bytes,
+                                               std::vector<SavedPiece> pieces) {
+    auto index = std::make_shared<LoadIndex>();
+    index->bytes = std::move(bytes);
+    index->pieces = std::move(pieces);
+    for (const auto& p : index->pieces) {
+      index->by_key[p.key].push_back(&p);
+      index->problems.push_back(piece_problem(p, std::nullopt));
+    }
+    index->pieces_fingerprint = fingerprint(index->pieces);
+    return index;
+  }
+
+  std::shared_ptr<const LoadIndex> insert(std::shared_ptr<const LoadIndex> index) {
+    std::lock_guard lock(mu_);
+    // Another thread may have parsed equal bytes meanwhile: every caller shares its index.
+    if (auto earlier = find_locked(index->bytes)) return earlier;
+    if (entries_.size() >= kLoadIndexCacheEntriesMax) entries_.erase(entries_.begin());
+    entries_.push_back(index);
+    latest_ = index;
+    return index;
   }
 
   mutable std::mutex mu_;
@@ -604,6 +719,10 @@ Result<std::shared_ptr<const LoadIndex>> shared_load_index(const Storage& storag
 }
 
 void check_shared_load_indexes_unchanged() { load_index_cache().check_unchanged(); }
+
+void prime_load_index(const Storage& storage, const std::vector<SavedPiece>& pieces) {
+  load_index_cache().prime(storage, pieces);
+}
 
 Value load(const Value& sharded_state_dict, const Storage& storage, ProcessGroup& group,
            const LoadOptions& options, LoadReport* report) {

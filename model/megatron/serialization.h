@@ -112,9 +112,9 @@ SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup&
 //      is keyed by the whole content (compared byte for byte), never by path or by storage.
 //   2. Immutable: reachable only as const; the fingerprint of its pieces, taken when parsed,
 //      is checked by check_unchanged() and by check_shared_load_indexes_unchanged().
-//   3. Bounded: the cache holds the latest index (so the simulator can check it after a phase)
-//      and weak references to at most kLoadIndexCacheEntriesMax others; an index no rank holds
-//      any more is freed.
+//   3. Bounded: the cache holds the latest index (so the simulator can check it after a phase),
+//      each thread's last primed one (prime_load_index), and weak references to at most
+//      kLoadIndexCacheEntriesMax others; an index nothing holds any more is freed.
 struct LoadIndex {
   // The metadata.json it was parsed from (the cache's key): the storage's own shared bytes
   // where it shares them (Storage invariant 8), so that a read of the same file is a hit
@@ -131,6 +131,12 @@ inline constexpr size_t kLoadIndexCacheEntriesMax = 8;
 // Reads metadata.json and returns its index, parsed now or shared from an earlier call on equal
 // bytes. Status: what read_checkpoint_pieces would return (errors are not cached).
 Result<std::shared_ptr<const LoadIndex>> shared_load_index(const Storage& storage);
+// Puts the index of the metadata.json `storage` holds, built from the `pieces` it lists, into
+// the cache, as a parse of it would (invariant 1 holds because the text carries every field of
+// every piece); save() calls it after writing the file. One primed index per thread stays
+// alive until that thread primes another (invariant 3: bounded by the threads).
+// REQUIRES: metadata.json in `storage` is metadata_json(..., pieces, ...).
+void prime_load_index(const Storage& storage, const std::vector<SavedPiece>& pieces);
 // check_unchanged() on every index the cache still reaches (the simulator calls it after each
 // phase, when the ranks that shared an index are done with it).
 void check_shared_load_indexes_unchanged();
@@ -161,6 +167,13 @@ struct CheckpointContents {
 // every tensor whole: load() then reads it at any DP size. Errors (a storage error, a tensor
 // of a dtype the format has no name for) name the file or the key.
 Status write_checkpoint_contents(const CheckpointContents& contents, Storage& storage);
+
+// The text of metadata.json: {"common": "common.pt" or null, "format": "ckptsim-dist-v1",
+// "objects": [{"file", "unique_key"}...], "pieces": [{every field of SavedPiece}...]}, byte for
+// byte what nlohmann::json's dump(1) gives for it (keys sorted, one space per level), written
+// without building the JSON tree. Throws nlohmann's type_error on a string that is not UTF-8.
+std::string metadata_json(bool common_in_common_pt, const std::vector<SavedPiece>& pieces,
+                          const std::vector<std::string>& object_keys);
 
 // The pieces listed in a checkpoint's metadata.json (for checkers). Status names the file.
 Result<std::vector<SavedPiece>> read_checkpoint_pieces(const Storage& storage);

@@ -306,6 +306,91 @@ TEST(Serialization, LoadIndexIsSharedForEqualBytesOnly) {
   EXPECT_EQ(shared_load_index(empty).status().code(), Status::Code::kNotFound);
 }
 
+namespace {
+
+// metadata.json as save() wrote it before metadata_json: a nlohmann::json tree, dump(1).
+std::string nlohmann_metadata(bool common_in_common_pt, const std::vector<SavedPiece>& pieces,
+                              const std::vector<std::string>& object_keys) {
+  using nlohmann::json;
+  json meta{{"format", "ckptsim-dist-v1"},
+            {"common", common_in_common_pt ? json("common.pt") : json(nullptr)},
+            {"pieces", json::array()},
+            {"objects", json::array()}};
+  for (const auto& p : pieces) {
+    meta["pieces"].push_back(json{{"key", p.key},
+                                  {"dtype", p.dtype},
+                                  {"global_numel", p.global_numel},
+                                  {"global_offset", p.global_offset},
+                                  {"numel", p.numel},
+                                  {"rank", p.rank},
+                                  {"file", p.file},
+                                  {"byte_offset", p.byte_offset}});
+  }
+  for (const auto& k : object_keys)
+    meta["objects"].push_back(json{{"unique_key", k}, {"file", "objects/" + k + ".pt"}});
+  return meta.dump(1);
+}
+
+}  // namespace
+
+// metadata_json writes, without a JSON tree, the bytes nlohmann's dump(1) wrote: keys sorted,
+// the indents, empty arrays, null common, strings that need escapes (quotes, backslashes,
+// control characters, UTF-8 beyond ASCII), negative and 64-bit integers; a string that is not
+// UTF-8 throws as nlohmann does. Mutations caught: a member out of sorted order; the array
+// items' indent off by one; strings written unescaped; "[]" for an empty array missing.
+TEST(Serialization, MetadataTextIsWhatNlohmannDumpWrote) {
+  SavedPiece a{"optimizer.state.exp_avg.w", "torch.float32", 12, 4, 8, 1, "shards/rank_1.bin", 32};
+  SavedPiece b{"quote\"back\\slash\ttab\x01ctl caf\xc3\xa9",
+               "torch.bfloat16",
+               int64_t{1} << 40,
+               -3,
+               0,
+               7,
+               "shards/rank_7.bin",
+               int64_t{1} << 33};
+  const std::vector<std::vector<SavedPiece>> piece_lists = {{}, {a}, {a, b}};
+  const std::vector<std::vector<std::string>> object_lists = {
+      {}, {"common_state/shard_0_1"}, {"o/shard_0_2", "o/shard_1_2", "we\"ird"}};
+  for (const bool common : {true, false}) {
+    for (const auto& pieces : piece_lists) {
+      for (const auto& objects : object_lists) {
+        EXPECT_EQ(metadata_json(common, pieces, objects),
+                  nlohmann_metadata(common, pieces, objects))
+            << pieces.size() << " pieces, " << objects.size() << " objects";
+      }
+    }
+  }
+  SavedPiece bad = a;
+  bad.key = "not \xff utf-8";
+  EXPECT_THROW(nlohmann_metadata(true, {bad}, {}), nlohmann::json::type_error);
+  EXPECT_THROW(metadata_json(true, {bad}, {}), nlohmann::json::type_error);
+}
+
+// save() primes the load index cache with the index of the metadata.json it wrote: the load
+// that follows is served an index equal to a fresh parse of the file (LoadIndex invariant 1),
+// for every field of every piece. Mutations caught: priming with the pieces of one rank only,
+// or with a piece's byte offset changed (the index then differs from the parse).
+TEST(Serialization, SavePrimesTheLoadIndexWithWhatAParseGives) {
+  MemoryStorage store;
+  on_ranks(3, [&](int rank, ProcessGroup& pg) {
+    save(dict_value({{"t", piece("t", at::zeros({2}).add(rank), 6, 2 * rank)},
+                     {"u", piece("u", at::zeros({rank + 1}), 6, rank * (rank + 1) / 2)},
+                     {"o", object("o", rank % 2, rank / 2)}}),
+         store, pg);
+  });
+  const auto index = shared_load_index(store);
+  ASSERT_TRUE(index.is_ok()) << index.status().to_string();
+  const std::vector<SavedPiece> parsed = read_checkpoint_pieces(store).value();
+  ASSERT_EQ(parsed.size(), 6u);
+  EXPECT_EQ(index.value()->pieces, parsed);
+  EXPECT_EQ(index.value()->pieces_fingerprint, fingerprint(parsed));
+  EXPECT_EQ(index.value()->by_key.at("t").size(), 3u);
+  EXPECT_EQ(index.value()->by_key.at("u").size(), 3u);
+  EXPECT_EQ(index.value()->problems, std::vector<std::string>(6, ""));
+  EXPECT_EQ(index.value()->bytes, store.read_file_shared("metadata.json").value())
+      << "keyed by the storage's own bytes";
+}
+
 // read_checkpoint_tensors assembles each key's pieces into its global tensor and refuses, with a
 // message naming the file and the key, every piece it cannot place: outside its tensor, past
 // the end of its file. Mutations caught: the range check dropped (a piece past its tensor
