@@ -8,10 +8,12 @@
 
 #include <string>
 
+#include "tests/json_nesting.h"
+
 namespace ckptsim::model {
 namespace {
 
-std::string nested(size_t depth) { return std::string(depth, '[') + std::string(depth, ']'); }
+std::string nested(size_t depth) { return test::nested_arrays(depth); }
 
 TEST(JsonDepth, ExactlyAtTheLimitIsAccepted) {
   EXPECT_FALSE(json_nests_deeper_than(nested(kJsonDepthMax)));

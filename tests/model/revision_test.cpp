@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "model/revision.h"
+#include "tests/json_nesting.h"
 
 using namespace ckptsim::model;
 using ckptsim::Status;
@@ -76,9 +77,8 @@ TEST(Revision, ExtendsCycleIsAnError) {
 TEST(Revision, DeeplyNestedJsonIsAnErrorNotAStackOverflow) {
   RevisionRegistry reg;
   const size_t depth = 1000000;
-  Status s = reg.add(
-      "{\"name\": \"x\", \"upstream\": " + std::string(depth, '[') + std::string(depth, ']') + "}",
-      "deep.json");
+  Status s = reg.add(ckptsim::test::nested_arrays(depth, "{\"name\": \"x\", \"upstream\": ", "}"),
+                     "deep.json");
   ASSERT_FALSE(s.is_ok());
   EXPECT_NE(s.message().find("deep.json: nested deeper than kJsonDepthMax"), std::string::npos)
       << s.message();

@@ -4,6 +4,7 @@
 // (JsonRoundTrip).
 #include <gtest/gtest.h>
 
+#include "tests/json_nesting.h"
 #include "tests/testing.h"
 
 using namespace ckptsim;
@@ -154,8 +155,7 @@ TEST(Scenario, TransformerEngineIsAHybridFieldOfTwoValues) {
 // runs (fuzz/scenario_fuzzer's inputs stay a few KB long). Nesting is bounded before parsing.
 TEST(Scenario, DeeplyNestedJsonIsAnErrorNotAStackOverflow) {
   const size_t depth = 1000000;
-  const std::string m =
-      error_of("{\"seed\": " + std::string(depth, '[') + std::string(depth, ']') + "}");
+  const std::string m = error_of(test::nested_arrays(depth, "{\"seed\": ", "}"));
   EXPECT_NE(m.find("bug.json"), std::string::npos) << m;
   EXPECT_NE(m.find("nested deeper than kJsonDepthMax"), std::string::npos) << m;
 }

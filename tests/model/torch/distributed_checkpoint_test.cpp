@@ -15,6 +15,7 @@
 
 #include "model/megatron/torch_dist_checkpoint.h"
 #include "model/storage.h"
+#include "tests/json_nesting.h"
 
 namespace ckptsim::model {
 namespace {
@@ -225,8 +226,7 @@ TEST_F(DamagedCheckpoint, ControlCharacterInTheTrackerStaysOnOneLine) {
 // per level. Nesting is bounded before parsing.
 TEST_F(DamagedCheckpoint, DeeplyNestedMetadataJsonIsAnErrorNotAStackOverflow) {
   const size_t depth = 30000;
-  const std::string text =
-      "{\"sharded_backend\": " + std::string(depth, '[') + std::string(depth, ']') + "}";
+  const std::string text = test::nested_arrays(depth, "{\"sharded_backend\": ", "}");
   put("metadata.json", std::vector<char>(text.begin(), text.end()));
   error(kIterDir + "/metadata.json", "nested deeper than kJsonDepthMax");
 }
