@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -91,17 +92,21 @@ bool bitwise_equal(float a, float b) {
   return x == y;
 }
 
-bool within_tolerance(float observed, float expected, bool bf16) {
+bool within_tolerance(float observed, float expected, bool bf16, int64_t steps_since_moved) {
   if (std::isnan(observed) || std::isnan(expected))
     return std::isnan(observed) && std::isnan(expected);
-  const double d = std::fabs(static_cast<double>(observed) - static_cast<double>(expected));
+  const double o = static_cast<double>(observed);
+  const double x = static_cast<double>(expected);
+  const double d = std::fabs(o - x);
+  const double drift = kTrajectoryRtolPerStep * static_cast<double>(steps_since_moved) *
+                       std::max(std::fabs(o), std::fabs(x));
   if (bf16) {
     // One bf16 ulp at the expected value's magnitude (8 significand bits).
     int exp = 0;
-    std::frexp(static_cast<double>(expected), &exp);
-    return d <= std::ldexp(1.0, exp - 8) + kTrajectoryAtol;
+    std::frexp(x, &exp);
+    return d <= std::ldexp(1.0, exp - 8) + kTrajectoryAtol + drift;
   }
-  return d <= kTrajectoryAtol + kTrajectoryRtol * std::fabs(static_cast<double>(expected));
+  return d <= kTrajectoryAtol + kTrajectoryRtol * std::fabs(x) + drift;
 }
 
 ComparedFields::ComparedFields(const sim::GlobalState& a, const sim::GlobalState& b)

@@ -18,16 +18,22 @@ class TrajectoryComparison {
  public:
   explicit TrajectoryComparison(const sim::RunResult& run) : run_(run) {
     for (const auto& p : run.scenario.params)
-      moved_.emplace_back(static_cast<size_t>(p.numel), uint8_t{0});
+      moved_.emplace_back(static_cast<size_t>(p.numel), kNeverMoved);
   }
 
-  // Remembers which elements a step ran under another kernel kind than the reference's.
+  // Remembers which elements a step ran under another kernel kind than the reference's, and
+  // counts the steps since each first did (the runs' rounding differs from then on).
   void update_moved(const sim::GlobalState& st, const sim::GlobalState& ref) {
+    for (auto& per_param : moved_) {
+      for (int64_t& m : per_param) {
+        if (m != kNeverMoved) ++m;
+      }
+    }
     for (const auto& s : st.shards) {
       for (int64_t e = s.range.start; e < s.range.end; ++e) {
         const sim::ShardRecord* rs = ref.shard_at(s.param, e);
-        if (rs == nullptr || rs->kernel() != s.kernel())
-          moved_[s.param][static_cast<size_t>(e)] = 1;
+        int64_t& m = moved_[s.param][static_cast<size_t>(e)];
+        if (m == kNeverMoved && (rs == nullptr || rs->kernel() != s.kernel())) m = 0;
       }
     }
   }
@@ -70,9 +76,11 @@ class TrajectoryComparison {
     double max_diff = 0;
     int64_t first = -1;
     bool first_moved = false;
+    int64_t first_steps = 0;
     for (size_t e = 0; e < o.size(); ++e) {
-      const bool m = moved_[p][e] != 0;
-      const bool ok = m ? within_tolerance(o[e], x[e], bf16) : bitwise_equal(o[e], x[e]);
+      const int64_t steps = moved_[p][e];
+      const bool m = steps != kNeverMoved;
+      const bool ok = m ? within_tolerance(o[e], x[e], bf16, steps) : bitwise_equal(o[e], x[e]);
       (m ? tolerant_ : bitwise_)++;
       if (ok) continue;
       ++differing;
@@ -81,6 +89,7 @@ class TrajectoryComparison {
       if (first < 0) {
         first = static_cast<int64_t>(e);
         first_moved = m;
+        first_steps = steps;
       }
     }
     if (differing == 0) return std::nullopt;
@@ -90,16 +99,20 @@ class TrajectoryComparison {
         "{} elements of {} differ, max |diff| {:.3g}{}",
         phase_label(phase), when, st.global_step, f.name, params[p].name, first, num(o[first]),
         num(x[first]),
-        first_moved ? fmt::format("within tolerance (rtol {:g}, atol {:g}; the reshard moved the "
-                                  "element to another kernel kind)",
-                                  kTrajectoryRtol, kTrajectoryAtol)
-                    : "bitwise (the same kernel kind updated the element in both runs)",
+        first_moved
+            ? fmt::format("within tolerance (rtol {:g} + {:.3g} per step over {} steps, "
+                          "atol {:g}; the reshard moved the element to another kernel "
+                          "kind)",
+                          kTrajectoryRtol, kTrajectoryRtolPerStep, first_steps, kTrajectoryAtol)
+            : "bitwise (the same kernel kind updated the element in both runs)",
         differing, o.size(), params[p].name, max_diff,
         s != nullptr ? ", updated by " + shard_label(run_, *s) : "");
   }
 
   const sim::RunResult& run_;
-  std::vector<std::vector<uint8_t>> moved_;  // per param and element: ever moved
+  static constexpr int64_t kNeverMoved = -1;
+  // Per param and element: kNeverMoved, or the steps since it first moved (0 at that step).
+  std::vector<std::vector<int64_t>> moved_;
   int64_t bitwise_ = 0;
   int64_t tolerant_ = 0;
   int64_t states_ = 0;
