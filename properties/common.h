@@ -38,9 +38,9 @@ const sim::RankError* first_primary(const std::vector<sim::RankError>& errors);
 
 bool bitwise_equal(float a, float b);
 // Within kTrajectoryRtol/kTrajectoryAtol, or one bf16 ulp (plus atol) for bf16 values, plus
-// kTrajectoryRtolPerStep of the larger magnitude per step since the element moved between
-// kernel kinds (`steps_since_moved`: 0 right after the move or at a load).
-bool within_tolerance(float observed, float expected, bool bf16, int64_t steps_since_moved);
+// `drift` (>= 0): what the steps since the element moved between kernel kinds allow
+// (kTrajectoryRtolPerStep; trajectory.cpp adds it up).
+bool within_tolerance(float observed, float expected, bool bf16, double drift);
 
 // The four arrays two states are compared on, moments normalized (absent state = zeros).
 class ComparedFields {

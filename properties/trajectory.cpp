@@ -3,6 +3,7 @@
 // load gives back exactly what was saved: I13).
 #include <fmt/format.h>
 
+#include <array>
 #include <cmath>
 
 #include "properties/common.h"
@@ -17,13 +18,18 @@ namespace {
 class TrajectoryComparison {
  public:
   explicit TrajectoryComparison(const sim::RunResult& run) : run_(run) {
-    for (const auto& p : run.scenario.params)
+    for (const auto& p : run.scenario.params) {
       moved_.emplace_back(static_cast<size_t>(p.numel), kNeverMoved);
+      for (auto& field : drift_) field.emplace_back(static_cast<size_t>(p.numel), 0.0);
+    }
   }
 
-  // Remembers which elements a step ran under another kernel kind than the reference's, and
-  // counts the steps since each first did (the runs' rounding differs from then on).
-  void update_moved(const sim::GlobalState& st, const sim::GlobalState& ref) {
+  // Remembers which elements a step ran under another kernel kind than the reference's, counts
+  // the steps since each first did, and adds to each such element's tolerance what this step's
+  // rounding may add (kTrajectoryRtolPerStep of the reference's value and of its change since
+  // `prev`, the reference one step earlier; nothing where there is none).
+  void update_moved(const sim::GlobalState& st, const sim::GlobalState& ref,
+                    const sim::GlobalState* prev) {
     for (auto& per_param : moved_) {
       for (int64_t& m : per_param) {
         if (m != kNeverMoved) ++m;
@@ -36,6 +42,21 @@ class TrajectoryComparison {
         if (m == kNeverMoved && (rs == nullptr || rs->kernel() != s.kernel())) m = 0;
       }
     }
+    if (prev == nullptr) return;
+    const ComparedFields step(ref, *prev);  // a: the reference now, b: a step earlier
+    for (size_t i = 0; i < step.fields().size(); ++i) {
+      const auto& f = step.fields()[i];
+      for (size_t p = 0; p < moved_.size() && p < f.a->size() && p < f.b->size(); ++p) {
+        const auto& now = (*f.a)[p];
+        const auto& before = (*f.b)[p];
+        for (size_t e = 0; e < moved_[p].size() && e < now.size() && e < before.size(); ++e) {
+          const double x = now[e];
+          const double change = std::fabs(x - static_cast<double>(before[e]));
+          if (moved_[p][e] == kNeverMoved || std::isnan(x) || std::isnan(change)) continue;
+          drift_[i][p][e] += kTrajectoryRtolPerStep * (std::fabs(x) + change);
+        }
+      }
+    }
   }
 
   // A failed result when `st` differs from `ref`; nullopt when they agree.
@@ -44,10 +65,11 @@ class TrajectoryComparison {
                                         const char* when) {
     ++states_;
     const ComparedFields compared(st, ref);  // a: observed, b: expected
-    for (const auto& f : compared.fields()) {
+    for (size_t i = 0; i < compared.fields().size(); ++i) {
+      const auto& f = compared.fields()[i];
       if (f.a->empty() || f.b->empty()) continue;
       for (size_t p = 0; p < run_.scenario.params.size(); ++p) {
-        if (auto detail = compare_param(f, p, phase, st, when)) {
+        if (auto detail = compare_param(f, drift_[i][p], p, phase, st, when)) {
           return fail(r, static_cast<int>(phase.index),
                       std::string("trajectory_matches_uninterrupted:") + f.name, *detail);
         }
@@ -64,7 +86,8 @@ class TrajectoryComparison {
   }
 
  private:
-  std::optional<std::string> compare_param(const ComparedFields::Field& f, size_t p,
+  std::optional<std::string> compare_param(const ComparedFields::Field& f,
+                                           const std::vector<double>& drift, size_t p,
                                            const sim::PhaseRecord& phase,
                                            const sim::GlobalState& st, const char* when) {
     const auto& params = run_.scenario.params;
@@ -77,10 +100,11 @@ class TrajectoryComparison {
     int64_t first = -1;
     bool first_moved = false;
     int64_t first_steps = 0;
+    double first_drift = 0;
     for (size_t e = 0; e < o.size(); ++e) {
       const int64_t steps = moved_[p][e];
       const bool m = steps != kNeverMoved;
-      const bool ok = m ? within_tolerance(o[e], x[e], bf16, steps) : bitwise_equal(o[e], x[e]);
+      const bool ok = m ? within_tolerance(o[e], x[e], bf16, drift[e]) : bitwise_equal(o[e], x[e]);
       (m ? tolerant_ : bitwise_)++;
       if (ok) continue;
       ++differing;
@@ -90,6 +114,7 @@ class TrajectoryComparison {
         first = static_cast<int64_t>(e);
         first_moved = m;
         first_steps = steps;
+        first_drift = drift[e];
       }
     }
     if (differing == 0) return std::nullopt;
@@ -100,10 +125,9 @@ class TrajectoryComparison {
         phase_label(phase), when, st.global_step, f.name, params[p].name, first, num(o[first]),
         num(x[first]),
         first_moved
-            ? fmt::format("within tolerance (rtol {:g} + {:.3g} per step over {} steps, "
-                          "atol {:g}; the reshard moved the element to another kernel "
-                          "kind)",
-                          kTrajectoryRtol, kTrajectoryRtolPerStep, first_steps, kTrajectoryAtol)
+            ? fmt::format("within tolerance (rtol {:g}, atol {:g}, plus {:.3g} for the {} "
+                          "steps since the reshard moved the element to another kernel kind)",
+                          kTrajectoryRtol, kTrajectoryAtol, first_drift, first_steps)
             : "bitwise (the same kernel kind updated the element in both runs)",
         differing, o.size(), params[p].name, max_diff,
         s != nullptr ? ", updated by " + shard_label(run_, *s) : "");
@@ -113,6 +137,9 @@ class TrajectoryComparison {
   static constexpr int64_t kNeverMoved = -1;
   // Per param and element: kNeverMoved, or the steps since it first moved (0 at that step).
   std::vector<std::vector<int64_t>> moved_;
+  // Per compared field (ComparedFields order), param and element: the tolerance the steps since
+  // the move add (update_moved).
+  std::array<std::vector<std::vector<double>>, 4> drift_;
   int64_t bitwise_ = 0;
   int64_t tolerant_ = 0;
   int64_t states_ = 0;
@@ -191,7 +218,7 @@ PropertyResult trajectory_matches_uninterrupted(const sim::RunResult& run) {
     for (const auto& st : p.after_step) {
       const sim::GlobalState* ref = run.reference_at(st.global_step);
       if (ref == nullptr) continue;
-      comparison.update_moved(st, *ref);
+      comparison.update_moved(st, *ref, run.reference_at(st.global_step - 1));
       if (auto f = comparison.compare(r, p, st, *ref, "after")) return *f;
     }
   }
