@@ -39,10 +39,13 @@ class TrajectoryComparison {
       for (int64_t e = s.range.start; e < s.range.end; ++e) {
         const sim::ShardRecord* rs = ref.shard_at(s.param, e);
         int64_t& m = moved_[s.param][static_cast<size_t>(e)];
-        if (m == kNeverMoved && (rs == nullptr || rs->kernel() != s.kernel())) m = 0;
+        if (m == kNeverMoved && (rs == nullptr || rs->kernel() != s.kernel())) {
+          m = 0;
+          any_moved_ = true;
+        }
       }
     }
-    if (prev == nullptr) return;
+    if (prev == nullptr || !any_moved_) return;
     const ComparedFields step(ref, *prev);  // a: the reference now, b: a step earlier
     for (size_t i = 0; i < step.fields().size(); ++i) {
       const auto& f = step.fields()[i];
@@ -140,6 +143,7 @@ class TrajectoryComparison {
   // Per compared field (ComparedFields order), param and element: the tolerance the steps since
   // the move add (update_moved).
   std::array<std::vector<std::vector<double>>, 4> drift_;
+  bool any_moved_ = false;  // no drift to add up before an element has moved
   int64_t bitwise_ = 0;
   int64_t tolerant_ = 0;
   int64_t states_ = 0;
