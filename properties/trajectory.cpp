@@ -39,7 +39,7 @@ class TrajectoryComparison {
       for (int64_t e = s.range.start; e < s.range.end; ++e) {
         const sim::ShardRecord* rs = ref.shard_at(s.param, e);
         int64_t& m = moved_[s.param][static_cast<size_t>(e)];
-        if (m == kNeverMoved && (rs == nullptr || rs->kernel() != s.kernel())) {
+        if (m == kNeverMoved && (rs == nullptr || rs->rounding_class(e) != s.rounding_class(e))) {
           m = 0;
           any_moved_ = true;
         }

@@ -34,14 +34,34 @@ struct StateOwner {
   const Dict* group = nullptr;
   at::Tensor master;
   OptimizerPart part = OptimizerPart::kFusedAdam;
+  Kernel kernel = Kernel::kFusedAdam;
 };
+
+Kernel kernel_of(const Optimizer* o, const Dict& group) {
+  const auto* adamw = dynamic_cast<const TorchAdamW*>(o);
+  if (adamw == nullptr) return Kernel::kFusedAdam;
+  switch (adamw->kernel_for(group, model::group_params(group))) {
+    case model::TorchAdamWKernel::kForeachCuda:
+      return Kernel::kTorchForeachCuda;
+    case model::TorchAdamWKernel::kFusedCpu:
+      return Kernel::kTorchFusedCpu;
+    case model::TorchAdamWKernel::kFusedCuda:
+      return Kernel::kTorchFusedCuda;
+    case model::TorchAdamWKernel::kSingleTensorCpu:
+      return Kernel::kTorchSingleTensorCpu;
+    case model::TorchAdamWKernel::kSingleTensorCuda:
+      return Kernel::kTorchSingleTensorCuda;
+  }
+  return Kernel::kFusedAdam;
+}
 
 StateOwner state_owner(const model::DistributedOptimizer& opt, const at::Tensor& x,
                        const Dict& group) {
   const model::HybridDeviceOptimizer* h = opt.hdo();
   if (h == nullptr) {
     return {&opt.optimizer(), &group, x,
-            is_adamw(&opt.optimizer()) ? OptimizerPart::kAdamW : OptimizerPart::kFusedAdam};
+            is_adamw(&opt.optimizer()) ? OptimizerPart::kAdamW : OptimizerPart::kFusedAdam,
+            kernel_of(&opt.optimizer(), group)};
   }
   StateOwner out;
   out.master = h->param_to_inner_param.at(x, "param_to_inner_param");
@@ -56,6 +76,7 @@ StateOwner state_owner(const model::DistributedOptimizer& opt, const at::Tensor&
     }
   }
   CKPTSIM_CHECK(out.optimizer != nullptr, "HDO inner param owned by no sub-optimizer");
+  out.kernel = kernel_of(out.optimizer, *out.group);
   if (out.optimizer != h->gpu_optimizer.get()) {
     out.part = OptimizerPart::kHdoCpuAdamW;
   } else {
@@ -73,13 +94,14 @@ ShardSnapshot snapshot_one(const model::DistributedOptimizer& opt, const at::Ten
   snap.param_range = opt.range_map(snap.model_param).param;
   const StateOwner owner = state_owner(opt, x, group);
   snap.part = owner.part;
+  snap.kernel = owner.kernel;
   const Value master_value(owner.master);
   snap.master = floats(&master_value);
   step_object = nullptr;
   if (const model::DictPtr* st = owner.optimizer->state.find(owner.master)) {
     snap.exp_avg = floats((*st)->find("exp_avg"));
     snap.exp_avg_sq = floats((*st)->find("exp_avg_sq"));
-    if (snap.kernel() == KernelKind::kTorchAdamW) {
+    if (is_torch_adamw(snap.kernel)) {
       if (const Value* v = (*st)->find("step");
           v != nullptr && v->is_tensor() && v->tensor().numel() == 1) {
         snap.step = model::py_item(v->tensor());
@@ -87,7 +109,7 @@ ShardSnapshot snapshot_one(const model::DistributedOptimizer& opt, const at::Ten
       }
     }
   }
-  if (snap.kernel() == KernelKind::kFusedAdam) {
+  if (!is_torch_adamw(snap.kernel)) {
     if (const Value* v = owner.group->find("step"); v != nullptr && !v->is_none())
       snap.step = v->as_float();
   }
@@ -136,11 +158,31 @@ std::string part_name(OptimizerPart part) {
   return "?";
 }
 
-KernelKind kernel_of(OptimizerPart part) {
-  return part == OptimizerPart::kAdamW || part == OptimizerPart::kHdoCpuAdamW ||
-                 part == OptimizerPart::kHdoGpuAdamW
-             ? KernelKind::kTorchAdamW
-             : KernelKind::kFusedAdam;
+std::string kernel_name(Kernel kernel) {
+  switch (kernel) {
+    case Kernel::kFusedAdam:
+      return "ckptsim_fused_adam";
+    case Kernel::kTorchForeachCuda:
+      return model::kernel_name(model::TorchAdamWKernel::kForeachCuda);
+    case Kernel::kTorchFusedCpu:
+      return model::kernel_name(model::TorchAdamWKernel::kFusedCpu);
+    case Kernel::kTorchFusedCuda:
+      return model::kernel_name(model::TorchAdamWKernel::kFusedCuda);
+    case Kernel::kTorchSingleTensorCpu:
+      return model::kernel_name(model::TorchAdamWKernel::kSingleTensorCpu);
+    case Kernel::kTorchSingleTensorCuda:
+      return model::kernel_name(model::TorchAdamWKernel::kSingleTensorCuda);
+  }
+  return "?";
+}
+
+bool is_torch_adamw(Kernel kernel) { return kernel != Kernel::kFusedAdam; }
+
+int rounding_class(Kernel kernel, int64_t index, int64_t numel) {
+  const int base = 2 * static_cast<int>(kernel);
+  return kernel == Kernel::kTorchFusedCpu && model::torch_fused_cpu_scalar_tail(index, numel)
+             ? base + 1
+             : base;
 }
 
 std::vector<ShardSnapshot> snapshot(const model::DistributedOptimizer& opt) {

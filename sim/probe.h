@@ -30,9 +30,25 @@ enum class OptimizerPart {
 // details, signatures; the replay runner's trace uses the same names).
 std::string part_name(OptimizerPart part);
 
-// Which Adam kernel updates a part's shards (torch AdamW and FusedAdam round differently).
-enum class KernelKind { kTorchAdamW, kFusedAdam };
-KernelKind kernel_of(OptimizerPart part);
+// Which arithmetic updates a part's shards: the model's TE FusedAdam (the op order of
+// model/kernels/adam_math.h fused_adam_update, which the replay runner's stand-in copies) or one
+// of torch AdamW's implementations. Each rounds differently.
+enum class Kernel {
+  kFusedAdam,
+  kTorchForeachCuda,
+  kTorchFusedCpu,
+  kTorchFusedCuda,
+  kTorchSingleTensorCpu,
+  kTorchSingleTensorCuda,
+};
+// "ckptsim_fused_adam", or model::kernel_name of torch's ("torch_foreach_cuda", ...): the
+// trace's part "kernel".
+std::string kernel_name(Kernel kernel);
+bool is_torch_adamw(Kernel kernel);
+// Elements of one rounding class are updated by the same arithmetic: the kernel and, for
+// torch's fused CPU AdamW, whether the element falls in the scalar tail of its tensor (the
+// shard: `index` of `numel`).
+int rounding_class(Kernel kernel, int64_t index, int64_t numel);
 
 // The bias-correction step t one part used for one model param's shard in the last step().
 struct StepUse {
@@ -46,6 +62,7 @@ struct ShardSnapshot {
   size_t model_param = 0;
   model::Range param_range;  // sub-range of the flattened model param
   OptimizerPart part = OptimizerPart::kFusedAdam;
+  Kernel kernel = Kernel::kFusedAdam;
   std::vector<float> master;   // fp32 master (main param / HDO inner param)
   std::vector<float> exp_avg;  // empty if the state does not exist yet
   std::vector<float> exp_avg_sq;
@@ -53,8 +70,6 @@ struct ShardSnapshot {
   // How many other shards on this rank hold the very same step tensor object (torch AdamW
   // steps are per-param objects; >0 is B9's aliasing).
   int step_aliases = 0;
-
-  KernelKind kernel() const { return kernel_of(part); }
 };
 
 // Every shard this rank's optimizer updates, in param-group order.

@@ -144,6 +144,7 @@ GlobalState gather_state(const Scenario& s, int64_t global_step,
       rec.rank = static_cast<int>(r);
       rec.step_aliases = shard.step_aliases;
       rec.part = shard.part;
+      rec.kernel = shard.kernel;
       rec.counter = shard.step;
       for (const auto& u : ranks[r]->uses) {
         if (u.model_param == shard.model_param) rec.step_used = u.step;

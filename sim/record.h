@@ -71,11 +71,15 @@ struct ShardRecord {
   model::Range range;  // sub-range of the flattened param
   int rank = 0;
   OptimizerPart part = OptimizerPart::kFusedAdam;
+  Kernel kernel = Kernel::kFusedAdam;
   std::optional<double> counter;    // step counter the next update advances from
   std::optional<double> step_used;  // t the kernel used in the step just taken
   int step_aliases = 0;             // other shards on the rank sharing this step tensor object
 
-  KernelKind kernel() const { return kernel_of(part); }
+  // The rounding class (sim/probe.h) of element `element` of the param.
+  int rounding_class(int64_t element) const {
+    return sim::rounding_class(kernel, element - range.start, range.end - range.start);
+  }
 };
 
 // The whole model's optimizer and param state, gathered over every rank, at one global step

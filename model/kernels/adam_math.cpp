@@ -1,5 +1,6 @@
-// Both kernels are Eigen array expressions over the caller's buffers. Three rules keep the
-// rounding order exactly the one documented in adam_math.h:
+// TE's kernel is an Eigen array expression over the caller's buffers; torch's are plain loops
+// with explicit std::fma where upstream's compilers contract. Three rules keep the rounding
+// order exactly the one documented in adam_math.h:
 //   * Every expression is written with the upstream operand grouping; Eigen evaluates
 //     coefficient-wise expressions with one IEEE op per node (pmul/padd/psub/pdiv are exact),
 //     and this file is compiled with -ffp-contract=off, so nothing is fused into an FMA.
@@ -102,9 +103,120 @@ void fused_adam_update(std::span<float> param, std::span<const float> grad,
   p = p - lr * ((m / bias_correction1) / denom + decay * p);
 }
 
-void torch_adamw_update(std::span<float> param, std::span<const float> grad,
-                        std::span<float> exp_avg, std::span<float> exp_avg_sq, const AdamHyper& h,
-                        float step) {
+const char* kernel_name(TorchAdamWKernel kernel) {
+  switch (kernel) {
+    case TorchAdamWKernel::kForeachCuda:
+      return "torch_foreach_cuda";
+    case TorchAdamWKernel::kFusedCpu:
+      return "torch_fused_cpu";
+    case TorchAdamWKernel::kFusedCuda:
+      return "torch_fused_cuda";
+    case TorchAdamWKernel::kSingleTensorCpu:
+      return "torch_single_tensor_cpu";
+    case TorchAdamWKernel::kSingleTensorCuda:
+      return "torch_single_tensor_cuda";
+  }
+  return "?";
+}
+
+bool torch_fused_cpu_scalar_tail(int64_t index, int64_t numel) {
+  return index >= numel - numel % 8;
+}
+
+namespace {
+
+// torch's host-side scalars of one step (Python floats and ATen's doubles).
+struct TorchHost {
+  double bias_correction1 = 1;
+  double bias_correction2 = 1;
+  double step_size = 0;  // lr / bc1
+};
+
+TorchHost torch_host(const AdamHyper& h, float step) {
+  // The step is read from the fp32 step tensor into a double (item(), or .item<float>()).
+  const double t = static_cast<double>(step);
+  TorchHost s;
+  s.bias_correction1 = 1.0 - std::pow(h.beta1, t);
+  s.bias_correction2 = 1.0 - std::pow(h.beta2, t);
+  s.step_size = h.lr / s.bias_correction1;
+  return s;
+}
+
+void foreach_cuda(std::span<float> p, std::span<const float> g, std::span<float> m,
+                  std::span<float> v, const AdamHyper& h, float step) {
+  const TorchHost s = torch_host(h, step);
+  const float decay = static_cast<float>(1.0 - h.lr * h.weight_decay);
+  const float w = static_cast<float>(1.0 - h.beta1);
+  const bool small_weight = std::abs(w) < 0.5f;
+  const float beta2 = static_cast<float>(h.beta2);
+  const float c2 = static_cast<float>(1.0 - h.beta2);
+  // bias_correction2 ** 0.5 in Python: pow, not sqrt.
+  const float bc2_sqrt = static_cast<float>(std::pow(s.bias_correction2, 0.5));
+  const float eps = static_cast<float>(h.eps);
+  const float neg_step_size = static_cast<float>(-s.step_size);
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (h.weight_decay != 0.0) p[i] = p[i] * decay;
+    const float gm = g[i] - m[i];
+    m[i] = small_weight ? std::fma(w, gm, m[i]) : std::fma(-gm, 1.0f - w, g[i]);
+    v[i] = std::fma(c2, g[i] * g[i], v[i] * beta2);
+    const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
+    p[i] = std::fma(neg_step_size, m[i] / denom, p[i]);
+  }
+}
+
+void fused_cpu(std::span<float> p, std::span<const float> g, std::span<float> m, std::span<float> v,
+               const AdamHyper& h, float step) {
+  const TorchHost s = torch_host(h, step);
+  const float decay = static_cast<float>(1.0 - h.lr * h.weight_decay);
+  const float w = static_cast<float>(1.0 - h.beta1);
+  const bool small_weight = std::abs(w) < 0.5f;
+  const float coeff = small_weight ? w : w - 1.0f;
+  const float beta2 = static_cast<float>(h.beta2);
+  const float c2 = static_cast<float>(1.0 - h.beta2);
+  const float bc2_sqrt = static_cast<float>(std::sqrt(s.bias_correction2));
+  const float eps = static_cast<float>(h.eps);
+  const float neg_step_size = static_cast<float>(-s.step_size);
+  const auto n = static_cast<int64_t>(p.size());
+  for (int64_t j = 0; j < n; ++j) {
+    const auto i = static_cast<size_t>(j);
+    if (h.weight_decay != 0.0) p[i] = p[i] * decay;
+    m[i] = std::fma(coeff, g[i] - m[i], small_weight ? m[i] : g[i]);
+    const float cg = c2 * g[i];
+    v[i] = torch_fused_cpu_scalar_tail(j, n) ? std::fma(v[i], beta2, cg * g[i])
+                                             : std::fma(cg, g[i], v[i] * beta2);
+    const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
+    p[i] = p[i] + (neg_step_size * m[i]) / denom;
+  }
+}
+
+void fused_cuda(std::span<float> p, std::span<const float> g, std::span<float> m,
+                std::span<float> v, const AdamHyper& h, float step) {
+  const float lr = static_cast<float>(h.lr);
+  const float wd = static_cast<float>(h.weight_decay);
+  const float beta1 = static_cast<float>(h.beta1);
+  const float beta2 = static_cast<float>(h.beta2);
+  const float eps = static_cast<float>(h.eps);
+  const double c1 = 1.0 - static_cast<double>(beta1);
+  const double c2 = 1.0 - static_cast<double>(beta2);
+  const float bias_correction1 = 1.0f - std::pow(beta1, step);
+  const float bc2_sqrt = std::sqrt(1.0f - std::pow(beta2, step));
+  const float step_size = lr / bias_correction1;
+  const float lr_wd = lr * wd;
+  for (size_t i = 0; i < p.size(); ++i) {
+    const double gd = g[i];
+    if (wd != 0.0f) p[i] = std::fma(-lr_wd, p[i], p[i]);
+    m[i] = std::fma(beta1, m[i], static_cast<float>(c1 * gd));
+    v[i] = std::fma(beta2, v[i], static_cast<float>(c2 * gd * gd));
+    const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
+    p[i] = p[i] - (step_size * m[i]) / denom;
+  }
+}
+
+}  // namespace
+
+void torch_adamw_update(TorchAdamWKernel kernel, std::span<float> param,
+                        std::span<const float> grad, std::span<float> exp_avg,
+                        std::span<float> exp_avg_sq, const AdamHyper& h, float step) {
   check_lengths(param, grad, exp_avg, exp_avg_sq, "torch_adamw_update");
   // Any step value is accepted, as torch accepts it: a restored step tensor can hold garbage
   // (B3: a padding entry's torch.empty step), and the resulting inf/NaN update is the
@@ -112,42 +224,19 @@ void torch_adamw_update(std::span<float> param, std::span<const float> grad,
   CKPTSIM_CHECK(h.bias_correction,
                 "torch_adamw_update: torch AdamW has no bias_correction switch; it must not be "
                 "called with bias_correction=false");
-
-  // Host, in double: step is read from the fp32 step tensor (item<float>) into a double.
-  const double t = static_cast<double>(step);
-  const double bias_correction1 = 1.0 - std::pow(h.beta1, t);
-  const double bias_correction2 = 1.0 - std::pow(h.beta2, t);
-  const double step_size = h.lr / bias_correction1;
-  const double bias_correction2_sqrt = std::sqrt(bias_correction2);
-  const double exp_avg_grad_coefficient = 1.0 - h.beta1;
-  const double exp_avg_sq_grad_coefficient = 1.0 - h.beta2;
-
-  // Each double scalar becomes a float where it meets float data.
-  const float decay_factor = static_cast<float>(1.0 - h.lr * h.weight_decay);
-  const float lerp_weight = static_cast<float>(exp_avg_grad_coefficient);
-  const float beta2 = static_cast<float>(h.beta2);
-  const float sq_coefficient = static_cast<float>(exp_avg_sq_grad_coefficient);
-  const float bc2_sqrt = static_cast<float>(bias_correction2_sqrt);
-  const float eps = static_cast<float>(h.eps);
-  const float step_size_f = static_cast<float>(step_size);
-
-  const Eigen::Index n = as_index(param.size());
-  ArrayMap p(param.data(), n);
-  ConstArrayMap g(grad.data(), n);
-  ArrayMap m(exp_avg.data(), n);
-  ArrayMap v(exp_avg_sq.data(), n);
-
-  if (h.weight_decay != 0.0) p = p * decay_factor;
-  // torch's lerp picks the formula that is exact at the nearer end point.
-  if (std::abs(lerp_weight) < 0.5f) {
-    m = m + lerp_weight * (g - m);
-  } else {
-    m = g - (g - m) * (1.0f - lerp_weight);
+  switch (kernel) {
+    case TorchAdamWKernel::kForeachCuda:
+    case TorchAdamWKernel::kSingleTensorCpu:
+    case TorchAdamWKernel::kSingleTensorCuda:
+      foreach_cuda(param, grad, exp_avg, exp_avg_sq, h, step);
+      return;
+    case TorchAdamWKernel::kFusedCpu:
+      fused_cpu(param, grad, exp_avg, exp_avg_sq, h, step);
+      return;
+    case TorchAdamWKernel::kFusedCuda:
+      fused_cuda(param, grad, exp_avg, exp_avg_sq, h, step);
+      return;
   }
-  v = v * beta2;
-  v = v + (sq_coefficient * g) * g;
-  const Eigen::ArrayXf denom = v.unaryExpr(ExactSqrt{}) / bc2_sqrt + eps;
-  p = p - (step_size_f * m) / denom;
 }
 
 int64_t ulp_distance(float a, float b) {

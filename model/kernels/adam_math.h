@@ -1,16 +1,20 @@
-// CPU reference kernels of the two Adam variants that the modeled optimizers run (spec §13,
-// §3.2): TE FusedAdam in decoupled-weight-decay mode (the inner optimizer of DistOpt and the
-// GPU part of HybridDeviceOptimizer) and torch.optim.AdamW (the CPU part of HDO, and the
-// pure-torch fallback). Both update fp32 master params and fp32 moments in place.
+// CPU reference kernels of the Adam variants that the modeled optimizers run (spec §13, §3.2):
+// TE FusedAdam in decoupled-weight-decay mode (the inner optimizer of DistOpt and the GPU part
+// of HybridDeviceOptimizer) and torch.optim.AdamW's three implementations (the pure-torch
+// fallback on CUDA, the CPU part of HDO, the HDO's GPU part without TE). All update fp32 master
+// params and fp32 moments in place.
 //
 // What the kernels promise (the simulator compares checkpoints and trajectories bitwise, so
 // these are about rounding, not only about the formula):
 //   1. Deterministic: the same inputs give the same bits on every run and build. Every
-//      operation is an IEEE single-precision op in a fixed order; no FMA contraction (the
-//      library is built with -ffp-contract=off) and no approximate sqrt (see adam_math.cpp).
+//      operation is an IEEE single-precision op (or an explicit std::fma) in a fixed order; no
+//      contraction by our compiler (the library is built with -ffp-contract=off) and no
+//      approximate sqrt (see adam_math.cpp).
 //   2. Elementwise: element i of the outputs depends only on element i of the inputs and on
 //      the scalars, so updating a span in pieces gives the same bits as updating it whole
-//      (DP sharding splits params at arbitrary offsets).
+//      (DP sharding splits params at arbitrary offsets). One exception, upstream's own: torch's
+//      fused CPU AdamW rounds the last numel % 8 elements of a tensor differently
+//      (torch_fused_cpu_scalar_tail).
 //   3. `step` is used only through the bias corrections 1-β1^t and 1-β2^t; it is the counter
 //      value *after* the optimizer's increment (t >= 1). The caller owns the counter: where it
 //      lives (a group int for TE, a per-param fp32 tensor for torch) is the point of ckptsim.
@@ -81,32 +85,70 @@ void fused_adam_update(std::span<float> param, std::span<const float> grad,
                        std::span<float> exp_avg, std::span<float> exp_avg_sq, const AdamHyper& h,
                        int64_t step);
 
-// Mirrors aten/src/ATen/native/cpu/FusedAdamKernel.cpp adam_fused_step_impl() and the float
-// adam_math() with ADAM_MODE::ADAMW: what torch.optim.AdamW(fused=True) runs on CPU (the
-// HDO CPU optimizer), once per param, after torch/optim/adam.py _fused_adamw has done
-// `step += 1` on the param's fp32 step tensor.
+// The implementations of torch.optim.AdamW that Megatron's optimizers run. torch/optim/adam.py
+// picks one per step(): `fused=True` runs _fused_adamw on the params' device; otherwise, with
+// `foreach` left at None, _multi_tensor_adam where every param is a CUDA tensor (Megatron's
+// distributed optimizer without TE: fp32 main params on the GPU), else _single_tensor_adam. Each
+// rounds differently; each function below computes exactly what its kernel computes, element for
+// element (tests/model/kernels/torch_adamw_kernels_ test.cpp replays what torch 2.11 computed on an
+// H200 host: replay/kernel_probe.py), with every contraction upstream's compiler makes written as
+// std::fma.
+enum class TorchAdamWKernel {
+  kForeachCuda,  // _multi_tensor_adam: torch._foreach_* ops on CUDA (DistOpt's inner AdamW)
+  kFusedCpu,     // _fused_adamw on CPU: aten/src/ATen/native/cpu/FusedAdamKernel.cpp (HDO CPU part)
+  kFusedCuda,    // _fused_adamw on CUDA: aten/src/ATen/native/cuda/fused_adam*.cu (HDO GPU part
+                 // without TE)
+  // _single_tensor_adam (CPU params without `fused`, or foreach=False): no Megatron path runs
+  // it, and it is not pinned against torch; ckptsim computes kForeachCuda's arithmetic for it,
+  // and traces name it apart, so that no comparison takes it for torch's.
+  kSingleTensorCpu,
+  kSingleTensorCuda,
+};
+// "torch_foreach_cuda", "torch_fused_cpu", "torch_fused_cuda", "torch_single_tensor_cpu",
+// "torch_single_tensor_cuda": the names traces carry.
+const char* kernel_name(TorchAdamWKernel kernel);
+
+// One torch AdamW step over one param tensor (its fp32 param, grad and moments), after the
+// optimizer has advanced the param's fp32 step tensor to `step`.
 //
-// Host side, all double: t = float(step); bc1 = 1 − β1^t; bc2 = 1 − β2^t (std::pow on the
-// *double* β); step_size = lr/bc1; bc2_sqrt = sqrt(bc2). Kernel, float, with each double
-// scalar rounded to float where it meets a float:
-//   if wd != 0: p = p·float(1 − lr·wd)
-//   m = lerp(m, g, w) with w = float(1−β1): |w| < 0.5 ? m + w·(g−m) : g − (g−m)·(1−w)
-//   v = v·float(β2);  v = v + (float(1−β2)·g)·g
-//   denom = sqrt(v)/float(bc2_sqrt) + float(ε)
-//   p = p − (float(step_size)·m)/denom
-// This is the kernel's scalar (tail) loop. Its vector loop uses vec::fmadd for the lerp,
-// which is a real FMA on AVX2/AVX-512 builds, so torch's bits can differ from ours by an ulp
-// of m there. torch/optim/adam.py _single_tensor_adam (foreach=False, fused=False) runs the
-// same math as separate tensor ops (mul_, lerp_, mul_+addcmul_, sqrt/div/add_, addcdiv_);
-// the differences: it computes bc2_sqrt as bc2**0.5 (pow, not sqrt), and its ops are
-// vectorized with the same FMA caveat. The libtorch 1.13 C++ AdamW differs more: it updates
-// m as m·β1 + (1−β1)·g (mul_ then add_ with alpha), not with lerp.
-// REQUIRES: all four spans have the same length. `step` is the float value of the param's step
-// tensor; any value is accepted as torch accepts it (a garbage step restored from a padding
-// entry gives an inf/NaN update upstream too); an fp32 counter stops growing at 2^24.
-void torch_adamw_update(std::span<float> param, std::span<const float> grad,
-                        std::span<float> exp_avg, std::span<float> exp_avg_sq, const AdamHyper& h,
-                        float step);
+// Host side (Python and C++ doubles): bc1 = 1 − β1^t, bc2 = 1 − β2^t (pow of the double β),
+// step_size = lr/bc1. Then, per kernel (f(x): x rounded to float where it meets float data):
+//
+// kForeachCuda (torch/optim/adam.py _multi_tensor_adam; nvcc contracts a·b + c into an FMA):
+//   if wd != 0: p = p·f(1 − lr·wd)                         _foreach_mul_
+//   m = lerp(m, g, w), w = f(1−β1): |w| < 0.5 ? fma(w, g−m, m) : fma(−(g−m), 1−w, g)
+//   v = fma(f(1−β2), g·g, v·f(β2))                          _foreach_mul_ + _foreach_addcmul_
+//   d = sqrt(v)/f(bc2^0.5) + f(ε)                           _foreach_sqrt/div_/add_
+//   p = fma(f(−step_size), m/d, p)                          _foreach_addcdiv_
+// kFusedCpu (FusedAdamKernel.cpp adam_math, float, ADAMW; bc2_sqrt = std::sqrt(bc2)):
+//   if wd != 0: p = p·f(1 − lr·wd)
+//   m = fmadd(w − (|w| < 0.5 ? 0 : 1), g − m, |w| < 0.5 ? m : g)   vec::fmadd
+//   v = v·f(β2) + (f(1−β2)·g)·g, which GCC contracts into fma(f(1−β2)·g, g, v·f(β2)) in the
+//       16- and 8-wide vector loops, but into fma(v, f(β2), (f(1−β2)·g)·g) in the scalar
+//       loop, which runs over the last numel % 8 elements of each tensor (the vector loop
+//       takes whole 16-float vectors of each 64-byte-aligned task; GCC vectorizes the
+//       tail loop 8 wide; AVX2 and AVX512 builds round alike)
+//   d = sqrt(v)/f(bc2_sqrt) + f(ε);  p = p + (f(−step_size)·m)/d
+// kFusedCuda (fused_adam_utils.cuh adam_math as torch 2.11 runs it: lr, β, wd, ε as float):
+//   if wd != 0: p = fma(−(lr·wd), p, p)
+//   m = fma(β1, m, f((1 − β1)·g))  (1−β1 and the product in double)
+//   v = fma(β2, v, f((1 − β2)·g·g))
+//   bc1 = 1 − powf(β1, t), bc2_sqrt = sqrtf(1 − powf(β2, t)), all float
+//   d = sqrt(v)/bc2_sqrt + ε;  p = p − ((lr/bc1)·m)/d
+//   Left: the GPU's powf (libdevice __nv_powf, built on the approximate reciprocal
+//   rcp.approx) is not correctly rounded; ours is. Where the two differ (seen at β2 = 0.95,
+//   t = 6) the step size, and so p, differs in the last bits. m and v are exact.
+// REQUIRES: all four spans have the same length, and are the whole tensor the kernel updates
+// (kFusedCpu rounds its last numel % 8 elements differently). `step` is the float value of the
+// param's step tensor; any value is accepted as torch accepts it (a garbage step restored from
+// a padding entry gives an inf/NaN update upstream too); an fp32 counter stops growing at 2^24.
+void torch_adamw_update(TorchAdamWKernel kernel, std::span<float> param,
+                        std::span<const float> grad, std::span<float> exp_avg,
+                        std::span<float> exp_avg_sq, const AdamHyper& h, float step);
+
+// Whether element `index` of a tensor of `numel` elements goes through kFusedCpu's scalar loop
+// (its last numel % 8 elements), whose v rounds differently from the vector loops'.
+bool torch_fused_cpu_scalar_tail(int64_t index, int64_t numel);
 
 // Distance between two floats in units in the last place: the number of representable floats
 // strictly between them, plus one (0 when equal; +0 and -0 are equal). INT64_MAX if either is

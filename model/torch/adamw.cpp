@@ -57,6 +57,28 @@ void TorchAdamW::advance_steps(std::vector<at::Tensor>& steps) {
   }
 }
 
+// torch/optim/adam.py: `fused` runs _fused_adamw on the params' device; `foreach` None (the
+// default) runs _multi_tensor_adam where every param is on CUDA, as does `foreach` True there;
+// anything else _single_tensor_adam (a foreach over CPU params is not told apart from it).
+TorchAdamWKernel TorchAdamW::kernel_for(const Dict& group,
+                                        const std::vector<at::Tensor>& params) const {
+  bool all_cuda = true;
+  bool all_cpu = true;
+  for (const at::Tensor& p : params) {
+    all_cuda = all_cuda && rt_.device_of(p) == Device::kCuda;
+    all_cpu = all_cpu && rt_.device_of(p) == Device::kCpu;
+  }
+  if (group_flag(group, "fused")) {
+    CKPTSIM_CHECK(all_cuda || all_cpu,
+                  "torch AdamW(fused=True) over CPU and CUDA params at once is not modeled");
+    return all_cuda ? TorchAdamWKernel::kFusedCuda : TorchAdamWKernel::kFusedCpu;
+  }
+  const Value foreach = group.get("foreach", Value());
+  const bool foreach_off = foreach.is_bool() && !foreach.as_bool();
+  if (all_cuda && !foreach_off) return TorchAdamWKernel::kForeachCuda;
+  return all_cuda ? TorchAdamWKernel::kSingleTensorCuda : TorchAdamWKernel::kSingleTensorCpu;
+}
+
 void TorchAdamW::step() {
   last_used_steps_.clear();
   for (const Value& gv : *param_groups) {
@@ -92,6 +114,7 @@ void TorchAdamW::step() {
       steps.push_back(s->at("step", "AdamW._init_group").tensor());
     }
     advance_steps(steps);
+    const TorchAdamWKernel kernel = kernel_for(group, params);
     for (size_t i = 0; i < params.size(); ++i) {
       const at::Tensor& p = params[i];
       const DictPtr& s = *state.find(p);
@@ -103,17 +126,18 @@ void TorchAdamW::step() {
       at::Tensor v = s->at("exp_avg_sq").tensor();
       if (p.is_cuda() || m.is_cuda()) {
         // torch AdamW's math has a CPU reference only: GPU-resident state goes through host
-        // copies (the same bits, since the update is elementwise and exact-order).
+        // copies (the same bits: the update of one tensor does not depend on where it runs).
         at::Tensor hp = p.cpu(), hg = rt_.grad(p).cpu(), hm = m.cpu(), hv = v.cpu();
-        torch_adamw_update(fp32_span(hp, "AdamW param"), fp32_span(hg, "AdamW grad"),
+        torch_adamw_update(kernel, fp32_span(hp, "AdamW param"), fp32_span(hg, "AdamW grad"),
                            fp32_span(hm, "exp_avg"), fp32_span(hv, "exp_avg_sq"), hyper, t);
         at::Tensor pp = p;
         pp.copy_(hp);
         m.copy_(hm);
         v.copy_(hv);
       } else {
-        torch_adamw_update(fp32_span(p, "AdamW param"), fp32_span(rt_.grad(p), "AdamW grad"),
-                           fp32_span(m, "exp_avg"), fp32_span(v, "exp_avg_sq"), hyper, t);
+        torch_adamw_update(kernel, fp32_span(p, "AdamW param"),
+                           fp32_span(rt_.grad(p), "AdamW grad"), fp32_span(m, "exp_avg"),
+                           fp32_span(v, "exp_avg_sq"), hyper, t);
       }
       last_used_steps_.push_back({p, t});
     }

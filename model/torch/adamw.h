@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "model/kernels/adam_math.h"
 #include "model/torch/optimizer.h"
 
 namespace ckptsim::model {
@@ -22,6 +23,10 @@ class TorchAdamW final : public Optimizer {
   std::string class_name() const override { return "AdamW"; }
   Value class_symbol() const override;
   void step() override;
+
+  // The implementation torch/optim/adam.py picks for a step() of `params` (a group's params
+  // with a grad) under `group`'s flags: fused on their device, else foreach on CUDA.
+  TorchAdamWKernel kernel_for(const Dict& group, const std::vector<at::Tensor>& params) const;
 
   // The step tensor values each updated param used in the last step(), in group/param order.
   const std::vector<UsedStep>& last_used_steps() const { return last_used_steps_; }

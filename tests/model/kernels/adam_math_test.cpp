@@ -119,25 +119,6 @@ void te_scalar_reference(float& p, float g, float& m, float& v, const AdamHyper&
 }
 
 // torch CPU fused AdamW, one element, following FusedAdamKernel.cpp's scalar loop.
-void torch_scalar_reference(float& p, float g, float& m, float& v, const AdamHyper& h, float step) {
-  const double t = step;
-  const double bc1 = 1 - std::pow(h.beta1, t);
-  const double bc2 = 1 - std::pow(h.beta2, t);
-  const double step_size = h.lr / bc1;
-  if (h.weight_decay != 0) p = p * static_cast<float>(1 - h.lr * h.weight_decay);
-  const float w = static_cast<float>(1 - h.beta1);
-  if (std::abs(w) < 0.5f) {
-    m = m + rnd(w * (g - m));
-  } else {
-    m = g - rnd((g - m) * (1.0f - w));
-  }
-  v = v * static_cast<float>(h.beta2);
-  v = v + rnd(rnd(static_cast<float>(1 - h.beta2) * g) * g);
-  const float denom =
-      rnd(std::sqrt(v) / static_cast<float>(std::sqrt(bc2))) + static_cast<float>(h.eps);
-  p = p - rnd(static_cast<float>(step_size) * m) / denom;
-}
-
 // ---- ulp_distance ---------------------------------------------------------------------------
 
 TEST(AdamMath, UlpDistanceCountsRepresentableSteps) {
@@ -225,10 +206,10 @@ TEST(AdamMath, TorchAdamWHandStep1And2) {
   EXPECT_NEAR(p1, 0.5 * 0.999 - 0.01 * 0.25 / 0.26, 1e-6);  // by hand
 
   float p = 0.5f, g = 0.25f, mf = 0.0f, vf = 0.0f;
-  torch_adamw_update({&p, 1}, {&g, 1}, {&mf, 1}, {&vf, 1}, h, 1.0f);
+  torch_adamw_update(TorchAdamWKernel::kFusedCpu, {&p, 1}, {&g, 1}, {&mf, 1}, {&vf, 1}, h, 1.0f);
   EXPECT_LE(ulp_distance(p, float(p1)), kHandUlps) << p << " vs " << p1;
   g = -0.125f;
-  torch_adamw_update({&p, 1}, {&g, 1}, {&mf, 1}, {&vf, 1}, h, 2.0f);
+  torch_adamw_update(TorchAdamWKernel::kFusedCpu, {&p, 1}, {&g, 1}, {&mf, 1}, {&vf, 1}, h, 2.0f);
   EXPECT_LE(ulp_distance(mf, float(m)), kHandUlps) << mf << " vs " << m;
   EXPECT_LE(ulp_distance(vf, float(v)), kHandUlps) << vf << " vs " << v;
   EXPECT_LE(ulp_distance(p, float(p2)), kHandUlps) << p << " vs " << p2;
@@ -278,25 +259,8 @@ TEST(AdamMath, FusedAdamMatchesScalarReferenceBitwise) {
   }
 }
 
-TEST(AdamMath, TorchAdamWMatchesScalarReferenceBitwise) {
-  constexpr size_t kN = 1001;
-  for (const AdamHyper& h : hyper_cases()) {
-    Uniform u(11);
-    AdamState ours = warm_state(u, kN);
-    AdamState ref = ours;
-    for (float step : {1.0f, 2.0f, 3.0f, 57.0f, 1000.0f}) {
-      const std::vector<float> g = uniform_vector(u, kN, -1.0f, 1.0f);
-      torch_adamw_update(ours.p, g, ours.m, ours.v, h, step);
-      for (size_t i = 0; i < kN; ++i)
-        torch_scalar_reference(ref.p[i], g[i], ref.m[i], ref.v[i], h, step);
-      for (size_t i = 0; i < kN; ++i) {
-        ASSERT_EQ(ulp_distance(ours.m[i], ref.m[i]), 0) << "m i=" << i << " step=" << step;
-        ASSERT_EQ(ulp_distance(ours.v[i], ref.v[i]), 0) << "v i=" << i << " step=" << step;
-        ASSERT_EQ(ulp_distance(ours.p[i], ref.p[i]), 0) << "p i=" << i << " step=" << step;
-      }
-    }
-  }
-}
+// torch AdamW's kernels are checked bit for bit against torch's own outputs instead:
+// tests/model/kernels/torch_adamw_kernels_test.cpp.
 
 // Invariant 2 of the header: DP sharding cuts params at arbitrary offsets.
 TEST(AdamMath, PiecewiseUpdateEqualsWholeUpdate) {
@@ -314,7 +278,7 @@ TEST(AdamMath, PiecewiseUpdateEqualsWholeUpdate) {
       if (te) {
         fused_adam_update(p, gs, m, v, h, 5);
       } else {
-        torch_adamw_update(p, gs, m, v, h, 5.0f);
+        torch_adamw_update(TorchAdamWKernel::kForeachCuda, p, gs, m, v, h, 5.0f);
       }
     };
     run(whole, 0, kN);
@@ -334,16 +298,18 @@ TEST(AdamMath, RejectsStepBelowOneAndLengthMismatch) {
   EXPECT_THROW(fused_adam_update(p, g, m, v, h, 0), InvariantViolation);
   EXPECT_THROW(fused_adam_update(p, g, m, v, h, int64_t{1} << 31), InvariantViolation);
   EXPECT_THROW(fused_adam_update(p, g, shorter, v, h, 1), InvariantViolation);
-  EXPECT_THROW(torch_adamw_update(p, shorter, m, v, h, 1.0f), InvariantViolation);
+  EXPECT_THROW(torch_adamw_update(TorchAdamWKernel::kFusedCpu, p, shorter, m, v, h, 1.0f),
+               InvariantViolation);
   AdamHyper no_bc;
   no_bc.bias_correction = false;
-  EXPECT_THROW(torch_adamw_update(p, g, m, v, no_bc, 1.0f), InvariantViolation);
+  EXPECT_THROW(torch_adamw_update(TorchAdamWKernel::kFusedCpu, p, g, m, v, no_bc, 1.0f),
+               InvariantViolation);
   // Nothing was written by the rejected calls.
   EXPECT_EQ(p, std::vector<float>(4, 1.0f));
   EXPECT_EQ(m, std::vector<float>(4, 0.0f));
   // A garbage step is accepted, as torch accepts it (B3): t=0 divides by a zero bias correction.
   std::vector<float> q(4, 1.0f), qm(4, 0.1f), qv(4, 0.1f);
-  torch_adamw_update(q, g, qm, qv, h, 0.0f);
+  torch_adamw_update(TorchAdamWKernel::kFusedCpu, q, g, qm, qv, h, 0.0f);
   EXPECT_FALSE(std::isfinite(q[0]));
 }
 
@@ -394,7 +360,7 @@ TEST(AdamMath, TorchAdamWAgreesWithLibtorchAdamW) {
     const std::vector<float> g = uniform_vector(u, kN, -1.0f, 1.0f);
     param.mutable_grad() = torch::tensor(g);
     opt.step();
-    torch_adamw_update(p, g, m, v, h, static_cast<float>(k));
+    torch_adamw_update(TorchAdamWKernel::kFusedCpu, p, g, m, v, h, static_cast<float>(k));
 
     // One param, one state entry. Iterating (not at(key)) keeps this independent of how the
     // libtorch version keys the map (a std::string of the TensorImpl address in 1.13, the
@@ -460,7 +426,8 @@ TEST(AdamMath, FusedAdamAgreesWithTorchAdamW) {
         const std::vector<float> g = uniform_vector(u, kN, -1.0f, 1.0f);
         AdamState te = start, th = start;
         fused_adam_update(te.p, g, te.m, te.v, h, t);
-        torch_adamw_update(th.p, g, th.m, th.v, h, static_cast<float>(t));
+        torch_adamw_update(TorchAdamWKernel::kFusedCpu, th.p, g, th.m, th.v, h,
+                           static_cast<float>(t));
         for (size_t i = 0; i < kN; ++i) {
           const double dp_te = double{te.p[i]} - start.p[i];
           const double dp_th = double{th.p[i]} - start.p[i];
@@ -515,7 +482,8 @@ TEST(AdamMath, BiasCorrectionRestartScalesUpdateBy1_64) {
       if (te) {
         fused_adam_update(st.p, g, st.m, st.v, h, t);
       } else {
-        torch_adamw_update(st.p, g, st.m, st.v, h, static_cast<float>(t));
+        torch_adamw_update(TorchAdamWKernel::kFusedCpu, st.p, g, st.m, st.v, h,
+                           static_cast<float>(t));
       }
     };
     for (int64_t t = 1; t <= kN_steps; ++t) step_once(s, uniform_vector(u, kN, 0.5f, 1.5f), t);
