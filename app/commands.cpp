@@ -733,6 +733,13 @@ Result<nlohmann::json> read_json(const std::string& path) {
   return j;
 }
 
+// A real trace recorded with the runner's --values: the model's trace then carries its values
+// too, so that conform compares them element by element.
+bool carries_values(const nlohmann::json& real) {
+  const auto setup = real.find("setup");
+  return setup != real.end() && setup->is_object() && setup->value("values", false);
+}
+
 void say_conformance(const ConformCommand& c, const properties::Conformance& r, std::ostream& out) {
   out << "property verdicts, model vs real (judged from each trace the same way):" << std::endl;
   for (const auto& p : r.properties) {
@@ -746,12 +753,11 @@ void say_conformance(const ConformCommand& c, const properties::Conformance& r, 
   std::string skipped;
   for (const auto& n : r.not_compared) skipped += (skipped.empty() ? "" : ", ") + n;
   out << "  not compared (a trace does not hold what they judge): " << skipped << std::endl;
-  out << fmt::format(
-             "step counters and steps used: {} of {} equal; first errors: {} of {} runs agree; "
-             "hashes: {} of {} equal",
-             r.counters_equal, r.counters_compared, r.errors_equal, r.errors_compared,
-             r.hashes_equal, r.hashes_compared)
+  out << "agree, field by field: " << report::conformance_fields(r) << std::endl;
+  out << fmt::format("state hashes: {} of {} equal; by kernel pair (model / real):", r.hashes_equal,
+                     r.hashes_compared)
       << std::endl;
+  for (const auto& line : report::conformance_kernel_pairs(r)) out << "  " << line << std::endl;
   const size_t shown =
       std::min<size_t>(r.divergences.size(), static_cast<size_t>(c.divergences_shown));
   if (!r.divergences.empty())
@@ -772,6 +778,8 @@ nlohmann::json conformance_json(const properties::Conformance& r, bool ok) {
                    {"counters", {{"compared", r.counters_compared}, {"equal", r.counters_equal}}},
                    {"hashes", {{"compared", r.hashes_compared}, {"equal", r.hashes_equal}}},
                    {"errors", {{"compared", r.errors_compared}, {"equal", r.errors_equal}}},
+                   {"fields", report::conformance_fields_json(r)},
+                   {"kernel_pairs", report::conformance_kernel_pairs_json(r)},
                    {"properties", nlohmann::json::array()},
                    {"not_compared", r.not_compared},
                    {"divergences", nlohmann::json::array()}};
@@ -806,7 +814,7 @@ int conform_command(const ConformCommand& c, std::ostream& out, std::ostream& er
   if (!real.is_ok()) return invalid(err, real.status().message());
   auto run = sim::run_scenario(s.value());
   if (!run.is_ok()) return invalid(err, run.status().message());
-  const nlohmann::json model = report::trace_json(run.value());
+  const nlohmann::json model = report::trace_json(run.value(), carries_values(real.value()));
   if (!c.model_trace.empty()) {
     if (Status st = write_json(c.model_trace, model); !st.is_ok())
       return invalid(err, st.message());
@@ -954,7 +962,8 @@ int conform_campaign_command(const ConformCampaignCommand& c, std::ostream& out,
     if (!s.is_ok()) return invalid(err, s.status().message());
     auto run = sim::run_scenario(s.value());
     if (!run.is_ok()) return invalid(err, run.status().message());
-    auto r = properties::conform(report::trace_json(run.value()), real.value(), file);
+    auto r = properties::conform(report::trace_json(run.value(), carries_values(real.value())),
+                                 real.value(), file);
     if (!r.is_ok()) return invalid(err, r.status().message());
     out << fmt::format("{} {}", r.value().agrees() ? "agree   " : "DISAGREE", file) << std::endl;
     std::string plot;

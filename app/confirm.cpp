@@ -1,5 +1,7 @@
 #include "app/confirm.h"
 
+#include "report/conformance_report.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -165,9 +167,7 @@ report::RealCodeVerdict real_code_verdict(const properties::Conformance& c,
   const std::string real_verdict = p == nullptr
                                        ? std::string("cannot be judged from a trace")
                                        : std::string(properties::verdict_name(p->real.verdict));
-  const std::string figures =
-      fmt::format("{} of {} step counters, {} of {} first errors equal", c.counters_equal,
-                  c.counters_compared, c.errors_equal, c.errors_compared);
+  const std::string figures = "agree: " + report::conformance_fields(c);
   if (!c.agrees()) {
     v.outcome = report::RealCodeOutcome::kNotConfirmed;
     v.text = fmt::format("not confirmed: the real code disagrees ({}; {}; {} on the real code: {})",
@@ -176,7 +176,7 @@ report::RealCodeVerdict real_code_verdict(const properties::Conformance& c,
     v.outcome = report::RealCodeOutcome::kNotJudgeable;
     v.text = fmt::format(
         "not judged on the real code: a trace cannot judge {} (the real run agrees with the model "
-        "on every verdict, step counter and first error a trace holds: {})",
+        "in every field the strict judge compares: {})",
         property, figures);
   } else if (p->real.verdict != properties::Verdict::kFail) {
     v.outcome = report::RealCodeOutcome::kNotJudgeable;

@@ -48,8 +48,8 @@ Status validate_real_code(const RealCodeOptions& o, const model::RevisionRegistr
 Result<std::string> find_replay_dir(const std::string& flag);
 
 // The outcome of one minimal scenario that failed `property`, from its conformance:
-//   confirmed       everything conform() compares agrees (verdicts, step counters, first errors:
-//                   what `ckptsim conform` exits 0 on) and the real trace fails `property`;
+//   confirmed       everything conform() compares agrees (the strict judge: what `ckptsim
+//                   conform` exits 0 on) and the real trace fails `property`;
 //   not confirmed   conform() finds a disagreement (the text gives the first divergence and
 //                   the property's verdict on the real code);
 //   not judgeable   everything agrees, but a trace cannot judge `property`, or judges it kept

@@ -2,9 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <bit>
 #include <cmath>
 #include <map>
 #include <optional>
+#include <set>
+
+#include "sim/float_codec.h"
 
 namespace ckptsim::properties {
 
@@ -22,7 +26,11 @@ struct Part {
   std::optional<double> step;
   std::optional<double> step_used;
   std::optional<int64_t> aliases;
+  std::string kernel;  // as the trace names it, or inferred (infer_kernels)
   std::string label() const { return fmt::format("{} {}[{}:{}]", part, param, begin, end); }
+  bool same_place(const Part& o) const {
+    return part == o.part && param == o.param && begin == o.begin && end == o.end;
+  }
 };
 
 struct Event {
@@ -30,7 +38,13 @@ struct Event {
   std::string at;
   int64_t global_step = 0;
   std::vector<Part> parts;
-  std::map<std::string, std::map<std::string, std::string>> hashes;  // kind -> param -> hash
+  // kind -> param -> hash ("null" where the tensor does not exist)
+  std::map<std::string, std::map<std::string, std::string>> hashes;
+  // kind -> param -> base64 float32 values ("null" where the tensor does not exist), where
+  // the trace carries them
+  std::map<std::string, std::map<std::string, std::string>> values;
+  // kind -> params whose hash rests on uninitialized memory (the model's trace says)
+  std::map<std::string, std::set<std::string>> uninitialized;
   // error events
   std::string stage, py_type, message, site;
   std::optional<std::vector<std::string>> merge_path;
@@ -44,11 +58,14 @@ struct Run {
   bool load = false;
   int64_t start_step = 0;
   std::string load_from;
+  std::string te;  // "real", "emulated", "absent", "modeled", or "" (a skipped run)
+  bool fused_adam_standin = false;
   std::vector<Event> events;
 };
 
 struct Trace {
   std::string scenario;
+  std::string source;  // "model" or "real"
   std::vector<Run> runs;
   const Run* find(const std::string& id) const {
     for (const auto& r : runs) {
@@ -86,16 +103,52 @@ Event parse_event(const json& e) {
               p.at("range").at(1).get<int64_t>(),
               number_or_null(p, "step"),
               number_or_null(p, "step_used"),
-              std::nullopt};
+              std::nullopt,
+              ""};
     if (p.contains("step_aliases")) part.aliases = p["step_aliases"].get<int64_t>();
+    if (p.contains("kernel")) part.kernel = p["kernel"].get<std::string>();
     ev.parts.push_back(std::move(part));
   }
   for (const auto& [kind, m] : e.at("hashes").items()) {
-    for (const auto& [param, h] : m.items()) {
-      if (!h.is_null()) ev.hashes[kind][param] = h.get<std::string>();
+    for (const auto& [param, h] : m.items())
+      ev.hashes[kind][param] = h.is_null() ? "null" : h.get<std::string>();
+  }
+  if (const auto vs = e.find("values"); vs != e.end() && vs->is_object()) {
+    for (const auto& [kind, m] : vs->items()) {
+      for (const auto& [param, v] : m.items())
+        ev.values[kind][param] = v.is_string() ? v.get<std::string>() : "null";
+    }
+  }
+  if (const auto u = e.find("uninitialized"); u != e.end()) {
+    for (const auto& [kind, params] : u->items()) {
+      for (const auto& param : params) ev.uninitialized[kind].insert(param.get<std::string>());
     }
   }
   return ev;
+}
+
+// A part without a "kernel" (traces recorded before it existed): what it ran follows from the
+// part and the run's setup, as the runner builds it: Megatron's AdamW without TE is foreach on
+// the CUDA main params, the HDO builds its AdamWs with fused=True (CPU part, and GPU part without
+// TE), FusedAdam is the stand-in where the run injected it, TE's own where TE is real, and the
+// model's own arithmetic in the model's trace.
+std::string inferred_kernel(const Part& p, const Run& run, const std::string& source) {
+  if (p.part == "AdamW") return "torch_foreach_cuda";
+  if (p.part == "HDO cpu AdamW") return "torch_fused_cpu";
+  if (p.part == "HDO gpu AdamW") return "torch_fused_cuda";
+  if (source == "model") return "ckptsim_fused_adam";
+  if (run.fused_adam_standin) return "standin_fused_adam";
+  return run.te == "real" ? "te_fused_adam" : "unknown";
+}
+
+void infer_kernels(Trace& t) {
+  for (Run& run : t.runs) {
+    for (Event& e : run.events) {
+      for (Part& p : e.parts) {
+        if (p.kernel.empty()) p.kernel = inferred_kernel(p, run, t.source);
+      }
+    }
+  }
 }
 
 Result<Trace> parse_trace(const json& j, const std::string& source) {
@@ -113,9 +166,13 @@ Result<Trace> parse_trace(const json& j, const std::string& source) {
       run.load = r.value("load", false);
       run.start_step = r.value("start_step", int64_t{0});
       run.load_from = r.value("load_from", std::string());
+      if (const auto te = r.find("te"); te != r.end() && te->is_string()) run.te = *te;
+      run.fused_adam_standin = r.value("fused_adam_standin", false);
       for (const auto& e : r.at("events")) run.events.push_back(parse_event(e));
       t.runs.push_back(std::move(run));
     }
+    t.source = j.value("source", std::string());
+    infer_kernels(t);
     return t;
   } catch (const json::exception& e) {
     return Status::invalid_input(source + ": not a readable trace: " + e.what());
@@ -262,8 +319,21 @@ TraceVerdict judge_step(const Trace& t) {
 }
 
 // The first param whose model-param hash differs between two states (rank 0's), or "".
+// Whether any event of `events` marks `param` as resting on uninitialized memory.
+bool uninitialized(const std::vector<const Event*>& events, const std::string& param) {
+  for (const auto* e : events) {
+    for (const auto& [kind, params] : e->uninitialized) {
+      if (params.count(param) > 0) return true;
+    }
+  }
+  return false;
+}
+
+// The first param whose model-param hash differs between two states (rank 0's), or "". A param
+// that either state marks uninitialized is not compared, equal or not: `skipped` names the
+// first one.
 std::string param_hash_difference(const std::vector<const Event*>& a,
-                                  const std::vector<const Event*>& b) {
+                                  const std::vector<const Event*>& b, std::string& skipped) {
   const Event* x = nullptr;
   const Event* y = nullptr;
   for (const auto* e : a) x = (x == nullptr || e->rank < x->rank) ? e : x;
@@ -274,13 +344,27 @@ std::string param_hash_difference(const std::vector<const Event*>& a,
   if (xs == x->hashes.end() || ys == y->hashes.end()) return "";
   for (const auto& [param, h] : xs->second) {
     auto it = ys->second.find(param);
-    if (it != ys->second.end() && it->second != h) return param;
+    if (it == ys->second.end()) continue;
+    if (uninitialized(a, param) || uninitialized(b, param)) {
+      if (skipped.empty()) skipped = param;
+      continue;
+    }
+    if (it->second != h) return param;
   }
   return "";
 }
 
+std::string rests_on_uninitialized(const std::string& run, const std::string& param) {
+  return fmt::format(
+      "{}: model param {} rests on uninitialized memory (a tensor the load skipped keeps "
+      "torch.empty contents), so its comparison is no verdict",
+      run, param);
+}
+
 TraceVerdict judge_trajectory(const Trace& t) {
   std::string not_evaluated;
+  std::string skipped;
+  std::string skipped_run;
   int64_t states = 0;
   for (const auto& run : t.runs) {
     if (run.id == "reference") continue;
@@ -296,7 +380,9 @@ TraceVerdict judge_trajectory(const Trace& t) {
       const auto ref = reference_at(t, g);
       if (ref.empty()) continue;
       ++states;
-      const std::string p = param_hash_difference(events_at(run, at, g), ref);
+      const std::string before = skipped;
+      const std::string p = param_hash_difference(events_at(run, at, g), ref, skipped);
+      if (before.empty() && !skipped.empty()) skipped_run = run.id;
       if (!p.empty()) {
         return verdict("trajectory_matches_uninterrupted", Verdict::kFail,
                        fmt::format("{} {} global step {}: model param {} differs from the "
@@ -307,6 +393,10 @@ TraceVerdict judge_trajectory(const Trace& t) {
   }
   if (!not_evaluated.empty())
     return verdict("trajectory_matches_uninterrupted", Verdict::kNotEvaluated, not_evaluated);
+  if (!skipped.empty()) {
+    return verdict("trajectory_matches_uninterrupted", Verdict::kNotEvaluated,
+                   rests_on_uninitialized(skipped_run, skipped));
+  }
   return verdict("trajectory_matches_uninterrupted", Verdict::kPass,
                  fmt::format("{} states: model params hash equal to the reference's", states));
 }
@@ -314,6 +404,8 @@ TraceVerdict judge_trajectory(const Trace& t) {
 TraceVerdict judge_round_trip(const Trace& t) {
   int loads = 0;
   std::string not_evaluated;
+  std::string skipped;
+  std::string skipped_run;
   for (const auto& run : t.runs) {
     if (!run.load) continue;
     const Run* prev = t.find(run.load_from);
@@ -325,7 +417,10 @@ TraceVerdict judge_round_trip(const Trace& t) {
     }
     ++loads;
     const auto loaded = events_at(run, "after_load", run.start_step);
-    if (const std::string p = param_hash_difference(loaded, saved); !p.empty()) {
+    const std::string before = skipped;
+    const std::string p = param_hash_difference(loaded, saved, skipped);
+    if (before.empty() && !skipped.empty()) skipped_run = run.id;
+    if (!p.empty()) {
       return verdict(
           "round_trip_identity", Verdict::kFail,
           fmt::format("{}: model param {} after the load differs from the save", run.id, p));
@@ -344,6 +439,9 @@ TraceVerdict judge_round_trip(const Trace& t) {
   }
   if (!not_evaluated.empty() && loads == 0)
     return verdict("round_trip_identity", Verdict::kNotEvaluated, not_evaluated);
+  if (!skipped.empty())
+    return verdict("round_trip_identity", Verdict::kNotEvaluated,
+                   rests_on_uninitialized(skipped_run, skipped));
   return verdict("round_trip_identity", Verdict::kPass,
                  fmt::format("{} load(s) gave back the saved params and counters", loads));
 }
@@ -378,85 +476,263 @@ std::vector<TraceVerdict> judge(const Trace& t) {
 
 // ---- divergences ------------------------------------------------------------------------------
 
-void compare_parts(const Run& run, const Event& m, const Event& r, Conformance& out) {
-  auto add = [&](const std::string& field, const std::string& mv, const std::string& rv) {
-    out.divergences.push_back({run.id, m.global_step, m.rank, m.at, field, mv, rv});
-  };
-  for (const auto& mp : m.parts) {
-    const Part* rp = nullptr;
-    for (const auto& p : r.parts) {
-      if (p.part == mp.part && p.param == mp.param && p.begin == mp.begin && p.end == mp.end)
-        rp = &p;
+// The params of a run whose state no longer rests on claimed kernel pairs alone (an update by a
+// pair the model does not claim, or uninitialized memory), with the first reason for each.
+using Taint = std::map<std::string, std::string>;
+
+class RunComparison {
+ public:
+  RunComparison(const Run& model, const Run& real, Taint inherited, Conformance& out)
+      : m_(model), r_(real), taint_(std::move(inherited)), out_(out) {}
+
+  void compare() {
+    compare_status_and_error();
+    for (const auto& e : m_.events) {
+      if (e.at == "error") continue;
+      const Event* match = find_event(r_, e);
+      out_.events.add(match != nullptr);
+      if (match == nullptr) {
+        add(e, "event", "present", "absent");
+        continue;
+      }
+      compare_event(e, *match);
     }
-    if (rp == nullptr) {
-      add(mp.label(), "present", "absent");
-      continue;
+    for (const auto& e : r_.events) {
+      if (e.at == "error" || find_event(m_, e) != nullptr) continue;
+      out_.events.add(false);
+      add(e, "event", "absent", "present");
     }
-    for (const auto& [name, a, b] : {std::tuple{"step", mp.step, rp->step},
-                                     std::tuple{"step_used", mp.step_used, rp->step_used}}) {
-      ++out.counters_compared;
+  }
+
+  const Taint& taint() const { return taint_; }
+
+ private:
+  static const Event* find_event(const Run& run, const Event& e) {
+    for (const auto& x : run.events) {
+      if (x.rank == e.rank && x.at == e.at && x.global_step == e.global_step) return &x;
+    }
+    return nullptr;
+  }
+
+  void add(const Event& e, const std::string& field, const std::string& mv, const std::string& rv) {
+    out_.divergences.push_back({m_.id, e.global_step, e.rank, e.at, field, mv, rv});
+  }
+
+  void compare_status_and_error() {
+    out_.statuses.add(m_.status == r_.status);
+    if (m_.status != r_.status)
+      out_.divergences.push_back({m_.id, -1, -1, "", "status", m_.status, r_.status});
+    const Event* me = first_primary_error(m_);
+    const Event* re = first_primary_error(r_);
+    ++out_.errors_compared;
+    if ((me != nullptr) != (re != nullptr) ||
+        (me != nullptr && (me->py_type != re->py_type || me->site != re->site ||
+                           me->merge_path != re->merge_path))) {
+      auto describe = [](const Event* e) {
+        if (e == nullptr) return std::string("no error");
+        std::string path;
+        if (e->merge_path) {
+          for (const auto& k : *e->merge_path) path += (path.empty() ? " at (" : ", ") + k;
+          path += ")";
+        }
+        return fmt::format("rank {} {}: {} [{}]{}", e->rank, e->stage, e->py_type, e->site, path);
+      };
+      out_.divergences.push_back({m_.id, -1, me ? me->rank : re->rank, "error",
+                                  "first primary error", describe(me), describe(re)});
+    } else {
+      ++out_.errors_equal;
+    }
+  }
+
+  void compare_event(const Event& m, const Event& r) {
+    // Parts, both ways, and every counter of the parts on both sides.
+    std::map<std::string, std::pair<std::string, std::string>> pair_of;  // param -> kernels
+    for (const auto& mp : m.parts) {
+      const Part* rp = nullptr;
+      for (const auto& p : r.parts) {
+        if (p.same_place(mp)) rp = &p;
+      }
+      out_.parts.add(rp != nullptr);
+      pair_of[mp.param] = {mp.kernel, rp != nullptr ? rp->kernel : "absent"};
+      if (rp == nullptr) {
+        add(m, mp.label(), "present", "absent");
+        continue;
+      }
+      compare_counters(m, mp, *rp);
+    }
+    for (const auto& rp : r.parts) {
+      bool found = false;
+      for (const auto& p : m.parts) found = found || p.same_place(rp);
+      if (found) continue;
+      out_.parts.add(false);
+      pair_of.emplace(rp.param, std::pair<std::string, std::string>{"absent", rp.kernel});
+      add(m, rp.label(), "absent", "present");
+    }
+    update_taint(m, pair_of);
+    compare_hashes(m, r, pair_of);
+  }
+
+  void compare_counters(const Event& e, const Part& mp, const Part& rp) {
+    for (const auto& [name, a, b] : {std::tuple{"step", mp.step, rp.step},
+                                     std::tuple{"step_used", mp.step_used, rp.step_used}}) {
+      ++out_.counters_compared;
       if (a == b) {
-        ++out.counters_equal;
+        ++out_.counters_equal;
       } else {
-        add(mp.label() + " " + name, num(a), num(b));
+        add(e, mp.label() + " " + name, num(a), num(b));
+      }
+    }
+    if (mp.aliases.has_value() && rp.aliases.has_value()) {
+      out_.step_aliases.add(*mp.aliases == *rp.aliases);
+      if (*mp.aliases != *rp.aliases)
+        add(e, mp.label() + " step_aliases", std::to_string(*mp.aliases),
+            std::to_string(*rp.aliases));
+    }
+  }
+
+  // A step by an unclaimed pair, or state the model marks uninitialized, taints the param for
+  // the rest of this run and of the runs that load its checkpoints.
+  void update_taint(const Event& m,
+                    const std::map<std::string, std::pair<std::string, std::string>>& pair_of) {
+    if (m.at == "after_step") {
+      for (const auto& [param, pair] : pair_of) {
+        if (!claimed_kernel_pair(pair.first, pair.second))
+          taint_.emplace(param, fmt::format("updated by {} (model) / {} (real) at global step {}",
+                                            pair.first, pair.second, m.global_step));
+      }
+    }
+    for (const auto& [kind, params] : m.uninitialized) {
+      for (const auto& param : params)
+        taint_.emplace(param, fmt::format("{} rests on uninitialized memory at {} global step {}",
+                                          kind, m.at, m.global_step));
+    }
+  }
+
+  KernelPairHashes& pair_tally(const std::pair<std::string, std::string>& pair) {
+    for (auto& h : out_.hash_pairs) {
+      if (h.model_kernel == pair.first && h.real_kernel == pair.second) return h;
+    }
+    KernelPairHashes h;
+    h.model_kernel = pair.first;
+    h.real_kernel = pair.second;
+    h.claimed = claimed_kernel_pair(pair.first, pair.second, &h.reason);
+    out_.hash_pairs.push_back(h);
+    return out_.hash_pairs.back();
+  }
+
+  void compare_hashes(const Event& m, const Event& r,
+                      const std::map<std::string, std::pair<std::string, std::string>>& pair_of) {
+    for (const auto& [kind, params] : m.hashes) {
+      const auto rk = r.hashes.find(kind);
+      for (const auto& [param, h] : params) {
+        const bool on_real = rk != r.hashes.end() && rk->second.count(param) > 0;
+        const std::string rh = on_real ? rk->second.at(param) : "absent";
+        const auto pair_it = pair_of.find(param);
+        // A model param without a part on this rank: the pair of the part that holds it
+        // elsewhere is not known here; its hash is attributed to "model_param".
+        const std::pair<std::string, std::string> pair =
+            pair_it != pair_of.end()
+                ? pair_it->second
+                : std::pair<std::string, std::string>{"model_param", "model_param"};
+        const bool required = taint_.count(param) == 0;
+        KernelPairHashes& tally = pair_tally(pair);
+        (required ? tally.required : tally.reported).add(rh == h);
+        ++out_.hashes_compared;
+        if (rh == h) {
+          ++out_.hashes_equal;
+        }
+        if (required) out_.hashes_required.add(rh == h);
+        const std::string element = compare_values(m, r, kind, param, required, tally);
+        if (rh == h) continue;
+        Divergence d{m_.id, m.global_step, m.rank, m.at, kind + " " + param + element, h, rh};
+        (required ? out_.divergences : out_.hash_divergences).push_back(std::move(d));
       }
     }
   }
-  for (const auto& rp : r.parts) {
-    bool found = false;
-    for (const auto& p : m.parts)
-      found = found || (p.part == rp.part && p.param == rp.param && p.begin == rp.begin);
-    if (!found) add(rp.label(), "absent", "present");
-  }
-  for (const auto& [kind, params] : m.hashes) {
-    auto rk = r.hashes.find(kind);
-    for (const auto& [param, h] : params) {
-      if (rk == r.hashes.end() || rk->second.count(param) == 0) continue;
-      ++out.hashes_compared;
-      if (rk->second.at(param) == h) {
-        ++out.hashes_equal;
-      } else {
-        out.hash_divergences.push_back(
-            {run.id, m.global_step, m.rank, m.at, kind + " " + param, h, rk->second.at(param)});
+
+  // Where both events carry the values of (kind, param): counts the elements equal bit for bit
+  // (NaN equal to NaN) and returns the first that differs as " [i: model x, real y]", or "".
+  std::string compare_values(const Event& m, const Event& r, const std::string& kind,
+                             const std::string& param, bool required, KernelPairHashes& tally) {
+    const auto a = value_of(m, kind, param);
+    const auto b = value_of(r, kind, param);
+    if (!a || !b) return "";
+    std::string first;
+    Tally& t = required ? tally.required_elements : tally.reported_elements;
+    const size_t n = std::max(a->size(), b->size());
+    for (size_t i = 0; i < n; ++i) {
+      const bool same = i < a->size() && i < b->size() &&
+                        (std::bit_cast<uint32_t>((*a)[i]) == std::bit_cast<uint32_t>((*b)[i]) ||
+                         (std::isnan((*a)[i]) && std::isnan((*b)[i])));
+      t.add(same);
+      if (!same && first.empty()) {
+        first = fmt::format(" [{}: model {}, real {}]", i,
+                            i < a->size() ? fmt::format("{:.9g}", (*a)[i]) : "none",
+                            i < b->size() ? fmt::format("{:.9g}", (*b)[i]) : "none");
       }
     }
+    return first;
   }
+
+  static std::optional<std::vector<float>> value_of(const Event& e, const std::string& kind,
+                                                    const std::string& param) {
+    const auto k = e.values.find(kind);
+    if (k == e.values.end()) return std::nullopt;
+    const auto v = k->second.find(param);
+    if (v == k->second.end() || v->second == "null") return std::nullopt;
+    return sim::floats_of_base64(v->second);
+  }
+
+  const Run& m_;
+  const Run& r_;
+  Taint taint_;
+  Conformance& out_;
+};
+
+}  // namespace
+
+bool claimed_kernel_pair(const std::string& model_kernel, const std::string& real_kernel,
+                         std::string* reason) {
+  auto say = [&](bool claimed, const char* why) {
+    if (reason != nullptr) *reason = why;
+    return claimed;
+  };
+  if (model_kernel == "model_param" && real_kernel == "model_param")
+    return say(true, "model params: bf16 copies of the master params of every rank");
+  if (model_kernel != "ckptsim_fused_adam" && model_kernel != real_kernel)
+    return say(false, "the two sides ran different kernels (the parts differ)");
+  if (model_kernel == "torch_foreach_cuda" || model_kernel == "torch_fused_cpu")
+    return say(true, "torch's own arithmetic, with its FMAs (model/kernels/adam_math.h)");
+  if (model_kernel == "torch_fused_cuda")
+    return say(false,
+               "torch's fused CUDA AdamW: the GPU's powf (bias correction) is not correctly "
+               "rounded, ckptsim's is (model/kernels/adam_math.h)");
+  if (model_kernel == "ckptsim_fused_adam" && real_kernel == "standin_fused_adam")
+    return say(true,
+               "the runner's FusedAdam stand-in copies ckptsim's op order: equal hashes show "
+               "stand-in = model, not TE = model");
+  if (model_kernel == "ckptsim_fused_adam" && real_kernel == "te_fused_adam")
+    return say(false,
+               "TE's multi_tensor_adam is built with FMA contraction; ckptsim models the "
+               "uncontracted order");
+  return say(false, "a kernel pair ckptsim makes no claim about");
 }
 
-void compare_runs(const Run& m, const Run& r, Conformance& out) {
-  if (m.status != r.status)
-    out.divergences.push_back({m.id, -1, -1, "", "status", m.status, r.status});
-  const Event* me = first_primary_error(m);
-  const Event* re = first_primary_error(r);
-  ++out.errors_compared;
-  if ((me != nullptr) != (re != nullptr) ||
-      (me != nullptr &&
-       (me->py_type != re->py_type || me->site != re->site || me->merge_path != re->merge_path))) {
-    auto describe = [](const Event* e) {
-      if (e == nullptr) return std::string("no error");
-      std::string path;
-      if (e->merge_path) {
-        for (const auto& k : *e->merge_path) path += (path.empty() ? " at (" : ", ") + k;
-        path += ")";
-      }
-      return fmt::format("rank {} {}: {} [{}]{}", e->rank, e->stage, e->py_type, e->site, path);
-    };
-    out.divergences.push_back({m.id, -1, me ? me->rank : re->rank, "error", "first primary error",
-                               describe(me), describe(re)});
-  } else {
-    ++out.errors_equal;
-  }
-  for (const auto& e : m.events) {
-    if (e.at == "error") continue;
-    const Event* match = nullptr;
-    for (const auto& x : r.events) {
-      if (x.rank == e.rank && x.at == e.at && x.global_step == e.global_step) match = &x;
+namespace {
+
+// Compares the runs in trace order; a run that loads starts from the taint its source run had.
+void compare_all_runs(const Trace& m, const Trace& r, Conformance& out) {
+  std::map<std::string, Taint> taint_at_end;
+  for (const auto& run : m.runs) {
+    const Run* real = r.find(run.id);
+    Taint inherited;
+    if (run.load) {
+      if (auto it = taint_at_end.find(run.load_from); it != taint_at_end.end())
+        inherited = it->second;
     }
-    if (match == nullptr) {
-      out.divergences.push_back({m.id, e.global_step, e.rank, e.at, "event", "present", "absent"});
-      continue;
-    }
-    compare_parts(m, e, *match, out);
+    RunComparison c(run, *real, std::move(inherited), out);
+    c.compare();
+    taint_at_end[run.id] = c.taint();
   }
 }
 
@@ -506,6 +782,28 @@ Status check_te_presence(const nlohmann::json& model_trace, const nlohmann::json
 
 }  // namespace
 
+namespace {
+
+// Uninitialized memory is a fact of the run, not of one side: the real run's state rests on the
+// same skipped tensors, and the model, which knows which, says so in its trace. The real
+// trace's matching events get the model's marks, so that both sides are judged alike.
+void copy_uninitialized_marks(const Trace& model, Trace& real) {
+  for (const auto& mr : model.runs) {
+    for (auto& rr : real.runs) {
+      if (rr.id != mr.id) continue;
+      for (const auto& me : mr.events) {
+        if (me.uninitialized.empty()) continue;
+        for (auto& re : rr.events) {
+          if (re.rank == me.rank && re.at == me.at && re.global_step == me.global_step)
+            re.uninitialized = me.uninitialized;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
 Result<Conformance> conform(const nlohmann::json& model_trace, const nlohmann::json& real_trace,
                             const std::string& real_source) {
   auto m = parse_trace(model_trace, "the model's trace");
@@ -518,6 +816,7 @@ Result<Conformance> conform(const nlohmann::json& model_trace, const nlohmann::j
   }
   if (Status te = check_te_presence(model_trace, real_trace, real_source); !te.is_ok()) return te;
   Conformance out;
+  copy_uninitialized_marks(m.value(), r.value());
   const auto mv = judge(m.value());
   const auto rv = judge(r.value());
   for (size_t i = 0; i < mv.size(); ++i) out.properties.push_back({mv[i].property, mv[i], rv[i]});
@@ -536,8 +835,8 @@ Result<Conformance> conform(const nlohmann::json& model_trace, const nlohmann::j
       return Status::invalid_input(fmt::format("{}: run '{}' ran at dp {}, the scenario says {}",
                                                real_source, run.id, real->dp, run.dp));
     }
-    compare_runs(run, *real, out);
   }
+  compare_all_runs(m.value(), r.value(), out);
   return out;
 }
 

@@ -17,11 +17,24 @@
 //                                     previous run saved, and every counter equals the saved one
 //   step_tensors_not_aliased          no part shares its step tensor (where a trace says)
 //
+// What agreement is (Conformance::agrees, the strict judge): every verdict above, every run's
+// status and first primary error, every event (a rank's state at a point of a run), every
+// optimizer part (kind, param, range: the device is the kind's) and every counter of every part
+// (step, step_used, step_aliases) agree, on both sides: a part or an event present on one side
+// only is a disagreement. State hashes must be equal where the model claims to compute what the
+// real kernel computes (claimed_kernel_pair): each part names its kernel ("kernel"; traces
+// recorded before it existed get it from the part and the run's setup), and a hash is required
+// unless the param it is of was, in this run or in the runs its checkpoints came from, updated
+// by a kernel pair the model does not claim, or rests on uninitialized memory (the model's
+// trace marks those: "uninitialized"). The others are reported per kernel pair.
+//
 // Invariants:
 //   1. conform() never throws on a malformed trace: it returns a Status naming the file and the
 //      field (the CLI's exit 2).
 //   2. Verdicts agree or not per property; the divergences are facts about the traces, listed
 //      in run, event and field order, the first one first.
+//   3. Symmetric presence: whatever one side has (an event, a part, a hash, a run's error) is
+//      looked for on the other side, and its absence counted.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -62,13 +75,43 @@ struct Divergence {
   std::string describe() const;
 };
 
+// How many things of one field were compared, and how many were equal.
+struct Tally {
+  int64_t compared = 0;
+  int64_t equal = 0;
+  bool agree() const { return equal == compared; }
+  void add(bool same) {
+    ++compared;
+    equal += same ? 1 : 0;
+  }
+};
+
+// Whether the model claims to compute, bit for bit, what `real_kernel` computes when it runs
+// `model_kernel`; `reason` says why not (or what the claim rests on).
+bool claimed_kernel_pair(const std::string& model_kernel, const std::string& real_kernel,
+                         std::string* reason = nullptr);
+
+// The hashes of one (model kernel, real kernel) pair: those the judge required and the others.
+struct KernelPairHashes {
+  std::string model_kernel;
+  std::string real_kernel;
+  bool claimed = false;
+  std::string reason;  // claimed_kernel_pair's
+  Tally required;      // hashes whose lineage this pair and other claimed pairs made
+  Tally reported;      // the others (an unclaimed update, or uninitialized memory, before)
+  // Element by element, where both traces carry the values (run --trace-values, replay
+  // --values), bit for bit (every NaN alike, as the hash does).
+  Tally required_elements;
+  Tally reported_elements;
+};
+
 struct Conformance {
   std::vector<PropertyAgreement> properties;
   std::vector<std::string> not_compared;  // properties a trace cannot judge
   // Every divergence found, first first: statuses, first errors, events, step counters ...
   std::vector<Divergence> divergences;
-  // ... and, apart, the state hashes that differ (the model's torch AdamW rounds differently
-  // from torch's own kernels, so these are facts to read, not a verdict).
+  // (required hashes that differ are among them) ... and, apart, the reported state hashes that
+  // differ (a kernel pair the model does not claim: facts to read, not a verdict).
   std::vector<Divergence> hash_divergences;
   int64_t counters_compared = 0;
   int64_t counters_equal = 0;
@@ -77,12 +120,20 @@ struct Conformance {
   // Per run, the first primary error (none, or its Python type, site and merge() key path).
   int64_t errors_compared = 0;
   int64_t errors_equal = 0;
+  Tally statuses;      // per run
+  Tally events;        // per (run, rank, point), looked for on both sides
+  Tally parts;         // per part of an event, looked for on both sides
+  Tally step_aliases;  // where both sides record it
+  Tally hashes_required;
+  std::vector<KernelPairHashes> hash_pairs;  // in order of first appearance
   bool verdicts_agree() const;
   bool counters_agree() const { return counters_equal == counters_compared; }
   bool errors_agree() const { return errors_equal == errors_compared; }
-  // What `ckptsim conform` exits 0 on: verdicts, step counters and first errors all agree
-  // (hashes are reported: the model's torch AdamW is not bitwise torch's own kernel).
-  bool agrees() const { return verdicts_agree() && counters_agree() && errors_agree(); }
+  // What `ckptsim conform` exits 0 on: every field above agrees, and every required hash.
+  bool agrees() const {
+    return verdicts_agree() && counters_agree() && errors_agree() && statuses.agree() &&
+           events.agree() && parts.agree() && step_aliases.agree() && hashes_required.agree();
+  }
 };
 
 // Compares the model's trace with the real one. `real_source` names the real trace in errors.

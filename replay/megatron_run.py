@@ -72,6 +72,28 @@ def _uses_group_step(opt: Any) -> bool:
     return bool(getattr(opt, "ckptsim_standin", False)) or type(opt).__name__ == "FusedAdam"
 
 
+def _kernel(opt: Any, group: Optional[Dict[str, Any]], param: Any) -> Optional[str]:
+    """The arithmetic `opt` updates `param` with (trace_schema.KERNELS), or None if unknown."""
+    if opt is None:
+        return None
+    if getattr(opt, "ckptsim_standin", False):
+        return "standin_fused_adam"
+    if type(opt).__name__ == "FusedAdam":
+        return "te_fused_adam"
+    if not isinstance(opt, torch.optim.Adam) and not isinstance(opt, torch.optim.AdamW):
+        return None
+    group = group or {}
+    params = [q for q in group.get("params", []) if isinstance(q, torch.Tensor)]
+    try:
+        from torch.optim.optimizer import _default_to_fused_or_foreach
+
+        _, foreach_default = _default_to_fused_or_foreach(params, differentiable=False, use_fused=False)
+    except (ImportError, TypeError):  # torch's own rule, as of 2.x: foreach where all are CUDA
+        foreach_default = bool(params) and all(q.is_cuda for q in params)
+    device = "cuda" if param.is_cuda else "cpu"
+    return ts.torch_adamw_kernel(group.get("fused"), group.get("foreach"), device, bool(foreach_default))
+
+
 
 def training_loop_reapplies_lr_bounds() -> bool:
     """Whether the checkout's megatron/training/checkpointing.py re-applies the lr bounds to the
@@ -300,8 +322,12 @@ class RankRun:
             if sid is not None:
                 step_ids[sid] = step_ids.get(sid, 0) + 1
             part_step_ids.append(sid)
-            parts.append({"part": part, "param": name, "range": [int(r.start), int(r.end)],
-                          "step": counter, "step_used": step_used})
+            part_entry = {"part": part, "param": name, "range": [int(r.start), int(r.end)],
+                          "step": counter, "step_used": step_used}
+            kernel = _kernel(sub, group, ix)
+            if kernel is not None:
+                part_entry["kernel"] = kernel
+            parts.append(part_entry)
             put("master", name, ix)
             put("exp_avg", name, state.get("exp_avg"))
             put("exp_avg_sq", name, state.get("exp_avg_sq"))

@@ -27,6 +27,24 @@ AT_VALUES = POINTS + ("error",)
 STAGES = ("init", "load", "train", "save")
 PARTS = ("FusedAdam", "AdamW", "HDO cpu AdamW", "HDO gpu FusedAdam", "HDO gpu AdamW")
 HASH_KINDS = ("master", "exp_avg", "exp_avg_sq", "model_param")
+# The arithmetic that updated a part (its optional "kernel"): torch AdamW's implementations as
+# torch/optim/adam.py picks them, TE's FusedAdam, the runner's stand-in (ckptsim's op order), and
+# the model's own TE FusedAdam emulation (ckptsim's traces).
+KERNELS = ("torch_foreach_cuda", "torch_fused_cpu", "torch_fused_cuda", "torch_foreach_cpu",
+           "torch_single_tensor_cpu", "torch_single_tensor_cuda", "te_fused_adam",
+           "standin_fused_adam", "ckptsim_fused_adam")
+
+
+def torch_adamw_kernel(fused: Any, foreach: Any, device: str, foreach_default: bool) -> str:
+    """The torch AdamW implementation a step() runs (torch/optim/adam.py): `fused` runs
+    _fused_adamw on the params' device; `foreach` None takes torch's default (foreach where
+    every param is a CUDA tensor: `foreach_default`), True _multi_tensor_adam, False
+    _single_tensor_adam. `device` is "cuda" or "cpu"."""
+    if fused:
+        return "torch_fused_" + device
+    if foreach is None:
+        foreach = foreach_default
+    return ("torch_foreach_" if foreach else "torch_single_tensor_") + device
 MERGE_KINDS = ("duplicate_leaf", "list_length_mismatch")
 HASH_NAME = "fnv1a64-f32le"
 
@@ -321,9 +339,11 @@ def _validate_parts(v: _V, parts: Any, path: str) -> None:
         return
     for i, p in enumerate(parts):
         ppath = _join(path, i)
-        if not v.obj(p, ppath, ["part", "param", "range", "step", "step_used"], ["step_aliases"]):
+        if not v.obj(p, ppath, ["part", "param", "range", "step", "step_used"], ["step_aliases", "kernel"]):
             continue
         v.enum(p.get("part"), _join(ppath, "part"), PARTS)
+        if "kernel" in p:
+            v.enum(p["kernel"], _join(ppath, "kernel"), KERNELS)
         v.string(p.get("param"), _join(ppath, "param"), nonempty=True)
         r = p.get("range")
         if (not isinstance(r, list) or len(r) != 2 or not all(_is_int(x) for x in r)

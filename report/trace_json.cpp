@@ -15,40 +15,6 @@ namespace {
 
 using nlohmann::json;
 
-constexpr char kBase64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-std::string base64(const unsigned char* data, size_t n) {
-  std::string out;
-  out.reserve((n + 2) / 3 * 4);
-  for (size_t i = 0; i < n; i += 3) {
-    const uint32_t b0 = data[i];
-    const uint32_t b1 = i + 1 < n ? data[i + 1] : 0;
-    const uint32_t b2 = i + 2 < n ? data[i + 2] : 0;
-    const uint32_t v = (b0 << 16) | (b1 << 8) | b2;
-    out.push_back(kBase64[(v >> 18) & 63]);
-    out.push_back(kBase64[(v >> 12) & 63]);
-    out.push_back(i + 1 < n ? kBase64[(v >> 6) & 63] : '=');
-    out.push_back(i + 2 < n ? kBase64[v & 63] : '=');
-  }
-  return out;
-}
-
-void check_little_endian() {
-  static_assert(sizeof(float) == 4);
-  const uint32_t probe = 1;
-  unsigned char first = 0;
-  std::memcpy(&first, &probe, 1);
-  CKPTSIM_CHECK(first == 1, "the trace format assumes a little-endian host");
-}
-
-// The little-endian bytes of the values (the host is little-endian: checked).
-std::vector<unsigned char> f32_le(std::span<const float> values) {
-  check_little_endian();
-  std::vector<unsigned char> out(values.size() * 4);
-  if (!out.empty()) std::memcpy(out.data(), values.data(), out.size());  // memcpy(null, ...) is UB
-  return out;
-}
-
 // ---------------------------------------------------------------------------------------------
 // plan
 
@@ -120,6 +86,7 @@ json state_event(const sim::RunResult& run, const sim::GlobalState& st, int rank
   for (const auto* s : shards) {
     const std::string& name = run.scenario.params[s->param].name;
     parts.push_back({{"part", part_of(*s)},
+                     {"kernel", sim::kernel_name(s->kernel)},
                      {"param", name},
                      {"range", {s->range.start, s->range.end}},
                      {"step", s->counter ? json(*s->counter) : json(nullptr)},
@@ -164,13 +131,32 @@ json error_event(const sim::RankError& e, int64_t global_step) {
           {"secondary", e.secondary}, {"global_step", global_step}};
 }
 
-// A run's events in trace order: each rank's states point by point, then its error.
+// Whether a rank that raised `e` still reached the state point `at` (at global step `step`):
+// its sequence ends with the error, as the runner records it. An error at init or at the load
+// comes before the run's first state, one at save after its last step; one in training after
+// the steps it completed.
+bool reached(const sim::RankError* e, const std::string& at, int64_t step, int64_t error_step) {
+  if (e == nullptr) return true;
+  if (e->stage == "init" || e->stage == "load") return false;
+  if (e->stage == "save") return at != "at_save";
+  return at != "at_save" && (at != "after_step" || step <= error_step);
+}
+
+// A run's events in trace order: each rank's states point by point, up to its error, then the
+// errors.
 json run_events(const sim::RunResult& run, int64_t dp,
                 const std::vector<std::pair<const char*, const sim::GlobalState*>>& points,
                 const std::vector<sim::RankError>& errors, int64_t last_step, bool values) {
   json events = json::array();
   for (const auto& [at, st] : points) {
-    for (int rank = 0; rank < dp; ++rank) events.push_back(state_event(run, *st, rank, at, values));
+    for (int rank = 0; rank < dp; ++rank) {
+      const sim::RankError* e = nullptr;
+      for (const auto& x : errors) {
+        if (x.rank == rank && e == nullptr) e = &x;
+      }
+      if (!reached(e, at, st->global_step, last_step)) continue;
+      events.push_back(state_event(run, *st, rank, at, values));
+    }
   }
   std::vector<sim::RankError> sorted = errors;
   std::stable_sort(sorted.begin(), sorted.end(),
@@ -226,43 +212,6 @@ json phase_run(const sim::RunResult& run, const sim::PhaseRecord& p, bool values
 }
 
 }  // namespace
-
-std::string base64_f32(std::span<const float> values) {
-  const auto bytes = f32_le(values);
-  return base64(bytes.data(), bytes.size());
-}
-
-std::optional<std::vector<float>> floats_of_base64(std::string_view text) {
-  if (text.size() % 4 != 0) return std::nullopt;
-  std::vector<unsigned char> bytes;
-  bytes.reserve(text.size() / 4 * 3);
-  for (size_t i = 0; i < text.size(); i += 4) {
-    uint32_t v = 0;
-    int pad = 0;
-    for (size_t k = 0; k < 4; ++k) {
-      const char c = text[i + k];
-      const char* at = c == '=' ? nullptr : std::strchr(kBase64, c);
-      if (c == '=' && i + 4 == text.size() && k >= 2) {
-        ++pad;
-      } else if (at == nullptr || c == '\0' || pad > 0) {
-        return std::nullopt;
-      }
-      v = (v << 6) | (at != nullptr ? static_cast<uint32_t>(at - kBase64) : 0);
-    }
-    for (int k = 0; k < 3 - pad; ++k)
-      bytes.push_back(static_cast<unsigned char>(v >> (16 - 8 * k)));
-  }
-  if (bytes.size() % 4 != 0) return std::nullopt;
-  check_little_endian();
-  std::vector<float> out(bytes.size() / 4);
-  if (!out.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
-  return out;
-}
-
-std::string hash_f32(std::span<const float> values) {
-  const auto bytes = f32_le(values);
-  return fmt::format("{:016x}", sim::fnv1a(bytes.data(), bytes.size()));
-}
 
 json replay_plan_json(const sim::Scenario& s) {
   json scenario = sim::scenario_to_json(s);

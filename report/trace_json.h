@@ -26,14 +26,15 @@
 #include <string_view>
 #include <vector>
 
+#include "sim/float_codec.h"
 #include "sim/record.h"
 
 namespace ckptsim::report {
 
-std::string base64_f32(std::span<const float> values);
-std::string hash_f32(std::span<const float> values);  // FNV-1a 64 hex of the values' bytes
-// The inverse of base64_f32; nothing on text that is not base64 of whole float32 values.
-std::optional<std::vector<float>> floats_of_base64(std::string_view text);
+// The format's float codec (sim/float_codec.h), named here too for the trace's users.
+using sim::base64_f32;
+using sim::floats_of_base64;
+using sim::hash_f32;
 
 // The replay plan of a scenario (every phase's profile resolved).
 nlohmann::json replay_plan_json(const sim::Scenario& s);

@@ -99,3 +99,182 @@ TEST(Conformance, ATraceOfAnotherScenarioIsBadInput) {
   fewer["runs"].erase(2);
   EXPECT_FALSE(properties::conform(a, fewer, "fewer.json").is_ok());
 }
+
+// ---- the strict judge -----------------------------------------------------------------------
+//
+// Mutations of the judge each test catches (tried, each failed the test named):
+//   a part on one side only not counted        -> APartOnOneSideOnlyDisagrees
+//   step_aliases / step_used left uncompared   -> EveryCounterOfAPartIsCompared
+//   every hash reported, none required         -> ARequiredHashThatDiffersDisagrees
+//   taint not inherited through a checkpoint   -> AnUnclaimedKernelsStateStaysUnrequiredAfterALoad
+//   kernels not inferred for old traces        -> ATraceWithoutKernelNamesGetsThemFromItsParts
+
+namespace {
+
+nlohmann::json& event(nlohmann::json& trace, const std::string& run, const std::string& at) {
+  for (auto& r : trace["runs"]) {
+    if (r["id"] != run) continue;
+    for (auto& e : r["events"]) {
+      if (e["at"] == at) return e;
+    }
+  }
+  throw std::runtime_error("no event " + run + " " + at);
+}
+
+properties::Conformance conform_ok(const nlohmann::json& model, const nlohmann::json& real) {
+  auto c = properties::conform(model, real, "real.json");
+  if (!c.is_ok()) throw std::runtime_error(c.status().to_string());
+  return c.value();
+}
+
+}  // namespace
+
+TEST(Conformance, APartOnOneSideOnlyDisagrees) {
+  const auto model = model_trace("scenarios/bug2-step-reset-dp2-to-4.json");
+  ASSERT_TRUE(conform_ok(model, model).agrees());
+  nlohmann::json real = model;
+  auto& parts = event(real, "phase1", "after_step")["parts"];
+  ASSERT_FALSE(parts.empty());
+  const std::string label =
+      parts[0]["part"].get<std::string>() + " " + parts[0]["param"].get<std::string>();
+  parts.erase(parts.begin());
+  const auto c = conform_ok(model, real);
+  EXPECT_FALSE(c.agrees());
+  EXPECT_TRUE(c.verdicts_agree());
+  EXPECT_EQ(c.parts.compared - c.parts.equal, 1);
+  ASSERT_FALSE(c.divergences.empty());
+  EXPECT_EQ(c.divergences.front().run, "phase1");
+  EXPECT_EQ(c.divergences.front().real, "absent");
+  EXPECT_EQ(c.divergences.front().field.rfind(label, 0), 0u) << c.divergences.front().describe();
+
+  // The other way: the real code has a part the model does not.
+  nlohmann::json extra = model;
+  auto& more = event(extra, "phase1", "after_step")["parts"];
+  nlohmann::json p = more[0];
+  p["range"] = {100000, 100001};
+  more.push_back(p);
+  const auto d = conform_ok(model, extra);
+  EXPECT_FALSE(d.agrees());
+  EXPECT_EQ(d.parts.compared - d.parts.equal, 1);
+}
+
+TEST(Conformance, AnEventOnOneSideOnlyDisagrees) {
+  const auto model = model_trace("scenarios/bug2-step-reset-dp2-to-4.json");
+  nlohmann::json real = model;
+  auto& events = real["runs"][2]["events"];
+  nlohmann::json e = events[0];
+  e["global_step"] = 99;
+  events.push_back(e);
+  const auto c = conform_ok(model, real);
+  EXPECT_FALSE(c.agrees());
+  EXPECT_EQ(c.events.compared - c.events.equal, 1);
+}
+
+TEST(Conformance, EveryCounterOfAPartIsCompared) {
+  const auto model = model_trace("scenarios/bug2-step-reset-dp2-to-4.json");
+  nlohmann::json aliased = model;
+  event(aliased, "phase1", "after_load")["parts"][0]["step_aliases"] = 1;
+  const auto c = conform_ok(model, aliased);
+  EXPECT_FALSE(c.agrees());
+  EXPECT_FALSE(c.step_aliases.agree());
+
+  nlohmann::json used = model;
+  auto& part = event(used, "phase1", "after_step")["parts"][0];
+  part["step_used"] = part["step_used"].get<double>() + 1;
+  const auto d = conform_ok(model, used);
+  EXPECT_FALSE(d.agrees());
+  EXPECT_FALSE(d.counters_agree());
+}
+
+TEST(Conformance, ARequiredHashThatDiffersDisagrees) {
+  // bug 2 is a hybrid with TE: the CPU part is torch's fused CPU AdamW, a claimed pair.
+  const auto model = model_trace("scenarios/bug2-step-reset-dp2-to-4.json");
+  nlohmann::json real = model;
+  auto& e = event(real, "phase0", "after_step");
+  const std::string param = e["parts"][0]["param"];
+  ASSERT_EQ(e["parts"][0]["kernel"], "torch_fused_cpu");
+  e["hashes"]["exp_avg"][param] = "0123456789abcdef";
+  const auto c = conform_ok(model, real);
+  EXPECT_TRUE(c.verdicts_agree());
+  EXPECT_TRUE(c.counters_agree());
+  EXPECT_FALSE(c.agrees());
+  EXPECT_EQ(c.hashes_required.compared - c.hashes_required.equal, 1);
+  ASSERT_FALSE(c.divergences.empty());
+  EXPECT_EQ(c.divergences.front().field, "exp_avg " + param);
+}
+
+TEST(Conformance, AnUnclaimedKernelsStateStaysUnrequiredAfterALoad) {
+  // The same FusedAdam run, once as if the real run had TE's own FusedAdam (a pair ckptsim does
+  // not claim) and once with the stand-in (claimed): after the phase-0 steps the state is
+  // reported, not required, in phase 0 and in phase 1, which loads it, only in the first.
+  const auto model = model_trace("scenarios/fused-adam-upstream-dp2-to-4.json");
+  ASSERT_TRUE(conform_ok(model, model).agrees());
+  auto with_kernel = [&](const char* kernel) {
+    nlohmann::json real = model;
+    for (auto& r : real["runs"]) {
+      for (auto& e : r["events"]) {
+        if (e["at"] == "error") continue;
+        for (auto& p : e["parts"]) p["kernel"] = kernel;
+      }
+    }
+    auto& loaded = event(real, "phase1", "after_load");
+    const std::string param = loaded["parts"][0]["param"];
+    loaded["hashes"]["master"][param] = "0123456789abcdef";
+    return conform_ok(model, real);
+  };
+  const auto te = with_kernel("te_fused_adam");
+  EXPECT_TRUE(te.agrees()) << (te.divergences.empty() ? "" : te.divergences.front().describe());
+  EXPECT_EQ(te.hash_divergences.size(), 1u);
+  bool reported = false;
+  for (const auto& h : te.hash_pairs) {
+    if (h.real_kernel == "te_fused_adam") {
+      EXPECT_FALSE(h.claimed) << h.reason;
+      reported = reported || h.reported.compared > h.reported.equal;
+    }
+  }
+  EXPECT_TRUE(reported);
+  EXPECT_FALSE(with_kernel("standin_fused_adam").agrees());
+}
+
+TEST(Conformance, ATraceWithoutKernelNamesGetsThemFromItsParts) {
+  const auto model = model_trace("scenarios/bug2-step-reset-dp2-to-4.json");
+  nlohmann::json real = model;
+  real["source"] = "real";
+  for (auto& r : real["runs"]) {
+    r["fused_adam_standin"] = true;
+    r["te"] = "emulated";
+    for (auto& e : r["events"]) {
+      if (e["at"] == "error") continue;
+      for (auto& p : e["parts"]) p.erase("kernel");
+    }
+  }
+  const auto c = conform_ok(model, real);
+  EXPECT_TRUE(c.agrees());
+  EXPECT_EQ(c.hashes_required.compared, c.hashes_compared);
+  // A FusedAdam part is the stand-in where the run injected it (claimed), TE's own where TE is
+  // real (not claimed).
+  EXPECT_TRUE(properties::claimed_kernel_pair("ckptsim_fused_adam", "standin_fused_adam"));
+  EXPECT_FALSE(properties::claimed_kernel_pair("ckptsim_fused_adam", "te_fused_adam"));
+  EXPECT_FALSE(properties::claimed_kernel_pair("torch_fused_cpu", "torch_foreach_cuda"));
+}
+
+TEST(Conformance, StateOnUninitializedMemoryIsNoVerdict) {
+  const auto model0 = model_trace("scenarios/fused-adam-upstream-dp2-to-4.json");
+  nlohmann::json model = model0;
+  // Mark phase 1's loaded model param w0 as uninitialized in the model's trace, and let the
+  // real run's differ there: the trajectory and round trip rest on it, so neither judges it.
+  auto& e = event(model, "phase1", "after_load");
+  e["uninitialized"] = {{"model_param", {"w0"}}};
+  nlohmann::json real = model0;
+  for (auto& r : real["runs"]) {
+    if (r["id"] != "phase1") continue;
+    for (auto& x : r["events"]) {
+      if (x["at"] == "after_load") x["hashes"]["model_param"]["w0"] = "0123456789abcdef";
+    }
+  }
+  const auto c = conform_ok(model, real);
+  EXPECT_EQ(agreement(c, "round_trip_identity").real.verdict, properties::Verdict::kNotEvaluated)
+      << agreement(c, "round_trip_identity").real.detail;
+  EXPECT_EQ(agreement(c, "round_trip_identity").model.verdict, properties::Verdict::kNotEvaluated);
+  EXPECT_TRUE(c.verdicts_agree());
+}

@@ -2,10 +2,12 @@
 // the replay runner (python -m replay run) on an H200 from the plan `ckptsim replay-plan` wrote
 // for a bundled scenario or a generated one of scenarios/campaign/ (tests/conformance/README.md
 // says how). The model's run of the same
-// scenario must agree with it: every verdict a trace can judge, every step counter, every run's
-// first error. A model change that breaks agreement with the real code fails here, on a machine
-// without a GPU. Mutated copies of two real traces (bug 2: a counter the real code kept; bug 1:
-// the duplicate-leaf exception removed) must disagree, so the comparison can fail.
+// scenario must agree with it under the strict judge (properties/conformance.h): every verdict a
+// trace can judge, every status, event, part and counter, every run's first error, every
+// required state hash and, where the trace carries values (values/), every element of them. A
+// model change that breaks agreement with the real code fails here, on a machine without a GPU.
+// Mutated copies of two real traces (bug 2: a counter the real code kept; bug 1: the duplicate-leaf
+// exception removed) must disagree, so the comparison can fail.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -24,10 +26,11 @@ namespace {
 // Traces under tests/conformance/ (one H200, gloo at DP > 1), nccl-x2/ (two H200s, NCCL),
 // te-absent/ (Megatron's no-TE branches for hybrid scenarios without TE) and xload/ (phase 1
 // resumed by the real code from the model's own phase-0 checkpoint, exported as torch_dist:
-// `replay run --resume-from`), as paths relative to tests/conformance/.
+// `replay run --resume-from`) and values/ (recorded with --values: every hashed array too), as
+// paths relative to tests/conformance/.
 std::vector<std::string> recorded() {
   std::vector<std::string> out;
-  for (const std::string dir : {"", "nccl-x2/", "te-absent/", "xload/"}) {
+  for (const std::string dir : {"", "nccl-x2/", "te-absent/", "xload/", "values/"}) {
     for (const auto& e :
          std::filesystem::directory_iterator(test::source_path("tests/conformance/" + dir))) {
       if (e.path().string().ends_with(".trace.json"))
@@ -54,7 +57,8 @@ sim::Scenario scenario_of(const nlohmann::json& trace) {
 }
 
 properties::Conformance conform_with(const nlohmann::json& real) {
-  const auto model = report::trace_json(test::run(scenario_of(real)));
+  const bool values = real["setup"].value("values", false);
+  const auto model = report::trace_json(test::run(scenario_of(real)), values);
   auto c = properties::conform(model, real, "recorded");
   if (!c.is_ok()) throw std::runtime_error(c.status().to_string());
   return c.value();
@@ -79,9 +83,13 @@ TEST_P(RealMegatron, TheModelAgreesWithTheRecordedTrace) {
   const nlohmann::json real = read(GetParam());
   ASSERT_EQ(real["source"], "real");
   const auto c = conform_with(real);
-  EXPECT_TRUE(c.verdicts_agree()) << explain(c);
-  EXPECT_TRUE(c.counters_agree()) << explain(c);
-  EXPECT_TRUE(c.errors_agree()) << explain(c);
+  EXPECT_TRUE(c.agrees()) << explain(c);
+  for (const auto& h : c.hash_pairs) {
+    EXPECT_TRUE(h.required_elements.agree())
+        << h.model_kernel << " / " << h.real_kernel << ": " << h.required_elements.equal << " of "
+        << h.required_elements.compared << " element values equal\n"
+        << explain(c);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Recorded, RealMegatron, ::testing::ValuesIn(recorded()),
@@ -91,6 +99,7 @@ INSTANTIATE_TEST_SUITE_P(Recorded, RealMegatron, ::testing::ValuesIn(recorded())
                            if (name.starts_with("nccl-x2/")) name = name.substr(8) + "_nccl_x2";
                            if (name.starts_with("te-absent/")) name = name.substr(10) + "_no_te";
                            if (name.starts_with("xload/")) name = name.substr(6) + "_xload";
+                           if (name.starts_with("values/")) name = name.substr(7) + "_values";
                            for (char& c : name) {
                              if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
                            }

@@ -48,6 +48,25 @@ def test_minimal_trace_is_valid():
     assert ts.validate_trace(minimal_trace()) == []
 
 
+def test_a_part_may_name_its_kernel():
+    t = copy.deepcopy(minimal_trace())
+    t["runs"][0]["events"][2]["parts"][0]["kernel"] = "torch_fused_cpu"
+    assert ts.validate_trace(t) == []
+
+
+@pytest.mark.parametrize("fused,foreach,device,default,name", [
+    (True, None, "cpu", False, "torch_fused_cpu"),      # the HDO's CPU part
+    (True, None, "cuda", True, "torch_fused_cuda"),     # the HDO's GPU part without TE
+    (None, None, "cuda", True, "torch_foreach_cuda"),   # DistOpt's AdamW without TE
+    (None, None, "cpu", False, "torch_single_tensor_cpu"),
+    (False, True, "cpu", False, "torch_foreach_cpu"),
+    (None, False, "cuda", True, "torch_single_tensor_cuda"),
+])
+def test_torch_adamw_kernel_follows_torchs_choice(fused, foreach, device, default, name):
+    assert ts.torch_adamw_kernel(fused, foreach, device, default) == name
+    assert name in ts.KERNELS
+
+
 def _mutate(fn):
     t = copy.deepcopy(minimal_trace())
     fn(t)
@@ -65,6 +84,7 @@ def _mutate(fn):
     (lambda t: t.update(extra=1), "extra"),
     (lambda t: t["runs"][0]["events"][2]["parts"][0].update(part="Lion"), "part"),
     (lambda t: t["runs"][0]["events"][2]["parts"][0].update(range=[4, 4]), "range"),
+    (lambda t: t["runs"][0]["events"][2]["parts"][0].update(kernel="apex_fused_adam"), "kernel"),
     (lambda t: t["runs"][0]["events"][2]["parts"][0].update(step="1"), "step"),
     (lambda t: t["runs"][0]["events"][2]["hashes"]["master"].update(w0="XYZ"), "hashes.master.w0"),
     (lambda t: t["runs"][0]["events"][2]["hashes"]["model_param"].update(w0=None), "model_param.w0"),
