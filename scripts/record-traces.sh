@@ -67,7 +67,7 @@ done
 torch_prefix="$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)')" ||
   { say "no PyTorch in $python"; exit 1; }
 export CMAKE_POLICY_VERSION_MINIMUM=3.5
-build="$work/build"
+build="${CKPTSIM_RECORD_BUILD:-$work/build}"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCKPTSIM_CUDA=OFF \
   -DCKPTSIM_FMT_HEADER_ONLY=ON -DCKPTSIM_BUILD_TESTS=OFF -DCKPTSIM_BUILD_BENCH=OFF \
   "-DCMAKE_PREFIX_PATH=$prefix/usr;$torch_prefix" >> "$log" 2>&1 &&
