@@ -92,6 +92,15 @@ struct RevisionSwitches {
   bool get_drops_non_tensors = false;
 
   // --- distrib_optimizer.py state_dict / load_state_dict ---------------------------------------
+  // HEAD d98e8a64dd (optimizer.py param_group_identifier_keys, distrib_optimizer.py
+  // make_needed_groups): load_state_dict() pairs a saved param group with a live one by
+  // (end_wd, max_lr, min_lr, optimizer, start_wd, wd_mult, lr_mult, is_expert_parallel,
+  // is_decoupled_lr), a missing key counting as None. POST and RX use (wd_mult, lr_mult,
+  // is_expert_parallel, is_decoupled_lr) and raise ValueError for a missing one. Since
+  // _get_param_groups writes --lr and --min-lr into every group as max_lr/min_lr, a resume with
+  // another --lr or --min-lr raises KeyError at HEAD (distrib_optimizer.py:970), under any
+  // scheduler flag: the optimizer loads before the scheduler.
+  bool group_identity_by_override_keys = false;
   HdoStepSource hdo_step_source = HdoStepSource::kFirstCpuAdamW;
   // RX-MILES 714-715: delete a param group's 'step' when it is None.
   bool state_dict_drops_none_step = false;

@@ -20,21 +20,30 @@ constexpr const char* kFile = "distrib_optimizer.py";
 
 std::string site(const char* function) { return std::string(kFile) + " " + function; }
 
-// Megatron's param_group_identifier_keys (POST).
-const std::vector<std::string>& identifier_keys() {
-  static const std::vector<std::string> keys = {"wd_mult", "lr_mult", "is_expert_parallel",
+// Megatron's param_group_identifier_keys: POST's four; HEAD's (switch
+// group_identity_by_override_keys) are ParamGroupOverride's fields in sorted order, then the
+// three structural flags (d98e8a64dd optimizer.py:136-149).
+const std::vector<std::string>& identifier_keys(bool override_keys) {
+  static const std::vector<std::string> post = {"wd_mult", "lr_mult", "is_expert_parallel",
                                                 "is_decoupled_lr"};
-  return keys;
+  static const std::vector<std::string> head = {
+      "end_wd",         "max_lr",  "min_lr",  "optimizer",
+      "start_wd",       "wd_mult", "lr_mult", "is_expert_parallel",
+      "is_decoupled_lr"};
+  return override_keys ? head : post;
 }
 
-// load_state_dict's make_needed_groups(): the identity tuple of a group.
-std::vector<Value> make_needed_groups(const Dict& param_group) {
+// load_state_dict's make_needed_groups(): the identity tuple of a group. A key missing (as
+// itself and as pre_<key>) is a ValueError at POST, None at HEAD.
+std::vector<Value> make_needed_groups(const Dict& param_group, bool override_keys) {
   std::vector<Value> out;
-  for (const std::string& key : identifier_keys()) {
+  for (const std::string& key : identifier_keys(override_keys)) {
     if (const Value* v = param_group.find(key)) {
       out.push_back(*v);
     } else if (const Value* pre = param_group.find("pre_" + key)) {
       out.push_back(*pre);
+    } else if (override_keys) {
+      out.emplace_back();
     } else {
       throw UpstreamError("ValueError",
                           fmt::format("Key {} (or pre_{}) not found in param_group {}.", key, key,
@@ -434,10 +443,11 @@ Value DistributedOptimizer::state_dict() {
 
 // load_state_dict's param_groups_map: each saved group by its identity tuple (a later group
 // with the same identity wins, as a Python dict assignment does).
-DistributedOptimizer::SavedGroups DistributedOptimizer::saved_param_groups(const Dict& sd) {
+DistributedOptimizer::SavedGroups DistributedOptimizer::saved_param_groups(const Dict& sd,
+                                                                           bool override_keys) {
   SavedGroups param_groups_map;
   for (const Value& gv : *sd.at("optimizer").dict()->at("param_groups").list()) {
-    auto needed = make_needed_groups(*gv.dict());
+    auto needed = make_needed_groups(*gv.dict(), override_keys);
     auto it = std::find_if(param_groups_map.begin(), param_groups_map.end(),
                            [&](const auto& e) { return same_identity(e.first, needed); });
     if (it != param_groups_map.end()) {
@@ -450,12 +460,15 @@ DistributedOptimizer::SavedGroups DistributedOptimizer::saved_param_groups(const
 }
 
 // Each live group with the saved group of the same identity: the saved scalars (incl. 'step')
-// win, the live 'params' stay.
+// win, the live 'params' stay. A live group no saved one matches is the KeyError of
+// `param_groups_map[needed_groups]` (HEAD distrib_optimizer.py:970): str() of a KeyError of a
+// tuple is the tuple's repr.
 ListPtr DistributedOptimizer::matched_param_groups(const SavedGroups& param_groups_map,
-                                                   const Value& inner_state_dict) {
+                                                   const Value& inner_state_dict,
+                                                   bool override_keys) {
   auto state_dict_param_groups = List::make();
   for (const Value& gv : *inner_state_dict.dict()->at("param_groups").list()) {
-    const auto needed = make_needed_groups(*gv.dict());
+    const auto needed = make_needed_groups(*gv.dict(), override_keys);
     auto it = std::find_if(param_groups_map.begin(), param_groups_map.end(),
                            [&](const auto& e) { return same_identity(e.first, needed); });
     if (it == param_groups_map.end())
@@ -565,9 +578,12 @@ void DistributedOptimizer::load_state_dict(const Value& state_dict) {
   if (optimizer_->state.empty()) {
     if (HybridDeviceOptimizer* h = mutable_hdo()) h->dummy_step();
   }
-  const SavedGroups saved_groups = saved_param_groups(sd);
+  // Revision switch group_identity_by_override_keys (HEAD's param_group_identifier_keys).
+  const bool override_keys = switches_.group_identity_by_override_keys;
+  const SavedGroups saved_groups = saved_param_groups(sd, override_keys);
   const Value inner_state_dict = optimizer_->state_dict();
-  const ListPtr state_dict_param_groups = matched_param_groups(saved_groups, inner_state_dict);
+  const ListPtr state_dict_param_groups =
+      matched_param_groups(saved_groups, inner_state_dict, override_keys);
   Value state_dict_state = optimizer_->state.empty() ? dummy_state(inner_state_dict)
                                                      : inner_state_dict.dict()->at("state");
   restore_step(sd, state_dict_state);

@@ -146,8 +146,10 @@ class DistributedOptimizer {
   // load_state_dict's pieces: the saved groups by identity, matched to the live ones; the
   // dummy state of an optimizer that never stepped; the saved step put into every state.
   using SavedGroups = std::vector<std::pair<std::vector<Value>, DictPtr>>;
-  static SavedGroups saved_param_groups(const Dict& saved);
-  static ListPtr matched_param_groups(const SavedGroups& saved, const Value& inner_state_dict);
+  // `override_keys`: the revision switch group_identity_by_override_keys (which identity keys).
+  static SavedGroups saved_param_groups(const Dict& saved, bool override_keys);
+  static ListPtr matched_param_groups(const SavedGroups& saved, const Value& inner_state_dict,
+                                      bool override_keys);
   Value dummy_state(const Value& inner_state_dict);
   void restore_step(const Dict& saved, Value& state_dict_state);
   // sharded_param_state_dp_reshardable's pieces, for one bucket of one buffer.
