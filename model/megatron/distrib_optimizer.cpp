@@ -128,34 +128,80 @@ DistributedOptimizer::DistributedOptimizer(Runtime& rt, DistributedDataParallel&
   create_inner_optimizer();
 }
 
+namespace {
+
+// param_group_override_to_tuple() of the config override that puts a param in its group (the
+// one the replay runner passes, config.h ParamSpec): {wd_mult: w} when w != 1, {lr_mult: m,
+// max_lr: lr*m, min_lr: min_lr*m} when m != 1, its items sorted by name; nullopt (None) for a
+// param no override matches.
+using OverrideTuple = std::optional<std::vector<std::pair<std::string, double>>>;
+
+OverrideTuple override_tuple(const ParamSpec& s, double lr, double min_lr) {
+  std::vector<std::pair<std::string, double>> items;
+  if (s.lr_mult != 1.0) {
+    items = {{"lr_mult", s.lr_mult}, {"max_lr", lr * s.lr_mult}, {"min_lr", min_lr * s.lr_mult}};
+  }
+  if (s.wd_mult != 1.0) items.emplace_back("wd_mult", s.wd_mult);
+  if (items.empty()) return std::nullopt;
+  std::sort(items.begin(), items.end());
+  return items;
+}
+
+// _get_param_groups' sort key, (x[0] is not None, x[0]): None first, then the tuples as Python
+// orders them, item by item ((name, value) pairs: name first), a prefix before what it starts.
+bool override_sorts_before(const OverrideTuple& a, const OverrideTuple& b) {
+  if (!a.has_value() || !b.has_value()) return !a.has_value() && b.has_value();
+  return std::lexicographical_compare(a->begin(), a->end(), b->begin(), b->end());
+}
+
+}  // namespace
+
 // Mirrors megatron/core/optimizer/__init__.py _get_param_groups(): one group per distinct
-// (wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr), in order of first appearance.
+// (wd_mult, lr_mult) (is_expert_parallel and is_decoupled_lr are false here), sorted as every
+// revision sorts them: None first, then by the override tuple (POST/RX __init__.py:189, HEAD
+// :374). The order decides which params the HybridDeviceOptimizer's greedy offload puts on its
+// CPU part (get_sub_optimizer_param_groups walks the groups in order).
 void DistributedOptimizer::build_param_groups() {
-  world_param_group_map_.assign(ddp_.num_params(), 0);
+  std::vector<size_t> first_param;  // per distinct group, in order of first appearance
+  std::vector<size_t> appearance(ddp_.num_params(), 0);
   for (size_t i = 0; i < ddp_.num_params(); ++i) {
     const ParamSpec& s = ddp_.specs()[i];
     size_t g = 0;
-    for (; g < param_groups_.size(); ++g) {
-      if (param_groups_[g]->at("wd_mult").as_float() == s.wd_mult &&
-          param_groups_[g]->at("lr_mult").as_float() == s.lr_mult) {
-        break;
-      }
+    for (; g < first_param.size(); ++g) {
+      const ParamSpec& f = ddp_.specs()[first_param[g]];
+      if (f.wd_mult == s.wd_mult && f.lr_mult == s.lr_mult) break;
     }
-    if (g == param_groups_.size()) {
-      // The schedule's keys as _get_param_groups sets them: max_lr the config's lr and
-      // min_lr its min_lr, both times lr_mult (the override that makes a group with that
-      // lr_mult, config.h ParamSpec); default_config false when the override names an lr key.
-      // Upstream HEAD (d98e8a64dd) identifies a group at load by max_lr and min_lr too: a
-      // checkpoint without them loads there with a KeyError, seen on the real code.
-      param_groups_.push_back(Dict::make({{"params", Value(List::make())},
-                                          {"wd_mult", Value(s.wd_mult)},
-                                          {"lr_mult", Value(s.lr_mult)},
-                                          {"is_expert_parallel", Value(false)},
-                                          {"is_decoupled_lr", Value(false)},
-                                          {"default_config", Value(s.lr_mult == 1.0)},
-                                          {"max_lr", Value(config_.adam.lr * s.lr_mult)},
-                                          {"min_lr", Value(config_.min_lr * s.lr_mult)}}));
-    }
+    if (g == first_param.size()) first_param.push_back(i);
+    appearance[i] = g;
+  }
+  std::vector<OverrideTuple> keys;
+  for (size_t p : first_param)
+    keys.push_back(override_tuple(ddp_.specs()[p], config_.adam.lr, config_.min_lr));
+  std::vector<size_t> order(first_param.size());
+  for (size_t g = 0; g < order.size(); ++g) order[g] = g;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return override_sorts_before(keys[a], keys[b]); });
+  std::vector<size_t> rank_of(order.size());
+  for (size_t g = 0; g < order.size(); ++g) rank_of[order[g]] = g;
+  for (size_t g : order) {
+    const ParamSpec& s = ddp_.specs()[first_param[g]];
+    // The schedule's keys as _get_param_groups sets them: max_lr the config's lr and
+    // min_lr its min_lr, both times lr_mult (the override that makes a group with that
+    // lr_mult, config.h ParamSpec); default_config false when the override names an lr key.
+    // Upstream HEAD identifies a group at load by max_lr and min_lr too (switch
+    // group_identity_by_override_keys).
+    param_groups_.push_back(Dict::make({{"params", Value(List::make())},
+                                        {"wd_mult", Value(s.wd_mult)},
+                                        {"lr_mult", Value(s.lr_mult)},
+                                        {"is_expert_parallel", Value(false)},
+                                        {"is_decoupled_lr", Value(false)},
+                                        {"default_config", Value(s.lr_mult == 1.0)},
+                                        {"max_lr", Value(config_.adam.lr * s.lr_mult)},
+                                        {"min_lr", Value(config_.min_lr * s.lr_mult)}}));
+  }
+  world_param_group_map_.assign(ddp_.num_params(), 0);
+  for (size_t i = 0; i < ddp_.num_params(); ++i) {
+    const size_t g = rank_of[appearance[i]];
     param_groups_[g]->at("params").list()->append(Value(ddp_.param(i)));
     world_param_group_map_[i] = g;
   }
