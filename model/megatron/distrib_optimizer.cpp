@@ -630,6 +630,7 @@ void DistributedOptimizer::load_state_dict(const Value& state_dict) {
   const Value inner_state_dict = optimizer_->state_dict();
   const ListPtr state_dict_param_groups =
       matched_param_groups(saved_groups, inner_state_dict, override_keys);
+  if (optimizer_->state.empty()) state_allocated_by_torch_empty_ = true;
   Value state_dict_state = optimizer_->state.empty() ? dummy_state(inner_state_dict)
                                                      : inner_state_dict.dict()->at("state");
   restore_step(sd, state_dict_state);

@@ -121,6 +121,12 @@ class DistributedOptimizer {
            (config_.kind == OptimizerKind::kHybrid && config_.te_installed);
   }
   bool precision_aware() const { return config_.kind == OptimizerKind::kHybrid; }
+  // Whether the optimizer state a load request holds was allocated by dummy_state(), i.e. by
+  // torch.empty: load_state_dict() found no state (and no HDO, whose dummy_step() makes state
+  // first). Whatever of 'exp_avg', 'exp_avg_sq' (and, precision-aware, 'master_param') a load
+  // leaves unwritten then keeps uninitialized memory (RX allow_partial_load skips a key the
+  // checkpoint lacks).
+  bool state_allocated_by_torch_empty() const { return state_allocated_by_torch_empty_; }
 
  private:
   struct GroupRange {
@@ -188,6 +194,7 @@ class DistributedOptimizer {
   TensorMap<size_t> shard_owner_;  // shard view / main param -> model param
   // fp32 shards that are views of a param requiring grad (upstream; fp32_shards_detached off).
   TensorMap<bool> grad_views_;
+  bool state_allocated_by_torch_empty_ = false;  // see state_allocated_by_torch_empty()
 };
 
 // Python's Tensor.item() on a tensor that must hold one element (RuntimeError otherwise).
