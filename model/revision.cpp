@@ -127,8 +127,9 @@ const std::vector<SwitchDef>& switch_defs() {
                   &RevisionSwitches::group_index_map_installed_order),
       bool_switch(
           "init_empty_state_before_save",
-          "sharded_state_dict() initializes missing optimizer state before saving (a save before "
-          "the first step)",
+          "fix (ours): sharded_state_dict() initializes missing optimizer state before saving "
+          "(a save before the first step); not upstream behaviour: Megatron's init_state_fn runs "
+          "only when loading and makes no step and no master_param",
           &RevisionSwitches::init_empty_state_before_save),
       bool_switch("hdo_group_sync_skips_step",
                   "B5 fix: HDO does not push its groups' 'step' into the sub-optimizers",

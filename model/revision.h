@@ -113,11 +113,14 @@ struct RevisionSwitches {
   // B8 fix (upstream dev #5835): model_param_group_index_map records the position in the
   // installed group list [fp32..., bf16...] instead of the gbuf iteration order.
   bool group_index_map_installed_order = false;
-  // Fix for saving before the first step: sharded_state_dict() (when saving) first gives every
-  // param without optimizer state its initial state, as Megatron's init_state_fn does for the
-  // other optimizers (exp_avg/exp_avg_sq zeros; AdamW step 0; HDO master_param = inner param).
-  // Without it an HDO save raises KeyError 'master_param' and a FusedAdam save writes no
-  // moments, which the next load then requests (KeyError ... not in state dict).
+  // Fix (ours, not upstream behaviour) for saving before the first step: sharded_state_dict()
+  // (when saving) first gives every param without optimizer state an initial state (exp_avg and
+  // exp_avg_sq zeros; torch AdamW a step 0; HDO master_param = the inner param). Upstream has no
+  // such code: its init_state_fn (optimizer/__init__.py:391-399) runs only when loading, and only
+  // in the non-distributed optimizers (optimizer.py:790-791, 807-808, 1018-1019), and writes zero
+  // moments but no 'step' and, outside the precision-aware branch, no 'master_param'. Without the
+  // switch an HDO save raises KeyError 'master_param' and a FusedAdam save writes no moments,
+  // which the next load then requests (KeyError ... not in state dict).
   bool init_empty_state_before_save = false;
 
   // --- hybrid_optimizer.py --------------------------------------------------------------------

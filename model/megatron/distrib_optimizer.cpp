@@ -965,8 +965,10 @@ void DistributedOptimizer::load_parameter_state_from_dp_reshardable(const Value&
   }
 }
 
-// Revision switch init_empty_state_before_save: Megatron's init_state_fn applied to every
-// param that has no optimizer state yet (and, for HDO, through its sub-optimizers).
+// Revision switch init_empty_state_before_save, a fix of ours (no upstream code does this): an
+// initial state for every param that has none yet (and, for HDO, through its sub-optimizers):
+// zero moments, torch AdamW's step 0, the HDO's master_param. Megatron's init_state_fn, which it
+// resembles, runs only when loading and writes no step and no master_param.
 void DistributedOptimizer::init_empty_state() {
   auto init_adam = [&](Optimizer& opt, const at::Tensor& p) {
     DictPtr& s = opt.state.get_or_insert(p, [] { return Dict::make(); });
