@@ -98,6 +98,13 @@ const std::vector<SwitchDef>& switch_defs() {
       bool_switch("get_drops_non_tensors",
                   "_get_main_param_and_optimizer_states drops non-tensor state values (HEAD)",
                   &RevisionSwitches::get_drops_non_tensors),
+      bool_switch("group_identity_by_override_keys",
+                  "HEAD d98e8a64dd: load_state_dict() pairs saved and live param groups by "
+                  "(end_wd, max_lr, min_lr, optimizer, start_wd, wd_mult, lr_mult, "
+                  "is_expert_parallel, is_decoupled_lr), a missing key as None (POST/RX: "
+                  "wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr): a resume with another "
+                  "--lr or --min-lr raises KeyError",
+                  &RevisionSwitches::group_identity_by_override_keys),
       enum_switch("hdo_step_source",
                   "state_dict(): HDO step read from the first non-empty CPU AdamW only "
                   "(upstream) or from any sub-optimizer (B6 fix)",
@@ -120,8 +127,9 @@ const std::vector<SwitchDef>& switch_defs() {
                   &RevisionSwitches::group_index_map_installed_order),
       bool_switch(
           "init_empty_state_before_save",
-          "sharded_state_dict() initializes missing optimizer state before saving (a save before "
-          "the first step)",
+          "fix (ours): sharded_state_dict() initializes missing optimizer state before saving "
+          "(a save before the first step); not upstream behaviour: Megatron's init_state_fn runs "
+          "only when loading and makes no step and no master_param",
           &RevisionSwitches::init_empty_state_before_save),
       bool_switch("hdo_group_sync_skips_step",
                   "B5 fix: HDO does not push its groups' 'step' into the sub-optimizers",

@@ -92,6 +92,15 @@ struct RevisionSwitches {
   bool get_drops_non_tensors = false;
 
   // --- distrib_optimizer.py state_dict / load_state_dict ---------------------------------------
+  // HEAD d98e8a64dd (optimizer.py param_group_identifier_keys, distrib_optimizer.py
+  // make_needed_groups): load_state_dict() pairs a saved param group with a live one by
+  // (end_wd, max_lr, min_lr, optimizer, start_wd, wd_mult, lr_mult, is_expert_parallel,
+  // is_decoupled_lr), a missing key counting as None. POST and RX use (wd_mult, lr_mult,
+  // is_expert_parallel, is_decoupled_lr) and raise ValueError for a missing one. Since
+  // _get_param_groups writes --lr and --min-lr into every group as max_lr/min_lr, a resume with
+  // another --lr or --min-lr raises KeyError at HEAD (distrib_optimizer.py:970), under any
+  // scheduler flag: the optimizer loads before the scheduler.
+  bool group_identity_by_override_keys = false;
   HdoStepSource hdo_step_source = HdoStepSource::kFirstCpuAdamW;
   // RX-MILES 714-715: delete a param group's 'step' when it is None.
   bool state_dict_drops_none_step = false;
@@ -104,11 +113,14 @@ struct RevisionSwitches {
   // B8 fix (upstream dev #5835): model_param_group_index_map records the position in the
   // installed group list [fp32..., bf16...] instead of the gbuf iteration order.
   bool group_index_map_installed_order = false;
-  // Fix for saving before the first step: sharded_state_dict() (when saving) first gives every
-  // param without optimizer state its initial state, as Megatron's init_state_fn does for the
-  // other optimizers (exp_avg/exp_avg_sq zeros; AdamW step 0; HDO master_param = inner param).
-  // Without it an HDO save raises KeyError 'master_param' and a FusedAdam save writes no
-  // moments, which the next load then requests (KeyError ... not in state dict).
+  // Fix (ours, not upstream behaviour) for saving before the first step: sharded_state_dict()
+  // (when saving) first gives every param without optimizer state an initial state (exp_avg and
+  // exp_avg_sq zeros; torch AdamW a step 0; HDO master_param = the inner param). Upstream has no
+  // such code: its init_state_fn (optimizer/__init__.py:391-399) runs only when loading, and only
+  // in the non-distributed optimizers (optimizer.py:790-791, 807-808, 1018-1019), and writes zero
+  // moments but no 'step' and, outside the precision-aware branch, no 'master_param'. Without the
+  // switch an HDO save raises KeyError 'master_param' and a FusedAdam save writes no moments,
+  // which the next load then requests (KeyError ... not in state dict).
   bool init_empty_state_before_save = false;
 
   // --- hybrid_optimizer.py --------------------------------------------------------------------

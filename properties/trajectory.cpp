@@ -3,6 +3,7 @@
 // load gives back exactly what was saved: I13).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 
@@ -62,7 +63,9 @@ class TrajectoryComparison {
     }
   }
 
-  // A failed result when `st` differs from `ref`; nullopt when they agree.
+  // A failed result when `st` differs from `ref`; nullopt when they agree. Values of `st` that
+  // rest on uninitialized memory are not compared (the reference never holds any): they are
+  // counted, and the verdict rests on them when nothing else differs.
   std::optional<PropertyResult> compare(const PropertyResult& r, const sim::PhaseRecord& phase,
                                         const sim::GlobalState& st, const sim::GlobalState& ref,
                                         const char* when) {
@@ -72,6 +75,7 @@ class TrajectoryComparison {
       const auto& f = compared.fields()[i];
       if (f.a->empty() || f.b->empty()) continue;
       for (size_t p = 0; p < run_.scenario.params.size(); ++p) {
+        skip_uninitialized(st, i, p, phase, when);
         if (auto detail = compare_param(f, drift_[i][p], p, phase, st, when)) {
           return fail(r, static_cast<int>(phase.index),
                       std::string("trajectory_matches_uninterrupted:") + f.name, *detail);
@@ -88,7 +92,42 @@ class TrajectoryComparison {
         states_, bitwise_, tolerant_);
   }
 
+  // Why the verdict rests on uninitialized memory; empty when no compared value does.
+  std::string resting_on_uninitialized() const {
+    if (uninitialized_ == 0) return "";
+    return fmt::format(
+        "rests on uninitialized memory: {}; {} element values derive from it (the first: {}), "
+        "the real code's are whatever the CUDA allocator handed back; every other value agrees "
+        "({})",
+        origin_, uninitialized_, first_uninitialized_, summary());
+  }
+
  private:
+  // Marks which elements of field `i` (ComparedFields order) of param `p` compare_param skips.
+  void skip_uninitialized(const sim::GlobalState& st, size_t i, size_t p,
+                          const sim::PhaseRecord& phase, const char* when) {
+    skip_.clear();
+    const sim::Uninitialized& u = st.uninitialized;
+    if (!u.any()) return;
+    const std::array<const sim::Uninitialized::Field*, 4> marks = {&u.master, &u.exp_avg,
+                                                                   &u.exp_avg_sq, &u.param};
+    const auto& field = *marks.at(i);
+    if (p >= field.size()) return;
+    skip_ = field[p];
+    const auto n = static_cast<int64_t>(std::count(skip_.begin(), skip_.end(), uint8_t{1}));
+    if (n == 0) return;
+    if (uninitialized_ == 0) {
+      static constexpr std::array<const char*, 4> kNames = {"master param", "exp_avg", "exp_avg_sq",
+                                                            "model param"};
+      const auto e = std::find(skip_.begin(), skip_.end(), uint8_t{1}) - skip_.begin();
+      origin_ = u.origin;
+      first_uninitialized_ =
+          fmt::format("{} of {}[{}] in {}, {} global step {}", kNames.at(i),
+                      run_.scenario.params[p].name, e, phase_label(phase), when, st.global_step);
+    }
+    uninitialized_ += n;
+  }
+
   std::optional<std::string> compare_param(const ComparedFields::Field& f,
                                            const std::vector<double>& drift, size_t p,
                                            const sim::PhaseRecord& phase,
@@ -105,6 +144,7 @@ class TrajectoryComparison {
     int64_t first_steps = 0;
     double first_drift = 0;
     for (size_t e = 0; e < o.size(); ++e) {
+      if (e < skip_.size() && skip_[e] != 0) continue;  // rests on uninitialized memory
       const int64_t steps = moved_[p][e];
       const bool m = steps != kNeverMoved;
       const bool ok = m ? within_tolerance(o[e], x[e], bf16, drift[e]) : bitwise_equal(o[e], x[e]);
@@ -143,7 +183,11 @@ class TrajectoryComparison {
   // Per compared field (ComparedFields order), param and element: the tolerance the steps since
   // the move add (update_moved).
   std::array<std::vector<std::vector<double>>, 4> drift_;
-  bool any_moved_ = false;  // no drift to add up before an element has moved
+  bool any_moved_ = false;     // no drift to add up before an element has moved
+  std::vector<uint8_t> skip_;  // per element of the param compare_param compares next
+  int64_t uninitialized_ = 0;  // element values not compared: they rest on uninitialized memory
+  std::string origin_;
+  std::string first_uninitialized_;
   int64_t bitwise_ = 0;
   int64_t tolerant_ = 0;
   int64_t states_ = 0;
@@ -164,13 +208,35 @@ std::vector<double> element_counters(const sim::GlobalState& st, size_t p, int64
 // when the load gave everything back. `groups`: compare the param groups too (not where the
 // resumed job was started with other schedule arguments: their lr and bounds then differ by
 // design, and hyperparams_follow_schedule judges them).
+// `resting`: counts the values not compared because the loaded one rests on uninitialized memory
+// the saved one did not hold (the load left it as torch.empty made it; a value that was already
+// uninitialized when saved and was loaded back is a copy, compared like any other), and keeps
+// the first such as "<field> of <param>[<e>]".
+struct Resting {
+  int64_t count = 0;
+  std::string first;
+};
+
 std::optional<std::pair<std::string, std::string>> round_trip_difference(
     const sim::RunResult& run, const sim::GlobalState& loaded, const sim::GlobalState& saved,
-    bool groups) {
+    bool groups, Resting& resting) {
   const ComparedFields compared(loaded, saved);
-  for (const auto& f : compared.fields()) {
+  const std::array<std::pair<const sim::Uninitialized::Field*, const sim::Uninitialized::Field*>, 4>
+      marks = {{{&loaded.uninitialized.master, &saved.uninitialized.master},
+                {&loaded.uninitialized.exp_avg, &saved.uninitialized.exp_avg},
+                {&loaded.uninitialized.exp_avg_sq, &saved.uninitialized.exp_avg_sq},
+                {&loaded.uninitialized.param, &saved.uninitialized.param}}};
+  for (size_t i = 0; i < compared.fields().size(); ++i) {
+    const auto& f = compared.fields()[i];
     for (size_t q = 0; q < run.scenario.params.size() && q < f.a->size() && q < f.b->size(); ++q) {
       for (size_t e = 0; e < (*f.a)[q].size(); ++e) {
+        const auto at = static_cast<int64_t>(e);
+        if (sim::Uninitialized::marked(*marks[i].first, q, at) &&
+            !sim::Uninitialized::marked(*marks[i].second, q, at)) {
+          if (resting.count++ == 0)
+            resting.first = fmt::format("{} of {}[{}]", f.name, param_name(run, q), e);
+          continue;
+        }
         if (bitwise_equal((*f.a)[q][e], (*f.b)[q][e])) continue;
         return std::make_pair(
             std::string(f.name),
@@ -227,6 +293,9 @@ PropertyResult trajectory_matches_uninterrupted(const sim::RunResult& run) {
     }
   }
   if (!not_evaluated.empty()) return mark_not_evaluated(std::move(r), not_evaluated);
+  // Nothing else differs, but some values were not compared: the verdict would rest on them.
+  if (const std::string why = comparison.resting_on_uninitialized(); !why.empty())
+    return mark_not_evaluated(std::move(r), why);
   r.detail = comparison.summary();
   return r;
 }
@@ -235,6 +304,8 @@ PropertyResult round_trip_identity(const sim::RunResult& run) {
   PropertyResult r = pass("round_trip_identity");
   int loads = 0;
   std::string not_evaluated;
+  Resting resting;
+  std::string resting_origin;
   for (const auto& p : run.phases) {
     if (!p.ran || p.index == 0) continue;
     const auto& prev = run.phases[p.index - 1];
@@ -246,14 +317,30 @@ PropertyResult round_trip_identity(const sim::RunResult& run) {
     ++loads;
     const bool same_arguments =
         run.scenario.schedule_of(p.index) == run.scenario.schedule_of(p.index - 1);
-    if (auto d = round_trip_difference(run, *p.after_load, *saved, same_arguments)) {
+    const int64_t resting_before = resting.count;
+    if (auto d = round_trip_difference(run, *p.after_load, *saved, same_arguments, resting)) {
       return fail(std::move(r), static_cast<int>(p.index), "round_trip_identity:" + d->first,
                   fmt::format("{}: the load did not give back what phase {} saved at global "
                               "step {}: {}",
                               phase_label(p), p.index - 1, saved->global_step, d->second));
     }
+    if (resting_before == 0 && resting.count > 0) {
+      resting_origin =
+          fmt::format("{} (the first: {} after the load of {})", p.after_load->uninitialized.origin,
+                      resting.first, phase_label(p));
+    }
   }
   if (!not_evaluated.empty() && loads == 0) return mark_not_evaluated(std::move(r), not_evaluated);
+  // Everything else was given back; the values the load left uninitialized were not compared.
+  if (resting.count > 0) {
+    return mark_not_evaluated(
+        std::move(r),
+        fmt::format("rests on uninitialized memory: {}; {} loaded element values derive from it "
+                    "where the checkpoint held other values (the real code's are whatever the "
+                    "CUDA allocator handed back); every other value, step counter and param group "
+                    "was given back",
+                    resting_origin, resting.count));
+  }
   r.detail = fmt::format(
       "{} load(s) gave back the saved master params, moments, model params, step counters and "
       "param groups exactly",

@@ -95,17 +95,28 @@ def _kernel(opt: Any, group: Optional[Dict[str, Any]], param: Any) -> Optional[s
 
 
 
-def training_loop_reapplies_lr_bounds() -> bool:
-    """Whether the checkout's megatron/training/checkpointing.py re-applies the lr bounds to the
-    param groups under --override-opt_param-scheduler (schedule.reapplies_lr_bounds)."""
+def _training_loop_text() -> str:
+    """The checkout's megatron/training/checkpointing.py ("" where it has none)."""
     import megatron
 
     for root in list(getattr(megatron, "__path__", [])):  # a namespace package has no __file__
         path = os.path.join(root, "training", "checkpointing.py")
         if os.path.isfile(path):
             with open(path, "r", encoding="utf-8") as f:
-                return schedule_mod.reapplies_lr_bounds(f.read())
-    return False
+                return f.read()
+    return ""
+
+
+def training_loop_reapplies_lr_bounds() -> bool:
+    """Whether the checkout's megatron/training/checkpointing.py re-applies the lr bounds to the
+    param groups under --override-opt_param-scheduler (schedule.reapplies_lr_bounds)."""
+    return schedule_mod.reapplies_lr_bounds(_training_loop_text())
+
+
+def training_loop_resets_num_steps() -> bool:
+    """Whether that block also resets the scheduler's num_steps to consumed_train_samples
+    (schedule.resets_num_steps)."""
+    return schedule_mod.resets_num_steps(_training_loop_text())
 
 class RankRun:
     """Executes job["run_index"] of job["plan_path"] as rank job["rank"]."""
@@ -367,17 +378,20 @@ class RankRun:
         # runner from before it saved one has none: the scheduler stays as built).
         if "opt_param_scheduler" in loaded:
             self.sched.load_state_dict(loaded["opt_param_scheduler"])
-            self._override_lr_bounds()
+            self._override_lr_bounds(iteration)
         else:
             self.notes.append("the checkpoint holds no opt_param_scheduler")
         torch.cuda.synchronize()
         return iteration
 
-    def _override_lr_bounds(self) -> None:
+    def _override_lr_bounds(self, iteration: int) -> None:
         """The block of load_checkpoint() that follows the scheduler's load under
         --override-opt_param-scheduler, where the checkout's training/checkpointing.py has one
-        (HEAD d98e8a64dd: every group's max_lr/min_lr := --lr/--min-lr, then step(0); older
-        revisions have none). The runner reads the checkout's file to know which."""
+        (HEAD d98e8a64dd: every group's max_lr/min_lr := --lr/--min-lr, num_steps :=
+        consumed_train_samples where they differ, then step(0); older revisions have none). The
+        runner reads the checkout's file to know which. `iteration`: the checkpoint's; the
+        runner saves no args, and the training loop's consumed_train_samples is the iterations
+        times the global batch size."""
         if schedule_mod.resume_flag(self.scenario, int(self.run.get("phase", 0))) != "override":
             return
         if not training_loop_reapplies_lr_bounds():
@@ -385,6 +399,12 @@ class RankRun:
         for group in self.opt.param_groups:
             group["max_lr"] = float(self.schedule_args["lr"])
             group["min_lr"] = float(self.schedule_args["min_lr"])
+        if training_loop_resets_num_steps():
+            consumed_train_samples = int(iteration) * self.samples_per_step
+            if self.sched.num_steps != consumed_train_samples:
+                self.sched.num_steps = consumed_train_samples
+                self.notes.append("override: the scheduler's num_steps reset to consumed_train_samples, as "
+                                  "this checkout's load_checkpoint() does")
         self.sched.step(increment=0)
         self.notes.append("override: the group lr bounds re-applied from the arguments, as this "
                           "checkout's load_checkpoint() does")

@@ -97,16 +97,29 @@ def group_override(wd_mult: float, lr_mult: float, args: Dict[str, Any]) -> Dict
     return ov
 
 
+def _override_block_after_load(checkpointing_py: str) -> str:
+    """The text of a training/checkpointing.py from its first --override-opt_param-scheduler test
+    after the scheduler's load_state_dict() on ("" where it has none)."""
+    load = checkpointing_py.find("opt_param_scheduler.load_state_dict(")
+    if load < 0:
+        return ""
+    after = checkpointing_py[load:]
+    override = after.find("override_opt_param_scheduler")
+    return after[override:] if override >= 0 else ""
+
+
 def reapplies_lr_bounds(checkpointing_py: str) -> bool:
     """Whether a training/checkpointing.py (its text) sets every param group's max_lr after the
     scheduler's load when --override-opt_param-scheduler is given (HEAD d98e8a64dd does; POST
     f4502eb1c9 and RX-MILES 2e64d788b do not)."""
-    load = checkpointing_py.find("opt_param_scheduler.load_state_dict(")
-    if load < 0:
-        return False
-    after = checkpointing_py[load:]
-    override = after.find("override_opt_param_scheduler")
-    return override >= 0 and 'param_group["max_lr"]' in after[override:]
+    return 'param_group["max_lr"]' in _override_block_after_load(checkpointing_py)
+
+
+def resets_num_steps(checkpointing_py: str) -> bool:
+    """Whether that block also sets the scheduler's num_steps to args.consumed_train_samples
+    (HEAD d98e8a64dd:3041 does, where they differ; POST and RX-MILES have no such block)."""
+    block = _override_block_after_load(checkpointing_py)
+    return "opt_param_scheduler.num_steps = args.consumed_train_samples" in block
 
 
 def validate(scenario: Dict[str, Any], err) -> None:

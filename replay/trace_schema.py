@@ -320,7 +320,7 @@ def _validate_event(v: _V, ev: Any, path: str, dp: Optional[int]) -> None:
         if ev.get("global_step") is not None:
             v.integer(ev.get("global_step"), _join(path, "global_step"))
     else:
-        if not v.obj(ev, path, ["rank", "at", "global_step", "parts", "hashes"], ["values"]):
+        if not v.obj(ev, path, ["rank", "at", "global_step", "parts", "hashes"], ["values", "uninitialized"]):
             return
         v.enum(at, _join(path, "at"), POINTS)
         v.integer(ev.get("global_step"), _join(path, "global_step"))
@@ -328,6 +328,8 @@ def _validate_event(v: _V, ev: Any, path: str, dp: Optional[int]) -> None:
         _validate_hashes(v, ev.get("hashes"), _join(path, "hashes"), ev.get("parts"))
         if "values" in ev:
             _validate_values(v, ev["values"], _join(path, "values"))
+        if "uninitialized" in ev:
+            _validate_uninitialized(v, ev["uninitialized"], _join(path, "uninitialized"), ev.get("hashes"))
     rank = ev.get("rank")
     if not _is_int(rank) or rank < 0 or (dp is not None and rank >= dp):
         v.err(_join(path, "rank"), "must be an integer in [0, dp), got %r" % (rank,))
@@ -377,6 +379,29 @@ def _validate_hashes(v: _V, hashes: Any, path: str, parts: Any) -> None:
             if isinstance(m, dict) and sorted(m) != sorted(set(names)):
                 v.err(_join(path, kind), "must have one entry per part's param (%s), got %s"
                       % (sorted(set(names)), sorted(m)))
+
+
+def _validate_uninitialized(v: _V, u: Any, path: str, hashes: Any) -> None:
+    """Optional "uninitialized": per hash kind, the params whose hash of this event rests on
+    uninitialized memory. Written only when some does: no empty object, no empty list."""
+    if not v.obj(u, path, [], list(HASH_KINDS)):
+        return
+    if not u:
+        v.err(path, "must name at least one kind (leave the field out when no hash rests on "
+                    "uninitialized memory)")
+    for kind, names in u.items():
+        kpath = _join(path, kind)
+        if not isinstance(names, list) or not names:
+            v.err(kpath, "must be a non-empty array of param names")
+            continue
+        hashed = hashes.get(kind) if isinstance(hashes, dict) else None
+        for i, name in enumerate(names):
+            if not isinstance(name, str) or not name:
+                v.err(_join(kpath, i), "must be a param name, got %r" % (name,))
+            elif not isinstance(hashed, dict) or hashed.get(name) is None:
+                v.err(_join(kpath, i), "names %r, which has no %s hash in this event" % (name, kind))
+        if len(set(n for n in names if isinstance(n, str))) != len(names):
+            v.err(kpath, "names a param twice")
 
 
 def _validate_values(v: _V, values: Any, path: str) -> None:

@@ -67,6 +67,34 @@ std::span<const float> slice(const std::vector<float>& v, const model::Range& r)
                                            static_cast<size_t>(r.size()));
 }
 
+// The event's hashes that rest on uninitialized memory (sim::Uninitialized): per kind, the
+// params whose hashed values hold a marked element (this rank's shard `range`; the whole param
+// for model_param), in model order. Empty (the field is left out) when none does.
+json uninitialized_json(const sim::RunResult& run, const sim::GlobalState& st,
+                        const std::vector<const sim::ShardRecord*>& shards) {
+  const sim::Uninitialized& u = st.uninitialized;
+  json out = json::object();
+  if (!u.any()) return out;
+  auto add = [&](const char* kind, size_t p) {
+    json& names = out[kind];
+    const std::string& name = run.scenario.params[p].name;
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+  };
+  const std::vector<std::pair<const char*, const sim::Uninitialized::Field*>> fields = {
+      {"master", &u.master}, {"exp_avg", &u.exp_avg}, {"exp_avg_sq", &u.exp_avg_sq}};
+  for (const auto& [kind, field] : fields) {
+    for (const auto* s : shards) {
+      if (sim::Uninitialized::any_in(*field, s->param, s->range.start, s->range.end))
+        add(kind, s->param);
+    }
+  }
+  for (size_t p = 0; p < st.param.size(); ++p) {
+    if (sim::Uninitialized::any_in(u.param, p, 0, static_cast<int64_t>(st.param[p].size())))
+      add("model_param", p);
+  }
+  return out;
+}
+
 // One rank's state at one point, from the gathered state.
 json state_event(const sim::RunResult& run, const sim::GlobalState& st, int rank, const char* at,
                  bool values) {
@@ -112,6 +140,7 @@ json state_event(const sim::RunResult& run, const sim::GlobalState& st, int rank
           {"parts", parts},
           {"hashes", hashes}};
   if (values) ev["values"] = vals;
+  if (json u = uninitialized_json(run, st, shards); !u.empty()) ev["uninitialized"] = u;
   return ev;
 }
 

@@ -146,7 +146,11 @@ Result<model::OptimizerConfig> read_optimizer(const model::List& groups) {
     const model::Dict& d = *g.dict();
     const double lr_mult = number(d, "lr_mult", 1.0);
     const double wd_mult = number(d, "wd_mult", 1.0);
-    if (cfg.adam.lr < 0 && lr_mult != 0) cfg.adam.lr = number(d, "lr", 0) / lr_mult;
+    // max_lr, where the group has one, is --lr (times lr_mult); 'lr' is where the schedule was.
+    if (cfg.adam.lr < 0 && lr_mult != 0) {
+      cfg.adam.lr = number(d, "max_lr", number(d, "lr", 0)) / lr_mult;
+      cfg.min_lr = number(d, "min_lr", 0) / lr_mult;
+    }
     if (cfg.adam.weight_decay == 0 && wd_mult != 0) {
       cfg.adam.weight_decay = number(d, "weight_decay", 0) / wd_mult;
     }
@@ -372,6 +376,14 @@ Result<InferredScenario> infer_scenario(const TorchDistCheckpoint& checkpoint,
   auto optimizer = read_optimizer(*groups.value());
   if (!optimizer.is_ok()) return optimizer.status();
   s.optimizer = optimizer.value();
+  // A checkpoint's optimizer holds no schedule arguments: constant at the groups' max_lr and
+  // min_lr, which a resume must be started with (upstream HEAD pairs the saved groups with the
+  // live ones by max_lr and min_lr; other values raise KeyError there).
+  s.schedule = model::ScheduleConfig::constant(s.optimizer.adam.lr, s.optimizer.adam.weight_decay);
+  s.schedule.min_lr = s.optimizer.min_lr;
+  out.guesses.push_back(fmt::format(
+      "schedule: constant at lr {:g} (min_lr {:g}): the param groups' max_lr and min_lr",
+      s.schedule.lr, s.schedule.min_lr));
   if (Status st = find_layout(checkpoint, out.dp_at_save, s, out.guesses); !st.is_ok()) return st;
   if (Status st = assign_groups(*groups.value(), s.params, out.guesses); !st.is_ok()) return st;
   if (s.total_numel() > Scenario::kTotalNumelMax) {

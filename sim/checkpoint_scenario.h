@@ -9,7 +9,9 @@
 //                   'cpu_optimizer_cls' -> hybrid (offload_fraction, overlap flag, and TE
 //                   installed unless 'gpu_optimizer_cls' is torch AdamW); else 'amsgrad' (torch
 //                   AdamW's own default) -> torch_adamw; else 'bias_correction' -> fused_adam
-//   lr, betas, eps, weight decay   the groups (lr / lr_mult, weight_decay / wd_mult)
+//   lr, betas, eps, weight decay   the groups (max_lr, else lr, / lr_mult; min_lr / lr_mult;
+//                   weight_decay / wd_mult); the schedule: constant at that lr and min_lr (a
+//                   checkpoint's optimizer holds no schedule arguments)
 //   param order, bucket_size, pad_buckets_for_high_nccl_busbw   searched: the first candidate
 //                   whose layout (model/megatron/param_and_grad_buffer.h, at the DP size at
 //                   save) reproduces every bucket's numel_unpadded and padded numel, and puts

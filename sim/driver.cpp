@@ -63,6 +63,8 @@ struct RankRecord {
   std::optional<model::SaveReport> save;
   RankState at_save;  // right after the save (when it completed)
   model::LoadReport load;
+  // What the load left holding torch.empty contents (sim/probe.h).
+  std::vector<UninitializedSlice> uninitialized;
   std::vector<std::pair<std::string, int64_t>> firings;
   std::vector<BufferInfo> buffers;
   std::vector<model::BufferLayout> layouts;
@@ -220,6 +222,7 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, RankRecord& out) {
       stage = "load";
       iteration = model::load_checkpoint(ddp, opt, &*scheduler, *job.load_from, pg, *job.switches,
                                          s.sharding_type, rt, &out.load);
+      out.uninitialized = uninitialized_after_load(opt, ddp, out.load);
       out.after_load = capture(opt, ddp, rank, true);
       out.trace.push_back(fmt::format("load phase={} rank={} iteration={} state={:016x}",
                                       job.phase_id, rank, iteration,
@@ -458,6 +461,15 @@ void run_phase(const Scenario& scenario, const RunOptions& options, const PhaseJ
     for (const auto& line : o.trace) result.trace.push_back(line);
   }
   gather_phase(scenario, outs, store, rec);
+  // The checkpoint this phase loaded: the previous phase's save (none for a checkpoint saved
+  // elsewhere, resume_from_checkpoint).
+  const GlobalState* checkpoint = rec.index > 0 && result.phases.size() >= rec.index &&
+                                          result.phases[rec.index - 1].at_save.has_value()
+                                      ? &*result.phases[rec.index - 1].at_save
+                                      : nullptr;
+  std::vector<std::vector<UninitializedSlice>> slices;
+  for (const auto& o : outs) slices.push_back(o.uninitialized);
+  mark_uninitialized(scenario, checkpoint, slices, rec);
   for (const auto& e : rec.errors) {
     if (!e.secondary) result.trace.push_back("error " + e.summary());
   }

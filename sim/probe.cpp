@@ -1,6 +1,11 @@
 #include "sim/probe.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
+
 #include "model/errors.h"
+#include "model/megatron/optimizer_key.h"
 
 namespace ckptsim::sim {
 
@@ -224,6 +229,45 @@ std::vector<StepUse> step_uses(const model::DistributedOptimizer& opt) {
   const auto* fused = dynamic_cast<const model::FusedAdam*>(&opt.optimizer());
   CKPTSIM_CHECK(fused != nullptr, "an inner optimizer that is neither HDO, AdamW nor FusedAdam");
   fused_uses(opt, *fused, nullptr, OptimizerPart::kFusedAdam, out);
+  return out;
+}
+
+std::vector<UninitializedSlice> uninitialized_after_load(const model::DistributedOptimizer& opt,
+                                                         const model::DistributedDataParallel& ddp,
+                                                         const model::LoadReport& load) {
+  std::vector<UninitializedSlice> out;
+  if (!opt.state_allocated_by_torch_empty()) return out;
+  for (const model::UnwrittenRange& u : load.unwritten) {
+    const auto key = model::parse_bucket_key(u.key);
+    if (!key || key->dp_group_idx != 0) continue;  // the model's keys: loaded into live params
+    StateField field = StateField::kExpAvg;
+    if (key->state == "exp_avg_sq") {
+      field = StateField::kExpAvgSq;
+    } else if (key->state == "param" && opt.precision_aware()) {
+      field = StateField::kMaster;  // dummy_state's master_param, renamed 'param' by _get
+    } else if (key->state != "exp_avg") {
+      continue;  // the fp32 main param: a clone of the model param, never torch.empty
+    }
+    const auto& ranges = opt.gbuf_ranges();
+    const auto g = static_cast<size_t>(key->gbuf_idx);
+    const auto b = static_cast<size_t>(key->bucket_idx);
+    if (g >= ranges.size() || b >= ranges[g].size()) continue;
+    const int64_t begin = u.global_offset;
+    const int64_t end = u.global_offset + u.numel;
+    for (const auto& [local_index, rm] : ranges[g][b].param_map) {
+      // The bucket key's global coordinates are the bucket's own (gbuf_world_in_bucket).
+      const int64_t lo = std::max(begin, rm.gbuf_world_in_bucket.start);
+      const int64_t hi = std::min(end, rm.gbuf_world_in_bucket.end);
+      if (lo >= hi) continue;
+      const int64_t at = rm.param.start + (lo - rm.gbuf_world_in_bucket.start);
+      out.push_back({ddp.buffers()[g].params.at(local_index),
+                     {at, at + (hi - lo)},
+                     field,
+                     u.missing_key ? "skipped optimizer key " + u.key
+                                   : fmt::format("left {}[{}:{}] unwritten", u.key, u.global_offset,
+                                                 u.global_offset + u.numel)});
+    }
+  }
   return out;
 }
 

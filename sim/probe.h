@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "model/megatron/distrib_optimizer.h"
+#include "model/megatron/serialization.h"
 
 namespace ckptsim::sim {
 
@@ -78,5 +79,26 @@ std::vector<ShardSnapshot> snapshot(const model::DistributedOptimizer& opt);
 // The step each part used in the last step() (read from the Adams' own records of it), in
 // part and group order. REQUIRES: called after opt.step() and before anything else steps.
 std::vector<StepUse> step_uses(const model::DistributedOptimizer& opt);
+
+// The optimizer tensors of a shard a state records (sim/record.h).
+enum class StateField { kMaster, kExpAvg, kExpAvgSq };
+
+// Elements of one model param's shard on this rank that a load left holding uninitialized
+// memory: the load did not write them (LoadReport::unwritten: RX allow_partial_load skipped
+// the key, or no saved piece covered them) and the request's tensor there was allocated by
+// torch.empty (DistributedOptimizer::state_allocated_by_torch_empty).
+struct UninitializedSlice {
+  size_t model_param = 0;
+  model::Range range;  // of the flattened model param
+  StateField field = StateField::kExpAvg;
+  std::string why;  // "skipped optimizer key <key>" or "left <key>[a:b] unwritten"
+};
+
+// Every such slice of this rank after its load (in the order of `load.unwritten`); empty when
+// the request's optimizer state held live values (an HDO after dummy_step(), or state that
+// existed before the load) or when the load wrote everything.
+std::vector<UninitializedSlice> uninitialized_after_load(const model::DistributedOptimizer& opt,
+                                                         const model::DistributedDataParallel& ddp,
+                                                         const model::LoadReport& load);
 
 }  // namespace ckptsim::sim

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -198,6 +199,79 @@ const GlobalState* PhaseRecord::final_state() const {
   if (after_load.has_value()) return &*after_load;
   if (index > 0) return nullptr;  // the load failed: the phase never had a state to save
   return initial.has_value() ? &*initial : nullptr;
+}
+
+bool Uninitialized::any_in(const Field& field, size_t p, int64_t begin, int64_t end) {
+  if (p >= field.size()) return false;
+  const auto& v = field[p];
+  const auto b = static_cast<size_t>(std::max<int64_t>(begin, 0));
+  const auto e = std::min(static_cast<size_t>(std::max<int64_t>(end, 0)), v.size());
+  return b < e &&
+         std::any_of(v.begin() + static_cast<std::ptrdiff_t>(b),
+                     v.begin() + static_cast<std::ptrdiff_t>(e), [](uint8_t x) { return x != 0; });
+}
+
+namespace {
+
+Uninitialized unmarked(const Scenario& s) {
+  Uninitialized u;
+  for (Uninitialized::Field* field : {&u.master, &u.exp_avg, &u.exp_avg_sq, &u.param}) {
+    for (const auto& p : s.params) field->emplace_back(static_cast<size_t>(p.numel), uint8_t{0});
+  }
+  return u;
+}
+
+// One optimizer step from `before`: each moment keeps its mark, the master takes its own and
+// its moments' (the update reads all three), the model param its master's (the all-gather
+// writes every element from its master). Over-marks an element no part updated (its master
+// did not read the moments); it never under-marks.
+Uninitialized stepped(const Uninitialized& before) {
+  Uninitialized after = before;
+  for (size_t p = 0; p < after.master.size(); ++p) {
+    for (size_t e = 0; e < after.master[p].size(); ++e) {
+      uint8_t& m = after.master[p][e];
+      m = static_cast<uint8_t>(m | before.exp_avg[p][e] | before.exp_avg_sq[p][e]);
+      after.param[p][e] = m;
+    }
+  }
+  return after;
+}
+
+}  // namespace
+
+void mark_uninitialized(const Scenario& s, const GlobalState* checkpoint,
+                        const std::vector<std::vector<UninitializedSlice>>& slices,
+                        PhaseRecord& phase) {
+  if (!phase.after_load.has_value()) return;
+  const bool inherited = checkpoint != nullptr && checkpoint->uninitialized.any();
+  const UninitializedSlice* first = nullptr;
+  for (const auto& rank : slices) {
+    if (first == nullptr && !rank.empty()) first = &rank.front();
+  }
+  if (!inherited && first == nullptr) return;
+  // After the load: what the checkpoint held (copied in), then what the load left as it was.
+  Uninitialized loaded = inherited ? checkpoint->uninitialized : unmarked(s);
+  if (first != nullptr && !inherited) {
+    loaded.origin = fmt::format("the load of phase {} (dp={}, {}) {} (torch.empty contents)",
+                                phase.index, phase.spec.dp, phase.spec.profile->name, first->why);
+  }
+  for (const auto& rank : slices) {
+    for (const auto& slice : rank) {
+      auto& field = slice.field == StateField::kMaster   ? loaded.master
+                    : slice.field == StateField::kExpAvg ? loaded.exp_avg
+                                                         : loaded.exp_avg_sq;
+      auto& v = field.at(slice.model_param);
+      for (int64_t e = slice.range.start; e < slice.range.end; ++e)
+        v.at(static_cast<size_t>(e)) = 1;
+    }
+  }
+  phase.after_load->uninitialized = loaded;
+  const Uninitialized* last = &phase.after_load->uninitialized;
+  for (auto& st : phase.after_step) {
+    st.uninitialized = stepped(*last);
+    last = &st.uninitialized;
+  }
+  if (phase.at_save.has_value()) phase.at_save->uninitialized = *last;
 }
 
 const GlobalState* RunResult::reference_at(int64_t global_step) const {

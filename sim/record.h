@@ -82,6 +82,35 @@ struct ShardRecord {
   }
 };
 
+// Which values of a state rest on uninitialized memory (the fidelity audit of 2026-12-02, the
+// residual of partial loading): a load left them as torch.empty made them (RX allow_partial_load
+// skipped their key, or no saved piece covered them; sim/probe.h uninitialized_after_load), or
+// they were computed from such values since (Adam's update is elementwise: a moment carries its
+// mark on, and marks the master it updates; the master marks its model param), or saved and
+// loaded back. The real code holds whatever the CUDA caching allocator handed back there, the
+// model seeded host garbage: a verdict that rests on those values is not the real code's.
+// Per model param and element, 1 = rests on uninitialized memory; every vector empty when no
+// value does (the usual case, which costs nothing).
+struct Uninitialized {
+  using Field = std::vector<std::vector<uint8_t>>;  // per param, per element
+  Field master;
+  Field exp_avg;
+  Field exp_avg_sq;
+  Field param;  // the model param
+  // What first left such memory, for details: "the load of phase 1 (dp=1, miles-main) skipped
+  // optimizer key ... (torch.empty contents)".
+  std::string origin;
+
+  bool any() const { return !master.empty(); }
+  // Element `e` of param `p` in `field` (one of the four vectors above): false when none is.
+  static bool marked(const Field& field, size_t p, int64_t e) {
+    return p < field.size() && static_cast<size_t>(e) < field[p].size() &&
+           field[p][static_cast<size_t>(e)] != 0;
+  }
+  // Whether any element of [begin, end) of param `p` in `field` is marked.
+  static bool any_in(const Field& field, size_t p, int64_t begin, int64_t end);
+};
+
 // The whole model's optimizer and param state, gathered over every rank, at one global step
 // (after a step, a load or a save, or before anything).
 struct GlobalState {
@@ -100,6 +129,8 @@ struct GlobalState {
   std::string param_groups;
   // After a step: rank 0's param groups' lr and weight decay that the step used (not hashed).
   std::vector<GroupHyper> hypers;
+  // The values that rest on uninitialized memory (not hashed; mark_uninitialized sets it).
+  Uninitialized uninitialized;
 
   // FNV-1a over global_step, master, exp_avg, exp_avg_sq and param (in that order, every NaN as
   // one quiet NaN: fnv1a_floats) and every shard's counter and step_used (-1 for none); not over
@@ -165,6 +196,15 @@ struct RunResult {
 // whole model's state. Param values and groups come from rank 0's capture.
 GlobalState gather_state(const Scenario& s, int64_t global_step,
                          const std::vector<const RankState*>& ranks);
+
+// Marks in `phase`'s states (after_load, every after_step, at_save) the values that rest on
+// uninitialized memory (Uninitialized): what `checkpoint` (the state the phase loaded was saved
+// in: the previous phase's at_save; null for none) marked, the slices each rank's load left as
+// torch.empty (`slices`, one list per rank), and what the phase's steps computed from them.
+// Leaves every state unmarked when neither marks anything.
+void mark_uninitialized(const Scenario& s, const GlobalState* checkpoint,
+                        const std::vector<std::vector<UninitializedSlice>>& slices,
+                        PhaseRecord& phase);
 
 // FNV-1a, used for state and trace hashes.
 uint64_t fnv1a(const void* data, size_t n, uint64_t h = 0xcbf29ce484222325ULL);

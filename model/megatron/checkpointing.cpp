@@ -36,6 +36,11 @@ std::vector<std::pair<Value, Value>> lr_bounds(DistributedOptimizer& opt) {
 void load_scheduler(DistributedOptimizer& opt, OptimizerParamScheduler& scheduler,
                     const Dict& loaded, const RevisionSwitches& switches,
                     const std::vector<std::pair<Value, Value>>& runtime_bounds) {
+  // args.consumed_train_samples, from the checkpoint's args: the training loop adds the global
+  // batch size at every iteration (the model saves no args; the iteration and the batch size
+  // give the same count).
+  const int64_t consumed_train_samples =
+      loaded.at("iteration").as_int() * scheduler.samples_per_iteration();
   const Value* saved = loaded.find("opt_param_scheduler");
   if (saved == nullptr) return;
   scheduler.load_state_dict(*saved);
@@ -44,7 +49,7 @@ void load_scheduler(DistributedOptimizer& opt, OptimizerParamScheduler& schedule
     case OverrideLrBounds::kCheckpoint:
       break;
     case OverrideLrBounds::kArguments:
-      scheduler.reapply_lr_bounds();
+      scheduler.reapply_lr_bounds(consumed_train_samples);
       break;
     case OverrideLrBounds::kRuntimeGroups: {
       List& groups = opt.param_groups();

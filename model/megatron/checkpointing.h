@@ -43,7 +43,9 @@ Value generate_state_dict(DistributedDataParallel& ddp, DistributedOptimizer& op
 // load_strips_common_param_state, load_allows_missing_keys, common_state_as_sharded_object)
 // are read from `switches`; `report` (optional) receives what the load did not cover.
 // Then the scheduler (when given) loads the checkpoint's 'opt_param_scheduler', and under
-// --override-opt_param-scheduler the groups' lr bounds are set as override_lr_bounds says.
+// --override-opt_param-scheduler the groups' lr bounds are set as override_lr_bounds says
+// (HEAD's `arguments` also resets the scheduler's num_steps to the samples consumed, the
+// iteration times the scheduler's samples per iteration, where they differ).
 // A checkpoint without 'opt_param_scheduler' (the replay runner's, which saves none) leaves
 // the scheduler as it was built; upstream raises KeyError there.
 int64_t load_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,

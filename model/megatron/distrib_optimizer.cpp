@@ -20,21 +20,30 @@ constexpr const char* kFile = "distrib_optimizer.py";
 
 std::string site(const char* function) { return std::string(kFile) + " " + function; }
 
-// Megatron's param_group_identifier_keys (POST).
-const std::vector<std::string>& identifier_keys() {
-  static const std::vector<std::string> keys = {"wd_mult", "lr_mult", "is_expert_parallel",
+// Megatron's param_group_identifier_keys: POST's four; HEAD's (switch
+// group_identity_by_override_keys) are ParamGroupOverride's fields in sorted order, then the
+// three structural flags (d98e8a64dd optimizer.py:136-149).
+const std::vector<std::string>& identifier_keys(bool override_keys) {
+  static const std::vector<std::string> post = {"wd_mult", "lr_mult", "is_expert_parallel",
                                                 "is_decoupled_lr"};
-  return keys;
+  static const std::vector<std::string> head = {
+      "end_wd",         "max_lr",  "min_lr",  "optimizer",
+      "start_wd",       "wd_mult", "lr_mult", "is_expert_parallel",
+      "is_decoupled_lr"};
+  return override_keys ? head : post;
 }
 
-// load_state_dict's make_needed_groups(): the identity tuple of a group.
-std::vector<Value> make_needed_groups(const Dict& param_group) {
+// load_state_dict's make_needed_groups(): the identity tuple of a group. A key missing (as
+// itself and as pre_<key>) is a ValueError at POST, None at HEAD.
+std::vector<Value> make_needed_groups(const Dict& param_group, bool override_keys) {
   std::vector<Value> out;
-  for (const std::string& key : identifier_keys()) {
+  for (const std::string& key : identifier_keys(override_keys)) {
     if (const Value* v = param_group.find(key)) {
       out.push_back(*v);
     } else if (const Value* pre = param_group.find("pre_" + key)) {
       out.push_back(*pre);
+    } else if (override_keys) {
+      out.emplace_back();
     } else {
       throw UpstreamError("ValueError",
                           fmt::format("Key {} (or pre_{}) not found in param_group {}.", key, key,
@@ -119,34 +128,80 @@ DistributedOptimizer::DistributedOptimizer(Runtime& rt, DistributedDataParallel&
   create_inner_optimizer();
 }
 
+namespace {
+
+// param_group_override_to_tuple() of the config override that puts a param in its group (the
+// one the replay runner passes, config.h ParamSpec): {wd_mult: w} when w != 1, {lr_mult: m,
+// max_lr: lr*m, min_lr: min_lr*m} when m != 1, its items sorted by name; nullopt (None) for a
+// param no override matches.
+using OverrideTuple = std::optional<std::vector<std::pair<std::string, double>>>;
+
+OverrideTuple override_tuple(const ParamSpec& s, double lr, double min_lr) {
+  std::vector<std::pair<std::string, double>> items;
+  if (s.lr_mult != 1.0) {
+    items = {{"lr_mult", s.lr_mult}, {"max_lr", lr * s.lr_mult}, {"min_lr", min_lr * s.lr_mult}};
+  }
+  if (s.wd_mult != 1.0) items.emplace_back("wd_mult", s.wd_mult);
+  if (items.empty()) return std::nullopt;
+  std::sort(items.begin(), items.end());
+  return items;
+}
+
+// _get_param_groups' sort key, (x[0] is not None, x[0]): None first, then the tuples as Python
+// orders them, item by item ((name, value) pairs: name first), a prefix before what it starts.
+bool override_sorts_before(const OverrideTuple& a, const OverrideTuple& b) {
+  if (!a.has_value() || !b.has_value()) return !a.has_value() && b.has_value();
+  return std::lexicographical_compare(a->begin(), a->end(), b->begin(), b->end());
+}
+
+}  // namespace
+
 // Mirrors megatron/core/optimizer/__init__.py _get_param_groups(): one group per distinct
-// (wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr), in order of first appearance.
+// (wd_mult, lr_mult) (is_expert_parallel and is_decoupled_lr are false here), sorted as every
+// revision sorts them: None first, then by the override tuple (POST/RX __init__.py:189, HEAD
+// :374). The order decides which params the HybridDeviceOptimizer's greedy offload puts on its
+// CPU part (get_sub_optimizer_param_groups walks the groups in order).
 void DistributedOptimizer::build_param_groups() {
-  world_param_group_map_.assign(ddp_.num_params(), 0);
+  std::vector<size_t> first_param;  // per distinct group, in order of first appearance
+  std::vector<size_t> appearance(ddp_.num_params(), 0);
   for (size_t i = 0; i < ddp_.num_params(); ++i) {
     const ParamSpec& s = ddp_.specs()[i];
     size_t g = 0;
-    for (; g < param_groups_.size(); ++g) {
-      if (param_groups_[g]->at("wd_mult").as_float() == s.wd_mult &&
-          param_groups_[g]->at("lr_mult").as_float() == s.lr_mult) {
-        break;
-      }
+    for (; g < first_param.size(); ++g) {
+      const ParamSpec& f = ddp_.specs()[first_param[g]];
+      if (f.wd_mult == s.wd_mult && f.lr_mult == s.lr_mult) break;
     }
-    if (g == param_groups_.size()) {
-      // The schedule's keys as _get_param_groups sets them: max_lr the config's lr and
-      // min_lr its min_lr, both times lr_mult (the override that makes a group with that
-      // lr_mult, config.h ParamSpec); default_config false when the override names an lr key.
-      // Upstream HEAD (d98e8a64dd) identifies a group at load by max_lr and min_lr too: a
-      // checkpoint without them loads there with a KeyError, seen on the real code.
-      param_groups_.push_back(Dict::make({{"params", Value(List::make())},
-                                          {"wd_mult", Value(s.wd_mult)},
-                                          {"lr_mult", Value(s.lr_mult)},
-                                          {"is_expert_parallel", Value(false)},
-                                          {"is_decoupled_lr", Value(false)},
-                                          {"default_config", Value(s.lr_mult == 1.0)},
-                                          {"max_lr", Value(config_.adam.lr * s.lr_mult)},
-                                          {"min_lr", Value(config_.min_lr * s.lr_mult)}}));
-    }
+    if (g == first_param.size()) first_param.push_back(i);
+    appearance[i] = g;
+  }
+  std::vector<OverrideTuple> keys;
+  for (size_t p : first_param)
+    keys.push_back(override_tuple(ddp_.specs()[p], config_.adam.lr, config_.min_lr));
+  std::vector<size_t> order(first_param.size());
+  for (size_t g = 0; g < order.size(); ++g) order[g] = g;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return override_sorts_before(keys[a], keys[b]); });
+  std::vector<size_t> rank_of(order.size());
+  for (size_t g = 0; g < order.size(); ++g) rank_of[order[g]] = g;
+  for (size_t g : order) {
+    const ParamSpec& s = ddp_.specs()[first_param[g]];
+    // The schedule's keys as _get_param_groups sets them: max_lr the config's lr and
+    // min_lr its min_lr, both times lr_mult (the override that makes a group with that
+    // lr_mult, config.h ParamSpec); default_config false when the override names an lr key.
+    // Upstream HEAD identifies a group at load by max_lr and min_lr too (switch
+    // group_identity_by_override_keys).
+    param_groups_.push_back(Dict::make({{"params", Value(List::make())},
+                                        {"wd_mult", Value(s.wd_mult)},
+                                        {"lr_mult", Value(s.lr_mult)},
+                                        {"is_expert_parallel", Value(false)},
+                                        {"is_decoupled_lr", Value(false)},
+                                        {"default_config", Value(s.lr_mult == 1.0)},
+                                        {"max_lr", Value(config_.adam.lr * s.lr_mult)},
+                                        {"min_lr", Value(config_.min_lr * s.lr_mult)}}));
+  }
+  world_param_group_map_.assign(ddp_.num_params(), 0);
+  for (size_t i = 0; i < ddp_.num_params(); ++i) {
+    const size_t g = rank_of[appearance[i]];
     param_groups_[g]->at("params").list()->append(Value(ddp_.param(i)));
     world_param_group_map_[i] = g;
   }
@@ -434,10 +489,11 @@ Value DistributedOptimizer::state_dict() {
 
 // load_state_dict's param_groups_map: each saved group by its identity tuple (a later group
 // with the same identity wins, as a Python dict assignment does).
-DistributedOptimizer::SavedGroups DistributedOptimizer::saved_param_groups(const Dict& sd) {
+DistributedOptimizer::SavedGroups DistributedOptimizer::saved_param_groups(const Dict& sd,
+                                                                           bool override_keys) {
   SavedGroups param_groups_map;
   for (const Value& gv : *sd.at("optimizer").dict()->at("param_groups").list()) {
-    auto needed = make_needed_groups(*gv.dict());
+    auto needed = make_needed_groups(*gv.dict(), override_keys);
     auto it = std::find_if(param_groups_map.begin(), param_groups_map.end(),
                            [&](const auto& e) { return same_identity(e.first, needed); });
     if (it != param_groups_map.end()) {
@@ -450,12 +506,15 @@ DistributedOptimizer::SavedGroups DistributedOptimizer::saved_param_groups(const
 }
 
 // Each live group with the saved group of the same identity: the saved scalars (incl. 'step')
-// win, the live 'params' stay.
+// win, the live 'params' stay. A live group no saved one matches is the KeyError of
+// `param_groups_map[needed_groups]` (HEAD distrib_optimizer.py:970): str() of a KeyError of a
+// tuple is the tuple's repr.
 ListPtr DistributedOptimizer::matched_param_groups(const SavedGroups& param_groups_map,
-                                                   const Value& inner_state_dict) {
+                                                   const Value& inner_state_dict,
+                                                   bool override_keys) {
   auto state_dict_param_groups = List::make();
   for (const Value& gv : *inner_state_dict.dict()->at("param_groups").list()) {
-    const auto needed = make_needed_groups(*gv.dict());
+    const auto needed = make_needed_groups(*gv.dict(), override_keys);
     auto it = std::find_if(param_groups_map.begin(), param_groups_map.end(),
                            [&](const auto& e) { return same_identity(e.first, needed); });
     if (it == param_groups_map.end())
@@ -565,9 +624,13 @@ void DistributedOptimizer::load_state_dict(const Value& state_dict) {
   if (optimizer_->state.empty()) {
     if (HybridDeviceOptimizer* h = mutable_hdo()) h->dummy_step();
   }
-  const SavedGroups saved_groups = saved_param_groups(sd);
+  // Revision switch group_identity_by_override_keys (HEAD's param_group_identifier_keys).
+  const bool override_keys = switches_.group_identity_by_override_keys;
+  const SavedGroups saved_groups = saved_param_groups(sd, override_keys);
   const Value inner_state_dict = optimizer_->state_dict();
-  const ListPtr state_dict_param_groups = matched_param_groups(saved_groups, inner_state_dict);
+  const ListPtr state_dict_param_groups =
+      matched_param_groups(saved_groups, inner_state_dict, override_keys);
+  if (optimizer_->state.empty()) state_allocated_by_torch_empty_ = true;
   Value state_dict_state = optimizer_->state.empty() ? dummy_state(inner_state_dict)
                                                      : inner_state_dict.dict()->at("state");
   restore_step(sd, state_dict_state);
@@ -902,8 +965,10 @@ void DistributedOptimizer::load_parameter_state_from_dp_reshardable(const Value&
   }
 }
 
-// Revision switch init_empty_state_before_save: Megatron's init_state_fn applied to every
-// param that has no optimizer state yet (and, for HDO, through its sub-optimizers).
+// Revision switch init_empty_state_before_save, a fix of ours (no upstream code does this): an
+// initial state for every param that has none yet (and, for HDO, through its sub-optimizers):
+// zero moments, torch AdamW's step 0, the HDO's master_param. Megatron's init_state_fn, which it
+// resembles, runs only when loading and writes no step and no master_param.
 void DistributedOptimizer::init_empty_state() {
   auto init_adam = [&](Optimizer& opt, const at::Tensor& p) {
     DictPtr& s = opt.state.get_or_insert(p, [] { return Dict::make(); });

@@ -121,6 +121,12 @@ class DistributedOptimizer {
            (config_.kind == OptimizerKind::kHybrid && config_.te_installed);
   }
   bool precision_aware() const { return config_.kind == OptimizerKind::kHybrid; }
+  // Whether the optimizer state a load request holds was allocated by dummy_state(), i.e. by
+  // torch.empty: load_state_dict() found no state (and no HDO, whose dummy_step() makes state
+  // first). Whatever of 'exp_avg', 'exp_avg_sq' (and, precision-aware, 'master_param') a load
+  // leaves unwritten then keeps uninitialized memory (RX allow_partial_load skips a key the
+  // checkpoint lacks).
+  bool state_allocated_by_torch_empty() const { return state_allocated_by_torch_empty_; }
 
  private:
   struct GroupRange {
@@ -146,8 +152,10 @@ class DistributedOptimizer {
   // load_state_dict's pieces: the saved groups by identity, matched to the live ones; the
   // dummy state of an optimizer that never stepped; the saved step put into every state.
   using SavedGroups = std::vector<std::pair<std::vector<Value>, DictPtr>>;
-  static SavedGroups saved_param_groups(const Dict& saved);
-  static ListPtr matched_param_groups(const SavedGroups& saved, const Value& inner_state_dict);
+  // `override_keys`: the revision switch group_identity_by_override_keys (which identity keys).
+  static SavedGroups saved_param_groups(const Dict& saved, bool override_keys);
+  static ListPtr matched_param_groups(const SavedGroups& saved, const Value& inner_state_dict,
+                                      bool override_keys);
   Value dummy_state(const Value& inner_state_dict);
   void restore_step(const Dict& saved, Value& state_dict_state);
   // sharded_param_state_dp_reshardable's pieces, for one bucket of one buffer.
@@ -186,6 +194,7 @@ class DistributedOptimizer {
   TensorMap<size_t> shard_owner_;  // shard view / main param -> model param
   // fp32 shards that are views of a param requiring grad (upstream; fp32_shards_detached off).
   TensorMap<bool> grad_views_;
+  bool state_allocated_by_torch_empty_ = false;  // see state_allocated_by_torch_empty()
 };
 
 // Python's Tensor.item() on a tensor that must hold one element (RuntimeError otherwise).

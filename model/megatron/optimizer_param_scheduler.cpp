@@ -53,7 +53,8 @@ OptimizerParamScheduler::OptimizerParamScheduler(DistributedOptimizer& optimizer
       start_wd_(config.start_wd),
       end_wd_(config.end_wd),
       wd_incr_steps_(config.wd_incr_iters * samples_per_iteration),
-      wd_incr_style_(wd_incr_style_name(config.wd_incr_style)) {
+      wd_incr_style_(wd_incr_style_name(config.wd_incr_style)),
+      samples_per_iteration_(samples_per_iteration) {
   CKPTSIM_CHECK(samples_per_iteration >= 1, "samples_per_iteration must be >= 1");
   upstream_assert(min_lr_ >= 0.0, "", "__init__()");
   upstream_assert(max_lr_ >= min_lr_, "", "__init__()");
@@ -185,12 +186,14 @@ void OptimizerParamScheduler::load_wd(const Dict& sd) {
           .as_str();
 }
 
-void OptimizerParamScheduler::reapply_lr_bounds() {
+void OptimizerParamScheduler::reapply_lr_bounds(int64_t consumed_train_samples) {
   for (Value& g : optimizer_.param_groups()) {
     Dict& group = *g.dict();
     group.set("max_lr", Value(max_lr_));
     group.set("min_lr", Value(min_lr_));
   }
+  // "Synchronize scheduler num_steps with consumed_train_samples".
+  if (num_steps_ != consumed_train_samples) num_steps_ = consumed_train_samples;
   step(0);
 }
 

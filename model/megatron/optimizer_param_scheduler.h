@@ -44,13 +44,15 @@ class OptimizerParamScheduler {
   // Mirrors load_state_dict() (invariant 3). A missing key is the KeyError upstream raises.
   void load_state_dict(const Value& state_dict);
   // HEAD checkpointing.py load_checkpoint() under --override-opt_param-scheduler, after the
-  // scheduler's load: every group's max_lr and min_lr := the arguments' lr and min_lr (not
-  // times lr_mult: a group's own bounds are lost, Megatron-LM issue #7173), then step(0).
-  // (HEAD also resets num_steps to consumed_train_samples when they differ; they never do
-  // here.)
-  void reapply_lr_bounds();
+  // scheduler's load (d98e8a64dd:3017-3041): every group's max_lr and min_lr := the arguments'
+  // lr and min_lr (not times lr_mult: a group's own bounds are lost, Megatron-LM issue #7173),
+  // num_steps := `consumed_train_samples` where they differ (they differ only when the
+  // scheduler was not stepped by the global batch size: the fault site
+  // scheduler.increment_per_iteration), then step(0).
+  void reapply_lr_bounds(int64_t consumed_train_samples);
 
   int64_t num_steps() const { return num_steps_; }
+  int64_t samples_per_iteration() const { return samples_per_iteration_; }
   SchedulerResume resume() const { return resume_; }
   double get_lr(const Dict& param_group) const;
   double get_wd(const Dict& param_group) const;
@@ -75,6 +77,7 @@ class OptimizerParamScheduler {
   double end_wd_;
   int64_t wd_incr_steps_;
   std::string wd_incr_style_;
+  int64_t samples_per_iteration_;
   int64_t num_steps_ = 0;
 };
 

@@ -778,8 +778,11 @@ Value load(const Value& sharded_state_dict, const Storage& storage, ProcessGroup
           // LoadOptions::allow_missing_keys (RX allow_partial_load): logged, skipped; the
           // request's tensor keeps what it held.
           if (options.allow_missing_keys) {
-            if (report != nullptr)
+            if (report != nullptr) {
               report->uncovered.push_back(st.key + ": not in the checkpoint, skipped");
+              report->unwritten.push_back(
+                  {st.key, st.global_offset.at(0), st.local_shape.at(0), /*missing_key=*/true});
+            }
             return Value(st.data);
           }
           std::string keys;
@@ -846,14 +849,16 @@ Value load(const Value& sharded_state_dict, const Storage& storage, ProcessGroup
         }
         std::sort(covered.begin(), covered.end());
         int64_t cursor = want_begin;
+        auto gap = [&](int64_t b, int64_t e) {
+          if (report == nullptr) return;
+          report->uncovered.push_back(fmt::format("{}[{}:{}]", st.key, b, e));
+          report->unwritten.push_back({st.key, b, e - b, /*missing_key=*/false});
+        };
         for (const auto& [b, e] : covered) {
-          if (b > cursor && report != nullptr)
-            report->uncovered.push_back(fmt::format("{}[{}:{}]", st.key, cursor, b));
+          if (b > cursor) gap(cursor, b);
           cursor = std::max(cursor, e);
         }
-        if (cursor < want_end && report != nullptr) {
-          report->uncovered.push_back(fmt::format("{}[{}:{}]", st.key, cursor, want_end));
-        }
+        if (cursor < want_end) gap(cursor, want_end);
         return Value(st.data);
       },
       sharded);

@@ -69,9 +69,20 @@ struct SaveReport {
   void check_pieces_unchanged() const;
 };
 
+// One range of a requested ShardedTensor that the load did not write: the request's tensor
+// keeps there what it was built with.
+struct UnwrittenRange {
+  std::string key;            // the ShardedTensor's key
+  int64_t global_offset = 0;  // first element, in the key's global (flat) coordinates
+  int64_t numel = 0;
+  bool missing_key = false;  // the checkpoint lacks the key (allow_missing_keys); else a gap
+};
+
 struct LoadReport {
   // Requested elements that no saved piece covered (left as they were, as DCP does).
   std::vector<std::string> uncovered;
+  // The same, as ranges of this rank's request, in the order met.
+  std::vector<UnwrittenRange> unwritten;
 };
 
 struct LoadOptions {

@@ -4,6 +4,8 @@
 // until the depth limit is hit — the message must say so).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "model/revision.h"
 #include "tests/json_nesting.h"
 
@@ -82,4 +84,24 @@ TEST(Revision, DeeplyNestedJsonIsAnErrorNotAStackOverflow) {
   ASSERT_FALSE(s.is_ok());
   EXPECT_NE(s.message().find("deep.json: nested deeper than kJsonDepthMax"), std::string::npos)
       << s.message();
+}
+
+// Switches that are ckptsim's own fixes say so, so that no reader takes them for upstream code
+// (the fidelity audit of 2026-12-02 found init_empty_state_before_save described as "as
+// Megatron's init_state_fn does"; upstream's runs only when loading).
+TEST(Revision, OurOwnFixesAreMarkedAsOurs) {
+  for (const char* name : {"init_empty_state_before_save", "hdo_gpu_part_gets_decoupled_grad",
+                           "hdo_moves_state_by_role"}) {
+    const auto& infos = revision_switch_infos();
+    const auto it = std::find_if(infos.begin(), infos.end(),
+                                 [&](const SwitchInfo& i) { return i.name == name; });
+    ASSERT_NE(it, infos.end()) << name;
+    EXPECT_EQ(it->meaning.rfind("fix (ours)", 0), 0u) << name << ": " << it->meaning;
+  }
+  auto reg = RevisionRegistry::load_embedded();
+  ASSERT_TRUE(reg.is_ok());
+  const auto fix = reg.value().get("fix-complete");
+  ASSERT_TRUE(fix.is_ok());
+  EXPECT_NE(fix.value().description.find("saving before the first step (a fix of ours"),
+            std::string::npos);
 }

@@ -1,6 +1,8 @@
 """replay/schedule.py: the scheduler arguments, group overrides and intended schedules the runner
 builds from a scenario (torch-free)."""
 
+import os
+
 import pytest
 
 from replay import schedule
@@ -77,6 +79,42 @@ REAPPLY = ("if getattr(args, 'override_opt_param_scheduler', False):\n"
 ])
 def test_which_training_loop_reapplies_the_lr_bounds(text, expected):
     assert schedule.reapplies_lr_bounds(text) is expected
+
+
+RESET = ("    if opt_param_scheduler.num_steps != args.consumed_train_samples:\n"
+         "        opt_param_scheduler.num_steps = args.consumed_train_samples\n")
+
+
+@pytest.mark.parametrize("text, expected", [
+    (LOAD + REAPPLY + RESET, True),
+    (LOAD + REAPPLY, False),             # HEAD's block without the reset
+    (RESET + LOAD + REAPPLY, False),     # a reset before the load is not the block's
+    (LOAD + RESET, False),               # no override block after the load
+    ("", False),
+])
+def test_which_training_loop_resets_the_scheduler_num_steps(text, expected):
+    assert schedule.resets_num_steps(text) is expected
+
+
+def _megatron_checkpointing_py(label):
+    root = os.environ.get("CKPTSIM_MEGATRON_ROOT",
+                          os.path.join(os.path.dirname(__file__), "..", "..", ".megatron"))
+    path = os.path.join(root, label, "megatron", "training", "checkpointing.py")
+    if not os.path.isfile(path):
+        pytest.skip("no extracted Megatron %s: run replay/fetch-megatron.sh or set CKPTSIM_MEGATRON_ROOT" % label)
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+@pytest.mark.parametrize("label, expected", [
+    ("nv-d98e8a64dd", True),    # upstream-head: checkpointing.py:3041
+    ("nv-f4502eb1c9", False),   # upstream-2874
+    ("rx-2e64d788b6", False),   # miles-main
+])
+def test_the_real_training_loops(label, expected):
+    text = _megatron_checkpointing_py(label)
+    assert schedule.reapplies_lr_bounds(text) is expected
+    assert schedule.resets_num_steps(text) is expected
 
 
 def test_validation_names_the_field():

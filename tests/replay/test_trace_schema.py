@@ -117,3 +117,34 @@ def test_values_must_match_hashes():
     assert ts.check_values_match_hashes(ev) == []
     ev["values"] = {"master": {"w0": "%%"}}
     assert any("values.master.w0" in e for e in ts.validate_trace(t))
+
+
+def test_uninitialized_names_hashes_of_the_event():
+    t = minimal_trace()
+    ev = t["runs"][0]["events"][2]
+    ev["uninitialized"] = {"exp_avg": ["w0"], "master": ["w0"], "model_param": ["w0"]}
+    assert ts.validate_trace(t) == []
+
+
+@pytest.mark.parametrize("u,needle", [
+    ({}, "leave the field out"),
+    ({"exp_avg": []}, "non-empty array"),
+    ({"exp_avg": "w0"}, "non-empty array"),
+    ({"exp_avg": ["w9"]}, "no exp_avg hash"),
+    ({"exp_avg": ["w0", "w0"]}, "twice"),
+    ({"step": ["w0"]}, "unknown field"),
+    (["w0"], "must be an object"),
+])
+def test_malformed_uninitialized_is_rejected(u, needle):
+    t = minimal_trace()
+    t["runs"][0]["events"][2]["uninitialized"] = u
+    errs = ts.validate_trace(t)
+    assert any(needle in e for e in errs), errs
+
+
+def test_uninitialized_cannot_name_a_moment_that_does_not_exist():
+    t = minimal_trace()
+    ev = t["runs"][0]["events"][2]
+    ev["hashes"]["exp_avg"]["w0"] = None
+    ev["uninitialized"] = {"exp_avg": ["w0"]}
+    assert any("no exp_avg hash" in e for e in ts.validate_trace(t))

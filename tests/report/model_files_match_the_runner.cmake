@@ -6,7 +6,8 @@
 # Variables: CKPTSIM (the binary), PYTHON, SOURCE (the repository), WORK (a scratch folder).
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
-foreach(scenario bug2-step-reset-dp2-to-4 bug1-duplicate-leaf-dp2-to-2 spec17-J-lno-lno-offload-half)
+foreach(scenario bug2-step-reset-dp2-to-4 bug1-duplicate-leaf-dp2-to-2 spec17-J-lno-lno-offload-half
+                fused-adam-save-before-first-step-miles-main)
   set(s ${SOURCE}/scenarios/${scenario}.json)
   execute_process(COMMAND ${CKPTSIM} run --memory --quiet --trace-json ${WORK}/${scenario}.trace.json
                           --trace-values ${s} RESULT_VARIABLE rc)
