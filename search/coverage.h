@@ -2,8 +2,8 @@
 // (optimizer kind, DP sizes and reshards, DP 1 throughout, steps per phase, revisions, dtypes,
 // the hybrid's fp32 params, param-group hyper-parameters, layout, the scheduler arguments a
 // resume changes and under which flag and revision), how many cases, phases or resumes had
-// each value. `check --coverage` prints it, so that a user sees what a green search covered,
-// and what it never drew.
+// each value. `check --coverage` and `generate --coverage` print it, so that a user sees what
+// a green search or a campaign covered, and what it never drew.
 //
 // Only the cases as first drawn count (never the shrink candidates). Invariant: the counts
 // are a pure function of the drawn scenarios (the same search prints the same table).
