@@ -91,7 +91,8 @@ struct ConformCommand {
 // name in `scenario_dirs`), and reports/conformance.md.
 struct ConformCampaignCommand {
   std::vector<std::string> traces;  // files, or directories of *.trace.json
-  std::vector<std::string> scenario_dirs = {"scenarios", "scenarios/found", "scenarios/campaign"};
+  std::vector<std::string> scenario_dirs = {"scenarios", "scenarios/found", "scenarios/campaign",
+                                            "scenarios/campaign2"};
   std::string report;  // Markdown; empty: none
   std::string notes;   // hand-written Markdown appended to the report (causes, resolutions)
   std::vector<std::string> profiles;
