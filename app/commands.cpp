@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -1005,32 +1006,96 @@ int conform_campaign_command(const ConformCampaignCommand& c, std::ostream& out,
              : kExitFail;
 }
 
+namespace {
+
+// generate --size: "spread", "ramp" or a size in [0, size_max].
+Status set_case_sizes(const std::string& sizes, search::SearchOptions& o) {
+  if (sizes == "spread" || sizes == "ramp") {
+    o.sizes = sizes == "spread" ? search::SizeSchedule::kSpread : search::SizeSchedule::kRamp;
+    return Status::ok();
+  }
+  int n = -1;
+  const char* end = sizes.data() + sizes.size();
+  const auto [at, ec] = std::from_chars(sizes.data(), end, n);
+  if (ec != std::errc() || at != end || n < 0 || n > o.size_max) {
+    return Status::invalid_input(
+        fmt::format("--size must be spread, ramp or a size in [0, {}], got {}", o.size_max, sizes));
+  }
+  o.sizes = search::SizeSchedule::kFixed;
+  o.fixed_size = n;
+  return Status::ok();
+}
+
+// The command line that draws these scenarios again (--out aside).
+std::string generate_repeat_line(const SearchCommand& c, const std::vector<std::string>& revisions,
+                                 bool cross) {
+  std::string line = "ckptsim generate";
+  if (c.campaign) line += " --campaign";
+  for (const auto& r : revisions) line += " --revision " + r;
+  if (cross) line += " --cross";
+  if (c.sizes != SearchCommand().sizes) line += " --size " + c.sizes;
+  return line + search_repeat_flags(c);
+}
+
+}  // namespace
+
+void use_campaign_limits(SearchCommand& c, bool dp_max_given, bool params_max_given) {
+  if (!dp_max_given) c.dp_max = search::kCampaignDpMax;
+  if (!params_max_given) c.params_max = search::kCampaignParamsMax;
+}
+
 int generate_command(const SearchCommand& c, const std::vector<std::string>& revisions, bool cross,
                      std::ostream& out, std::ostream& err) {
   auto registry = load_registry(c.profiles);
   if (!registry.is_ok()) return invalid(err, registry.status().message());
   auto options = search_options(c);
   if (!options.is_ok()) return invalid(err, options.status().message());
+  search::GeneratorConfig& g = options.value().generator;
+  g.campaign = c.campaign;
+  if (Status s = g.validate(); !s.is_ok()) return invalid(err, s.message());
+  if (Status s = set_case_sizes(c.sizes, options.value()); !s.is_ok())
+    return invalid(err, s.message());
   if (revisions.empty()) return invalid(err, "--revision: name at least one revision");
   std::string tag;
   for (const auto& r : revisions) {
     auto resolved = revision_flag(registry.value(), "--revision", r);
     if (!resolved.is_ok()) return invalid(err, resolved.status().message());
-    options.value().generator.revisions.push_back(resolved.value());
+    g.revisions.push_back(resolved.value());
     tag += (tag.empty() ? "" : "-to-") + resolved.value().profile->name;
   }
-  options.value().generator.require_revision_change = cross;
+  g.require_revision_change = cross;
   if (Status s = search::prepare_out_dir(c.out_dir); !s.is_ok()) return invalid(err, s.message());
   const auto scenarios = search::draw(options.value());
+  const std::string repeat = generate_repeat_line(c, revisions, cross);
+  search::Coverage coverage;
   for (size_t k = 0; k < scenarios.size(); ++k) {
     sim::Scenario s = scenarios[k];
     s.name = fmt::format("gen-{}-seed{}-case{}", tag, c.seed, k);
-    s.description = fmt::format("Drawn by `ckptsim generate` (case {} of seed {}).", k, c.seed);
+    s.description = fmt::format("Drawn by `{}` (case {}).", repeat, k);
+    coverage.add(s);
     if (Status st = write_json(c.out_dir + "/" + s.name + ".json", sim::scenario_to_json(s));
         !st.is_ok())
       return invalid(err, st.message());
   }
   out << fmt::format("{} scenarios in {}", scenarios.size(), c.out_dir) << std::endl;
+  if (c.coverage) out << coverage.text();
+  return kExitOk;
+}
+
+int coverage_command(const CoverageCommand& c, std::ostream& out, std::ostream& err) {
+  auto registry = load_registry(c.profiles);
+  if (!registry.is_ok()) return invalid(err, registry.status().message());
+  search::Coverage coverage;
+  for (const auto& file : c.files) {
+    auto s = sim::load_scenario_file(file, registry.value());
+    if (!s.is_ok()) return invalid(err, s.status().message());
+    coverage.add(s.value());
+  }
+  if (c.json) {
+    out << coverage.json().dump(2) << std::endl;
+  } else {
+    out << coverage.text();
+  }
   return kExitOk;
 }
 

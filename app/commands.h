@@ -91,7 +91,8 @@ struct ConformCommand {
 // name in `scenario_dirs`), and reports/conformance.md.
 struct ConformCampaignCommand {
   std::vector<std::string> traces;  // files, or directories of *.trace.json
-  std::vector<std::string> scenario_dirs = {"scenarios", "scenarios/found", "scenarios/campaign"};
+  std::vector<std::string> scenario_dirs = {"scenarios", "scenarios/found", "scenarios/campaign",
+                                            "scenarios/campaign2"};
   std::string report;  // Markdown; empty: none
   std::string notes;   // hand-written Markdown appended to the report (causes, resolutions)
   std::vector<std::string> profiles;
@@ -141,6 +142,11 @@ struct SearchCommand {
   int jobs = 0;
   std::string shard;  // check: "K/N" ("": from the environment, app/shard.h)
   RealCodeOptions real_code;
+  // generate only. The RapidCheck size of each case (search::SizeSchedule): "spread" (evenly
+  // over [0, 100] at any --cases), "ramp" (check's: case k at k % 101) or a size N in [0, 100]
+  // for every case. `campaign`: draw from the campaign profile (search/generators.h).
+  std::string sizes = "spread";
+  bool campaign = false;
 };
 
 int run_command(const RunCommand& c, std::ostream& out, std::ostream& err);
@@ -171,11 +177,26 @@ int conform_command(const ConformCommand& c, std::ostream& out, std::ostream& er
 int plot_command(const PlotCommand& c, std::ostream& out, std::ostream& err);
 // Exit 0 when every trace agrees, 1 when one does not, 2 on bad input.
 int conform_campaign_command(const ConformCampaignCommand& c, std::ostream& out, std::ostream& err);
-// `ckptsim generate`: the scenarios `check` would draw, written to c.out_dir as files (a campaign
-// on the real code replays them). `revisions`: every phase draws from these; with two or more,
-// `cross` asks for at least one change of revision between phases.
+// `ckptsim generate`: scenarios drawn by the search's generators, written to c.out_dir as files
+// (a campaign on the real code replays them): the search's profile, or with c.campaign the
+// campaign's; each case at the size c.sizes says (not check's ramp, unless asked), so that a few
+// cases are drawn as many are. `revisions`: every phase draws from these; with two or more,
+// `cross` asks for at least one change of revision between phases. With c.coverage, prints what
+// the scenarios hold (search::Coverage). Each file's description is the command that repeats it.
 int generate_command(const SearchCommand& c, const std::vector<std::string>& revisions, bool cross,
                      std::ostream& out, std::ostream& err);
+// `ckptsim coverage`: what scenario files hold, counted as `check --coverage` counts a search's
+// draws (search::Coverage; with `json`, its JSON): for a campaign's files, what the campaign
+// covers. Exit 0, or 2 when a file does not parse (the message names it).
+struct CoverageCommand {
+  std::vector<std::string> files;
+  bool json = false;
+  std::vector<std::string> profiles;
+};
+int coverage_command(const CoverageCommand& c, std::ostream& out, std::ostream& err);
+// generate --campaign: the campaign profile's --dp-max and --params-max
+// (search::kCampaignDpMax, kCampaignParamsMax), for those of the two the user did not give.
+void use_campaign_limits(SearchCommand& c, bool dp_max_given, bool params_max_given);
 // `ckptsim inspect`: a real Megatron torch_dist checkpoint (model/megatron/torch_dist_checkpoint.h,
 // the directory holding latest_checkpointed_iteration.txt): what it holds, the static checks of
 // properties/checkpoint_inspection.h, and each revision's resume from it as the model simulates

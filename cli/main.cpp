@@ -94,6 +94,7 @@ struct Flags {
   app::PlotCommand plot;
   app::InspectCommand inspect;
   app::MergeCommand merge;
+  app::CoverageCommand coverage;
 };
 
 CLI::App* add_inspect(CLI::App& app, app::InspectCommand& f) {
@@ -141,8 +142,33 @@ CLI::App* add_generate(CLI::App& app, Flags& f) {
               "With several revisions: at least one phase changes revision");
   g->add_option("--out", f.generate.out_dir, "Directory for the scenario files")
       ->capture_default_str();
+  g->add_option("--size", f.generate.sizes,
+                "RapidCheck size of each case: spread (evenly over 0-100 at any --cases), ramp "
+                "(check's: case k at k % 101, small first) or N in [0, 100] for every case")
+      ->capture_default_str();
+  g->add_flag("--campaign", f.generate.campaign,
+              "Draw from the campaign profile (for a replay on the real code): DP 1-8 with "
+              "non-dividing reshards, DP 1 throughout rarely, new --lr/--min-lr/weight decay on "
+              "resumes under either scheduler flag, hybrid offload between 0 and 1 with fp32 "
+              "params, one phase near 2^8 steps in about one scenario of 14; --dp-max 8 and "
+              "--params-max 3 unless given");
   add_search_flags(g, f.generate);
+  g->parse_complete_callback([g, &f] {
+    if (f.generate.campaign) {
+      app::use_campaign_limits(f.generate, g->count("--dp-max") > 0, g->count("--params-max") > 0);
+    }
+  });
   return g;
+}
+
+CLI::App* add_coverage(CLI::App& app, app::CoverageCommand& f) {
+  auto* c = app.add_subcommand(
+      "coverage",
+      "Print what scenario files hold, counted as check --coverage counts a search's draws");
+  c->add_option("scenarios", f.files, "Scenario JSON files")->required();
+  c->add_flag("--json", f.json, "Print the counts as one JSON object");
+  c->add_option("--profile", f.profiles, "Extra revision profile JSON files");
+  return c;
 }
 
 CLI::App* add_conform_campaign(CLI::App& app, app::ConformCampaignCommand& f) {
@@ -321,6 +347,7 @@ int main(int argc, char** argv) {
   CLI::App* plot = add_plot(app, f.plot);
   CLI::App* inspect = add_inspect(app, f.inspect);
   CLI::App* merge = add_merge(app, f.merge);
+  CLI::App* coverage = add_coverage(app, f.coverage);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -342,6 +369,7 @@ int main(int argc, char** argv) {
     if (*plot) return app::plot_command(f.plot, std::cout, std::cerr);
     if (*inspect) return app::inspect_command(f.inspect, std::cout, std::cerr);
     if (*merge) return app::merge_command(f.merge, std::cout, std::cerr);
+    if (*coverage) return app::coverage_command(f.coverage, std::cout, std::cerr);
     if (*generate) {
       return app::generate_command(f.generate, f.generate_revisions, f.generate_cross, std::cout,
                                    std::cerr);

@@ -57,6 +57,37 @@ std::string resume_arguments_label(const sim::Scenario& s, size_t i) {
                      changed ? "arguments change" : "same arguments");
 }
 
+// "lr", "lr and min_lr", "min_lr and weight decay", ...: the --lr, --min-lr and weight decay
+// arguments (start or end) a resume changes, then "other" for the rest of the schedule.
+std::string changed_arguments_label(const model::ScheduleConfig& a,
+                                    const model::ScheduleConfig& b) {
+  std::vector<std::string> names;
+  if (a.lr != b.lr) names.emplace_back("lr");
+  if (a.min_lr != b.min_lr) names.emplace_back("min_lr");
+  if (a.start_wd != b.start_wd || a.end_wd != b.end_wd) names.emplace_back("weight decay");
+  model::ScheduleConfig rest = b;
+  rest.lr = a.lr;
+  rest.min_lr = a.min_lr;
+  rest.start_wd = a.start_wd;
+  rest.end_wd = a.end_wd;
+  if (rest != a) names.emplace_back("other");
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) {
+    out += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + names[i];
+  }
+  return out;
+}
+
+// The hybrid's fp32 params: "some, offload between" (the CPU and GPU parts each hold params),
+// or "none".
+std::string hybrid_fp32_label(const sim::Scenario& s) {
+  const bool fp32 = std::any_of(s.params.begin(), s.params.end(),
+                                [](const auto& p) { return p.dtype == model::DType::kFloat32; });
+  const double f = s.optimizer.offload_fraction;
+  if (!fp32) return "none";
+  return f == 0 ? "some, offload 0" : f == 1 ? "some, offload 1" : "some, offload between";
+}
+
 std::string reshard_label(int64_t from, int64_t to) {
   if (from == to) return "same DP";
   if (to % from == 0 || from % to == 0) return to > from ? "up, dividing" : "down, dividing";
@@ -91,6 +122,11 @@ void Coverage::add(const sim::Scenario& s) {
   if (s.pad_buckets_for_high_nccl_busbw) bump("cases: buckets", "padded for NCCL busbw");
   bump("cases: phases", std::to_string(s.phases.size()));
   bump("cases: schedule", schedule_label(s.schedule));
+  if (o.kind == model::OptimizerKind::kHybrid)
+    bump("cases: hybrid, fp32 params", hybrid_fp32_label(s));
+  const bool dp1 = std::all_of(s.phases.begin(), s.phases.end(),
+                               [](const sim::PhaseSpec& p) { return p.dp == 1; });
+  bump("cases: DP", dp1 ? "1 throughout" : "above 1 in a phase");
   int64_t longest = 0;
   for (size_t i = 0; i < s.phases.size(); ++i) {
     const sim::PhaseSpec& p = s.phases[i];
@@ -105,6 +141,13 @@ void Coverage::add(const sim::Scenario& s) {
     bump("resumes: reshard", reshard_label(prev.dp, p.dp));
     bump("resumes: revision", prev.revision == p.revision ? "same revision" : "revision changes");
     bump("resumes: opt_param_scheduler", resume_arguments_label(s, i));
+    const model::ScheduleConfig& before = s.schedule_of(i - 1);
+    if (s.schedule_of(i) == before) continue;
+    bump("resumes: arguments that change", changed_arguments_label(before, s.schedule_of(i)));
+    const std::string revision =
+        prev.revision == p.revision ? p.revision : prev.revision + " -> " + p.revision;
+    bump("resumes: arguments change, by revision",
+         fmt::format("{}, {}", revision, model::scheduler_resume_name(p.opt_param_scheduler)));
   }
   bump("cases: longest phase", steps_band(longest));
 }

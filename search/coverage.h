@@ -1,7 +1,9 @@
 // What a search drew, as Hypothesis's statistics show it: per feature of the drawn scenarios
-// (optimizer kind, DP sizes and reshards, steps per phase, revisions, dtypes, param-group
-// hyper-parameters, layout), how many cases or phases had each value. `check --coverage`
-// prints it, so that a user sees what a green search covered, and what it never drew.
+// (optimizer kind, DP sizes and reshards, DP 1 throughout, steps per phase, revisions, dtypes,
+// the hybrid's fp32 params, param-group hyper-parameters, layout, the scheduler arguments a
+// resume changes and under which flag and revision), how many cases, phases or resumes had
+// each value. `check --coverage` and `generate --coverage` print it, so that a user sees what
+// a green search or a campaign covered, and what it never drew.
 //
 // Only the cases as first drawn count (never the shrink candidates). Invariant: the counts
 // are a pure function of the drawn scenarios (the same search prints the same table).

@@ -6,6 +6,7 @@
 #include <rapidcheck/state.h>
 
 #include "model/faults.h"
+#include "model/megatron/param_and_grad_buffer.h"
 
 namespace ckptsim::search {
 
@@ -22,12 +23,12 @@ rc::Gen<int64_t> gen_numel() {
   });
 }
 
-rc::Gen<model::ParamSpec> gen_param() {
-  return gen::exec([] {
+rc::Gen<model::ParamSpec> gen_param(uint32_t bf16_weight) {
+  return gen::exec([bf16_weight] {
     model::ParamSpec p;
     p.numel = *gen_numel();
     p.dtype = *gen::weightedElement<model::DType>(
-        {{3, model::DType::kBFloat16}, {1, model::DType::kFloat32}});
+        {{bf16_weight, model::DType::kBFloat16}, {1, model::DType::kFloat32}});
     p.wd_mult = *gen::weightedElement<double>({{3, 1.0}, {1, 0.0}});
     return p;
   });
@@ -116,6 +117,23 @@ rc::Gen<model::ScheduleConfig> gen_schedule(double lr, double weight_decay) {
   return gen::weightedOneOf<model::ScheduleConfig>({{3, constant}, {1, moving}});
 }
 
+// A resume with the arguments the previous phase was started with: under Megatron's default
+// (neither flag) mostly, or either flag now and then; the previous flag when the checkpoint's
+// schedule differs from those arguments (after a --use-checkpoint resume with new arguments).
+void keep_resume_arguments(sim::Scenario& s, size_t i) {
+  using model::SchedulerResume;
+  sim::PhaseSpec& p = s.phases[i];
+  const model::ScheduleConfig& before = s.schedule_of(i - 1);
+  if (before != s.schedule) p.schedule = before;
+  const bool checkpoint_differs = sim::intended_schedules(s)[i - 1] != before;
+  p.opt_param_scheduler =
+      checkpoint_differs
+          ? s.phases[i - 1].opt_param_scheduler
+          : *gen::weightedElement<SchedulerResume>({{4, SchedulerResume::kNeither},
+                                                    {1, SchedulerResume::kOverride},
+                                                    {1, SchedulerResume::kUseCheckpoint}});
+}
+
 // A resume's scheduler flag and arguments: mostly the arguments the previous phase was
 // started with, under Megatron's default (neither flag); now and then a job restarted with
 // another lr or weight decay, under --override-opt_param-scheduler or
@@ -128,14 +146,7 @@ void draw_resume_arguments(sim::Scenario& s, size_t i) {
   const model::ScheduleConfig& before = s.schedule_of(i - 1);
   const bool change = *gen::weightedElement<bool>({{5, false}, {1, true}});
   if (!change) {
-    if (before != s.schedule) p.schedule = before;
-    const bool checkpoint_differs = sim::intended_schedules(s)[i - 1] != before;
-    p.opt_param_scheduler =
-        checkpoint_differs
-            ? s.phases[i - 1].opt_param_scheduler
-            : *gen::weightedElement<SchedulerResume>({{4, SchedulerResume::kNeither},
-                                                      {1, SchedulerResume::kOverride},
-                                                      {1, SchedulerResume::kUseCheckpoint}});
+    keep_resume_arguments(s, i);
     return;
   }
   p.opt_param_scheduler = *gen::elementOf(
@@ -161,6 +172,265 @@ void cap_total_steps(sim::Scenario& s) {
   }
 }
 
+// Fewer params first: the count shrinks, then each param shrinks. One param in bf16_weight + 1
+// is fp32.
+std::vector<model::ParamSpec> draw_params(const GeneratorConfig& config, int size,
+                                          uint32_t bf16_weight) {
+  std::vector<model::ParamSpec> params =
+      *gen::resize(config.params_max, gen::nonEmpty(gen::container<std::vector<model::ParamSpec>>(
+                                          gen::resize(size, gen_param(bf16_weight)))));
+  // nonEmpty() may retry at a larger size: keep the configured bound.
+  if (params.size() > static_cast<size_t>(config.params_max))
+    params.resize(static_cast<size_t>(config.params_max));
+  for (size_t i = 0; i < params.size(); ++i) params[i].name = fmt::format("p{}", i);
+  return params;
+}
+
+// The optimizer kind and Adam's hyper-parameters; for the hybrid, its offload fraction (drawn
+// from `offload`), overlap option and TE presence.
+void draw_optimizer(const GeneratorConfig& config, const rc::Gen<double>& offload,
+                    sim::Scenario& s) {
+  s.optimizer.kind = *gen::elementOf(config.kinds);
+  s.optimizer.adam.lr = 0.01;
+  s.optimizer.adam.beta1 = 0.9;
+  s.optimizer.adam.beta2 = 0.95;
+  s.optimizer.adam.eps = 1e-8;
+  s.optimizer.adam.weight_decay = 0.1;
+  if (s.optimizer.kind == model::OptimizerKind::kHybrid) {
+    s.optimizer.offload_fraction = *offload;
+    s.optimizer.overlap_cpu_optimizer_d2h_h2d =
+        *gen::weightedElement<bool>({{4, false}, {1, true}});
+    s.optimizer.te_installed = *gen_te_installed(config.te_installed);
+  }
+}
+
+// One bucket or several, the 65536 padding option now and then. REQUIRES: s.params drawn.
+void draw_layout(sim::Scenario& s) {
+  const int64_t total = s.total_numel();
+  const bool one_bucket = *gen::weightedElement<bool>({{1, true}, {1, false}});
+  if (!one_bucket) s.bucket_size = *gen::inRange<int64_t>(64, total + 65);
+  s.pad_buckets_for_high_nccl_busbw = *gen::weightedElement<bool>({{9, false}, {1, true}});
+  s.samples_per_step = 8;
+}
+
+// With config.require_revision_change and two or more revisions: if no phase changed revision,
+// the last one takes another (a phase is added to a one-phase scenario).
+void ensure_revision_change(const GeneratorConfig& config, sim::Scenario& s) {
+  if (!config.require_revision_change || config.revisions.size() < 2) return;
+  for (size_t i = 1; i < s.phases.size(); ++i) {
+    if (s.phases[i].revision != s.phases[i - 1].revision) return;
+  }
+  if (s.phases.size() == 1) s.phases.push_back(s.phases.front());
+  const std::string& last = s.phases[s.phases.size() - 2].revision;
+  s.phases.back().set_revision(last == config.revisions[0].name ? config.revisions[1]
+                                                                : config.revisions[0]);
+  if (s.phases.back().steps == 0) s.phases.back().steps = 1;
+}
+
+// --- The campaign profile (GeneratorConfig::campaign) ---------------------------------------
+
+// Every value of [lo, hi] alike, whatever the case's size (gen::inRange scales its range by it).
+rc::Gen<int64_t> full_range(int64_t lo, int64_t hi) {
+  return gen::resize(rc::kNominalSize, gen::inRange<int64_t>(lo, hi + 1));
+}
+
+// The hybrid's offload fraction: strictly between 0 and 1 in three draws of five (where the
+// CPU and GPU parts each hold some params, fp32 ones among them), else 0 or 1.
+rc::Gen<double> gen_campaign_offload() {
+  return gen::weightedOneOf<double>({
+      {1, gen::just(1.0)},
+      {1, gen::just(0.0)},
+      {1, gen::just(0.5)},
+      {2, gen::map(full_range(1, 99), [](int64_t x) { return static_cast<double>(x) / 100.0; })},
+  });
+}
+
+// The first phase's DP: 1 once in 2 * (dp_max - 1) + 1 draws, every other size twice as often.
+int64_t draw_campaign_first_dp(int64_t dp_max) {
+  if (dp_max == 1) return 1;
+  return *gen::weightedOneOf<int64_t>(
+      {{1, gen::just<int64_t>(1)}, {2 * (dp_max - 1), full_range(2, dp_max)}});
+}
+
+// A resume's DP: its reshard class first (kCampaignReshardWeights: the same DP, a DP that
+// divides or is divided by the previous one, or neither), then a DP of that class in
+// [1, dp_max], each alike. A class with no DP in range (neither, after DP 1) is not drawn.
+int64_t draw_campaign_resume_dp(int64_t prev, int64_t dp_max) {
+  std::vector<int64_t> dividing, not_dividing;
+  for (int64_t d = 1; d <= dp_max; ++d) {
+    if (d == prev) continue;
+    (d % prev == 0 || prev % d == 0 ? dividing : not_dividing).push_back(d);
+  }
+  const auto [same_w, dividing_w, not_dividing_w] = kCampaignReshardWeights;
+  const int reshard = *gen::weightedElement<int>({{same_w, 0},
+                                                  {dividing.empty() ? 0 : dividing_w, 1},
+                                                  {not_dividing.empty() ? 0 : not_dividing_w, 2}});
+  if (reshard == 0) return prev;
+  return *gen::elementOf(reshard == 1 ? dividing : not_dividing);
+}
+
+// The phases: two or more in nine scenarios of ten (one phase saves but never resumes), DP as
+// above, 0, 1 or a few steps each; in one scenario of kCampaignLongPhaseOneIn, one phase of
+// about 2^8 steps (kLongBand8), where the search's long phases start.
+std::vector<sim::PhaseSpec> draw_campaign_phases(const GeneratorConfig& config, int64_t dp_max,
+                                                 int size) {
+  const int64_t count = config.phases_max == 1
+                            ? 1
+                            : *gen::weightedOneOf<int64_t>({{1, gen::just<int64_t>(1)},
+                                                            {9, full_range(2, config.phases_max)}});
+  std::vector<sim::PhaseSpec> phases(static_cast<size_t>(count));
+  for (size_t i = 0; i < phases.size(); ++i) {
+    sim::PhaseSpec& p = phases[i];
+    p.dp =
+        i == 0 ? draw_campaign_first_dp(dp_max) : draw_campaign_resume_dp(phases[i - 1].dp, dp_max);
+    p.steps = *gen::resize(size, gen_steps(config.steps_max, 0));
+    p.set_revision(*gen::elementOf(config.revisions));
+  }
+  const bool long_phase =
+      config.long_steps_max > kLongBand8.second &&
+      *gen::weightedElement<bool>({{kCampaignLongPhaseOneIn - 1, false}, {1, true}});
+  if (long_phase) {
+    const auto at = static_cast<size_t>(*full_range(0, count - 1));
+    phases[at].steps = *full_range(kLongBand8.first, kLongBand8.second);
+  }
+  return phases;
+}
+
+// min_lr never above max_lr (upstream asserts it when the scheduler is built).
+void keep_min_lr_below_lr(model::ScheduleConfig& c) {
+  if (c.min_lr > c.lr) c.min_lr = c.lr / 10;
+  c.lr_warmup_init = std::min(c.lr_warmup_init, c.lr);
+}
+
+// A resume in the campaign: new arguments in one resume of four (a new --lr fails upstream-head's
+// real load with a KeyError, and the phases after it never run: more would leave upstream-head's
+// reshards untried),
+// under --override-opt_param-scheduler or --use-checkpoint-opt_param-scheduler alike; what
+// changes is --lr, --min-lr, both, the weight decay (--weight-decay, start and end), or --lr and
+// the weight decay. A --min-lr change from 0 sets lr / 10.
+void draw_campaign_resume_arguments(sim::Scenario& s, size_t i) {
+  using model::SchedulerResume;
+  const bool change = *gen::weightedElement<bool>({{3, false}, {1, true}});
+  if (!change) {
+    keep_resume_arguments(s, i);
+    return;
+  }
+  sim::PhaseSpec& p = s.phases[i];
+  p.opt_param_scheduler = *gen::elementOf(
+      std::vector<SchedulerResume>{SchedulerResume::kOverride, SchedulerResume::kUseCheckpoint});
+  model::ScheduleConfig c = s.schedule_of(i - 1);
+  enum What { kLr = 1, kMinLr = 2, kWd = 4 };
+  const int what = *gen::elementOf(std::vector<int>{kLr, kMinLr, kLr | kMinLr, kWd, kLr | kWd});
+  const double factor = *gen::elementOf(std::vector<double>{0.5, 2.0});
+  if (what & kLr) c.lr *= factor;
+  if (what & kMinLr) c.min_lr = c.min_lr == 0 ? c.lr / 10 : c.min_lr * factor;
+  if (what & kWd) {
+    c.start_wd *= factor;
+    c.end_wd *= factor;
+  }
+  keep_min_lr_below_lr(c);
+  p.schedule = c;
+}
+
+// The scenario's params in buffers as Megatron's DDP groups them: one per param dtype, in order
+// of first appearance; each a list of indices into s.params.
+std::vector<std::vector<size_t>> buffers_of(const sim::Scenario& s) {
+  std::vector<model::DType> dtypes;
+  std::vector<std::vector<size_t>> out;
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    const auto at = std::find(dtypes.begin(), dtypes.end(), s.params[i].dtype);
+    if (at == dtypes.end()) {
+      dtypes.push_back(s.params[i].dtype);
+      out.push_back({i});
+    } else {
+      out[static_cast<size_t>(at - dtypes.begin())].push_back(i);
+    }
+  }
+  return out;
+}
+
+// Bucket `b` of the buffer of `numels` holds the params `params` (in layout order) at every DP
+// of `dps`, and at each every rank's shard of it holds a param element.
+bool bucket_fits(const std::vector<int64_t>& numels, const sim::Scenario& s, size_t b,
+                 const std::vector<size_t>& params, const std::vector<int64_t>& dps) {
+  for (int64_t dp : dps) {
+    const model::LayoutOptions options{dp, s.bucket_size, s.pad_buckets_for_high_nccl_busbw};
+    const model::BufferLayout layout = model::build_buffer_layout(numels, options);
+    if (b >= layout.buckets.size() || layout.buckets[b].params != params) return false;
+    for (int64_t rank = 0; rank < dp; ++rank) {
+      if (model::build_bucket_shard(layout, b, rank, dp).param_map.empty()) return false;
+    }
+  }
+  return true;
+}
+
+// Bucket b of one buffer, made to fit at every phase's DP by changing the numel of the param
+// that closes it (the last one laid out in it: its end is the bucket's unpadded end) to the
+// nearest value that fits, up to kCampaignFitNumelMax. Only that bucket moves: the later ones
+// start at a multiple of the bucket alignment, so their own layout stays as it was.
+void fit_bucket(sim::Scenario& s, const std::vector<size_t>& buffer, size_t b,
+                const std::vector<int64_t>& dps) {
+  std::vector<int64_t> numels;
+  for (size_t i : buffer) numels.push_back(s.params[i].numel);
+  const model::BufferLayout drawn = model::build_buffer_layout(
+      numels, model::LayoutOptions{1, s.bucket_size, s.pad_buckets_for_high_nccl_busbw});
+  if (b >= drawn.buckets.size()) return;
+  const std::vector<size_t> params = drawn.buckets[b].params;
+  if (bucket_fits(numels, s, b, params, dps)) return;
+  const size_t closing = params.back();
+  const int64_t numel = numels[closing];
+  for (int64_t delta = 1; delta < kCampaignFitNumelMax; ++delta) {
+    for (const int64_t candidate : {numel + delta, numel - delta}) {
+      if (candidate < 1 || candidate > kCampaignFitNumelMax) continue;
+      numels[closing] = candidate;
+      if (bucket_fits(numels, s, b, params, dps)) {
+        s.params[buffer[closing]].numel = candidate;
+        return;
+      }
+    }
+  }
+}
+
+// The campaign's layouts fit every phase's DP: upstream's dp_reshardable save and load assert
+// 'empty bucket encountered' where a rank's shard of a bucket holds no param element (B12, which
+// only fix-complete allows), and the phases after it never run; with DP up to 8 and small
+// params that was most scenarios' first save. So each bucket's closing param grows or shrinks to
+// the nearest numel that fits (DP 5 and 7 together need a bucket of 1537 elements or more). Not
+// with the 65536 padding option: a bucket of lcm(dp, 128, 65536) fits only at about that many
+// elements, so those scenarios (one in ten) keep their drawn params, and with them the
+// empty-bucket assertion in the campaign.
+void fit_layout(sim::Scenario& s) {
+  if (s.pad_buckets_for_high_nccl_busbw) return;
+  std::vector<int64_t> dps;
+  for (const sim::PhaseSpec& p : s.phases) {
+    if (std::find(dps.begin(), dps.end(), p.dp) == dps.end()) dps.push_back(p.dp);
+  }
+  for (const std::vector<size_t>& buffer : buffers_of(s)) {
+    // A buffer has at most one bucket per param; fit_bucket skips the indices past its last.
+    for (size_t b = 0; b < buffer.size(); ++b) fit_bucket(s, buffer, b, dps);
+  }
+}
+
+rc::Gen<sim::Scenario> gen_campaign_scenario(const GeneratorConfig& config) {
+  return gen::exec([config] {
+    const int size = *gen::withSize([](int s) { return gen::just(s); });
+    sim::Scenario s;
+    s.seed = *full_range(0, 999);
+    s.params = draw_params(config, size, /*bf16_weight=*/2);
+    draw_optimizer(config, gen_campaign_offload(), s);
+    draw_layout(s);
+    s.phases = draw_campaign_phases(config, phase_dp_max(config, s), size);
+    ensure_revision_change(config, s);
+    fit_layout(s);
+    draw_group_mults(s);
+    s.schedule = *gen_schedule(s.optimizer.adam.lr, s.optimizer.adam.weight_decay);
+    for (size_t i = 1; i < s.phases.size(); ++i) draw_campaign_resume_arguments(s, i);
+    s.faults = config.faults;
+    s.name = "generated";
+    return s;
+  });
+}
+
 }  // namespace
 
 Status GeneratorConfig::validate() const {
@@ -184,6 +454,8 @@ Status GeneratorConfig::validate() const {
   }
   if (te_installed.empty())
     return Status::invalid_input("--transformer-engine names neither installed nor absent");
+  if (campaign && stateful)
+    return Status::invalid_input("--campaign draws its own phases: it takes no --stateful");
   for (const auto& fault : faults) {
     if (!model::is_fault_site(fault))
       return Status::invalid_input("--fault: unknown fault site " + fault);
@@ -198,37 +470,16 @@ int64_t phase_dp_max(const GeneratorConfig& config, const sim::Scenario& s) {
 
 rc::Gen<sim::Scenario> gen_scenario(const GeneratorConfig& config) {
   CKPTSIM_CHECK(!config.revisions.empty(), "a generator config names no revision");
+  if (config.campaign) return gen_campaign_scenario(config);
   return gen::exec([config] {
     // The case's size: gen::resize below bounds the container lengths, and would otherwise
     // also shrink every element generator's range (RapidCheck passes the size down).
     const int size = *gen::withSize([](int s) { return gen::just(s); });
     sim::Scenario s;
     s.seed = *gen::inRange<uint64_t>(0, 1000);
-    // Fewer params first: the count shrinks, then each param shrinks.
-    s.params =
-        *gen::resize(config.params_max, gen::nonEmpty(gen::container<std::vector<model::ParamSpec>>(
-                                            gen::resize(size, gen_param()))));
-    // nonEmpty() may retry at a larger size: keep the configured bound.
-    if (s.params.size() > static_cast<size_t>(config.params_max))
-      s.params.resize(static_cast<size_t>(config.params_max));
-    for (size_t i = 0; i < s.params.size(); ++i) s.params[i].name = fmt::format("p{}", i);
-    s.optimizer.kind = *gen::elementOf(config.kinds);
-    s.optimizer.adam.lr = 0.01;
-    s.optimizer.adam.beta1 = 0.9;
-    s.optimizer.adam.beta2 = 0.95;
-    s.optimizer.adam.eps = 1e-8;
-    s.optimizer.adam.weight_decay = 0.1;
-    if (s.optimizer.kind == model::OptimizerKind::kHybrid) {
-      s.optimizer.offload_fraction = *gen_offload();
-      s.optimizer.overlap_cpu_optimizer_d2h_h2d =
-          *gen::weightedElement<bool>({{4, false}, {1, true}});
-      s.optimizer.te_installed = *gen_te_installed(config.te_installed);
-    }
-    const int64_t total = s.total_numel();
-    const bool one_bucket = *gen::weightedElement<bool>({{1, true}, {1, false}});
-    if (!one_bucket) s.bucket_size = *gen::inRange<int64_t>(64, total + 65);
-    s.pad_buckets_for_high_nccl_busbw = *gen::weightedElement<bool>({{9, false}, {1, true}});
-    s.samples_per_step = 8;
+    s.params = draw_params(config, size, /*bf16_weight=*/3);
+    draw_optimizer(config, gen_offload(), s);
+    draw_layout(s);
     const int64_t dp_max = phase_dp_max(config, s);
     const auto phase_gen = gen::resize(size, gen::exec([config, dp_max] {
                                          sim::PhaseSpec p;
@@ -243,18 +494,7 @@ rc::Gen<sim::Scenario> gen_scenario(const GeneratorConfig& config) {
     if (s.phases.size() > static_cast<size_t>(config.phases_max))
       s.phases.resize(static_cast<size_t>(config.phases_max));
     cap_total_steps(s);
-    if (config.require_revision_change && config.revisions.size() > 1) {
-      bool changed = false;
-      for (size_t i = 1; i < s.phases.size(); ++i)
-        changed = changed || s.phases[i].revision != s.phases[i - 1].revision;
-      if (!changed) {
-        if (s.phases.size() == 1) s.phases.push_back(s.phases.front());
-        const std::string& last = s.phases[s.phases.size() - 2].revision;
-        s.phases.back().set_revision(last == config.revisions[0].name ? config.revisions[1]
-                                                                      : config.revisions[0]);
-        if (s.phases.back().steps == 0) s.phases.back().steps = 1;
-      }
-    }
+    ensure_revision_change(config, s);
     draw_group_mults(s);
     s.schedule = *gen_schedule(s.optimizer.adam.lr, s.optimizer.adam.weight_decay);
     for (size_t i = 1; i < s.phases.size(); ++i) draw_resume_arguments(s, i);

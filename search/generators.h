@@ -22,6 +22,20 @@
 //              the job with another lr or weight decay, under --override-opt_param-scheduler or
 //              --use-checkpoint-opt_param-scheduler (not in the stateful generator)
 //
+// The campaign profile (GeneratorConfig::campaign, `ckptsim generate --campaign`) draws for a
+// replay on the real code instead, where the search's draws put their weight elsewhere: every
+// DP size in [1, dp_max] (8 on one GPU), a resume's DP by its reshard class (same DP, dividing
+// or not dividing the previous one: kCampaignReshardWeights), so that a third of the resumes
+// or more reshard to a DP that neither divides nor is divided by the last and DP 1 throughout
+// is rare; two or more phases mostly; new --lr, --min-lr or weight decay at one resume in four,
+// under either scheduler flag; the hybrid's offload strictly between 0 and 1 in three of five,
+// fp32 params in one of three; and in one scenario of kCampaignLongPhaseOneIn, one phase of
+// about 2^8 steps (kLongBand8; none with long_steps_max 0). Its draws of DP, reshard class,
+// arguments and long phase ignore the case's size, so a few cases cover what many do. Its
+// layouts fit every phase's DP (each rank's shard of each bucket holds a param element, where
+// upstream asserts 'empty bucket encountered' otherwise) unless buckets are padded to 65536:
+// the param closing a bucket takes the nearest numel that fits, up to kCampaignFitNumelMax.
+//
 // Invariants:
 //   1. Every generated scenario passes sim::parse_scenario's validation (a test checks that
 //      scenario_to_json round-trips through it), so a found case replays with `ckptsim run`.
@@ -31,6 +45,7 @@
 #include <rapidcheck.h>
 
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -70,6 +85,8 @@ struct GeneratorConfig {
   int64_t long_steps_max = 0;
   // Draw the phases as a RapidCheck stateful command sequence (gen_scenario_stateful).
   bool stateful = false;
+  // Draw from the campaign profile (above) instead of the search's. REQUIRES: !stateful.
+  bool campaign = false;
 
   // The limits above, each error naming the flag that sets it ("--dp-max must be in [1, 4096],
   // got 0"); unknown fault sites too.
@@ -83,6 +100,18 @@ inline constexpr std::pair<int64_t, int64_t> kLongBand8 = {250, 270};
 inline constexpr std::pair<int64_t, int64_t> kLongBand11 = {2040, 2060};
 inline constexpr uint32_t kLongPhaseWeight = 1;
 
+// The campaign profile: the relative weights of a resume's reshard classes (same DP, dividing,
+// not dividing), one scenario in kCampaignLongPhaseOneIn with a long phase, and the limits
+// `generate --campaign` takes unless --dp-max and --params-max say otherwise (a real replay
+// runs DP > 1 on gloo on one GPU; small params keep it fast).
+inline constexpr std::tuple<uint32_t, uint32_t, uint32_t> kCampaignReshardWeights = {2, 3, 5};
+inline constexpr uint32_t kCampaignLongPhaseOneIn = 14;
+inline constexpr int64_t kCampaignDpMax = 8;
+inline constexpr int kCampaignParamsMax = 3;
+// The largest numel the campaign's layout fit gives a param (generators.cpp fit_layout).
+inline constexpr int64_t kCampaignFitNumelMax = 8192;
+
+// The search's profile, or the campaign's with config.campaign.
 rc::Gen<sim::Scenario> gen_scenario(const GeneratorConfig& config);
 
 // With the 65536 padding option a bucket is padded to a multiple of lcm(dp, 128, 65536)

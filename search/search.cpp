@@ -314,11 +314,11 @@ class Shrinker {
   std::atomic<int64_t>& runs_;
 };
 
-// Case k as the search draws and judges it: seed mix(seed, k), size k % (size_max + 1).
+// Case k as the search draws and judges it: seed mix(seed, k), size case_size(options, k).
 Judged draw_and_judge(const rc::Gen<sim::Scenario>& gen, const Judge& judge,
                       const SearchOptions& options, int64_t k) {
   const uint64_t case_seed = model::mix_seed(options.seed, static_cast<uint64_t>(k));
-  const int size = static_cast<int>(k % (options.size_max + 1));
+  const int size = case_size(options, k);
   Judged out;
   {
     std::lock_guard rc_lock(rapidcheck_mutex());
@@ -448,6 +448,31 @@ nlohmann::json found_scenario_json(const Failure& f, uint64_t seed, const std::s
   return sim::scenario_to_json(s);
 }
 
+int case_size(const SearchOptions& options, int64_t case_index) {
+  CKPTSIM_CHECK(options.size_max >= 0 && case_index >= 0, "size_max or case index out of range");
+  const auto sizes = static_cast<uint64_t>(options.size_max) + 1;
+  switch (options.sizes) {
+    case SizeSchedule::kRamp:
+      return static_cast<int>(static_cast<uint64_t>(case_index) % sizes);
+    case SizeSchedule::kFixed:
+      CKPTSIM_CHECK(options.fixed_size >= 0 && options.fixed_size <= options.size_max,
+                    "fixed size out of range");
+      return options.fixed_size;
+    case SizeSchedule::kSpread: {
+      // u_k = u_0 + k * 2^64 / phi (mod 2^64): the golden-ratio Weyl sequence. Its top 32 bits
+      // as a fraction of 2^32, scaled to the sizes: any n consecutive cases leave gaps of at
+      // most three lengths between their sizes (the three-distance theorem), none much wider
+      // than sizes / n.
+      constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ULL;
+      const uint64_t start = model::mix_seed(options.seed, 0x5157E5ULL);
+      const uint64_t u = start + static_cast<uint64_t>(case_index) * kGolden;
+      return static_cast<int>(((u >> 32) * sizes) >> 32);
+    }
+  }
+  CKPTSIM_CHECK(false, "unknown size schedule");
+  return 0;
+}
+
 std::vector<sim::Scenario> draw(const SearchOptions& options) {
   CKPTSIM_CHECK(options.cases >= 0 && options.cases <= SearchOptions::kCasesMax,
                 "cases out of range");
@@ -456,7 +481,7 @@ std::vector<sim::Scenario> draw(const SearchOptions& options) {
   std::unique_lock lock(rapidcheck_mutex());
   for (int64_t k = 0; k < options.cases; ++k) {
     const uint64_t case_seed = model::mix_seed(options.seed, static_cast<uint64_t>(k));
-    out.push_back(gen(rc::Random(case_seed), static_cast<int>(k % (options.size_max + 1))).value());
+    out.push_back(gen(rc::Random(case_seed), case_size(options, k)).value());
   }
   return out;
 }

@@ -3,12 +3,13 @@
 //
 // A search, in order:
 //   for case k = 0, 1, ...: draw a scenario from the generator with rc::Random(mix(seed, k))
-//   at size k % (size_max + 1) (small cases first, as RapidCheck does); judge it (run the
-//   simulator, check the properties); on a finding, shrink in two stages, each moving to the
-//   first candidate that still gives a finding with the SAME signature, until none does (or the
-//   shrink budget runs out): (1) the generator's own RapidCheck shrinks; (2) domain shrinks
-//   (domain_shrinks()), which also merge adjacent phases — a bug that needs N steps before a
-//   resume is otherwise stuck at N phases of one step each, since shrinking never adds steps.
+//   at size case_size(options, k) (by default k % (size_max + 1): small cases first, as
+//   RapidCheck does); judge it (run the simulator, check the properties); on a finding, shrink
+//   in two stages, each moving to the first candidate that still gives a finding with the SAME
+//   signature, until none does (or the shrink budget runs out): (1) the generator's own
+//   RapidCheck shrinks; (2) domain shrinks (domain_shrinks()), which also merge adjacent
+//   phases — a bug that needs N steps before a resume is otherwise stuck at N phases of one
+//   step each, since shrinking never adds steps.
 //
 // Invariants:
 //   1. Reproducible: (seed, case index) determines the case, and a found scenario replays
@@ -85,6 +86,18 @@ struct Shard {
   bool whole() const { return count == 1; }
 };
 
+// The RapidCheck size of each case. Generators scale their ranges by it (gen::inRange at size
+// 0 gives its lower bound: DP 1, one element), so the schedule decides what a few cases cover.
+enum class SizeSchedule {
+  kRamp,    // case k at size k % (size_max + 1): small cases first, as RapidCheck does (check,
+            // gate); the first dozen cases are all nearly size 0
+  kSpread,  // spread evenly over [0, size_max] at any number of cases (generate): a Weyl
+            // sequence of the golden ratio, started at a point the seed draws, so that every
+            // prefix of the cases is as even as a prefix can be and case k does not depend on
+            // how many cases are drawn
+  kFixed,   // every case at fixed_size (generate --size N)
+};
+
 struct SearchOptions {
   static constexpr int64_t kCasesMax = 10'000'000;
   static constexpr int64_t kShrinkRunsMax = 100'000;
@@ -98,8 +111,10 @@ struct SearchOptions {
   GeneratorConfig generator;
   uint64_t seed = 1;
   int64_t cases = 500;
-  double time_budget_s = 0;        // 0: none
-  int size_max = 100;              // RapidCheck size, cycled over cases
+  double time_budget_s = 0;  // 0: none
+  int size_max = 100;        // the largest RapidCheck size (rc::kNominalSize)
+  SizeSchedule sizes = SizeSchedule::kRamp;
+  int fixed_size = 0;              // with SizeSchedule::kFixed; REQUIRES: in [0, size_max]
   int64_t shrink_runs_max = 2000;  // judge runs spent shrinking one finding
   bool keep_going = true;          // go on after a finding, keep one per signature
   int jobs = 1;                    // threads judging cases (1: the caller's thread alone)
@@ -149,6 +164,9 @@ SearchResult merge_shards(std::vector<SearchResult> shards, bool keep_going);
 // `tag` (optional) names the search part, e.g. "cross-revision".
 nlohmann::json found_scenario_json(const Failure& f, uint64_t seed, const std::string& how,
                                    const std::string& tag = "");
+
+// The RapidCheck size case `case_index` is drawn at, as options.sizes says.
+int case_size(const SearchOptions& options, int64_t case_index);
 
 // The scenarios a search with these options draws, case by case, without judging them (for a
 // campaign on the real code: `ckptsim generate`). Case k is the search's case k.

@@ -486,3 +486,125 @@ TEST(Cli, MergeRefusesAnIncompleteOrMixedSetOfShards) {
   EXPECT_NE(bad_env.text.find("SLURM_PROCID: must be a whole number in [0, 2)"), std::string::npos)
       << bad_env.text;
 }
+
+namespace {
+
+// The scenario files `generate` wrote into `dir`, in case order.
+std::vector<nlohmann::json> generated(const std::string& dir, int64_t cases) {
+  std::vector<nlohmann::json> out;
+  for (int64_t k = 0; k < cases; ++k) {
+    for (const auto& e : std::filesystem::directory_iterator(dir)) {
+      const std::string name = e.path().filename().string();
+      if (name.ends_with("-case" + std::to_string(k) + ".json")) {
+        std::ifstream in(e.path());
+        out.push_back(nlohmann::json::parse(in));
+      }
+    }
+  }
+  return out;
+}
+
+double dp1_share(const std::vector<nlohmann::json>& scenarios) {
+  double phases = 0, dp1 = 0;
+  for (const auto& s : scenarios) {
+    for (const auto& p : s["phases"]) {
+      ++phases;
+      dp1 += p["dp"] == 1 ? 1 : 0;
+    }
+  }
+  return dp1 / phases;
+}
+
+std::string fresh_dir(const std::string& name) {
+  const auto dir = std::filesystem::path(::testing::TempDir()) / name;
+  std::filesystem::remove_all(dir);
+  return dir.string();
+}
+
+}  // namespace
+
+// `generate --cases 12` spreads its cases over the sizes (check's ramp gave 12 cases DP 1 in 20
+// of 24 phases at this seed), prints the coverage, and each file's description is the command
+// that writes it again. (Caught: generate left at the ramp; the repeat line missing --size.)
+TEST(Cli, GenerateSpreadsTwelveCasesAndEachFileSaysHowToRepeatIt) {
+  const std::string dir = fresh_dir("ckptsim-generate-spread");
+  const auto o =
+      ckptsim_cli("generate --revision upstream-2874 --cases 12 --coverage --out " + dir);
+  ASSERT_EQ(o.exit_code, 0) << o.text;
+  EXPECT_NE(o.text.find("coverage: 12 cases"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("  resumes: reshard: "), std::string::npos) << o.text;
+  const auto spread = generated(dir, 12);
+  ASSERT_EQ(spread.size(), 12u);
+  EXPECT_LT(dp1_share(spread), 0.5);
+  const std::string description = spread[3]["description"];
+  EXPECT_EQ(description,
+            "Drawn by `ckptsim generate --revision upstream-2874 --seed 1 --cases 12` (case 3).");
+  const std::string ramp_dir = fresh_dir("ckptsim-generate-ramp");
+  ASSERT_EQ(
+      ckptsim_cli("generate --revision upstream-2874 --cases 12 --size ramp --out " + ramp_dir)
+          .exit_code,
+      0);
+  const auto ramp = generated(ramp_dir, 12);
+  EXPECT_GT(dp1_share(ramp), 0.7);
+  // The ramp's repeat line names its --size, and repeats it.
+  const std::string repeat = ramp[0]["description"];
+  const std::string args =
+      repeat.substr(repeat.find("generate"), repeat.find("` (case") - repeat.find("generate"));
+  EXPECT_NE(args.find(" --size ramp"), std::string::npos) << args;
+  const std::string again = fresh_dir("ckptsim-generate-again");
+  ASSERT_EQ(ckptsim_cli(args + " --out " + again).exit_code, 0);
+  EXPECT_EQ(generated(again, 12), ramp);
+}
+
+// --campaign takes DP up to 8 and 3 params unless --dp-max / --params-max say otherwise, and
+// its repeat line says so. (Caught: the limits applied over an explicit --dp-max.)
+TEST(Cli, GenerateCampaignTakesItsLimitsUnlessGiven) {
+  auto largest = [](const std::vector<nlohmann::json>& scenarios, const char* what) {
+    int64_t m = 0;
+    for (const auto& s : scenarios) {
+      if (std::string(what) == "dp") {
+        for (const auto& p : s["phases"]) m = std::max<int64_t>(m, p["dp"]);
+      } else {
+        m = std::max<int64_t>(m, static_cast<int64_t>(s["params"].size()));
+      }
+    }
+    return m;
+  };
+  const std::string dir = fresh_dir("ckptsim-generate-campaign");
+  ASSERT_EQ(
+      ckptsim_cli("generate --campaign --revision upstream-head --cases 40 --seed 30 --out " + dir)
+          .exit_code,
+      0);
+  const auto campaign = generated(dir, 40);
+  EXPECT_EQ(largest(campaign, "dp"), 8);
+  EXPECT_EQ(largest(campaign, "params"), 3);
+  EXPECT_NE(campaign[0]["description"].get<std::string>().find(
+                "`ckptsim generate --campaign --revision upstream-head --seed 30 --cases 40 "
+                "--dp-max 8 --params-max 3`"),
+            std::string::npos)
+      << campaign[0]["description"];
+  const std::string narrow = fresh_dir("ckptsim-generate-campaign-dp4");
+  ASSERT_EQ(ckptsim_cli("generate --campaign --revision upstream-head --cases 40 --seed 30 "
+                        "--dp-max 4 --params-max 2 --out " +
+                        narrow)
+                .exit_code,
+            0);
+  const auto narrowed = generated(narrow, 40);
+  EXPECT_EQ(largest(narrowed, "dp"), 4);
+  EXPECT_EQ(largest(narrowed, "params"), 2);
+}
+
+TEST(Cli, GenerateRefusesBadSizesAndStatefulCampaigns) {
+  const std::string out = fresh_dir("ckptsim-generate-bad");
+  for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--size 101", "--size must be spread, ramp or a size in [0, 100], got 101"},
+           {"--size big", "--size must be spread, ramp or a size in [0, 100], got big"},
+           {"--size -1", "got -1"},
+           {"--campaign --stateful", "--campaign draws its own phases: it takes no --stateful"},
+       }) {
+    const auto o =
+        ckptsim_cli("generate --revision upstream-head --cases 2 " + args + " --out " + out);
+    EXPECT_EQ(o.exit_code, 2) << args << "\n" << o.text;
+    EXPECT_NE(o.text.find(says), std::string::npos) << args << "\n" << o.text;
+  }
+}

@@ -49,7 +49,8 @@ nlohmann::json read(const std::string& file) {
 // The bundled scenario a trace was recorded for.
 sim::Scenario scenario_of(const nlohmann::json& trace) {
   const std::string name = trace["scenario"];
-  for (const std::string dir : {"scenarios/", "scenarios/found/", "scenarios/campaign/"}) {
+  for (const std::string dir :
+       {"scenarios/", "scenarios/found/", "scenarios/campaign/", "scenarios/campaign2/"}) {
     if (std::filesystem::exists(test::source_path(dir + name + ".json")))
       return test::scenario_file(dir + name + ".json");
   }

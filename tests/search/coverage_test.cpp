@@ -89,6 +89,37 @@ TEST(Coverage, ADefaultSizeSearchDrawsLongPhases) {
   }
 }
 
+// The features a campaign on the real code is judged by: DP 1 throughout or not, the hybrid's
+// fp32 params and offload, and per resume that changes its arguments, which ones (--lr, --min-lr,
+// weight decay) and under which flag and revision. (Caught: a changed min_lr counted as lr; a
+// resume's revision taken from the phase before it.)
+TEST(Coverage, CountsTheArgumentsAResumeChangesAndWhere) {
+  search::Coverage c;
+  c.add(three_phases());
+  EXPECT_EQ(c.count("cases: DP", "above 1 in a phase"), 1);
+  EXPECT_EQ(c.count("cases: hybrid, fp32 params", "some, offload between"), 1);
+  EXPECT_EQ(c.counts().count("resumes: arguments that change"), 0u);
+  c.add(test::scenario_from_json(R"({"seed": 1, "name": "d", "params": [
+      {"name": "w0", "numel": 10, "dtype": "bf16"}],
+    "optimizer": {"kind": "fused_adam", "lr": 0.01, "betas": [0.9, 0.95], "eps": 1e-8,
+                  "weight_decay": 0.1},
+    "phases": [{"dp": 1, "revision": "miles-main", "steps": 1},
+               {"dp": 1, "revision": "upstream-2874", "steps": 1, "schedule": {"min_lr": 0.001},
+                "opt_param_scheduler": "override"},
+               {"dp": 1, "revision": "upstream-2874", "steps": 1,
+                "schedule": {"lr": 0.02, "min_lr": 0.001, "start_weight_decay": 0.2,
+                             "end_weight_decay": 0.2},
+                "opt_param_scheduler": "use_checkpoint"}]})"));
+  EXPECT_EQ(c.count("cases: DP", "1 throughout"), 1);
+  EXPECT_EQ(c.count("cases: hybrid, fp32 params", "none"), 0);
+  EXPECT_EQ(c.count("resumes: arguments that change", "min_lr"), 1);
+  EXPECT_EQ(c.count("resumes: arguments that change", "lr and weight decay"), 1);
+  EXPECT_EQ(
+      c.count("resumes: arguments change, by revision", "miles-main -> upstream-2874, override"),
+      1);
+  EXPECT_EQ(c.count("resumes: arguments change, by revision", "upstream-2874, use_checkpoint"), 1);
+}
+
 // `ckptsim merge` reads each shard's coverage back from its summary: every count survives, and
 // a malformed table is an error naming the file, never counts made up. (Caught: from_json
 // dropping the phase count.)
