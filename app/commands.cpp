@@ -24,6 +24,7 @@
 #include "report/plot.h"
 #include "report/run_report.h"
 #include "report/search_report.h"
+#include "report/trace_file.h"
 #include "report/trace_json.h"
 #include "search/gate.h"
 #include "search/search.h"
@@ -726,13 +727,8 @@ int replay_plan_command(const ReplayPlanCommand& c, std::ostream& out, std::ostr
 
 namespace {
 
-Result<nlohmann::json> read_json(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Status::not_found(path + ": cannot open");
-  nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-  if (j.is_discarded()) return Status::invalid_input(path + ": not valid JSON");
-  return j;
-}
+// A JSON file; a trace file may be gzip-compressed (report/trace_file.h).
+Result<nlohmann::json> read_json(const std::string& path) { return report::read_trace_file(path); }
 
 // A real trace recorded with the runner's --values: the model's trace then carries its values
 // too, so that conform compares them element by element.
@@ -887,7 +883,7 @@ Result<std::vector<std::string>> trace_files(const std::vector<std::string>& pat
     }
     std::vector<std::string> in_dir;
     for (const auto& e : std::filesystem::directory_iterator(p, ec)) {
-      if (e.path().string().ends_with(".trace.json")) in_dir.push_back(e.path().string());
+      if (report::is_trace_file(e.path().string())) in_dir.push_back(e.path().string());
     }
     if (ec) return Status::io_error(p + ": cannot list: " + ec.message());
     std::sort(in_dir.begin(), in_dir.end());
@@ -969,8 +965,7 @@ int conform_campaign_command(const ConformCampaignCommand& c, std::ostream& out,
     out << fmt::format("{} {}", r.value().agrees() ? "agree   " : "DISAGREE", file) << std::endl;
     std::string plot;
     if (!c.plots.empty() && !r.value().agrees()) {
-      std::string stem = std::filesystem::path(file).filename().string();
-      if (stem.ends_with(".trace.json")) stem.resize(stem.size() - std::strlen(".trace.json"));
+      const std::string stem = report::trace_stem(file);
       const std::string png = c.plots + "/" + sanitize(stem) + ".png";
       if (int code = write_plot(run.value(), &real.value(), file, {conformance_note(r.value())},
                                 {png}, err);

@@ -216,7 +216,7 @@ std::string feature_tables(const std::vector<ConformanceRow>& rows) {
                        kTableHead, kTableRule);
     for (const auto& [k, t] : groups) {
       const auto& [rev, kind, value] = k;
-      out += fmt::format("| {}, {} | {} ", rev, kind, value) + totals_row("", t).substr(4);
+      out += fmt::format("| {}, {} | {} |", rev, kind, value) + totals_row("", t).substr(4);
     }
   }
   return out;

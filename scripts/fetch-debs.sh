@@ -21,6 +21,7 @@ packages=(
   librapidcheck-dev
   libgtest-dev libgmock-dev
   libbenchmark-dev libbenchmark1debian
+  zlib1g-dev
 )
 mkdir -p "$dest"
 rm -f "$dest"/*.deb

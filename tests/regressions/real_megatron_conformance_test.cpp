@@ -16,6 +16,7 @@
 #include <tuple>
 
 #include "properties/conformance.h"
+#include "report/trace_file.h"
 #include "report/trace_json.h"
 #include "tests/testing.h"
 
@@ -30,10 +31,10 @@ namespace {
 // paths relative to tests/conformance/.
 std::vector<std::string> recorded() {
   std::vector<std::string> out;
-  for (const std::string dir : {"", "nccl-x2/", "te-absent/", "xload/", "values/"}) {
+  for (const std::string dir : {"", "nccl-x2/", "te-absent/", "xload/", "values/", "campaign2/"}) {
     for (const auto& e :
          std::filesystem::directory_iterator(test::source_path("tests/conformance/" + dir))) {
-      if (e.path().string().ends_with(".trace.json"))
+      if (report::is_trace_file(e.path().string()))
         out.push_back(dir + e.path().filename().string());
     }
   }
@@ -42,8 +43,9 @@ std::vector<std::string> recorded() {
 }
 
 nlohmann::json read(const std::string& file) {
-  std::ifstream in(test::source_path("tests/conformance/" + file));
-  return nlohmann::json::parse(in);
+  auto j = report::read_trace_file(test::source_path("tests/conformance/" + file));
+  if (!j.is_ok()) throw std::runtime_error(j.status().to_string());
+  return j.value();
 }
 
 // The bundled scenario a trace was recorded for.
@@ -101,6 +103,7 @@ INSTANTIATE_TEST_SUITE_P(Recorded, RealMegatron, ::testing::ValuesIn(recorded())
                            if (name.starts_with("te-absent/")) name = name.substr(10) + "_no_te";
                            if (name.starts_with("xload/")) name = name.substr(6) + "_xload";
                            if (name.starts_with("values/")) name = name.substr(7) + "_values";
+                           if (name.starts_with("campaign2/")) name = name.substr(10);
                            for (char& c : name) {
                              if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
                            }
