@@ -129,10 +129,11 @@ json state_event(const sim::RunResult& run, const sim::GlobalState& st, int rank
     put("exp_avg", st.exp_avg[s->param], moments);
     put("exp_avg_sq", st.exp_avg_sq[s->param], moments);
   }
-  for (size_t p = 0; p < st.param.size(); ++p) {
+  const auto& params = st.params_of(rank);
+  for (size_t p = 0; p < params.size(); ++p) {
     const std::string& name = run.scenario.params[p].name;
-    hashes["model_param"][name] = hash_f32(st.param[p]);
-    if (values) vals["model_param"][name] = base64_f32(st.param[p]);
+    hashes["model_param"][name] = hash_f32(params[p]);
+    if (values) vals["model_param"][name] = base64_f32(params[p]);
   }
   json ev{{"rank", rank},
           {"at", at},

@@ -193,7 +193,7 @@ int64_t train(const PhaseJob& job, model::Runtime& rt, model::DistributedDataPar
     state.hypers = std::move(hypers);
     if (job.trace_steps) {
       out.trace.push_back(fmt::format("step phase={} global={} rank={} state={:016x}", job.phase_id,
-                                      global_step, rank, rank_state_hash(state)));
+                                      global_step, rank, rank_state_hash(state, rank)));
     }
     out.steps.push_back(std::move(state));
   }
@@ -226,7 +226,7 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, RankRecord& out) {
       out.after_load = capture(opt, ddp, rank, true);
       out.trace.push_back(fmt::format("load phase={} rank={} iteration={} state={:016x}",
                                       job.phase_id, rank, iteration,
-                                      rank_state_hash(*out.after_load)));
+                                      rank_state_hash(*out.after_load, rank)));
     }
     out.start_step = iteration;
     stage = "train";

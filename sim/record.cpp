@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "model/fnv1a.h"
@@ -22,6 +23,18 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 std::vector<float> tensor_floats(const at::Tensor& t) {
   const at::Tensor f = t.to(at::kFloat).to(at::kCPU).contiguous();
   return {f.data_ptr<float>(), f.data_ptr<float>() + f.numel()};
+}
+
+// Whether two ranks' model params are the same bits (NaN payloads included).
+bool bitwise_equal(const std::vector<std::vector<float>>& a,
+                   const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].size() != b[i].size() ||
+        std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)) != 0)
+      return false;
+  }
+  return true;
 }
 
 // Python repr of a value as a checkpoint would give it back: pickling writes a symbol (a class
@@ -97,14 +110,12 @@ RankState capture(model::DistributedOptimizer& opt, const model::DistributedData
                   int rank, bool with_groups) {
   RankState out;
   out.shards = snapshot(opt);
-  if (rank == 0) {
-    for (size_t i = 0; i < ddp.num_params(); ++i) out.params.push_back(tensor_floats(ddp.param(i)));
-    if (with_groups) out.groups = groups_text(opt);
-  }
+  for (size_t i = 0; i < ddp.num_params(); ++i) out.params.push_back(tensor_floats(ddp.param(i)));
+  if (rank == 0 && with_groups) out.groups = groups_text(opt);
   return out;
 }
 
-uint64_t rank_state_hash(const RankState& state) {
+uint64_t rank_state_hash(const RankState& state, int rank) {
   uint64_t h = fnv1a(nullptr, 0);
   for (const auto& s : state.shards) {
     h = fnv1a(&s.model_param, sizeof s.model_param, h);
@@ -114,7 +125,9 @@ uint64_t rank_state_hash(const RankState& state) {
     const double step = s.step.value_or(-1.0);
     h = fnv1a(&step, sizeof step, h);
   }
-  for (const auto& p : state.params) h = fnv1a_floats(p, h);
+  if (rank == 0) {
+    for (const auto& p : state.params) h = fnv1a_floats(p, h);
+  }
   return h;
 }
 
@@ -125,6 +138,10 @@ GlobalState gather_state(const Scenario& s, int64_t global_step,
     st.param = ranks.front()->params;
     st.param_groups = ranks.front()->groups;
     st.hypers = ranks.front()->hypers;
+    for (size_t r = 1; r < ranks.size(); ++r) {
+      if (ranks[r] != nullptr && !bitwise_equal(ranks[r]->params, st.param))
+        st.param_on_rank.emplace(static_cast<int>(r), ranks[r]->params);
+    }
   }
   // Invariant 1: which rank holds each element (-1: none yet).
   std::vector<std::vector<int>> holder;
@@ -172,6 +189,10 @@ uint64_t GlobalState::hash() const {
   for (const auto* group : {&master, &exp_avg, &exp_avg_sq, &param}) {
     for (const auto& v : *group) h = fnv1a_floats(v, h);
   }
+  for (const auto& [rank, params] : param_on_rank) {
+    h = fnv1a(&rank, sizeof rank, h);
+    for (const auto& v : params) h = fnv1a_floats(v, h);
+  }
   for (const auto& s : shards) {
     const double c = s.counter.value_or(-1.0);
     const double u = s.step_used.value_or(-1.0);
@@ -179,6 +200,11 @@ uint64_t GlobalState::hash() const {
     h = fnv1a(&u, sizeof u, h);
   }
   return h;
+}
+
+const std::vector<std::vector<float>>& GlobalState::params_of(int rank) const {
+  const auto it = param_on_rank.find(rank);
+  return it != param_on_rank.end() ? it->second : param;
 }
 
 const ShardRecord* GlobalState::shard_at(size_t param, int64_t element) const {

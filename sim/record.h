@@ -40,7 +40,7 @@ struct RankState {
   std::vector<ShardSnapshot> shards;
   std::vector<StepUse> uses;               // after a step: the t each part used
   std::vector<GroupHyper> hypers;          // after a step: each group's lr and weight decay
-  std::vector<std::vector<float>> params;  // rank 0 only: every model param, full length
+  std::vector<std::vector<float>> params;  // every model param, full length, as this rank holds it
   std::string groups;                      // rank 0 only, where asked: the saved param groups
 };
 
@@ -48,8 +48,12 @@ struct RankState {
 // them (state_dict() after a pickle round trip, or what state_dict() raised).
 RankState capture(model::DistributedOptimizer& opt, const model::DistributedDataParallel& ddp,
                   int rank, bool with_groups);
-// The trace's hash of one rank's state: its shards (master, moments, counter) and params.
-uint64_t rank_state_hash(const RankState& state);
+// The trace's hash of one rank's state: its shards (master, moments, counter), and on rank 0
+// its model params. The other ranks' params are left out, as they were when only rank 0
+// captured them, so that the trace hashes of the bundled scenarios did not move when every
+// rank began to (a rank's own shard of an fp32 param is in its master; the whole of each
+// rank's params is in the JSON trace, GlobalState::params_of).
+uint64_t rank_state_hash(const RankState& state, int rank);
 
 // An error one rank met in one stage of a phase.
 struct RankError {
@@ -119,7 +123,13 @@ struct GlobalState {
   std::vector<std::vector<float>> master;
   std::vector<std::vector<float>> exp_avg;
   std::vector<std::vector<float>> exp_avg_sq;
-  std::vector<std::vector<float>> param;  // the model (bf16/fp32) param after the all-gather
+  std::vector<std::vector<float>> param;  // rank 0's model (bf16/fp32) params, full length
+  // The ranks whose model params are not bitwise rank 0's, with theirs. After a step the
+  // all-gather makes every rank's equal; after a load each rank has written only its own shard
+  // of an fp32 param (the shard is a view of it), so the ranks can differ there.
+  std::map<int, std::vector<std::vector<float>>> param_on_rank;
+  // The model params as rank `rank` holds them.
+  const std::vector<std::vector<float>>& params_of(int rank) const;
   // Per element: does optimizer state (exp_avg/exp_avg_sq) exist yet? Adam creates it lazily,
   // as zeros, so an element without state is equivalent to one whose moments are zero.
   std::vector<std::vector<uint8_t>> moments_present;
@@ -193,7 +203,8 @@ struct RunResult {
 };
 
 // Gathers the ranks' captures (rank order; null for a rank that captured nothing) into the
-// whole model's state. Param values and groups come from rank 0's capture.
+// whole model's state. Param groups come from rank 0's capture; param values from rank 0's, and
+// each other rank's where they differ (param_on_rank).
 GlobalState gather_state(const Scenario& s, int64_t global_step,
                          const std::vector<const RankState*>& ranks);
 

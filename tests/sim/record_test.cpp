@@ -6,6 +6,11 @@
 //                               from the CPU run's on fused-adam-save-before-first-step-miles-main)
 //   OtherValuesHashAsTheirBytes canonicalizing more than NaNs (-0.0 as 0.0, or every
 //                               non-finite value), which would hide a real difference
+//   EachRankKeepsItsOwnModelParams
+//                               rank 0's model params given to every rank (gather_state before
+//                               2026-12-02): after a load each rank writes only its own range of
+//                               an fp32 param, and the real ranks then differ (campaign2
+//                               gen-miles-main-to-upstream-2874-seed36-case61)
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -44,6 +49,24 @@ TEST(StateHash, OtherValuesHashAsTheirBytes) {
   EXPECT_EQ(sim::fnv1a_floats(values, 11), sim::fnv1a(values.data(), values.size() * 4, 11));
   EXPECT_NE(sim::fnv1a_floats(std::vector<float>{0.0F}, 11),
             sim::fnv1a_floats(std::vector<float>{-0.0F}, 11));
+}
+
+TEST(StateGather, EachRankKeepsItsOwnModelParams) {
+  sim::Scenario s;
+  s.params = {{.name = "p", .numel = 3, .dtype = model::DType::kFloat32}};
+  sim::RankState r0;
+  r0.params = {{1.0F, 2.0F, 3.0F}};
+  sim::RankState r1 = r0;
+  sim::RankState r2 = r0;
+  r2.params = {{1.0F, 2.0F, 4.0F}};
+  const sim::GlobalState alike = sim::gather_state(s, 1, {&r0, &r1, &r0});
+  EXPECT_TRUE(alike.param_on_rank.empty());
+  const sim::GlobalState st = sim::gather_state(s, 1, {&r0, &r1, &r2});
+  EXPECT_EQ(st.params_of(0), r0.params);
+  EXPECT_EQ(st.params_of(1), r0.params);
+  EXPECT_EQ(st.params_of(2), r2.params);
+  EXPECT_EQ(st.param_on_rank.size(), 1U);
+  EXPECT_NE(st.hash(), alike.hash()) << "a rank's own params are part of the state";
 }
 
 }  // namespace
