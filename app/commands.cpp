@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "app/confirm.h"
+#include "app/search_support.h"
 #include "app/shard.h"
 #include "model/faults.h"
 #include "model/revision.h"
@@ -35,7 +36,9 @@ namespace ckptsim::app {
 
 static_assert(kJobsMax == search::SearchOptions::kJobsMax);
 
-namespace {
+// The helpers of the commands; those app/search_support.h declares are shared with
+// app/real_commands.cpp.
+namespace detail {
 
 int invalid(std::ostream& err, const std::string& message) {
   err << "ckptsim: " << message << "\n";
@@ -376,6 +379,18 @@ void say_check_findings(const search::SearchResult& result,
 
 // What is checked before a search starts: where its outputs go, and the --megatron options.
 Status prepare_search_outputs(const SearchCommand& c, const model::RevisionRegistry& registry) {
+  const RealSearchOptions defaults;
+  const RealSearchOptions& r = c.real;
+  if (!r.enabled &&
+      (!r.baseline_megatron.empty() || !r.candidate_megatron.empty() || !r.profile_of.empty() ||
+       r.no_model || r.run_timeout != defaults.run_timeout ||
+       r.scenario_timeout != defaults.scenario_timeout || !r.work_dir.empty() || r.keep_all ||
+       r.prestart_dp != defaults.prestart_dp || r.shrink_runs_max != defaults.shrink_runs_max)) {
+    return Status::invalid_input(
+        "--baseline-megatron, --candidate-megatron, --profile-of, --no-model, --run-timeout, "
+        "--scenario-timeout, --prestart-dp, --shrink-runs-max, --work-dir and --keep-all need "
+        "--real");
+  }
   if (c.real_code.enabled()) {
     if (Status s = validate_real_code(c.real_code, registry); !s.is_ok()) return s;
   } else if (!c.real_code.replay_args.empty() || !c.real_code.replay_dir.empty()) {
@@ -400,12 +415,6 @@ Status write_check_junit(const SearchCommand& c, const std::string& revision,
                                       report::check_junit_cases(revision, reported, repeat)));
 }
 
-struct GateNames {
-  std::string baseline;
-  std::string candidate;
-  std::string repeat;
-};
-
 // gate-report.md and junit.xml in the gate's --out.
 Status write_gate_files(const SearchCommand& c, const GateNames& n,
                         const search::GateResult& result,
@@ -422,7 +431,8 @@ Status write_gate_files(const SearchCommand& c, const GateNames& n,
 bool confirm_found(const SearchCommand& c, model::RevisionRegistry& registry,
                    const std::string& command, std::vector<report::ReportedFailure>& reported,
                    std::ostream& err) {
-  if (!c.real_code.enabled() || reported.empty()) return false;
+  // With --real every finding is the real code's already (app/real_engine.h).
+  if (c.real.enabled || !c.real_code.enabled() || reported.empty()) return false;
   const bool talk = !c.quiet && !c.json;
   ConfirmContext ctx{c.real_code, c.out_dir, &registry, [&](const std::string& line) {
                        if (talk) err << command << ": " << line << std::endl;
@@ -431,17 +441,6 @@ bool confirm_found(const SearchCommand& c, model::RevisionRegistry& registry,
   if (talk && !runner.empty()) err << command << ": the runner was: " << runner << std::endl;
   return true;
 }
-
-// What a check (or the merge of its shards) reports, besides its result: `whole` is the whole
-// search's repeat line (the found scenarios' "how", the same in every shard), `repeat` the
-// line that repeats this run.
-struct CheckNames {
-  std::string revision;
-  std::string whole;
-  std::string repeat;
-  search::Shard shard;
-  int jobs = 1;
-};
 
 // <out>/ckptsim-summary.json, for `ckptsim merge`.
 Status write_check_summary(const SearchCommand& c, const CheckNames& n,
@@ -456,12 +455,14 @@ Status write_check_summary(const SearchCommand& c, const CheckNames& n,
 // The outputs of check and merge: the minimal scenarios, the JUnit file, the summary, and the
 // console or JSON; the exit code.
 int report_check(const SearchCommand& c, const CheckNames& n, const search::SearchResult& result,
-                 model::RevisionRegistry& registry, std::ostream& out, std::ostream& err) {
+                 model::RevisionRegistry& registry, std::ostream& out, std::ostream& err,
+                 const Annotate& annotate) {
   std::vector<const search::Failure*> failures;
   for (const auto& f : result.failures) failures.push_back(&f);
   auto reported = write_failures(c, failures, std::vector<std::string>(failures.size(), n.whole),
                                  std::vector<std::string>(failures.size()));
   if (!reported.is_ok()) return invalid(err, reported.status().message());
+  if (annotate) annotate(reported.value());
   // The JUnit file is written before the real code is asked (a runner that hangs loses nothing)
   // and again after, with its answers.
   if (Status s = write_check_junit(c, n.revision, reported.value(), n.repeat); !s.is_ok())
@@ -485,7 +486,9 @@ int report_check(const SearchCommand& c, const CheckNames& n, const search::Sear
   return reported.value().empty() ? kExitOk : kExitFail;
 }
 
-}  // namespace
+}  // namespace detail
+
+using namespace detail;  // NOLINT(google-build-using-namespace): this file's own helpers
 
 int run_command(const RunCommand& c, std::ostream& out, std::ostream& err) {
   auto registry = load_registry(c.profiles);
@@ -600,6 +603,7 @@ int revisions_command(bool json, const std::vector<std::string>& profiles, std::
 
 int check_command(const SearchCommand& c, const std::string& revision, std::ostream& out,
                   std::ostream& err) {
+  if (c.real.enabled) return real_check_command(c, revision, out, err);
   auto registry = load_registry(c.profiles);
   if (!registry.is_ok()) return invalid(err, registry.status().message());
   auto options = search_options(c);
@@ -1096,6 +1100,12 @@ int coverage_command(const CoverageCommand& c, std::ostream& out, std::ostream& 
 
 int gate_command(const SearchCommand& c, const std::string& baseline, const std::string& candidate,
                  std::ostream& out, std::ostream& err) {
+  if (c.real.enabled) return real_gate_command(c, baseline, candidate, out, err);
+  if (baseline.empty() || candidate.empty()) {
+    return invalid(err,
+                   "--baseline and --candidate are required (with --real, --baseline-megatron "
+                   "and --candidate-megatron may stand for them)");
+  }
   auto registry = load_registry(c.profiles);
   if (!registry.is_ok()) return invalid(err, registry.status().message());
   if (c.out_dir.empty()) return invalid(err, "--out is required");

@@ -114,6 +114,22 @@ struct RealCodeOptions {
   bool enabled() const { return !megatron.empty() || !megatron_root.empty(); }
 };
 
+// --real on check and gate: the real Megatron-LM as the system under test (app/real_engine.h).
+// The checkouts are real_code's --megatron / --megatron-root (check) or the two below (gate).
+struct RealSearchOptions {
+  bool enabled = false;
+  std::string baseline_megatron;        // gate: the baseline's checkout
+  std::string candidate_megatron;       // gate: the candidate's
+  std::vector<std::string> profile_of;  // SIDE=PROFILE: the model runs SIDE as PROFILE
+  bool no_model = false;                // never run the model beside the real code
+  double run_timeout = 300;             // seconds, one run of a plan (the runner's --run-timeout)
+  double scenario_timeout = 0;          // seconds, one scenario (0: from its runs)
+  int prestart_dp = 2;                  // workers each runner starts per checkout at once
+  int64_t shrink_runs_max = 200;        // replays spent shrinking one finding
+  std::string work_dir;                 // "": <out>/real-work
+  bool keep_all = false;                // keep every plan and trace
+};
+
 // The options of a search (check, gate). Defaults are the CLI's.
 struct SearchCommand {
   uint64_t seed = 1;
@@ -142,6 +158,7 @@ struct SearchCommand {
   int jobs = 0;
   std::string shard;  // check: "K/N" ("": from the environment, app/shard.h)
   RealCodeOptions real_code;
+  RealSearchOptions real;
   // generate only. The RapidCheck size of each case (search::SizeSchedule): "spread" (evenly
   // over [0, 100] at any --cases), "ramp" (check's: case k at k % 101) or a size N in [0, 100]
   // for every case. `campaign`: draw from the campaign profile (search/generators.h).
@@ -154,6 +171,12 @@ int revisions_command(bool json, const std::vector<std::string>& profiles, std::
                       std::ostream& err);
 int check_command(const SearchCommand& c, const std::string& revision, std::ostream& out,
                   std::ostream& err);
+// check --real and gate --real (app/real_commands.cpp): the real Megatron-LM as the system under
+// test (app/real_engine.h). check_command and gate_command call them when c.real.enabled.
+int real_check_command(const SearchCommand& c, const std::string& revision, std::ostream& out,
+                       std::ostream& err);
+int real_gate_command(const SearchCommand& c, const std::string& baseline,
+                      const std::string& candidate, std::ostream& out, std::ostream& err);
 // `ckptsim merge`: the summaries (report::kCheckSummaryFile) and minimal scenarios of the
 // shards of one check, as that check's outputs: one minimal scenario per cause, the one of the
 // smallest case index (search::merge_shards), written to out_dir with the merged summary (and

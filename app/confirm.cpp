@@ -106,6 +106,13 @@ bool is_replay_error(const nlohmann::json& e) {
   return std::find(kTypes.begin(), kTypes.end(), type) != kTypes.end();
 }
 
+// The skip of a run whose source run left no checkpoint: the runner's reason
+// (replay/coordinator.py) and the model's (report/trace_json.cpp).
+bool resumes_nothing(const std::string& reason) {
+  return reason.find("no checkpoint to resume from") != std::string::npos ||
+         reason.find("the checkpoint to resume from does not exist") != std::string::npos;
+}
+
 }  // namespace
 
 Status validate_real_code(const RealCodeOptions& o, const model::RevisionRegistry& registry) {
@@ -145,8 +152,11 @@ std::string replay_problem(const nlohmann::json& real_trace) {
   for (const auto& run : *runs) {
     if (!run.is_object()) continue;
     const std::string id = run.value("id", "?");
-    if (run.value("status", "") == "skipped")
-      return "the runner skipped run " + id + ": " + run.value("skipped_reason", "no reason given");
+    // A run skipped because the run it resumes from left no checkpoint (it failed, or saved
+    // nothing) is an outcome the model records alike; any other skip is about the replay.
+    const std::string reason = run.value("skipped_reason", "no reason given");
+    if (run.value("status", "") == "skipped" && !resumes_nothing(reason))
+      return "the runner skipped run " + id + ": " + reason;
     const auto events = run.find("events");
     if (events == run.end() || !events->is_array()) continue;
     for (const auto& e : *events) {

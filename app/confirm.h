@@ -58,8 +58,9 @@ report::RealCodeVerdict real_code_verdict(const properties::Conformance& c,
                                           const std::string& property);
 
 // Why a real trace cannot stand for the real code's verdict, or "" when it can: a skipped run
-// (no checkout for a revision, no CUDA device, a kind that needs TE, ...), or a primary error
-// that the runner made up (WorkerCrash, ReplayTimeout, ReplayRunnerError) or that an import
+// (no checkout for a revision, no CUDA device, a kind that needs TE, ...; not a run skipped
+// because the run it resumes from left no checkpoint, which the model records alike), or a primary
+// error that the runner made up (WorkerCrash, ReplayTimeout, ReplayRunnerError) or that an import
 // raised (ImportError, ModuleNotFoundError: the model has no import step to compare it with).
 std::string replay_problem(const nlohmann::json& real_trace);
 

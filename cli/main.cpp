@@ -74,6 +74,47 @@ void add_real_code_flags(CLI::App* cmd, app::RealCodeOptions& f) {
                   "ckptsim was built in)");
 }
 
+// check and gate: the real Megatron-LM as the system under test (app/real_engine.h).
+void add_real_search_flags(CLI::App* cmd, app::RealSearchOptions& f, bool gate) {
+  cmd->add_flag("--real", f.enabled,
+                "Replay every scenario drawn, and every shrink candidate, on the real Megatron-LM "
+                "(needs a CUDA GPU and torch in the runner's Python) and judge the real traces; "
+                "the model runs beside it where a checkout maps to a profile. --jobs counts "
+                "runner processes");
+  if (gate) {
+    cmd->add_option("--baseline-megatron", f.baseline_megatron,
+                    "--real: the baseline's checkout (then --baseline may be left out)");
+    cmd->add_option("--candidate-megatron", f.candidate_megatron,
+                    "--real: the candidate's checkout (then --candidate may be left out)");
+  }
+  cmd->add_option("--profile-of", f.profile_of,
+                  "--real: SIDE=PROFILE, run the model beside SIDE (baseline, candidate, checkout) "
+                  "as PROFILE (default: the profile whose upstream commit is the checkout's)");
+  cmd->add_flag("--no-model", f.no_model, "--real: do not run the model beside the real code");
+  cmd->add_option("--run-timeout", f.run_timeout,
+                  "--real: seconds one run of a scenario may take (a hung worker is killed)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--scenario-timeout", f.scenario_timeout,
+                  "--real: seconds one scenario may take before its runner is killed (0: from its "
+                  "runs)")
+      ->check(kNotNegative);
+  cmd->add_option("--prestart-dp", f.prestart_dp,
+                  "--real: worker processes each runner starts per checkout before the first "
+                  "scenario")
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str();
+  cmd->add_option("--shrink-runs-max", f.shrink_runs_max,
+                  "--real: replays spent shrinking one finding")
+      ->check(CLI::Range(int64_t{0}, int64_t{100000}))
+      ->capture_default_str();
+  cmd->add_option(
+      "--work-dir", f.work_dir,
+      "--real: where plans, traces and the runners' logs go (default: <out>/real-work)");
+  cmd->add_flag("--keep-all", f.keep_all,
+                "--real: keep every plan and trace, not the findings' only");
+}
+
 // What the command line asked for: one subcommand and its options.
 struct Flags {
   app::RunCommand run;
@@ -286,6 +327,7 @@ CLI::App* add_check(CLI::App& app, Flags& f) {
                     "$RANK/$WORLD_SIZE (torchrun), else the whole search. `ckptsim merge` "
                     "combines the shards' --out directories");
   add_real_code_flags(check, f.check.real_code);
+  add_real_search_flags(check, f.check.real, false);
   return check;
 }
 
@@ -310,8 +352,10 @@ CLI::App* add_gate(CLI::App& app, Flags& f) {
   f.gate.out_dir.clear();
   auto* gate = app.add_subcommand(
       "gate", "Judge a candidate revision against a baseline (new failures exit 1)");
-  gate->add_option("--baseline", f.baseline, "The revision in use today")->required();
-  gate->add_option("--candidate", f.candidate, "The revision under review")->required();
+  gate->add_option("--baseline", f.baseline,
+                   "The revision in use today (with --real and --baseline-megatron: optional)");
+  gate->add_option("--candidate", f.candidate,
+                   "The revision under review (with --real and --candidate-megatron: optional)");
   gate->add_option("--out", f.gate.out_dir,
                    "Directory for the report, JUnit XML and minimal scenarios")
       ->required();
@@ -323,6 +367,7 @@ CLI::App* add_gate(CLI::App& app, Flags& f) {
       ->check(CLI::Range(0, app::kJobsMax))
       ->capture_default_str();
   add_real_code_flags(gate, f.gate.real_code);
+  add_real_search_flags(gate, f.gate.real, true);
   return gate;
 }
 

@@ -4,18 +4,9 @@
 // judged on each trace by the same code (so a verdict is compared with a verdict reached the
 // same way), and the traces are compared event by event for the first divergence.
 //
-// Judged from a trace (the rest need what a trace does not hold, and are listed as not compared):
-//   no_duplicate_leaves               no primary error with a merge() key path in a resumed run
-//   resume_completes                  no primary error in any run
-//   step_matches_uninterrupted        every resumed part's counter after the load, and the t it
-//                                     then uses, equal the reference run's for the shard holding
-//                                     the same first element (a missing counter counts as 0)
-//   trajectory_matches_uninterrupted  the model params after every load and step hash equal to
-//                                     the reference run's at that global step (bitwise only: a
-//                                     trace carries hashes, not values)
-//   round_trip_identity               after a load the model params hash equal to what the
-//                                     previous run saved, and every counter equals the saved one
-//   step_tensors_not_aliased          no part shares its step tensor (where a trace says)
+// Judged from a trace: every property of the registry with a trace check (Property::trace_check,
+// properties/trace_checks.h says what each checks); the rest need what a trace does not hold,
+// and are listed as not compared.
 //
 // What agreement is (Conformance::agrees, the strict judge): every verdict above, every run's
 // status and first primary error, every event (a rank's state at a point of a run), every
@@ -46,12 +37,6 @@
 #include "properties/properties.h"
 
 namespace ckptsim::properties {
-
-struct TraceVerdict {
-  std::string property;
-  Verdict verdict = Verdict::kPass;
-  std::string detail;
-};
 
 // The verdicts of the properties a trace can judge, in registry order.
 std::vector<TraceVerdict> judge_trace(const nlohmann::json& trace);

@@ -3,6 +3,7 @@
 #include "properties/properties.h"
 
 #include "properties/common.h"
+#include "properties/trace_checks.h"
 
 namespace ckptsim::properties {
 
@@ -22,40 +23,52 @@ const std::vector<Property>& all_properties() {
   static const std::vector<Property> props = {
       {"no_duplicate_leaves",
        "no merge() in any load meets a duplicate leaf or lists of different lengths",
-       no_duplicate_leaves},
-      {"resume_completes", "every save and load runs to the end on every rank", resume_completes},
+       no_duplicate_leaves, trace_no_duplicate_leaves,
+       "PropertyCanary.NoDuplicateLeavesCatchesRawStepUnderLnoRequest"},
+      {"resume_completes", "every save and load runs to the end on every rank", resume_completes,
+       trace_resume_completes, "PropertyCanary.ResumeCompletesCatchesThePre2874SaveAssert"},
       {"step_matches_uninterrupted",
        "after every resume every Adam part holds and uses the uninterrupted run's bias-correction "
        "step",
-       step_matches_uninterrupted},
+       step_matches_uninterrupted, trace_step_matches_uninterrupted,
+       "PropertyCanary.StepMatchesCatchesTheSkeletonStep"},
       {"step_counts_optimizer_steps",
        "every Adam counter equals the number of optimizer steps taken (absolute: no reference)",
-       step_counts_optimizer_steps},
+       step_counts_optimizer_steps, trace_step_counts_optimizer_steps,
+       "PropertyCanary.StepCountsCatchesANarrowCounterTheUninterruptedRunShares"},
       {"hyperparams_follow_schedule",
        "every param group's lr and weight decay at every step equal the schedule in force "
        "(absolute: no reference)",
-       hyperparams_follow_schedule},
+       hyperparams_follow_schedule, nullptr,
+       "PropertyCanary.HyperparamsFollowScheduleCatchesASchedulerSteppedPerIteration"},
       {"trajectory_matches_uninterrupted",
        "master params, moments and model params equal the uninterrupted run (bitwise for the same "
        "kernel kind)",
-       trajectory_matches_uninterrupted},
+       trajectory_matches_uninterrupted, trace_trajectory_matches_uninterrupted,
+       "PropertyCanary.TrajectoryCatchesOneUlpInOneRestoredMoment"},
       {"shards_tile_buckets",
        "saved optimizer pieces tile [0, numel_unpadded) of every bucket and key exactly once",
-       shards_tile_buckets},
+       shards_tile_buckets, nullptr, "PropertyCanary.ShardsTileBucketsCatchesADroppedPad"},
       {"common_state_rank_independent",
        "every rank's common state equals rank 0's, the only one persisted",
-       common_state_rank_independent},
-      {"layout_invariants", "buffer layouts and DP shards keep I1, I2 and I4", layout_invariants},
+       common_state_rank_independent, nullptr,
+       "PropertyCanary.CommonStateCatchesRankDependentLeaf"},
+      {"layout_invariants", "buffer layouts and DP shards keep I1, I2 and I4", layout_invariants,
+       nullptr, "PropertyCanary.LayoutInvariantsCatchAMisalignedParam"},
       {"round_trip_identity", "a load gives back exactly what the previous phase saved (I13)",
-       round_trip_identity},
+       round_trip_identity, trace_round_trip_identity,
+       "PropertyCanary.RoundTripIdentityCatchesTheSkeletonStep"},
       {"reshard_round_trip_bytes",
        "resume then save with no step writes the same param-region bytes (I5)",
-       reshard_round_trip_bytes},
+       reshard_round_trip_bytes, nullptr,
+       "PropertyCanary.ReshardRoundTripBytesCatchesAChangedMomentAfterAZeroStepResume"},
       {"step_tensors_not_aliased", "no two params share one step tensor object (I14)",
-       step_tensors_not_aliased},
+       step_tensors_not_aliased, trace_step_tensors_not_aliased,
+       "PropertyCanary.StepTensorsNotAliasedCatchesB9"},
       {"load_writes_every_element",
        "every element a load requests is written from the checkpoint (absolute: no reference)",
-       load_writes_every_element},
+       load_writes_every_element, nullptr,
+       "PropertyCanary.LoadWritesEveryElementCatchesASkippedPiece"},
   };
   return props;
 }

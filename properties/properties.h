@@ -92,12 +92,36 @@ struct PropertyResult {
   bool ok() const { return verdict == Verdict::kPass; }
 };
 
+namespace trace {
+struct Trace;  // properties/trace.h
+}
+
+// A property's verdict on a trace (the model's or the real code's, properties/trace.h).
+struct TraceVerdict {
+  std::string property;
+  Verdict verdict = Verdict::kPass;
+  std::string detail;
+  // A failure's coarse cause, as PropertyResult::signature (empty unless the verdict is fail);
+  // the same on the model's trace and the real one, and through shrinking.
+  std::string signature;
+  std::string run;  // the run a failure was seen in ("reference", "phase1"; "" unless fail)
+};
+
+// One property, in one place: its name, its description, its check over the model's run record,
+// and, where a trace can show it, its check over a trace. The model's verdicts (check), the real
+// code's (judge_trace: the real engine, conform) and the listings (--help, `ckptsim properties`,
+// the README's table, which a test holds to this registry) all come from here.
 struct Property {
   std::string name;
   std::string description;  // one line, for listings
   // Pure: reads only the run, never the model; never throws for any recorded run (a run the
   // simulator could not finish is judged not_evaluated or fail, not an exception).
   std::function<PropertyResult(const sim::RunResult&)> check;
+  // Pure, never throws; empty where a trace cannot judge the property.
+  std::function<TraceVerdict(const trace::Trace&)> trace_check;
+  // What makes it fail on purpose (a fault or a revision profile of tests/properties/
+  // canary_test.cpp), shown in the listings.
+  std::string canary;
 };
 
 const std::vector<Property>& all_properties();

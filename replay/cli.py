@@ -8,9 +8,12 @@ processes that `run` starts import torch and megatron).
   summarize       print a trace's step counters and errors, run by run
   diff            the first place two traces of the same plan differ
   synthetic-plan  build a smoke-test plan from a scenario file (not ckptsim's gradients)
+  serve           a long-running runner: one plan per request (JSON lines on stdin, answers on
+                  stdout; warm worker pools shared by every request; replay/serve.py)
 
-Exit status: 0 done (for `run`: every trace written, whatever the replayed code did),
-1 `validate-*` found problems / `diff` found a difference, 2 bad input, 3 a bug of the runner.
+Exit status: 0 done (for `run`: every trace written, whatever the replayed code did; for
+`serve`: told to exit, or stdin ended), 1 `validate-*` found problems / `diff` found a difference,
+2 bad input, 3 a bug of the runner.
 """
 
 from __future__ import annotations
@@ -37,31 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="replay plans on real Megatron-LM checkouts and write traces")
     r.add_argument("--plan", action="append", required=True, metavar="PLAN",
                    help="a plan file (from `ckptsim replay-plan`) or a folder of them; repeatable")
-    r.add_argument("--megatron", action="append", default=[], metavar="DIR|REVISION=DIR",
-                   help="a checkout holding megatron/core for every revision, or for one revision profile")
-    r.add_argument("--megatron-root", metavar="ROOT",
-                   help="folder of checkouts made by replay/fetch-megatron.sh, matched by upstream commit")
     out = r.add_mutually_exclusive_group(required=True)
     out.add_argument("--out", metavar="TRACE", help="the trace file (one plan)")
     out.add_argument("--out-dir", metavar="DIR", help="folder for <scenario>.trace.json (any number of plans)")
-    r.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto",
-                   help="auto: NCCL with one GPU per rank where there are enough GPUs, else gloo on shared GPUs "
-                        "with the coalescing workaround (default: %(default)s)")
-    r.add_argument("--emulate-te", action="store_true",
-                   help="Transformer Engine absent: take Megatron's TE code branches anyway (labelled in the trace)")
-    r.add_argument("--fused-adam-standin", action="store_true",
-                   help="TE absent: inject the stand-in FusedAdam (TE's documented semantics) where TE's would be "
-                        "built (labelled in the trace); needs --emulate-te")
-    r.add_argument("--values", action="store_true", help="also write every hashed array (base64 float32)")
-    r.add_argument("--work-dir", help="checkpoints, process-group stores and worker logs (default: a new temp folder)")
-    r.add_argument("--keep-checkpoints", action="store_true")
-    r.add_argument("--collective-timeout", type=float, default=120.0, metavar="S",
-                   help="torch.distributed timeout of each run's process group (default: %(default)s)")
-    r.add_argument("--abort-grace", type=float, default=15.0, metavar="S",
-                   help="after a rank fails, how long the other ranks may still run (default: %(default)s)")
-    r.add_argument("--run-timeout", type=float, default=900.0, metavar="S",
-                   help="wall-clock limit of one run (default: %(default)s)")
-    r.add_argument("--python", help="interpreter for the worker processes (default: this one)")
+    add_replay_options(r)
     r.add_argument("--check-grads", action="store_true",
                    help="before running, check that each global step's gradients sum to the same total in every run")
     r.add_argument("--dry-run", action="store_true", help="validate the plans and print which checkout runs what")
@@ -73,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-prestart", action="store_true",
                    help="start a checkout's workers only when a run needs them (default: start all at once, "
                         "so their imports overlap)")
+
+    add_serve_arguments(sub.add_parser("serve", help="a long-running runner: replays one plan per request read "
+                                                     "from stdin (JSON lines; see replay/PLAN_AND_TRACE.md)"))
 
     v = sub.add_parser("validate-plan", help="check plan files")
     v.add_argument("plans", nargs="+")
@@ -93,6 +78,59 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("synthetic-plan", help="build a smoke-test plan (see python -m replay.synthetic_plan -h)",
                    add_help=False)
     return ap
+
+
+def add_replay_options(p: argparse.ArgumentParser) -> None:
+    """The options `run` and `serve` share: the checkouts, how runs are set up, and the limits.
+    Both subparsers call this (and `serve`'s own parser, see replay/serve.py), so the two cannot
+    drift; each turns the parsed values into Coordinator opts with coordinator_opts()."""
+    p.add_argument("--megatron", action="append", default=[], metavar="DIR|REVISION=DIR",
+                   help="a checkout holding megatron/core for every revision, or for one revision profile")
+    p.add_argument("--megatron-root", metavar="ROOT",
+                   help="folder of checkouts made by replay/fetch-megatron.sh, matched by upstream commit")
+    p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto",
+                   help="auto: NCCL with one GPU per rank where there are enough GPUs, else gloo on shared GPUs "
+                        "with the coalescing workaround (default: %(default)s)")
+    p.add_argument("--emulate-te", action="store_true",
+                   help="Transformer Engine absent: take Megatron's TE code branches anyway (labelled in the trace)")
+    p.add_argument("--fused-adam-standin", action="store_true",
+                   help="TE absent: inject the stand-in FusedAdam (TE's documented semantics) where TE's would be "
+                        "built (labelled in the trace); needs --emulate-te")
+    p.add_argument("--values", action="store_true", help="also write every hashed array (base64 float32)")
+    p.add_argument("--work-dir", help="checkpoints, process-group stores and worker logs (default: a new temp folder)")
+    p.add_argument("--keep-checkpoints", action="store_true")
+    p.add_argument("--collective-timeout", type=float, default=120.0, metavar="S",
+                   help="torch.distributed timeout of each run's process group (default: %(default)s)")
+    p.add_argument("--abort-grace", type=float, default=15.0, metavar="S",
+                   help="after a rank fails, how long the other ranks may still run (default: %(default)s)")
+    p.add_argument("--run-timeout", type=float, default=900.0, metavar="S",
+                   help="wall-clock limit of one run (default: %(default)s)")
+    p.add_argument("--python", help="interpreter for the worker processes (default: this one)")
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    """`serve`'s options: the shared ones and its own two."""
+    add_replay_options(p)
+    p.add_argument("--prestart-dp", type=int, default=0, metavar="N",
+                   help="after the hello, start N workers of every checkout named by --megatron, so that their "
+                        "imports overlap the first request (default: %(default)s)")
+    p.add_argument("--device-offset", type=int, default=0, metavar="K",
+                   help="rank r of every run uses CUDA device (K + r) %% GPUs, to spread several servers over "
+                        "the GPUs of one host (default: %(default)s)")
+
+
+FUSED_ADAM_STANDIN_NEEDS_EMULATE_TE = ("--fused-adam-standin needs --emulate-te (the stand-in is built where Megatron "
+                                       "builds TE's FusedAdam)")
+NAME_A_CHECKOUT = "name a checkout: --megatron DIR, --megatron REVISION=DIR or --megatron-root ROOT"
+
+
+def coordinator_opts(a: argparse.Namespace, work: str, argv: Sequence[str]) -> Dict[str, Any]:
+    """The Coordinator opts of the options add_replay_options() defines (the caller adds its own)."""
+    return {
+        "work_dir": work, "backend": a.backend, "emulate_te": a.emulate_te, "fused_adam_standin": a.fused_adam_standin,
+        "values": a.values, "keep_checkpoints": a.keep_checkpoints, "collective_timeout_s": a.collective_timeout,
+        "abort_grace_s": a.abort_grace, "run_timeout_s": a.run_timeout, "python": a.python, "argv": list(argv),
+    }
 
 
 def _read_json(path: str) -> Any:
@@ -175,14 +213,13 @@ def _load_plans(paths: Sequence[str]) -> List[tuple]:
 
 def cmd_run(a: argparse.Namespace, argv: Sequence[str]) -> int:
     if a.fused_adam_standin and not a.emulate_te:
-        print("--fused-adam-standin needs --emulate-te (the stand-in is built where Megatron builds TE's FusedAdam)",
-              file=sys.stderr)
+        print(FUSED_ADAM_STANDIN_NEEDS_EMULATE_TE, file=sys.stderr)
         return 2
     try:
         plans = _load_plans(a.plan)
         default, per_rev = co.parse_megatron_args(a.megatron)
         if not default and not per_rev and not a.megatron_root:
-            raise co.CheckoutError("name a checkout: --megatron DIR, --megatron REVISION=DIR or --megatron-root ROOT")
+            raise co.CheckoutError(NAME_A_CHECKOUT)
     except (plan_mod.PlanError, co.CheckoutError) as e:
         print(e, file=sys.stderr)
         return 2
@@ -220,12 +257,7 @@ def cmd_run(a: argparse.Namespace, argv: Sequence[str]) -> int:
     os.makedirs(work, exist_ok=True)
     if a.out_dir:
         os.makedirs(a.out_dir, exist_ok=True)
-    opts: Dict[str, Any] = {
-        "work_dir": work, "backend": a.backend, "emulate_te": a.emulate_te, "fused_adam_standin": a.fused_adam_standin,
-        "values": a.values, "keep_checkpoints": a.keep_checkpoints, "collective_timeout_s": a.collective_timeout,
-        "abort_grace_s": a.abort_grace, "run_timeout_s": a.run_timeout, "python": a.python, "argv": list(argv),
-    }
-    coord = Coordinator(opts)
+    coord = Coordinator(coordinator_opts(a, work, argv))
     print("work dir %s (worker logs in %s/logs)" % (work, work))
     t0 = time.time()
     try:
@@ -266,6 +298,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from . import synthetic_plan
 
         return synthetic_plan.main(argv[1:])
+    if argv and argv[0] == "serve":
+        # Its own parser, so that a bad argument is answered on stdout too (a hello with ok false).
+        from . import serve
+
+        return serve.main(argv[1:])
     a = build_parser().parse_args(argv)
     if a.cmd == "run":
         return cmd_run(a, argv)

@@ -69,16 +69,22 @@ def te_decision(kind: str, needs_te: bool, te_installed: bool, emulate_te: bool,
     return None, False, "unknown optimizer kind %r" % kind
 
 
-def backend_decision(requested: str, dp: int, gpus: int) -> Tuple[Optional[str], bool, List[int], Optional[str]]:
-    """(backend, coalescing workaround, device of each rank, reason it cannot run)."""
+def backend_decision(requested: str, dp: int, gpus: int, offset: int = 0
+                     ) -> Tuple[Optional[str], bool, List[int], Optional[str]]:
+    """(backend, coalescing workaround, device of each rank, reason it cannot run).
+
+    Rank r runs on device (offset + r) % gpus, for either backend: `offset` (`serve
+    --device-offset`, 0 for `run`) spreads several runner processes over the GPUs of one host
+    without changing the rank -> device order. With NCCL, dp <= gpus, so the ranks still get
+    distinct devices (one GPU per rank); with gloo, ranks share devices round-robin."""
     if gpus < 1:
         return None, False, [], "no CUDA device is visible to the workers"
     if requested == "nccl" or (requested == "auto" and dp <= gpus):
         if dp > gpus:
             return None, False, [], "--backend nccl needs one GPU per rank: DP %d, %d GPUs" % (dp, gpus)
-        return "nccl", False, list(range(dp)), None
+        return "nccl", False, [(offset + r) % gpus for r in range(dp)], None
     if requested in ("gloo", "auto"):
-        return "gloo", True, [r % gpus for r in range(dp)], None
+        return "gloo", True, [(offset + r) % gpus for r in range(dp)], None
     return None, False, [], "unknown backend %r" % requested
 
 
@@ -261,11 +267,28 @@ class Coordinator:
         w = self.workers_for(checkout, 1)[0]
         return w.hello
 
-    def close(self) -> None:
+    def close(self, kill: bool = False) -> None:
+        """Ends every worker: idle and starting ones are asked to exit (up to 20 s each), the
+        others killed; with `kill`, all are killed at once (SIGTERM of `serve`)."""
         for pool in self.pools.values():
             for w in pool:
                 if w is not None:
-                    w.close()
+                    if kill:
+                        w.kill()
+                    else:
+                        w.close()
+
+    def drop_busy_workers(self) -> int:
+        """Kills the workers still marked busy (a run that an exception interrupted left them
+        running its job), so that the next run gets fresh ones in their places; idle workers are
+        kept. Returns how many were killed."""
+        n = 0
+        for pool in self.pools.values():
+            for w in pool:
+                if w is not None and w.state == "busy":
+                    w.kill()
+                    n += 1
+        return n
 
     # ------------------------------------------------------------------ one run
     def execute_run(self, plan_path: str, plan: Dict[str, Any], index: int, checkout: Optional[str],
@@ -313,7 +336,8 @@ class Coordinator:
         if why:
             return skipped(why)
         backend, workaround, devices, why = backend_decision(self.opts.get("backend", "auto"), run["dp"],
-                                                             int(hello.get("gpus", 0)))
+                                                             int(hello.get("gpus", 0)),
+                                                             int(self.opts.get("device_offset", 0)))
         if why:
             return skipped(why)
         rec.update({"backend": backend, "te": te_mode, "fused_adam_standin": standin,

@@ -109,7 +109,7 @@ std::string gate_markdown(const std::string& baseline, const std::string& candid
   md += fmt::format("Repeat: `{}`\n\n", repeat);
   md += fmt::format(
       "| search | cases | simulator runs | findings | seconds ({}) | of which shrinking |\n",
-      result.concurrent ? "the two at once" : "one after the other");
+      result.concurrent ? "the searches at once" : "one after the other");
   md += "|---|---|---|---|---|---|\n";
   for (const auto& part : result.parts) {
     const search::SearchResult& s = part.result;

@@ -19,6 +19,8 @@ std::string gate_class_name(GateClass c) {
       return "pre-existing";
     case GateClass::kUnresolved:
       return "unresolved";
+    case GateClass::kFixed:
+      return "fixed by the candidate";
   }
   return "?";
 }
@@ -83,14 +85,23 @@ GateResult gate(const GateOptions& options) {
   SearchOptions base = options.search;
   base.generator.revisions = {options.baseline, options.candidate};
   base.keep_going = true;
-  // The two searches at once each get the whole budget; one after the other, half each.
-  if (!options.concurrent) base.time_budget_s = options.search.time_budget_s / 2;
   // 1. The search on the candidate alone. 2. Cross-revision loads, both ways.
   std::vector<std::pair<std::string, SearchOptions>> searches = {{"candidate", base},
                                                                  {"cross-revision", base}};
   searches[0].second.generator.revisions = {options.candidate};
   searches[1].second.generator.require_revision_change = true;
   searches[1].second.seed = model::mix_seed(options.search.seed, 2);
+  // 3. With a fixed judge: the baseline alone, for what the candidate fixes.
+  if (options.fixed_judge) {
+    searches.emplace_back("baseline", base);
+    searches[2].second.generator.revisions = {options.baseline};
+    searches[2].second.seed = model::mix_seed(options.search.seed, 3);
+  }
+  // The searches at once each get the whole budget; one after the other, a share each.
+  if (!options.concurrent) {
+    for (auto& [name, o] : searches)
+      o.time_budget_s = options.search.time_budget_s / static_cast<double>(searches.size());
+  }
   std::mutex progress_mutex;
   for (auto& [name, search_options] : searches) {
     search_options.progress = [&options, &progress_mutex, part = name](const std::string& line) {
@@ -99,10 +110,12 @@ GateResult gate(const GateOptions& options) {
       options.progress(part, line);
     };
   }
-  const Judge judge = gate_judge(options.baseline, options.properties);
+  const Judge judge =
+      options.judge ? options.judge : gate_judge(options.baseline, options.properties);
   result.parts.resize(searches.size());
   auto run = [&](size_t i) {
-    result.parts[i] = {searches[i].first, search(searches[i].second, judge)};
+    const Judge& j = searches[i].first == "baseline" ? options.fixed_judge : judge;
+    result.parts[i] = {searches[i].first, search(searches[i].second, j)};
   };
   if (options.concurrent) {
     std::vector<std::thread> threads;

@@ -14,8 +14,8 @@
 // Invariants:
 //   1. The findings do not depend on whether the two searches run at once or one after the
 //      other (a test runs both ways), nor on each one's jobs (search.h, invariant 5); with a
-//      time budget, each search gets the whole budget when they run at once and half of it
-//      otherwise.
+//      time budget, each search gets the whole budget when they run at once and an equal share of
+//      it otherwise.
 //   2. The cross-revision search draws from its own seed stream (mix_seed(seed, 2)).
 #pragma once
 
@@ -27,7 +27,8 @@
 
 namespace ckptsim::search {
 
-// "new", "new (the baseline cannot resume from it)", "pre-existing", "unresolved".
+// "new", "new (the baseline cannot resume from it)", "pre-existing", "unresolved", "fixed by the
+// candidate".
 std::string gate_class_name(GateClass c);
 // New and new-compat count against the candidate; pre-existing and unresolved do not.
 bool counts_as_new(GateClass c);
@@ -48,12 +49,18 @@ struct GateOptions {
   SearchOptions search;
   std::vector<std::string> properties;  // only these count (empty: all)
   bool concurrent = true;               // the two searches at once (each with search.jobs)
-  // One progress line of one search ("candidate" or "cross-revision"); may be empty.
+  // The judges of the candidate and cross-revision searches (empty: gate_judge over the model,
+  // classing each finding against the all-baseline run), and, when set, the judge of a third
+  // search on the baseline alone ("baseline") that reports what the candidate fixes (GateClass
+  // kFixed). The real engine (app/real_engine.h) sets all of them.
+  Judge judge;
+  Judge fixed_judge;
+  // One progress line of one search ("candidate", "cross-revision", "baseline"); may be empty.
   std::function<void(const std::string& part, const std::string& line)> progress;
 };
 
 struct GatePart {
-  std::string name;  // "candidate", "cross-revision"
+  std::string name;  // "candidate", "cross-revision", "baseline"
   SearchResult result;
 };
 

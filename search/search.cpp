@@ -34,6 +34,7 @@ class Clock {
 };
 
 bool out_of_time(const SearchOptions& options, const Clock& clock) {
+  if (options.stop != nullptr && options.stop->load()) return true;
   return options.time_budget_s > 0 && clock.seconds() >= options.time_budget_s;
 }
 
@@ -393,9 +394,12 @@ SearchResult search(const SearchOptions& options, const Judge& judge) {
     const bool known = std::any_of(result.failures.begin(), result.failures.end(),
                                    [&](const Failure& f) { return f.finding.same_cause(finding); });
     if (known) continue;
+    const double found_s = clock.seconds();
     std::unique_lock rc_lock(rapidcheck_mutex());
     Failure failure = shrinker.shrink(std::move(*judged.shrinkable), finding, k, rc_lock);
     rc_lock.unlock();
+    failure.found_s = found_s;
+    failure.shrunk_s = clock.seconds();
     if (options.progress) {
       options.progress(fmt::format("case {}: {} ({}); shrunk in {} steps over {} runs", k,
                                    failure.finding.property, failure.finding.signature,

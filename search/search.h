@@ -38,6 +38,7 @@
 //      shards may each shrink a cause).
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -58,6 +59,8 @@ enum class GateClass {
                  // all-baseline run keeps the property: the baseline cannot resume from it
   kPreExisting,  // the baseline fails it too
   kUnresolved,   // the all-baseline run never reached the property: new or not cannot be told
+  kFixed,        // (the gate's "baseline" part) the baseline fails it, and the same scenario run
+                 // entirely on the candidate keeps it: the candidate fixes it
 };
 
 // What a judge reports about one scenario: the first finding, or nothing.
@@ -121,6 +124,9 @@ struct SearchOptions {
   Shard shard;                     // the cases this search runs (invariant 6)
   // Called every few cases and after each finding, for a progress line.
   std::function<void(const std::string&)> progress;
+  // When it reads true (a signal handler sets it: Ctrl-C, a CI timeout's SIGTERM), the search
+  // stops as a time budget stops it, and returns what it found so far (stopped_by_time).
+  const std::atomic<bool>* stop = nullptr;
 };
 
 struct Failure {
@@ -130,6 +136,11 @@ struct Failure {
   int64_t case_index = 0;
   int64_t shrink_steps = 0;  // accepted shrinks
   int64_t shrink_runs = 0;   // judge runs spent shrinking
+  // The search's clock (seconds since it started) when the case was committed as a finding, and
+  // when its shrinking ended: the time to find it and to shrink it (a report's figures; they
+  // decide nothing).
+  double found_s = 0;
+  double shrunk_s = 0;
 };
 
 struct SearchResult {

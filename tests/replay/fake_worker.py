@@ -6,8 +6,16 @@ Behaviour is set by the environment variable FAKE_REPLAY (JSON):
   {"fail":  {RUN_ID: {"rank": R, "stage": S, "py_type": T, "message": M, "merge_path": [...]}},
    "hang":  {RUN_ID: [RANK, ...]},            ranks that never answer
    "crash": {RUN_ID: [RANK, ...]},            ranks whose process exits without a result
+   "crash_once": PATH,                        the first run (of any plan, any worker) to reach it
+                                              crashes: at the first stage of a run, rank 1 (rank
+                                              0 where dp is 1) creates PATH and exits with status
+                                              9 if PATH does not exist yet; once it exists, every
+                                              worker behaves normally (PATH is created with
+                                              O_EXCL, so of racing workers only one crashes)
    "hello_fail": "ModuleNotFoundError: No module named 'miles_megatron_plugins'",
    "gpus": N, "te": bool}
+Started with `-c SCRIPT` (ckptsim's real_preflight asks the workers' Python for torch and a GPU),
+it prints {"torch": "fake", "gpus": N} instead.
 """
 
 import json
@@ -22,7 +30,16 @@ from replay import plan as plan_mod  # noqa: E402
 from replay import trace_schema as ts  # noqa: E402
 
 
+def preflight(cfg):
+    """`-c SCRIPT`, as ckptsim's real_preflight runs the workers' Python: what a Python with torch
+    would answer (torch "fake", gpus as FAKE_REPLAY says, default 1)."""
+    print(json.dumps({"torch": "fake", "gpus": cfg.get("gpus", 1)}))
+    return 0
+
+
 def main():
+    if sys.argv[1:2] == ["-c"]:
+        return preflight(json.loads(os.environ.get("FAKE_REPLAY", "{}")))
     args = [a for a in sys.argv[1:] if a not in ("-u", "-m", "replay.worker")]
     index = int(args[args.index("--index") + 1])
     checkout = args[args.index("--megatron") + 1]
@@ -74,8 +91,16 @@ def main():
             events.append(ev("init", None))
             stream(events[-1])
         counter = 1.0 if run["load"] else 0.0
+        crash_rank = 1 if run["dp"] > 1 else 0
         for stage in stages:
             stage_msg(stage)
+            if stage == stages[0] and rank == crash_rank and cfg.get("crash_once"):
+                try:
+                    os.close(os.open(cfg["crash_once"], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                except FileExistsError:
+                    pass
+                else:
+                    os._exit(9)
             if stage == stages[-1] and rank in cfg.get("hang", {}).get(rid, []):
                 time.sleep(3600)
             if stage == stages[-1] and rank in cfg.get("crash", {}).get(rid, []):

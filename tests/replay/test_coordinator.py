@@ -57,6 +57,25 @@ def test_backend_decision():
     assert cd.backend_decision("auto", 1, 0)[3] == "no CUDA device is visible to the workers"
 
 
+def test_backend_decision_device_offset():
+    # offset 0 is the old mapping
+    for req, dp, gpus in [("auto", 2, 2), ("auto", 4, 2), ("gloo", 3, 8), ("nccl", 1, 1)]:
+        assert cd.backend_decision(req, dp, gpus, 0) == cd.backend_decision(req, dp, gpus)
+    assert cd.backend_decision("auto", 2, 4, 3) == ("nccl", False, [3, 0], None)
+    assert cd.backend_decision("nccl", 4, 8, 6) == ("nccl", False, [6, 7, 0, 1], None)
+    assert cd.backend_decision("auto", 4, 2, 1) == ("gloo", True, [1, 0, 1, 0], None)
+    assert cd.backend_decision("gloo", 3, 8, 5) == ("gloo", True, [5, 6, 7], None)
+    assert cd.backend_decision("auto", 1, 8, 13) == ("nccl", False, [5], None)
+    # NCCL still gets one distinct GPU per rank, whatever the offset
+    for gpus in range(1, 9):
+        for dp in range(1, gpus + 1):
+            for off in range(2 * gpus):
+                backend, _, devices, why = cd.backend_decision("auto", dp, gpus, off)
+                assert backend == "nccl" and why is None
+                assert len(set(devices)) == dp and all(0 <= d < gpus for d in devices)
+    assert cd.backend_decision("nccl", 3, 2, 1)[3].startswith("--backend nccl needs one GPU per rank")
+
+
 def test_order_events_by_position_then_rank():
     per = {1: [{"r": 1, "i": 0}, {"r": 1, "i": 1}], 0: [{"r": 0, "i": 0}, {"r": 0, "i": 1}, {"r": 0, "i": 2}]}
     assert [(e["i"], e["r"]) for e in cd.order_events(per)] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0)]

@@ -1,0 +1,176 @@
+#include "properties/trace.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+namespace ckptsim::properties::trace {
+
+using nlohmann::json;
+
+std::string Part::label() const { return fmt::format("{} {}[{}:{}]", part, param, begin, end); }
+
+const Run* Trace::find(const std::string& id) const {
+  for (const auto& r : runs) {
+    if (r.id == id) return &r;
+  }
+  return nullptr;
+}
+
+namespace {
+
+std::optional<double> number_or_null(const json& j, const char* key) {
+  if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+  return j[key].get<double>();
+}
+
+Event parse_event(const json& e) {
+  Event ev;
+  ev.rank = e.at("rank").get<int>();
+  ev.at = e.at("at").get<std::string>();
+  if (e.contains("global_step") && !e["global_step"].is_null())
+    ev.global_step = e["global_step"].get<int64_t>();
+  if (ev.at == "error") {
+    ev.stage = e.at("stage").get<std::string>();
+    ev.py_type = e.at("py_type").get<std::string>();
+    ev.message = e.at("message").get<std::string>();
+    ev.site = e.at("site").get<std::string>();
+    if (!e.at("merge_path").is_null())
+      ev.merge_path = e["merge_path"].get<std::vector<std::string>>();
+    if (const auto k = e.find("merge_kind"); k != e.end() && k->is_string()) ev.merge_kind = *k;
+    ev.secondary = e.value("secondary", false);
+    return ev;
+  }
+  for (const auto& p : e.at("parts")) {
+    Part part{p.at("part").get<std::string>(),
+              p.at("param").get<std::string>(),
+              p.at("range").at(0).get<int64_t>(),
+              p.at("range").at(1).get<int64_t>(),
+              number_or_null(p, "step"),
+              number_or_null(p, "step_used"),
+              std::nullopt,
+              ""};
+    if (p.contains("step_aliases")) part.aliases = p["step_aliases"].get<int64_t>();
+    if (p.contains("kernel")) part.kernel = p["kernel"].get<std::string>();
+    ev.parts.push_back(std::move(part));
+  }
+  for (const auto& [kind, m] : e.at("hashes").items()) {
+    for (const auto& [param, h] : m.items())
+      ev.hashes[kind][param] = h.is_null() ? "null" : h.get<std::string>();
+  }
+  if (const auto vs = e.find("values"); vs != e.end() && vs->is_object()) {
+    for (const auto& [kind, m] : vs->items()) {
+      for (const auto& [param, v] : m.items())
+        ev.values[kind][param] = v.is_string() ? v.get<std::string>() : "null";
+    }
+  }
+  if (const auto u = e.find("uninitialized"); u != e.end()) {
+    for (const auto& [kind, params] : u->items()) {
+      for (const auto& param : params) ev.uninitialized[kind].insert(param.get<std::string>());
+    }
+  }
+  return ev;
+}
+
+// A part without a "kernel" (traces recorded before it existed): what it ran follows from the
+// part and the run's setup, as the runner builds it: Megatron's AdamW without TE is foreach on
+// the CUDA main params, the HDO builds its AdamWs with fused=True (CPU part, and GPU part without
+// TE), FusedAdam is the stand-in where the run injected it, TE's own where TE is real, and the
+// model's own arithmetic in the model's trace.
+std::string inferred_kernel(const Part& p, const Run& run, const std::string& source) {
+  if (p.part == "AdamW") return "torch_foreach_cuda";
+  if (p.part == "HDO cpu AdamW") return "torch_fused_cpu";
+  if (p.part == "HDO gpu AdamW") return "torch_fused_cuda";
+  if (source == "model") return "ckptsim_fused_adam";
+  if (run.fused_adam_standin) return "standin_fused_adam";
+  return run.te == "real" ? "te_fused_adam" : "unknown";
+}
+
+void infer_kernels(Trace& t) {
+  for (Run& run : t.runs) {
+    for (Event& e : run.events) {
+      for (Part& p : e.parts) {
+        if (p.kernel.empty()) p.kernel = inferred_kernel(p, run, t.source);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+Result<Trace> parse(const json& j, const std::string& source) {
+  try {
+    if (!j.is_object() || j.value("format", "") != "ckptsim-trace" || j.value("version", 0) != 1) {
+      return Status::invalid_input(source + ": not a ckptsim trace of version 1");
+    }
+    Trace t;
+    t.scenario = j.at("scenario").get<std::string>();
+    for (const auto& r : j.at("runs")) {
+      Run run;
+      run.id = r.at("id").get<std::string>();
+      run.dp = r.at("dp").get<int64_t>();
+      if (const auto ph = r.find("phase"); ph != r.end() && ph->is_number_integer())
+        run.phase = ph->get<int>();
+      run.status = r.at("status").get<std::string>();
+      run.load = r.value("load", false);
+      run.start_step = r.value("start_step", int64_t{0});
+      run.steps = r.value("steps", int64_t{0});
+      run.load_from = r.value("load_from", std::string());
+      if (const auto te = r.find("te"); te != r.end() && te->is_string()) run.te = *te;
+      run.fused_adam_standin = r.value("fused_adam_standin", false);
+      for (const auto& e : r.at("events")) run.events.push_back(parse_event(e));
+      t.runs.push_back(std::move(run));
+    }
+    t.source = j.value("source", std::string());
+    infer_kernels(t);
+    return t;
+  } catch (const json::exception& e) {
+    return Status::invalid_input(source + ": not a readable trace: " + e.what());
+  }
+}
+
+std::string num(const std::optional<double>& x) {
+  if (!x.has_value() || std::isnan(*x)) return "none";
+  if (*x == std::floor(*x)) return fmt::format("{:.0f}", *x);
+  return fmt::format("{:.9g}", *x);
+}
+
+std::vector<const Event*> events_at(const Run& run, const std::string& at, int64_t global_step) {
+  std::vector<const Event*> out;
+  for (const auto& e : run.events) {
+    if (e.at == at && e.global_step == global_step) out.push_back(&e);
+  }
+  return out;
+}
+
+std::vector<const Event*> reference_at(const Trace& t, int64_t global_step) {
+  const Run* ref = t.find("reference");
+  if (ref == nullptr) return {};
+  return events_at(*ref, global_step == 0 ? "init" : "after_step", global_step);
+}
+
+const Part* part_at(const std::vector<const Event*>& events, const std::string& param,
+                    int64_t element) {
+  for (const auto* e : events) {
+    for (const auto& p : e->parts) {
+      if (p.param == param && p.begin <= element && element < p.end) return &p;
+    }
+  }
+  return nullptr;
+}
+
+const Event* first_primary_error(const Run& run) {
+  const Event* any = nullptr;
+  for (const auto& e : run.events) {
+    if (e.at != "error") continue;
+    if (!e.secondary) return &e;
+    if (any == nullptr) any = &e;
+  }
+  return any;
+}
+
+bool load_completed(const Run& run) {
+  return run.status != "skipped" && !events_at(run, "after_load", run.start_step).empty();
+}
+
+}  // namespace ckptsim::properties::trace

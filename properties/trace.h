@@ -1,0 +1,96 @@
+// A trace as the properties read it: the one trace format (report/trace_json.h,
+// replay/PLAN_AND_TRACE.md) of the model's run or of the replay runner's run on real Megatron-LM,
+// parsed once into plain structs. The trace checks of properties/properties.h (each property's
+// `trace_check`) and the conformance judge (properties/conformance.h) read these.
+//
+// Invariants:
+//   1. parse() never throws on a malformed trace: a Status naming `source` and the field.
+//   2. Every part has a kernel: the one the trace names, else the one its part and its run's
+//      setup imply (traces recorded before "kernel" existed).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "model/status.h"
+
+namespace ckptsim::properties::trace {
+
+struct Part {
+  std::string part;
+  std::string param;
+  int64_t begin = 0;
+  int64_t end = 0;
+  std::optional<double> step;
+  std::optional<double> step_used;
+  std::optional<int64_t> aliases;
+  std::string kernel;         // as the trace names it, or inferred
+  std::string label() const;  // "HDO cpu AdamW w1[0:416]"
+  bool same_place(const Part& o) const {
+    return part == o.part && param == o.param && begin == o.begin && end == o.end;
+  }
+};
+
+struct Event {
+  int rank = 0;
+  std::string at;
+  int64_t global_step = 0;
+  std::vector<Part> parts;
+  // kind -> param -> hash ("null" where the tensor does not exist)
+  std::map<std::string, std::map<std::string, std::string>> hashes;
+  // kind -> param -> base64 float32 values ("null" where the tensor does not exist), where
+  // the trace carries them
+  std::map<std::string, std::map<std::string, std::string>> values;
+  // kind -> params whose hash rests on uninitialized memory (the model's trace says)
+  std::map<std::string, std::set<std::string>> uninitialized;
+  // error events
+  std::string stage, py_type, message, site;
+  std::optional<std::vector<std::string>> merge_path;
+  std::string merge_kind;  // "duplicate_leaf", "list_length_mismatch" or ""
+  bool secondary = false;
+};
+
+struct Run {
+  std::string id;
+  int64_t dp = 0;
+  int phase = -1;  // the scenario's phase (-1: the reference run)
+  std::string status;
+  bool load = false;
+  int64_t start_step = 0;
+  int64_t steps = 0;
+  std::string load_from;
+  std::string te;  // "real", "emulated", "absent", "modeled", or "" (a skipped run)
+  bool fused_adam_standin = false;
+  std::vector<Event> events;
+};
+
+struct Trace {
+  std::string scenario;
+  std::string source;  // "model" or "real"
+  std::vector<Run> runs;
+  const Run* find(const std::string& id) const;
+};
+
+Result<Trace> parse(const nlohmann::json& j, const std::string& source);
+
+// A number as a detail prints it: "none" when absent or NaN, integers without a fraction.
+std::string num(const std::optional<double>& x);
+// Every event of a run at one point (all ranks).
+std::vector<const Event*> events_at(const Run& run, const std::string& at, int64_t global_step);
+// The reference run's state at a global step: init at 0, else after that step.
+std::vector<const Event*> reference_at(const Trace& t, int64_t global_step);
+// The part of `events` that holds element `element` of `param`, or null.
+const Part* part_at(const std::vector<const Event*>& events, const std::string& param,
+                    int64_t element);
+// The first error that is not another rank's failure seen through a collective, else the first
+// error, else null.
+const Event* first_primary_error(const Run& run);
+// The run was not skipped and recorded its state after its load.
+bool load_completed(const Run& run);
+
+}  // namespace ckptsim::properties::trace

@@ -1,0 +1,350 @@
+// The trace checks: each property that a trace can judge, judged on a trace (the model's or the
+// real code's; properties/trace.h). Registered with the property's run check in
+// properties/properties.cpp, so that a property has one home; conformance compares the verdicts
+// these give on the two traces of one scenario.
+#include "properties/trace_checks.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <map>
+
+#include "properties/common.h"
+
+namespace ckptsim::properties {
+
+using trace::Event;
+using trace::events_at;
+using trace::first_primary_error;
+using trace::load_completed;
+using trace::num;
+using trace::Part;
+using trace::part_at;
+using trace::reference_at;
+using trace::Run;
+using trace::Trace;
+
+namespace {
+
+TraceVerdict verdict(const std::string& property, Verdict v, std::string detail) {
+  return {property, v, std::move(detail), "", ""};
+}
+
+// A failing verdict: seen in run `run`, for the cause `signature` (property:cause), which a
+// search keeps one minimal scenario per and shrinks toward.
+TraceVerdict failed(const std::string& property, const std::string& run, std::string signature,
+                    std::string detail) {
+  return {property, Verdict::kFail, std::move(detail), std::move(signature), run};
+}
+
+}  // namespace
+
+TraceVerdict trace_no_duplicate_leaves(const Trace& t) {
+  for (const auto& run : t.runs) {
+    if (!run.load) continue;
+    for (const auto& e : run.events) {
+      if (e.at != "error" || e.secondary || !e.merge_path) continue;
+      std::string path;
+      for (const auto& k : *e.merge_path) path += (path.empty() ? "" : ", ") + k;
+      const std::string what =
+          e.merge_kind == "list_length_mismatch" ? "lists of different lengths" : "duplicate leaf";
+      return failed(
+          "no_duplicate_leaves", run.id, "no_duplicate_leaves:" + what,
+          fmt::format("{} rank {}: {} at ({}): {}", run.id, e.rank, e.py_type, path, e.message));
+    }
+  }
+  return verdict("no_duplicate_leaves", Verdict::kPass, "no merge() error");
+}
+
+TraceVerdict trace_resume_completes(const Trace& t) {
+  for (const auto& run : t.runs) {
+    if (const Event* e = first_primary_error(run)) {
+      return failed(
+          "resume_completes", run.id,
+          "resume_completes:" + std::string(run.id == "reference" ? "reference:" : "") + e->stage +
+              ":" + e->py_type + "@" + e->site + ":" + message_shape(e->message),
+          fmt::format("{} rank {} {}: {} [{}]", run.id, e->rank, e->stage, e->py_type, e->site));
+    }
+  }
+  return verdict("resume_completes", Verdict::kPass, "every run completed");
+}
+
+namespace {
+
+struct Mismatch {
+  std::string run;
+  std::string signature;
+  std::string text;
+};
+
+// A resumed run's step mismatches against the reference.
+void step_mismatches(const Trace& t, const Run& run, std::vector<Mismatch>& out, int64_t& checks) {
+  const auto loaded = events_at(run, "after_load", run.start_step);
+  const auto ref = reference_at(t, run.start_step);
+  if (ref.empty()) {
+    out.push_back({run.id, "step_matches_uninterrupted:beyond_reference",
+                   fmt::format("{}: resumed at global step {}, beyond the reference run", run.id,
+                               run.start_step)});
+    return;
+  }
+  for (const auto* e : loaded) {
+    for (const auto& p : e->parts) {
+      const Part* r = part_at(ref, p.param, p.begin);
+      ++checks;
+      const double expected = r != nullptr ? r->step.value_or(0.0) : 0.0;
+      if (p.step.value_or(0.0) == expected) continue;
+      out.push_back(
+          {run.id, "step_matches_uninterrupted:after_load:" + p.part,
+           fmt::format("{} after the load at global step {}: {} (rank {}) counter {} "
+                       "(reference {})",
+                       run.id, run.start_step, p.label(), e->rank, num(p.step), num(expected))});
+    }
+  }
+  for (const auto& e : run.events) {
+    if (e.at != "after_step") continue;
+    const auto rs = reference_at(t, e.global_step);
+    if (rs.empty()) continue;
+    for (const auto& p : e.parts) {
+      if (!p.step_used) continue;
+      const Part* r = part_at(rs, p.param, p.begin);
+      ++checks;
+      const std::optional<double> expected = r != nullptr ? r->step_used : std::nullopt;
+      if (expected && *expected == *p.step_used) continue;
+      out.push_back(
+          {run.id, "step_matches_uninterrupted:training:" + p.part,
+           fmt::format("{} global step {}: {} (rank {}) used t={} (reference t={})", run.id,
+                       e.global_step, p.label(), e.rank, num(p.step_used), num(expected))});
+    }
+  }
+}
+
+}  // namespace
+
+TraceVerdict trace_step_matches_uninterrupted(const Trace& t) {
+  std::vector<Mismatch> mismatches;
+  int64_t checks = 0;
+  std::string not_evaluated;
+  for (const auto& run : t.runs) {
+    if (!run.load) continue;
+    if (!load_completed(run)) {
+      if (not_evaluated.empty()) not_evaluated = run.id + ": the load did not complete";
+      continue;
+    }
+    step_mismatches(t, run, mismatches, checks);
+  }
+  if (!mismatches.empty()) {
+    return failed("step_matches_uninterrupted", mismatches.front().run,
+                  mismatches.front().signature,
+                  mismatches.front().text + fmt::format(" ({} mismatch(es))", mismatches.size()));
+  }
+  if (!not_evaluated.empty())
+    return verdict("step_matches_uninterrupted", Verdict::kNotEvaluated, not_evaluated);
+  return verdict("step_matches_uninterrupted", Verdict::kPass,
+                 fmt::format("{} counters and steps used equal the reference's", checks));
+}
+
+namespace {
+
+// Whether any event of `events` marks `param` as resting on uninitialized memory.
+bool uninitialized(const std::vector<const Event*>& events, const std::string& param) {
+  for (const auto* e : events) {
+    for (const auto& [kind, params] : e->uninitialized) {
+      if (params.count(param) > 0) return true;
+    }
+  }
+  return false;
+}
+
+// The first param whose model-param hash differs between two states (rank 0's), or "". A param
+// that either state marks uninitialized is not compared, equal or not: `skipped` names the
+// first one.
+std::string param_hash_difference(const std::vector<const Event*>& a,
+                                  const std::vector<const Event*>& b, std::string& skipped) {
+  const Event* x = nullptr;
+  const Event* y = nullptr;
+  for (const auto* e : a) x = (x == nullptr || e->rank < x->rank) ? e : x;
+  for (const auto* e : b) y = (y == nullptr || e->rank < y->rank) ? e : y;
+  if (x == nullptr || y == nullptr) return "";
+  const auto xs = x->hashes.find("model_param");
+  const auto ys = y->hashes.find("model_param");
+  if (xs == x->hashes.end() || ys == y->hashes.end()) return "";
+  for (const auto& [param, h] : xs->second) {
+    auto it = ys->second.find(param);
+    if (it == ys->second.end()) continue;
+    if (uninitialized(a, param) || uninitialized(b, param)) {
+      if (skipped.empty()) skipped = param;
+      continue;
+    }
+    if (it->second != h) return param;
+  }
+  return "";
+}
+
+std::string rests_on_uninitialized(const std::string& run, const std::string& param) {
+  return fmt::format(
+      "{}: model param {} rests on uninitialized memory (a tensor the load skipped keeps "
+      "torch.empty contents), so its comparison is no verdict",
+      run, param);
+}
+
+}  // namespace
+
+TraceVerdict trace_trajectory_matches_uninterrupted(const Trace& t) {
+  std::string not_evaluated;
+  std::string skipped;
+  std::string skipped_run;
+  int64_t states = 0;
+  for (const auto& run : t.runs) {
+    if (run.id == "reference") continue;
+    if (run.load && !load_completed(run)) {
+      if (not_evaluated.empty()) not_evaluated = run.id + ": the load did not complete";
+      continue;
+    }
+    std::map<int64_t, std::string> points;  // global step -> point, in order
+    for (const auto& e : run.events) {
+      if (e.at == "after_load" || e.at == "after_step") points.emplace(e.global_step, e.at);
+    }
+    for (const auto& [g, at] : points) {
+      const auto ref = reference_at(t, g);
+      if (ref.empty()) continue;
+      ++states;
+      const std::string before = skipped;
+      const std::string p = param_hash_difference(events_at(run, at, g), ref, skipped);
+      if (before.empty() && !skipped.empty()) skipped_run = run.id;
+      if (!p.empty()) {
+        return failed("trajectory_matches_uninterrupted", run.id,
+                      "trajectory_matches_uninterrupted:model_param",
+                      fmt::format("{} {} global step {}: model param {} differs from the "
+                                  "reference's (hash)",
+                                  run.id, at, g, p));
+      }
+    }
+  }
+  if (!not_evaluated.empty())
+    return verdict("trajectory_matches_uninterrupted", Verdict::kNotEvaluated, not_evaluated);
+  if (!skipped.empty()) {
+    return verdict("trajectory_matches_uninterrupted", Verdict::kNotEvaluated,
+                   rests_on_uninitialized(skipped_run, skipped));
+  }
+  return verdict("trajectory_matches_uninterrupted", Verdict::kPass,
+                 fmt::format("{} states: model params hash equal to the reference's", states));
+}
+
+TraceVerdict trace_round_trip_identity(const Trace& t) {
+  int loads = 0;
+  std::string not_evaluated;
+  std::string skipped;
+  std::string skipped_run;
+  for (const auto& run : t.runs) {
+    if (!run.load) continue;
+    const Run* prev = t.find(run.load_from);
+    const auto saved =
+        prev != nullptr ? events_at(*prev, "at_save", run.start_step) : std::vector<const Event*>{};
+    if (!load_completed(run) || saved.empty()) {
+      if (not_evaluated.empty()) not_evaluated = run.id + ": the load did not complete";
+      continue;
+    }
+    ++loads;
+    const auto loaded = events_at(run, "after_load", run.start_step);
+    const std::string before = skipped;
+    const std::string p = param_hash_difference(loaded, saved, skipped);
+    if (before.empty() && !skipped.empty()) skipped_run = run.id;
+    if (!p.empty()) {
+      return failed(
+          "round_trip_identity", run.id, "round_trip_identity:model_param",
+          fmt::format("{}: model param {} after the load differs from the save", run.id, p));
+    }
+    for (const auto* e : loaded) {
+      for (const auto& part : e->parts) {
+        const Part* s = part_at(saved, part.param, part.begin);
+        const double want = s != nullptr ? s->step.value_or(0.0) : 0.0;
+        if (part.step.value_or(0.0) == want) continue;
+        return failed("round_trip_identity", run.id, "round_trip_identity:step:" + part.part,
+                      fmt::format("{}: the counter of {} (rank {}) is {} after the load, {} when "
+                                  "saved",
+                                  run.id, part.label(), e->rank, num(part.step), num(want)));
+      }
+    }
+  }
+  if (!not_evaluated.empty() && loads == 0)
+    return verdict("round_trip_identity", Verdict::kNotEvaluated, not_evaluated);
+  if (!skipped.empty())
+    return verdict("round_trip_identity", Verdict::kNotEvaluated,
+                   rests_on_uninitialized(skipped_run, skipped));
+  return verdict("round_trip_identity", Verdict::kPass,
+                 fmt::format("{} load(s) gave back the saved params and counters", loads));
+}
+
+TraceVerdict trace_step_tensors_not_aliased(const Trace& t) {
+  bool recorded = false;
+  for (const auto& run : t.runs) {
+    for (const auto& e : run.events) {
+      for (const auto& p : e.parts) {
+        if (!p.aliases) continue;
+        recorded = true;
+        if (*p.aliases > 0) {
+          return failed("step_tensors_not_aliased", run.id, "step_tensors_not_aliased:" + p.part,
+                        fmt::format("{} {} global step {}: {} (rank {}) shares its step tensor "
+                                    "with {} other(s)",
+                                    run.id, e.at, e.global_step, p.label(), e.rank, *p.aliases));
+        }
+      }
+    }
+  }
+  if (!recorded) {
+    return verdict("step_tensors_not_aliased", Verdict::kNotEvaluated,
+                   "the trace does not record step tensor identity");
+  }
+  return verdict("step_tensors_not_aliased", Verdict::kPass, "no shared step tensor");
+}
+
+namespace {
+
+// Every part of `e` whose counter (none counts as 0, as a fresh Adam starts from 0) or step used
+// is not `g`, the number of optimizer steps taken.
+void count_mismatches(const Run& run, const Event& e, int64_t g, bool after_step,
+                      std::vector<Mismatch>& out, int64_t& checks) {
+  const auto want = static_cast<double>(g);
+  for (const auto& p : e.parts) {
+    ++checks;
+    const double counter = p.step.value_or(0.0);
+    const std::optional<double> used = after_step ? p.step_used : std::nullopt;
+    if (counter == want && (!used || *used == want)) continue;
+    out.push_back(
+        {run.id,
+         fmt::format("step_counts_optimizer_steps:{}{}",
+                     after_step ? "training:" : "after_load:", p.part),
+         used ? fmt::format("{} after global step {}: {} (rank {}) used t={} and holds step {} "
+                            "(right: {})",
+                            run.id, g, p.label(), e.rank, num(used), num(p.step), g)
+              : fmt::format("{} after the load at global step {}: {} (rank {}) holds step {} "
+                            "(right: {})",
+                            run.id, g, p.label(), e.rank, num(p.step), g)});
+  }
+}
+
+}  // namespace
+
+TraceVerdict trace_step_counts_optimizer_steps(const Trace& t) {
+  std::vector<Mismatch> mismatches;
+  int64_t checks = 0;
+  for (const auto& run : t.runs) {
+    if (run.status == "skipped") continue;
+    for (const auto& e : run.events) {
+      if (e.at == "after_load" && run.load)
+        count_mismatches(run, e, e.global_step, false, mismatches, checks);
+      if (e.at == "after_step") count_mismatches(run, e, e.global_step, true, mismatches, checks);
+    }
+  }
+  if (!mismatches.empty()) {
+    return failed("step_counts_optimizer_steps", mismatches.front().run,
+                  mismatches.front().signature,
+                  mismatches.front().text + fmt::format(" ({} mismatch(es))", mismatches.size()));
+  }
+  return verdict("step_counts_optimizer_steps", Verdict::kPass,
+                 fmt::format("{} step counters and steps used (the uninterrupted run's too) equal "
+                             "the number of optimizer steps taken",
+                             checks));
+}
+
+}  // namespace ckptsim::properties
