@@ -103,7 +103,13 @@ bool is_replay_error(const nlohmann::json& e) {
       "WorkerCrash", "ReplayTimeout", "ReplayRunnerError", "ImportError", "ModuleNotFoundError"};
   if (!e.is_object() || e.value("at", "") != "error" || e.value("secondary", false)) return false;
   const std::string type = e.value("py_type", "");
-  return std::find(kTypes.begin(), kTypes.end(), type) != kTypes.end();
+  if (std::find(kTypes.begin(), kTypes.end(), type) != kTypes.end()) return true;
+  // The GPU ran out of memory (too many runners' workers on one device): the machine's
+  // limit, not Megatron's checkpointing (the model has no device memory to run out of).
+  const std::string message = e.value("message", "");
+  return type == "OutOfMemoryError" ||
+         message.find("CUDA error: out of memory") != std::string::npos ||
+         message.find("CUDA out of memory") != std::string::npos;
 }
 
 // The skip of a run whose source run left no checkpoint: the runner's reason

@@ -219,6 +219,24 @@ void copy_or_note(const std::string& from, const std::string& to) {
   fs::copy_file(from, to, fs::copy_options::overwrite_existing, ec);
 }
 
+// A plan or trace copied next to a found scenario file, with the scenario's name that file gives
+// it (the search judged it as "generated"), so that `ckptsim conform <found> <trace>` pairs them.
+void copy_renamed(const std::string& from, const std::string& to,
+                  const std::string& scenario_file) {
+  std::ifstream sin(scenario_file);
+  const nlohmann::json scenario = nlohmann::json::parse(sin, nullptr, false);
+  std::ifstream in(from);
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded() || !scenario.is_object() || !scenario.contains("name")) {
+    copy_or_note(from, to);
+    return;
+  }
+  if (j.contains("plan") || j.value("format", "") == "ckptsim-trace")
+    j["scenario"] = scenario["name"];
+  if (j.value("format", "") == "ckptsim-replay-plan") j["scenario"]["name"] = scenario["name"];
+  (void)write_json(to, j);
+}
+
 // Each minimal scenario's real plan and trace beside it, and its real_code verdict.
 void annotate_found(const RealEngine& engine, std::vector<report::ReportedFailure>& reported) {
   for (auto& r : reported) {
@@ -230,8 +248,8 @@ void annotate_found(const RealEngine& engine, std::vector<report::ReportedFailur
     } else {
       v.plan = stem_of(r.file) + ".plan.json";
       v.trace = stem_of(r.file) + ".trace.json";
-      copy_or_note(kept->plan, v.plan);
-      copy_or_note(kept->trace, v.trace);
+      copy_renamed(kept->plan, v.plan, r.file);
+      copy_renamed(kept->trace, v.trace, r.file);
       v.text = "found on the real code (trace " + v.trace + "); the model " + kept->model;
     }
     r.real_code = v;
@@ -338,6 +356,8 @@ Result<RealRun> start_real(const SearchCommand& c, std::vector<RealSide> sides,
   auto engine = RealEngine::start(std::move(eo), registry);
   if (!engine.is_ok()) return engine.status();
   run.engine = std::move(engine.value());
+  for (const auto& [name, profile] : run.engine->placeholders())
+    (void)write_json(c.out_dir + "/" + name + ".profile.json", profile);
   run.options = options.value();
   run.options.jobs = run.runners;
   run.options.shrink_runs_max = c.real.shrink_runs_max;

@@ -243,6 +243,7 @@ Result<std::unique_ptr<RealEngine>> RealEngine::start(RealEngineOptions options,
                               (side.dir.empty() ? "(--megatron-root)" : side.dir) +
                               " (a placeholder of the real engine)"}};
       if (Status s = registry.add(profile.dump(), "the real engine"); !s.is_ok()) return s;
+      e->placeholders_[side.revision] = profile;
     }
     auto r = sim::resolve_revision(registry, side.revision);
     if (!r.is_ok()) return r.status();

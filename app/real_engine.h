@@ -25,11 +25,13 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -154,6 +156,10 @@ class RealEngine {
   std::vector<CouldNotReplay> could_not_replay() const;
   // The replay of `s` kept when it gave a finding (nullopt when none was kept).
   std::optional<KeptReplay> kept(const sim::Scenario& s) const;
+  // The placeholder profiles it registered (name -> profile JSON): written next to the findings,
+  // so that `ckptsim run --profile <out>/<name>.profile.json <found>.json` replays one on the
+  // model.
+  const std::map<std::string, nlohmann::json>& placeholders() const { return placeholders_; }
   // Whether the model runs beside every side.
   bool model_beside() const;
   const RealEngineOptions& options() const { return options_; }
@@ -174,6 +180,7 @@ class RealEngine {
   RealEngineOptions options_;
   std::string replay_dir_;
   std::map<std::string, sim::Revision> revisions_;  // side -> its revision
+  std::map<std::string, nlohmann::json> placeholders_;
   std::vector<std::unique_ptr<Runner>> runners_;
   mutable std::mutex mutex_;
   std::condition_variable free_;

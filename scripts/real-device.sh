@@ -4,7 +4,7 @@
 #   1. builds `ckptsim` against this machine's PyTorch libtorch (CUDA off: the model's own
 #      arithmetic needs no GPU) with the Debian packages of scripts/fetch-debs.sh unpacked into a
 #      prefix, into $CKPTSIM_REAL_BUILD (default build-real/, git-ignored: a warm machine keeps it
-#      between calls, and a second call skips the build);
+#      between calls, and a second call rebuilds only what changed);
 #   2. applies each patch named by --patch LABEL=BASE:PATCH (a PR's diff, e.g. from
 #      .megatron/patches/) to a copy of the checkout BASE, as the checkout LABEL next to it
 #      (the copy is made once);
@@ -39,7 +39,7 @@ done
 say() { echo "real-device: $*" | tee -a "$out/summary.txt"; }
 t0=$(date +%s)
 
-if [ ! -x "$build/ckptsim" ]; then
+if [ ! -f "$build/CMakeCache.txt" ]; then
   prefix=/tmp/ckptsim-deps
   rm -rf "$prefix" && mkdir -p "$prefix"
   for f in "${CKPTSIM_DEBS:-.debs}"/*.deb; do
@@ -51,13 +51,13 @@ if [ ! -x "$build/ckptsim" ]; then
   export CMAKE_POLICY_VERSION_MINIMUM=3.5
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCKPTSIM_CUDA=OFF \
     -DCKPTSIM_FMT_HEADER_ONLY=ON -DCKPTSIM_BUILD_TESTS=OFF -DCKPTSIM_BUILD_BENCH=OFF \
-    "-DCMAKE_PREFIX_PATH=$prefix/usr;$torch_prefix" > "$out/build.log" 2>&1 &&
-    cmake --build "$build" --target ckptsim -- -j"$(nproc)" >> "$out/build.log" 2>&1 ||
-    { say "building ckptsim failed:"; tail -30 "$out/build.log"; exit 1; }
-  say "ckptsim built in $(( $(date +%s) - t0 )) s"
-else
-  say "ckptsim already built in $build"
+    "-DCMAKE_PREFIX_PATH=$prefix/usr;$torch_prefix" > "$out/build.log" 2>&1 ||
+    { say "configuring failed:"; tail -30 "$out/build.log"; exit 1; }
 fi
+# Incremental: a warm machine rebuilds only what changed since its last call.
+cmake --build "$build" --target ckptsim -- -j"$(nproc)" >> "$out/build.log" 2>&1 ||
+  { say "building ckptsim failed:"; tail -30 "$out/build.log"; exit 1; }
+say "ckptsim built in $(( $(date +%s) - t0 )) s"
 
 for spec in "${patches[@]}"; do
   label=${spec%%=*}

@@ -257,6 +257,18 @@ TEST(CheckMegatron, ASkippedRunIsAReplayProblemNotAVerdict) {
          {"status", "failed"},
          {"events", {{{"rank", 0}, {"at", "error"}, {"py_type", "ValueError"}}}}}}}};
   EXPECT_EQ(app::replay_problem(megatron_error), "");
+  // As on the H200 with 4 gates of 3 runners at once (2026-12-02): the device's limit.
+  const nlohmann::json oom = {
+      {"runs",
+       {{{"id", "reference"},
+         {"status", "failed"},
+         {"events",
+          {{{"rank", 1},
+            {"at", "error"},
+            {"py_type", "AcceleratorError"},
+            {"message", "CUDA error: out of memory\nSearch for `cudaErrorMemoryAllocation'"}}}}}}}};
+  EXPECT_EQ(app::replay_problem(oom),
+            "run reference rank 1: AcceleratorError: CUDA error: out of memory");
 }
 
 // The command line binds every --megatron flag: the runner gets them, and --replay-arg values

@@ -7,6 +7,9 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -113,6 +116,17 @@ TEST(RealCheck, FindsAndShrinksTheRealCodesFailureWithTheModelBesideIt) {
     if (f.string().ends_with(".trace.json") || f.string().ends_with(".plan.json")) continue;
     const auto j = nlohmann::json::parse(read_file(f));
     EXPECT_EQ(j["phases"].size(), 2u) << f;
+    // ... and replays on the model with the profile the real engine wrote next to it.
+    const std::string cmd = std::string(CKPTSIM_BINARY) + " run --memory --quiet --profile " +
+                            (dir / "found" / "checkout.profile.json").string() + " " + f.string() +
+                            " > /dev/null 2>&1";
+    EXPECT_EQ(WEXITSTATUS(std::system(cmd.c_str())), 1) << cmd;
+    // The real trace beside it names the found scenario: conform pairs them (and agrees).
+    const std::string stem = f.string().substr(0, f.string().size() - 5);
+    const std::string conform = std::string(CKPTSIM_BINARY) + " conform --profile " +
+                                (dir / "found" / "checkout.profile.json").string() + " " +
+                                f.string() + " " + stem + ".trace.json > /dev/null 2>&1";
+    EXPECT_EQ(WEXITSTATUS(std::system(conform.c_str())), 0) << conform;
   }
   // The trace beside it is the real one (source real) and fails the property there.
   const auto t = nlohmann::json::parse(read_file(traces[0]));

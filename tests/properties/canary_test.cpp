@@ -3,6 +3,9 @@
 // the same scenario without the breakage. A property that passed both would assert nothing.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <set>
+
 #include "model/faults.h"
 #include "tests/testing.h"
 
@@ -274,20 +277,35 @@ TEST(PropertyCanary, EveryFaultSiteFailsThePropertyItNames) {
   }
 }
 
-TEST(PropertyCanary, EveryPropertyHasACanaryHere) {
-  // Keeps this file in step with the property list.
-  const std::vector<std::string> covered = {
-      "no_duplicate_leaves",         "resume_completes",
-      "step_matches_uninterrupted",  "trajectory_matches_uninterrupted",
-      "shards_tile_buckets",         "common_state_rank_independent",
-      "layout_invariants",           "round_trip_identity",
-      "reshard_round_trip_bytes",    "step_tensors_not_aliased",
-      "step_counts_optimizer_steps", "load_writes_every_element",
-      "hyperparams_follow_schedule"};
-  for (const auto& p : properties::all_properties()) {
-    EXPECT_NE(std::find(covered.begin(), covered.end(), p.name), covered.end())
-        << p.name << " has no canary";
+TEST(PropertyCanary, EveryPropertyNamesACanaryTestThatExists) {
+  // Each property's registry entry (its one home) names its canary: a test of this file.
+  const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
+  std::set<std::string> tests;
+  for (int i = 0; i < unit.total_test_suite_count(); ++i) {
+    const ::testing::TestSuite& suite = *unit.GetTestSuite(i);
+    for (int j = 0; j < suite.total_test_count(); ++j)
+      tests.insert(std::string(suite.name()) + "." + suite.GetTestInfo(j)->name());
   }
+  for (const auto& p : properties::all_properties()) {
+    EXPECT_TRUE(p.canary.starts_with("PropertyCanary.")) << p.name << ": " << p.canary;
+    EXPECT_EQ(tests.count(p.canary), 1u) << p.name << " names no existing canary: " << p.canary;
+  }
+}
+
+TEST(PropertyRegistry, TheReadmeTableHasARowForEveryProperty) {
+  std::ifstream in(test::source_path("README.md"));
+  std::set<std::string> rows;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.starts_with("| `")) continue;
+    const size_t end = line.find('`', 3);
+    const std::string name = line.substr(3, end - 3);
+    if (name.find('_') != std::string::npos && name.find(' ') == std::string::npos &&
+        name.find('-') == std::string::npos && name.find('.') == std::string::npos)
+      rows.insert(name);
+  }
+  std::set<std::string> names;
+  for (const auto& p : properties::all_properties()) names.insert(p.name);
+  for (const auto& n : names) EXPECT_EQ(rows.count(n), 1u) << n << " has no row in README.md";
 }
 
 TEST(PropertyTolerance, MovedElementsUseTheDocumentedToleranceAndStillCatchAStepBug) {
