@@ -486,6 +486,28 @@ int report_check(const SearchCommand& c, const CheckNames& n, const search::Sear
   return reported.value().empty() ? kExitOk : kExitFail;
 }
 
+// Each gate finding's minimal scenario written, with its class.
+Result<std::vector<report::ReportedFailure>> write_gate_findings(const SearchCommand& c,
+                                                                 const search::GateResult& result,
+                                                                 const std::string& repeat) {
+  std::vector<const search::Failure*> failures;
+  std::vector<std::string> hows;
+  std::vector<std::string> tags;
+  const auto findings = result.findings();
+  for (const auto& f : findings) {
+    failures.push_back(f.failure);
+    hows.push_back(fmt::format("{} ({})", repeat, f.part));
+    tags.push_back(f.part);
+  }
+  auto reported = write_failures(c, failures, hows, tags);
+  if (!reported.is_ok()) return reported.status();
+  for (size_t i = 0; i < findings.size(); ++i) {
+    reported.value()[i].classification = search::gate_class_name(findings[i].gate_class);
+    reported.value()[i].counts_as_new = search::counts_as_new(findings[i].gate_class);
+  }
+  return reported;
+}
+
 }  // namespace detail
 
 using namespace detail;  // NOLINT(google-build-using-namespace): this file's own helpers
@@ -1138,21 +1160,8 @@ int gate_command(const SearchCommand& c, const std::string& baseline, const std:
   const search::GateResult result = search::gate(g);
   const std::string repeat = fmt::format("ckptsim gate --baseline {} --candidate {} --out {}{}",
                                          baseline, candidate, c.out_dir, search_repeat_flags(c));
-  std::vector<const search::Failure*> failures;
-  std::vector<std::string> hows;
-  std::vector<std::string> tags;
-  const auto findings = result.findings();
-  for (const auto& f : findings) {
-    failures.push_back(f.failure);
-    hows.push_back(fmt::format("{} ({})", repeat, f.part));
-    tags.push_back(f.part);
-  }
-  auto reported = write_failures(c, failures, hows, tags);
+  auto reported = write_gate_findings(c, result, repeat);
   if (!reported.is_ok()) return invalid(err, reported.status().message());
-  for (size_t i = 0; i < findings.size(); ++i) {
-    reported.value()[i].classification = search::gate_class_name(findings[i].gate_class);
-    reported.value()[i].counts_as_new = search::counts_as_new(findings[i].gate_class);
-  }
   const GateNames names{baseline, candidate, repeat};
   // Written before the real code is asked (a runner that hangs loses nothing), and again after.
   if (Status s = write_gate_files(c, names, result, reported.value()); !s.is_ok())

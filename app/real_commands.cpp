@@ -490,6 +490,24 @@ std::string real_gate_md(const SearchCommand& c, const GateNames& n,
   return md + write_real_extras(c, engine);
 }
 
+// The console (or --json) of gate --real.
+void say_real_gate(const SearchCommand& c, const GateNames& names, const search::GateResult& result,
+                   const RealEngine& engine, const std::vector<report::ReportedFailure>& reported,
+                   std::ostream& out) {
+  if (!c.quiet && !c.json) {
+    say_gate_findings(reported, out);
+    out << stats_text(engine) << std::endl;
+    out << "report: " << c.out_dir << "/gate-report.md, " << c.out_dir << "/junit.xml" << std::endl;
+    out << "repeat: " << names.repeat << std::endl;
+  }
+  if (c.json) {
+    out << report::gate_json(names.baseline, names.candidate, c.seed, names.repeat,
+                             result.introduced(), reported)
+               .dump(2)
+        << std::endl;
+  }
+}
+
 }  // namespace
 
 int real_gate_command(const SearchCommand& c, const std::string& baseline,
@@ -529,21 +547,8 @@ int real_gate_command(const SearchCommand& c, const std::string& baseline,
                                          baseline.empty() ? "" : " --baseline " + baseline,
                                          candidate.empty() ? "" : " --candidate " + candidate,
                                          c.out_dir, search_repeat_flags(c), real_flags(c));
-  std::vector<const search::Failure*> failures;
-  std::vector<std::string> hows;
-  std::vector<std::string> tags;
-  const auto findings = result.findings();
-  for (const auto& f : findings) {
-    failures.push_back(f.failure);
-    hows.push_back(fmt::format("{} ({})", repeat, f.part));
-    tags.push_back(f.part);
-  }
-  auto reported = write_failures(c, failures, hows, tags);
+  auto reported = write_gate_findings(c, result, repeat);
   if (!reported.is_ok()) return invalid(err, reported.status().message());
-  for (size_t i = 0; i < findings.size(); ++i) {
-    reported.value()[i].classification = search::gate_class_name(findings[i].gate_class);
-    reported.value()[i].counts_as_new = search::counts_as_new(findings[i].gate_class);
-  }
   annotate_found(engine, reported.value());
   const GateNames names{base + " (" + sides.value()[0].dir + ")",
                         cand + " (" + sides.value()[1].dir + ")", repeat};
@@ -553,18 +558,7 @@ int real_gate_command(const SearchCommand& c, const std::string& baseline,
                             real_gate_md(c, names, result, engine, reported.value()));
       !s.is_ok())
     return invalid(err, s.message());
-  if (talk) {
-    say_gate_findings(reported.value(), out);
-    out << stats_text(engine) << std::endl;
-    out << "report: " << c.out_dir << "/gate-report.md, " << c.out_dir << "/junit.xml" << std::endl;
-    out << "repeat: " << repeat << std::endl;
-  }
-  if (c.json) {
-    out << report::gate_json(names.baseline, names.candidate, c.seed, repeat, result.introduced(),
-                             reported.value())
-               .dump(2)
-        << std::endl;
-  }
+  say_real_gate(c, names, result, engine, reported.value(), out);
   return result.introduced() ? kExitFail : kExitOk;
 }
 

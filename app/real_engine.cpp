@@ -332,6 +332,116 @@ bool RealEngine::model_beside() const {
                      [](const RealSide& s) { return !s.model_profile.empty(); });
 }
 
+bool RealEngine::stopped() const { return options_.stop != nullptr && options_.stop->load(); }
+
+std::optional<size_t> RealEngine::acquire(std::string& problem) {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    if (stopped()) {
+      problem = "stopped before it was replayed";
+      return std::nullopt;
+    }
+    const bool any_alive =
+        std::any_of(runners_.begin(), runners_.end(), [](const auto& x) { return x->alive; });
+    if (!any_alive && idle_.empty()) {
+      problem = "no runner is left (each failed to restart; see the runner logs)";
+      return std::nullopt;
+    }
+    if (!idle_.empty()) break;
+    free_.wait_for(lock, std::chrono::milliseconds(200));
+  }
+  const size_t index = idle_.back();
+  idle_.pop_back();
+  return index;
+}
+
+bool RealEngine::exchange(Runner& runner, int64_t id, double timeout, ReplayResult& r) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto seconds = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  if (!runner.alive) {
+    r.problem = "the runner is down";
+    return true;
+  }
+  if (!runner.child->send_line(
+          json{{"id", id}, {"plan", r.plan_path}, {"out", r.trace_path}}.dump())) {
+    r.problem = fmt::format("the runner's stdin is closed ({}; its log: {})",
+                            runner.child->describe_exit(), runner.log);
+    return true;
+  }
+  for (;;) {
+    std::string line;
+    const Child::Read got = runner.child->read_line(0.5, line);
+    if (got == Child::Read::kEof) {
+      r.problem = fmt::format("the runner exited ({}; its log: {})", runner.child->describe_exit(),
+                              runner.log);
+      return true;
+    }
+    if (got == Child::Read::kTimeout) {
+      if (stopped()) {
+        r.problem = "stopped while it was replayed";
+        return true;
+      }
+      if (seconds() > timeout) {
+        r.problem = fmt::format(
+            "the runner did not answer within {:.0f} s: killed with its workers (its log: {})",
+            timeout, runner.log);
+        return true;
+      }
+      continue;
+    }
+    const json msg = json::parse(line, nullptr, false);
+    if (!msg.is_object() || msg.value("id", int64_t{-1}) != id) continue;
+    if (msg.value("type", "") != "done")
+      r.problem = "the runner could not replay it: " + first_line(msg.value("message", "?"));
+    return false;
+  }
+}
+
+void RealEngine::release(size_t index, bool restart, const ReplayResult& r) {
+  Runner& runner = *runners_[index];
+  if (restart) {
+    runner.child->kill();
+    runner.alive = false;
+    if (!stopped() && start_runner(index).is_ok()) runner.alive = true;
+  }
+  {
+    std::lock_guard lock(mutex_);
+    if (runner.alive) idle_.push_back(index);
+    ++stats_.replays;
+    stats_.runs += r.runs;
+    stats_.replay_seconds += r.seconds;
+  }
+  free_.notify_one();
+}
+
+void RealEngine::conclude(const sim::Scenario& s, ReplayResult& r) {
+  if (r.problem.empty()) {
+    auto t = report::read_trace_file(r.trace_path);
+    if (!t.is_ok()) {
+      r.problem = t.status().message();
+    } else if (std::string why = replay_problem(t.value()); !why.empty()) {
+      r.problem = why + fmt::format(" (the runner's log: {})", r.log_path);
+      r.trace = std::move(t.value());
+    } else {
+      r.trace = std::move(t.value());
+      r.replayed = true;
+    }
+  }
+  if (r.replayed) return;
+  std::lock_guard lock(mutex_);
+  ++stats_.could_not_replay;
+  const std::string key = first_line(r.problem).substr(0, 80);
+  auto it = std::find_if(could_not_.begin(), could_not_.end(),
+                         [&](const CouldNotReplay& c) { return c.problem.substr(0, 80) == key; });
+  if (it == could_not_.end()) {
+    could_not_.push_back({r.problem, s, r.plan_path, r.log_path, 1});
+  } else {
+    ++it->count;
+  }
+}
+
 ReplayResult RealEngine::replay(const sim::Scenario& s) {
   ReplayResult r;
   int64_t id = 0;
@@ -346,120 +456,23 @@ ReplayResult RealEngine::replay(const sim::Scenario& s) {
   r.runs = static_cast<int64_t>(plan["runs"].size());
   if (Status w = write_file(r.plan_path, plan.dump() + "\n"); !w.is_ok()) {
     r.problem = w.message();
+    conclude(s, r);
     return r;
   }
   const double timeout = options_.scenario_timeout_s > 0
                              ? options_.scenario_timeout_s
                              : static_cast<double>(r.runs) * (options_.run_timeout_s + 60) + 300;
-  const auto stopped = [&] { return options_.stop != nullptr && options_.stop->load(); };
-  size_t index = 0;
-  {
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      if (stopped()) {
-        r.problem = "stopped before it was replayed";
-        return r;
-      }
-      const bool any_alive =
-          std::any_of(runners_.begin(), runners_.end(), [](const auto& x) { return x->alive; });
-      if (!any_alive && idle_.empty()) {
-        r.problem = "no runner is left (each failed to restart; see the runner logs)";
-        return r;
-      }
-      if (!idle_.empty()) break;
-      free_.wait_for(lock, std::chrono::milliseconds(200));
-    }
-    index = idle_.back();
-    idle_.pop_back();
+  const std::optional<size_t> index = acquire(r.problem);
+  if (!index) {
+    conclude(s, r);
+    return r;
   }
-  Runner& runner = *runners_[index];
-  r.log_path = runner.log;
+  r.log_path = runners_[*index]->log;
   const auto t0 = std::chrono::steady_clock::now();
-  const auto seconds = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
-  bool restart = false;
-  if (!runner.alive) {
-    restart = true;
-    r.problem = "the runner is down";
-  } else if (!runner.child->send_line(
-                 json{{"id", id}, {"plan", r.plan_path}, {"out", r.trace_path}}.dump())) {
-    restart = true;
-    r.problem = fmt::format("the runner's stdin is closed ({}; its log: {})",
-                            runner.child->describe_exit(), runner.log);
-  } else {
-    for (;;) {
-      std::string line;
-      const Child::Read got = runner.child->read_line(0.5, line);
-      if (got == Child::Read::kEof) {
-        restart = true;
-        r.problem = fmt::format("the runner exited ({}; its log: {})",
-                                runner.child->describe_exit(), runner.log);
-        break;
-      }
-      if (got == Child::Read::kTimeout) {
-        if (stopped()) {
-          restart = true;
-          r.problem = "stopped while it was replayed";
-          break;
-        }
-        if (seconds() > timeout) {
-          restart = true;
-          r.problem = fmt::format(
-              "the runner did not answer within {:.0f} s: killed with its workers (its log: {})",
-              timeout, runner.log);
-          break;
-        }
-        continue;
-      }
-      const json msg = json::parse(line, nullptr, false);
-      if (!msg.is_object() || msg.value("id", int64_t{-1}) != id) continue;
-      if (msg.value("type", "") == "done") break;
-      r.problem = "the runner could not replay it: " + first_line(msg.value("message", "?"));
-      break;
-    }
-  }
-  if (restart) {
-    runner.child->kill();
-    if (!stopped()) {
-      if (Status st = start_runner(index); !st.is_ok()) runner.alive = false;
-    } else {
-      runner.alive = false;
-    }
-  }
-  r.seconds = seconds();
-  {
-    std::lock_guard lock(mutex_);
-    if (runner.alive) idle_.push_back(index);
-    ++stats_.replays;
-    stats_.runs += r.runs;
-    stats_.replay_seconds += r.seconds;
-  }
-  free_.notify_one();
-  if (r.problem.empty()) {
-    auto t = report::read_trace_file(r.trace_path);
-    if (!t.is_ok()) {
-      r.problem = t.status().message();
-    } else if (std::string why = replay_problem(t.value()); !why.empty()) {
-      r.problem = why + fmt::format(" (the runner's log: {})", r.log_path);
-      r.trace = std::move(t.value());
-    } else {
-      r.trace = std::move(t.value());
-      r.replayed = true;
-    }
-  }
-  if (!r.replayed) {
-    std::lock_guard lock(mutex_);
-    ++stats_.could_not_replay;
-    const std::string key = first_line(r.problem).substr(0, 80);
-    auto it = std::find_if(could_not_.begin(), could_not_.end(),
-                           [&](const CouldNotReplay& c) { return c.problem.substr(0, 80) == key; });
-    if (it == could_not_.end()) {
-      could_not_.push_back({r.problem, s, r.plan_path, r.log_path, 1});
-    } else {
-      ++it->count;
-    }
-  }
+  const bool restart = exchange(*runners_[*index], id, timeout, r);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  release(*index, restart, r);
+  conclude(s, r);
   return r;
 }
 

@@ -168,6 +168,16 @@ class RealEngine {
   struct Runner;
   explicit RealEngine(RealEngineOptions options);
   Status start_runner(size_t index);
+  bool stopped() const;
+  // A free runner's index (waits for one), or nullopt with `problem` (stopped, none left).
+  std::optional<size_t> acquire(std::string& problem);
+  // Sends r's plan and waits for the answer; true when the runner must be restarted (it exited,
+  // hung past `timeout`, or the search stopped). Sets r.problem when there is no trace.
+  bool exchange(Runner& runner, int64_t id, double timeout, ReplayResult& r);
+  // Restarts the runner if asked, gives it back, counts the replay.
+  void release(size_t index, bool restart, const ReplayResult& r);
+  // Reads the trace (or keeps the problem), and records a scenario that could not be replayed.
+  void conclude(const sim::Scenario& s, ReplayResult& r);
   std::vector<std::string> runner_argv(size_t index) const;
   std::optional<search::Finding> judge_real(const sim::Scenario& s,
                                             const std::vector<std::string>& properties,

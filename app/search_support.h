@@ -35,6 +35,10 @@ Result<sim::Revision> revision_flag(model::RevisionRegistry& registry, const std
 Result<std::vector<report::ReportedFailure>> write_failures(
     const SearchCommand& c, const std::vector<const search::Failure*>& failures,
     const std::vector<std::string>& hows, const std::vector<std::string>& tags);
+// Each gate finding's minimal scenario written, with its class (search::gate_class_name).
+Result<std::vector<report::ReportedFailure>> write_gate_findings(const SearchCommand& c,
+                                                                 const search::GateResult& result,
+                                                                 const std::string& repeat);
 void say_gate_findings(const std::vector<report::ReportedFailure>& reported, std::ostream& out);
 // What is checked before a search starts: where its outputs go, and the --megatron options.
 Status prepare_search_outputs(const SearchCommand& c, const model::RevisionRegistry& registry);
