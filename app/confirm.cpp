@@ -83,19 +83,6 @@ const properties::PropertyAgreement* find_agreement(const properties::Conformanc
   return nullptr;
 }
 
-// The first thing the real code does differently: an event-level divergence, else a verdict.
-std::string first_disagreement(const properties::Conformance& c) {
-  if (!c.divergences.empty()) return "first divergence: " + c.divergences.front().describe();
-  for (const auto& p : c.properties) {
-    if (!p.agree()) {
-      return fmt::format("{}: model {}, real {}", p.property,
-                         properties::verdict_name(p.model.verdict),
-                         properties::verdict_name(p.real.verdict));
-    }
-  }
-  return "no divergence listed";
-}
-
 // An error the runner made up, or an import failure: about the replay, never about Megatron's
 // checkpointing (the model has no import step, so it can never agree or disagree with one).
 bool is_replay_error(const nlohmann::json& e) {
@@ -120,6 +107,18 @@ bool resumes_nothing(const std::string& reason) {
 }
 
 }  // namespace
+
+std::string first_disagreement(const properties::Conformance& c) {
+  if (!c.divergences.empty()) return c.divergences.front().describe();
+  for (const auto& p : c.properties) {
+    if (!p.agree()) {
+      return fmt::format("{}: model {}, real {}", p.property,
+                         properties::verdict_name(p.model.verdict),
+                         properties::verdict_name(p.real.verdict));
+    }
+  }
+  return "no divergence listed";
+}
 
 Status validate_real_code(const RealCodeOptions& o, const model::RevisionRegistry& registry) {
   const std::vector<std::string> revisions = registry.names();
@@ -186,8 +185,10 @@ report::RealCodeVerdict real_code_verdict(const properties::Conformance& c,
   const std::string figures = "agree: " + report::conformance_fields(c);
   if (!c.agrees()) {
     v.outcome = report::RealCodeOutcome::kNotConfirmed;
-    v.text = fmt::format("not confirmed: the real code disagrees ({}; {}; {} on the real code: {})",
-                         first_disagreement(c), figures, property, real_verdict);
+    v.text =
+        fmt::format("not confirmed: the real code disagrees ({}; {}; {} on the real code: {})",
+                    (c.divergences.empty() ? "" : "first divergence: ") + first_disagreement(c),
+                    figures, property, real_verdict);
   } else if (p == nullptr) {
     v.outcome = report::RealCodeOutcome::kNotJudgeable;
     v.text = fmt::format(

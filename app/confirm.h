@@ -57,6 +57,10 @@ Result<std::string> find_replay_dir(const std::string& flag);
 report::RealCodeVerdict real_code_verdict(const properties::Conformance& c,
                                           const std::string& property);
 
+// The first thing the real code does differently: the first event-level divergence, else the
+// first verdict that differs ("no divergence listed" when they agree).
+std::string first_disagreement(const properties::Conformance& c);
+
 // Why a real trace cannot stand for the real code's verdict, or "" when it can: a skipped run
 // (no checkout for a revision, no CUDA device, a kind that needs TE, ...; not a run skipped
 // because the run it resumes from left no checkpoint, which the model records alike), or a primary

@@ -89,18 +89,6 @@ std::string divergence_signature(const properties::Conformance& c) {
   return "model_divergence:other";
 }
 
-std::string first_disagreement(const properties::Conformance& c) {
-  if (!c.divergences.empty()) return c.divergences.front().describe();
-  for (const auto& p : c.properties) {
-    if (!p.agree()) {
-      return fmt::format("{}: model {}, real {}", p.property,
-                         properties::verdict_name(p.model.verdict),
-                         properties::verdict_name(p.real.verdict));
-    }
-  }
-  return "no divergence listed";
-}
-
 bool wanted(const std::vector<std::string>& only, const std::string& property) {
   return only.empty() || std::find(only.begin(), only.end(), property) != only.end();
 }
