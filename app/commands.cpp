@@ -886,7 +886,8 @@ int plot_command(const PlotCommand& c, std::ostream& out, std::ostream& err) {
   if (!run.is_ok()) return invalid(err, run.status().message());
   std::vector<std::string> notes;
   if (real) {
-    auto r = properties::conform(report::trace_json(run.value()), *real, c.real_trace);
+    auto r = properties::conform(report::trace_json(run.value()), *real, c.real_trace,
+                                  &run.value().scenario);
     if (!r.is_ok()) return invalid(err, r.status().message());
     notes.push_back(conformance_note(r.value()));
   }
@@ -986,7 +987,7 @@ int conform_campaign_command(const ConformCampaignCommand& c, std::ostream& out,
     auto run = sim::run_scenario(s.value());
     if (!run.is_ok()) return invalid(err, run.status().message());
     auto r = properties::conform(report::trace_json(run.value(), carries_values(real.value())),
-                                 real.value(), file);
+                                 real.value(), file, &run.value().scenario);
     if (!r.is_ok()) return invalid(err, r.status().message());
     out << fmt::format("{} {}", r.value().agrees() ? "agree   " : "DISAGREE", file) << std::endl;
     std::string plot;

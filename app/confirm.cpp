@@ -291,7 +291,8 @@ report::RealCodeVerdict judge_trace_of(const ConfirmContext& ctx, const Pending&
   if (!s.is_ok()) return could_not_replay(s.status().message(), p);
   auto run = sim::run_scenario(s.value());
   if (!run.is_ok()) return could_not_replay(run.status().message(), p);
-  auto c = properties::conform(report::trace_json(run.value()), real.value(), p.trace);
+  auto c = properties::conform(report::trace_json(run.value()), real.value(), p.trace,
+                               &run.value().scenario);
   if (!c.is_ok()) return could_not_replay(c.status().message(), p);
   report::RealCodeVerdict v = real_code_verdict(c.value(), p.reported->failure->finding.property);
   v.plan = p.plan;

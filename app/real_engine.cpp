@@ -100,8 +100,9 @@ std::string revision_of_run(const sim::Scenario& s, const std::string& run) {
   return index < s.phases.size() ? s.phases[index].revision : "";
 }
 
-std::optional<properties::TraceVerdict> verdict_of(const json& trace, const std::string& property) {
-  for (auto& v : properties::judge_trace(trace)) {
+std::optional<properties::TraceVerdict> verdict_of(const json& trace, const sim::Scenario& s,
+                                                   const std::string& property) {
+  for (auto& v : properties::judge_trace(trace, &s)) {
     if (v.property == property) return v;
   }
   return std::nullopt;
@@ -480,7 +481,7 @@ void RealEngine::beside(const sim::Scenario& s, const ReplayResult& r, std::stri
     return;
   }
   const json model_trace = report::trace_json(run.value());
-  auto c = properties::conform(model_trace, r.trace, r.trace_path);
+  auto c = properties::conform(model_trace, r.trace, r.trace_path, &s);
   if (!c.is_ok()) {
     model_text = "not compared: " + c.status().message();
     return;
@@ -539,7 +540,7 @@ std::optional<search::Finding> RealEngine::judge_real(const sim::Scenario& s,
   beside(s, r, model_text);
   verdicts = json::array();
   std::optional<search::Finding> finding;
-  for (const auto& v : properties::judge_trace(r.trace)) {
+  for (const auto& v : properties::judge_trace(r.trace, &s)) {
     verdicts.push_back(
         {{"property", v.property}, {"verdict", properties::verdict_name(v.verdict)}});
     if (finding || v.verdict != properties::Verdict::kFail || !wanted(properties, v.property))
@@ -570,11 +571,12 @@ search::Judge RealEngine::gate_judge(const std::string& baseline,
     json verdicts;
     std::optional<search::Finding> f = judge_real(s, properties, r, verdicts);
     if (!f) return std::nullopt;
-    const ReplayResult base = replay(on_side(s, baseline));
+    const sim::Scenario on_baseline = on_side(s, baseline);
+    const ReplayResult base = replay(on_baseline);
     properties::PropertyResult all_baseline{f->property, properties::Verdict::kNotEvaluated,
                                             base.problem, "", -1};
     if (base.replayed) {
-      if (auto v = verdict_of(base.trace, f->property)) {
+      if (auto v = verdict_of(base.trace, on_baseline, f->property)) {
         all_baseline.verdict = v->verdict;
         all_baseline.detail = v->detail;
         all_baseline.signature = v->signature;
@@ -593,8 +595,9 @@ search::Judge RealEngine::fixed_judge(const std::string& candidate,
     json verdicts;
     std::optional<search::Finding> f = judge_real(s, properties, r, verdicts);
     if (!f) return std::nullopt;
-    const ReplayResult cand = replay(on_side(s, candidate));
-    const auto v = cand.replayed ? verdict_of(cand.trace, f->property) : std::nullopt;
+    const sim::Scenario on_candidate = on_side(s, candidate);
+    const ReplayResult cand = replay(on_candidate);
+    const auto v = cand.replayed ? verdict_of(cand.trace, on_candidate, f->property) : std::nullopt;
     discard(cand);
     if (!v || v->verdict != properties::Verdict::kPass) return std::nullopt;
     f->gate_class = search::GateClass::kFixed;

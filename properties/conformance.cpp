@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <map>
@@ -128,6 +129,44 @@ class RunComparison {
     }
     update_taint(m, pair_of);
     compare_hashes(m, r, pair_of);
+    if (m.groups && r.groups) compare_groups(m, *m.groups, *r.groups);
+  }
+
+  // The lr and weight decay of each param group (keyed by its multipliers), both ways, bit for
+  // bit: both sides compute the schedule in doubles by the same formulas.
+  void compare_groups(const Event& e, const std::vector<trace::Group>& mg,
+                      const std::vector<trace::Group>& rg) {
+    using Key = std::pair<double, double>;
+    auto by_key = [](const std::vector<trace::Group>& gs) {
+      std::map<Key, std::vector<std::pair<double, double>>> out;
+      for (const auto& g : gs) out[{g.wd_mult, g.lr_mult}].emplace_back(g.lr, g.weight_decay);
+      for (auto& [key, values] : out) std::sort(values.begin(), values.end());
+      return out;
+    };
+    const auto m = by_key(mg);
+    const auto r = by_key(rg);
+    auto text = [](const std::vector<std::pair<double, double>>* v) {
+      if (v == nullptr) return std::string("absent");
+      std::string out;
+      for (const auto& [lr, wd] : *v)
+        out += fmt::format("{}lr {:.17g} weight_decay {:.17g}", out.empty() ? "" : "; ", lr, wd);
+      return out;
+    };
+    std::set<Key> keys;
+    for (const auto& [k, v] : m) keys.insert(k);
+    for (const auto& [k, v] : r) keys.insert(k);
+    for (const Key& k : keys) {
+      const auto mi = m.find(k);
+      const auto ri = r.find(k);
+      const auto* mv = mi == m.end() ? nullptr : &mi->second;
+      const auto* rv = ri == r.end() ? nullptr : &ri->second;
+      const bool same = mv != nullptr && rv != nullptr && *mv == *rv;
+      out_.groups.add(same);
+      if (!same) {
+        const trace::Group g{k.first, k.second, 0, 0};
+        add(e, g.label() + " lr and weight_decay", text(mv), text(rv));
+      }
+    }
   }
 
   void compare_counters(const Event& e, const Part& mp, const Part& rp) {
@@ -309,9 +348,10 @@ bool Conformance::verdicts_agree() const {
                      [](const PropertyAgreement& p) { return p.agree(); });
 }
 
-std::vector<TraceVerdict> judge_trace(const nlohmann::json& trace) {
+std::vector<TraceVerdict> judge_trace(const nlohmann::json& trace, const sim::Scenario* spec) {
   auto t = trace::parse(trace, "trace");
   if (!t.is_ok()) return {};
+  t.value().spec = spec;
   return judge(t.value());
 }
 
@@ -363,11 +403,13 @@ void copy_uninitialized_marks(const Trace& model, Trace& real) {
 }  // namespace
 
 Result<Conformance> conform(const nlohmann::json& model_trace, const nlohmann::json& real_trace,
-                            const std::string& real_source) {
+                            const std::string& real_source, const sim::Scenario* spec) {
   auto m = trace::parse(model_trace, "the model's trace");
   if (!m.is_ok()) return m.status();
   auto r = trace::parse(real_trace, real_source);
   if (!r.is_ok()) return r.status();
+  m.value().spec = spec;
+  r.value().spec = spec;
   if (m.value().scenario != r.value().scenario) {
     return Status::invalid_input(fmt::format("{}: a trace of scenario '{}', not of '{}'",
                                              real_source, r.value().scenario, m.value().scenario));

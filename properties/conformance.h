@@ -38,8 +38,11 @@
 
 namespace ckptsim::properties {
 
-// The verdicts of the properties a trace can judge, in registry order.
-std::vector<TraceVerdict> judge_trace(const nlohmann::json& trace);
+// The verdicts of the properties a trace can judge, in registry order. `spec`, where the caller
+// knows the scenario the trace replays, is what the checks that need its schedule read
+// (hyperparams_follow_schedule: not evaluated without it).
+std::vector<TraceVerdict> judge_trace(const nlohmann::json& trace,
+                                      const sim::Scenario* spec = nullptr);
 
 struct PropertyAgreement {
   std::string property;
@@ -109,6 +112,7 @@ struct Conformance {
   Tally events;        // per (run, rank, point), looked for on both sides
   Tally parts;         // per part of an event, looked for on both sides
   Tally step_aliases;  // where both sides record it
+  Tally groups;        // param groups' lr and weight decay per step, where both sides record them
   Tally hashes_required;
   std::vector<KernelPairHashes> hash_pairs;  // in order of first appearance
   bool verdicts_agree() const;
@@ -117,7 +121,8 @@ struct Conformance {
   // What `ckptsim conform` exits 0 on: every field above agrees, and every required hash.
   bool agrees() const {
     return verdicts_agree() && counters_agree() && errors_agree() && statuses.agree() &&
-           events.agree() && parts.agree() && step_aliases.agree() && hashes_required.agree();
+           events.agree() && parts.agree() && step_aliases.agree() && groups.agree() &&
+           hashes_required.agree();
   }
 };
 
@@ -125,6 +130,6 @@ struct Conformance {
 // Fails (Status) when either is not a trace of the format, or when they are traces of different
 // scenarios or runs.
 Result<Conformance> conform(const nlohmann::json& model_trace, const nlohmann::json& real_trace,
-                            const std::string& real_source);
+                            const std::string& real_source, const sim::Scenario* spec = nullptr);
 
 }  // namespace ckptsim::properties

@@ -39,7 +39,7 @@ const std::vector<Property>& all_properties() {
       {"hyperparams_follow_schedule",
        "every param group's lr and weight decay at every step equal the schedule in force "
        "(absolute: no reference)",
-       hyperparams_follow_schedule, nullptr,
+       hyperparams_follow_schedule, trace_hyperparams_follow_schedule,
        "PropertyCanary.HyperparamsFollowScheduleCatchesASchedulerSteppedPerIteration"},
       {"trajectory_matches_uninterrupted",
        "master params, moments and model params equal the uninterrupted run (bitwise for the same "

@@ -12,6 +12,7 @@
 #include <numbers>
 
 #include "properties/common.h"
+#include "properties/trace.h"
 
 namespace ckptsim::properties {
 
@@ -81,20 +82,16 @@ bool same_value(double observed, double expected) {
   return std::abs(observed - expected) <= 1e-12 + 1e-9 * std::abs(expected);
 }
 
-// What checking one run needs: the scenario's intended schedules and where each phase starts.
-struct Checker {
-  const sim::RunResult& run;
+// The schedule in force at every global step of a scenario: the intended schedules, and where
+// each phase starts.
+struct ScheduleInForce {
+  const sim::Scenario& scenario;
   std::vector<model::ScheduleConfig> intended;
   std::vector<int64_t> first_step;  // per phase: its first global step
-  std::vector<std::string> failures;
-  std::string signature;
-  int first_phase = -1;
-  int64_t checks = 0;
 
-  explicit Checker(const sim::RunResult& r)
-      : run(r), intended(sim::intended_schedules(r.scenario)) {
+  explicit ScheduleInForce(const sim::Scenario& s) : scenario(s), intended(sim::intended_schedules(s)) {
     int64_t g = 1;
-    for (const auto& p : r.scenario.phases) {
+    for (const auto& p : s.phases) {
       first_step.push_back(g);
       g += p.steps;
     }
@@ -107,39 +104,69 @@ struct Checker {
     return i;
   }
 
+  // The lr and weight decay the schedule says a group with these multipliers uses at step `g`.
+  std::pair<double, double> expected(int64_t g, double wd_mult, double lr_mult) const {
+    const GroupSchedule gs = group_schedule(intended[phase_of(g)], lr_mult, scenario.samples_per_step);
+    const double n = static_cast<double>((g - 1) * scenario.samples_per_step);
+    return {scheduled_lr(gs, n), scheduled_wd(gs, n) * wd_mult};
+  }
+
   std::string how(size_t phase) const {
     if (phase == 0) return "the first phase's arguments";
-    const auto flag = run.scenario.phases[phase].opt_param_scheduler;
+    const auto flag = scenario.phases[phase].opt_param_scheduler;
     return flag == model::SchedulerResume::kOverride ? "--override-opt_param-scheduler"
            : flag == model::SchedulerResume::kUseCheckpoint
                ? "--use-checkpoint-opt_param-scheduler"
                : "the arguments, equal to the checkpoint's";
   }
 
-  void check(const sim::GlobalState& st, const std::string& where, const char* run_kind,
-             int phase_index) {
-    const size_t phase = phase_of(st.global_step);
-    const double n = static_cast<double>((st.global_step - 1) * run.scenario.samples_per_step);
-    for (const sim::GroupHyper& h : st.hypers) {
-      const GroupSchedule g =
-          group_schedule(intended[phase], h.lr_mult, run.scenario.samples_per_step);
-      const double lr = scheduled_lr(g, n);
-      const double wd = scheduled_wd(g, n) * h.wd_mult;
-      checks += 2;
-      for (const auto& [what, observed, expected] :
-           {std::tuple{"lr", h.lr, lr}, std::tuple{"weight_decay", h.weight_decay, wd}}) {
-        if (same_value(observed, expected)) continue;
-        if (signature.empty()) {
-          signature = fmt::format("hyperparams_follow_schedule:{}:{}", what, run_kind);
-          first_phase = phase_index;
-        }
-        failures.push_back(fmt::format(
-            "{}, global step {}: the param group with wd_mult {} and lr_mult {} used {} {} (the "
-            "schedule says {}, from {})",
-            where, st.global_step, num(h.wd_mult), num(h.lr_mult), what, observed, expected,
-            how(phase)));
+  // The run kind a signature names: "reference", "first_phase", "<flag>_resume".
+  std::string run_kind(int phase_index) const {
+    if (phase_index < 0) return "reference";
+    if (phase_index == 0) return "first_phase";
+    return model::scheduler_resume_name(
+               scenario.phases[static_cast<size_t>(phase_index)].opt_param_scheduler) +
+           "_resume";
+  }
+};
+
+// The values seen, checked against the schedule in force, and what differed.
+struct Checker {
+  ScheduleInForce schedule;
+  std::vector<std::string> failures;
+  std::string signature;
+  int first_phase = -1;
+  std::string first_run;  // the trace run of the first failure
+  int64_t checks = 0;
+
+  explicit Checker(const sim::Scenario& s) : schedule(s) {}
+
+  // One group's values at global step `g`, seen in `where` (a run of phase `phase_index`, -1
+  // for the uninterrupted one).
+  void check(const std::string& where, int phase_index, int64_t g, double wd_mult, double lr_mult,
+             double lr, double weight_decay, const std::string& run = "") {
+    const auto [want_lr, want_wd] = schedule.expected(g, wd_mult, lr_mult);
+    checks += 2;
+    for (const auto& [what, observed, expected] :
+         {std::tuple{"lr", lr, want_lr}, std::tuple{"weight_decay", weight_decay, want_wd}}) {
+      if (same_value(observed, expected)) continue;
+      if (signature.empty()) {
+        signature = fmt::format("hyperparams_follow_schedule:{}:{}", what,
+                                schedule.run_kind(phase_index));
+        first_phase = phase_index;
+        first_run = run;
       }
+      failures.push_back(fmt::format(
+          "{}, global step {}: the param group with wd_mult {} and lr_mult {} used {} {} (the "
+          "schedule says {}, from {})",
+          where, g, num(wd_mult), num(lr_mult), what, observed, expected,
+          schedule.how(schedule.phase_of(g))));
     }
+  }
+
+  void check(const sim::GlobalState& st, const std::string& where, int phase_index) {
+    for (const sim::GroupHyper& h : st.hypers)
+      check(where, phase_index, st.global_step, h.wd_mult, h.lr_mult, h.lr, h.weight_decay);
   }
 };
 
@@ -153,21 +180,15 @@ std::string joined(const std::vector<std::string>& failures) {
 
 PropertyResult hyperparams_follow_schedule(const sim::RunResult& run) {
   PropertyResult r = pass("hyperparams_follow_schedule");
-  Checker c(run);
-  for (const sim::GlobalState& st : run.reference)
-    c.check(st, "the uninterrupted run", "reference", -1);
+  Checker c(run.scenario);
+  for (const sim::GlobalState& st : run.reference) c.check(st, "the uninterrupted run", -1);
   std::string not_evaluated;
   for (const auto& p : run.phases) {
     if (!p.ran || p.after_step.size() < static_cast<size_t>(p.spec.steps)) {
       if (not_evaluated.empty()) not_evaluated = phase_label(p) + ": its steps did not all run";
     }
     if (!p.ran) continue;
-    const std::string kind =
-        p.index == 0 ? "first_phase"
-                     : model::scheduler_resume_name(p.spec.opt_param_scheduler) + "_resume";
-    for (const auto& st : p.after_step) {
-      c.check(st, phase_label(p), kind.c_str(), static_cast<int>(p.index));
-    }
+    for (const auto& st : p.after_step) c.check(st, phase_label(p), static_cast<int>(p.index));
   }
   if (!c.failures.empty())
     return fail(std::move(r), c.first_phase, c.signature, joined(c.failures));
@@ -176,6 +197,35 @@ PropertyResult hyperparams_follow_schedule(const sim::RunResult& run) {
       "{} lr and weight-decay values (the uninterrupted run's too) equal the schedule in force",
       c.checks);
   return r;
+}
+
+TraceVerdict trace_hyperparams_follow_schedule(const trace::Trace& t) {
+  const char* name = "hyperparams_follow_schedule";
+  if (t.spec == nullptr)
+    return {name, Verdict::kNotEvaluated, "the trace's scenario is not known here", "", ""};
+  Checker c(*t.spec);
+  int64_t events = 0;
+  for (const trace::Run& run : t.runs) {
+    // Rank 0's groups only: each rank holds every group, and the schedule is the same on all.
+    for (const trace::Event& e : run.events) {
+      if (e.at != "after_step" || !e.groups || e.rank != 0) continue;
+      ++events;
+      const std::string where =
+          run.phase < 0 ? "the uninterrupted run" : fmt::format("phase {} (dp={})", run.phase, run.dp);
+      for (const trace::Group& g : *e.groups) {
+        c.check(where, run.phase, e.global_step, g.wd_mult, g.lr_mult, g.lr, g.weight_decay,
+                run.id);
+      }
+    }
+  }
+  if (!c.failures.empty()) return {name, Verdict::kFail, joined(c.failures), c.signature, c.first_run};
+  if (events == 0)
+    return {name, Verdict::kNotEvaluated,
+            "the trace records no param group's lr and weight decay", "", ""};
+  return {name, Verdict::kPass,
+          fmt::format("{} lr and weight-decay values in {} steps equal the schedule in force",
+                      c.checks, events),
+          "", ""};
 }
 
 }  // namespace ckptsim::properties

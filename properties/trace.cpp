@@ -10,6 +10,10 @@ using nlohmann::json;
 
 std::string Part::label() const { return fmt::format("{} {}[{}:{}]", part, param, begin, end); }
 
+std::string Group::label() const {
+  return fmt::format("the param group with wd_mult {} and lr_mult {}", num(wd_mult), num(lr_mult));
+}
+
 const Run* Trace::find(const std::string& id) const {
   for (const auto& r : runs) {
     if (r.id == id) return &r;
@@ -63,6 +67,14 @@ Event parse_event(const json& e) {
       for (const auto& [param, v] : m.items())
         ev.values[kind][param] = v.is_string() ? v.get<std::string>() : "null";
     }
+  }
+  if (const auto gs = e.find("groups"); gs != e.end() && gs->is_array()) {
+    std::vector<Group> groups;
+    for (const auto& g : *gs) {
+      groups.push_back({g.value("wd_mult", 1.0), g.value("lr_mult", 1.0), g.at("lr").get<double>(),
+                        g.at("weight_decay").get<double>()});
+    }
+    ev.groups = std::move(groups);
   }
   if (const auto u = e.find("uninitialized"); u != e.end()) {
     for (const auto& [kind, params] : u->items()) {

@@ -19,6 +19,10 @@
 
 #include "model/status.h"
 
+namespace ckptsim::sim {
+struct Scenario;
+}
+
 namespace ckptsim::properties::trace {
 
 struct Part {
@@ -36,6 +40,15 @@ struct Part {
   }
 };
 
+// The lr and weight decay one param group held when a step ran (after_step events only).
+struct Group {
+  double wd_mult = 1.0;
+  double lr_mult = 1.0;
+  double lr = 0.0;
+  double weight_decay = 0.0;
+  std::string label() const;  // "the param group with wd_mult 1 and lr_mult 1"
+};
+
 struct Event {
   int rank = 0;
   std::string at;
@@ -48,6 +61,8 @@ struct Event {
   std::map<std::string, std::map<std::string, std::string>> values;
   // kind -> params whose hash rests on uninitialized memory (the model's trace says)
   std::map<std::string, std::set<std::string>> uninitialized;
+  // after_step events of a trace that records them: every param group of the rank
+  std::optional<std::vector<Group>> groups;
   // error events
   std::string stage, py_type, message, site;
   std::optional<std::vector<std::string>> merge_path;
@@ -73,6 +88,9 @@ struct Trace {
   std::string scenario;
   std::string source;  // "model" or "real"
   std::vector<Run> runs;
+  // The scenario the trace replays, where the caller knows it (judge_trace's `spec`): what the
+  // absolute checks that need the scenario's schedule read; not owned, null when unknown.
+  const sim::Scenario* spec = nullptr;
   const Run* find(const std::string& id) const;
 };
 

@@ -27,6 +27,9 @@ TraceVerdict trace_trajectory_matches_uninterrupted(const trace::Trace& t);
 // after a load the model params hash equal to what the previous run saved, and every counter
 // equals the saved one
 TraceVerdict trace_round_trip_identity(const trace::Trace& t);
+// every param group's lr and weight decay at every step (rank 0's) equal the schedule in force
+// (the scenario's: not evaluated where the trace's `spec` is unknown; properties/schedule.cpp)
+TraceVerdict trace_hyperparams_follow_schedule(const trace::Trace& t);
 // no part shares its step tensor (where a trace says)
 TraceVerdict trace_step_tensors_not_aliased(const trace::Trace& t);
 

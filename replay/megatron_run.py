@@ -409,6 +409,14 @@ class RankRun:
         self.notes.append("override: the group lr bounds re-applied from the arguments, as this "
                           "checkout's load_checkpoint() does")
 
+    def _groups(self) -> List[Dict[str, float]]:
+        """The lr and weight decay every param group holds, which the next optimizer.step() uses
+        (train_step() steps the optimizer before the scheduler). Read from the optimizer the
+        scheduler writes (the chained optimizer's param_groups: every group of the rank)."""
+        return [{"wd_mult": float(g.get("wd_mult", 1.0)), "lr_mult": float(g.get("lr_mult", 1.0)),
+                 "lr": float(g["lr"]), "weight_decay": float(g["weight_decay"])}
+                for g in self.opt.param_groups]
+
     def _step(self, k: int) -> Dict[int, float]:
         """megatron/training/training.py train_step(): zero the grad buffers, gradients into
         main_grad (here: the plan's), finalize (grad sync), optimizer.step(), scheduler.step()."""
@@ -501,9 +509,12 @@ class RankRun:
             for k in range(int(self.run["steps"])):
                 if gs + 1 in changes:
                     self._change_schedule(changes[gs + 1], gs)
+                groups = self._groups()
                 used = self._step(k)
                 gs += 1
-                self._add(self._event("after_step", gs, used))
+                ev = self._event("after_step", gs, used)
+                ev["groups"] = groups
+                self._add(ev)
             self.timings["train_s"] = round(time.time() - t, 3)
             if self.run.get("save"):
                 stage = self._stage("save")

@@ -320,7 +320,8 @@ def _validate_event(v: _V, ev: Any, path: str, dp: Optional[int]) -> None:
         if ev.get("global_step") is not None:
             v.integer(ev.get("global_step"), _join(path, "global_step"))
     else:
-        if not v.obj(ev, path, ["rank", "at", "global_step", "parts", "hashes"], ["values", "uninitialized"]):
+        if not v.obj(ev, path, ["rank", "at", "global_step", "parts", "hashes"],
+                     ["values", "uninitialized", "groups"]):
             return
         v.enum(at, _join(path, "at"), POINTS)
         v.integer(ev.get("global_step"), _join(path, "global_step"))
@@ -330,6 +331,8 @@ def _validate_event(v: _V, ev: Any, path: str, dp: Optional[int]) -> None:
             _validate_values(v, ev["values"], _join(path, "values"))
         if "uninitialized" in ev:
             _validate_uninitialized(v, ev["uninitialized"], _join(path, "uninitialized"), ev.get("hashes"))
+        if "groups" in ev:
+            _validate_groups(v, ev["groups"], _join(path, "groups"), at)
     rank = ev.get("rank")
     if not _is_int(rank) or rank < 0 or (dp is not None and rank >= dp):
         v.err(_join(path, "rank"), "must be an integer in [0, dp), got %r" % (rank,))
@@ -379,6 +382,25 @@ def _validate_hashes(v: _V, hashes: Any, path: str, parts: Any) -> None:
             if isinstance(m, dict) and sorted(m) != sorted(set(names)):
                 v.err(_join(path, kind), "must have one entry per part's param (%s), got %s"
                       % (sorted(set(names)), sorted(m)))
+
+
+def _validate_groups(v: _V, groups: Any, path: str, at: Any) -> None:
+    """Optional "groups" (after_step only): every param group's multipliers and the lr and
+    weight decay it held when the step ran."""
+    if at != "after_step":
+        v.err(path, "only an after_step event carries groups (the values the step used)")
+        return
+    if not isinstance(groups, list):
+        v.err(path, "must be an array of param groups")
+        return
+    for i, g in enumerate(groups):
+        gpath = _join(path, i)
+        if not v.obj(g, gpath, ["wd_mult", "lr_mult", "lr", "weight_decay"]):
+            continue
+        for key in ("wd_mult", "lr_mult", "lr", "weight_decay"):
+            x = g.get(key)
+            if isinstance(x, bool) or not isinstance(x, (int, float)):
+                v.err(_join(gpath, key), "must be a number, got %r" % (x,))
 
 
 def _validate_uninitialized(v: _V, u: Any, path: str, hashes: Any) -> None:

@@ -142,6 +142,18 @@ json state_event(const sim::RunResult& run, const sim::GlobalState& st, int rank
           {"hashes", hashes}};
   if (values) ev["values"] = vals;
   if (json u = uninitialized_json(run, st, shards); !u.empty()) ev["uninitialized"] = u;
+  if (stepped && !st.hypers.empty()) {
+    // The lr and weight decay every param group held when this step ran (rank 0's: the model's
+    // groups are the same on every rank).
+    json groups = json::array();
+    for (const sim::GroupHyper& h : st.hypers) {
+      groups.push_back({{"wd_mult", h.wd_mult},
+                        {"lr_mult", h.lr_mult},
+                        {"lr", h.lr},
+                        {"weight_decay", h.weight_decay}});
+    }
+    ev["groups"] = groups;
+  }
   return ev;
 }
 

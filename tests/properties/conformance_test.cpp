@@ -278,3 +278,84 @@ TEST(Conformance, StateOnUninitializedMemoryIsNoVerdict) {
   EXPECT_EQ(agreement(c, "round_trip_identity").model.verdict, properties::Verdict::kNotEvaluated);
   EXPECT_TRUE(c.verdicts_agree());
 }
+
+// ---- the param groups' lr and weight decay (hyperparams_follow_schedule's trace check) --------
+// Mutations caught: the trace check always passing or ignoring the spec
+// (TheStaleWeightDecayOfPR7468IsJudgedFromTheTrace), groups not compared or compared only where
+// both sides hold a group (AGroupsWeightDecayChangedInTheRealTraceDisagrees).
+
+namespace {
+
+const properties::TraceVerdict& trace_verdict(const std::vector<properties::TraceVerdict>& vs,
+                                              std::string_view name) {
+  for (const auto& v : vs) {
+    if (v.property == name) return v;
+  }
+  throw std::runtime_error("no trace verdict " + std::string(name));
+}
+
+}  // namespace
+
+TEST(TraceChecks, TheStaleWeightDecayOfPR7468IsJudgedFromTheTrace) {
+  const auto run =
+      test::run(test::scenario_file("scenarios/scheduler-stale-weight-decay-after-resume-upstream-2874.json"));
+  const auto t = report::trace_json(run);
+  const auto on_run = properties::find_property("hyperparams_follow_schedule")->check(run);
+  ASSERT_EQ(on_run.verdict, properties::Verdict::kFail);
+
+  const auto vs = properties::judge_trace(t, &run.scenario);
+  const auto& v = trace_verdict(vs, "hyperparams_follow_schedule");
+  EXPECT_EQ(v.verdict, properties::Verdict::kFail);
+  EXPECT_EQ(v.signature, on_run.signature);  // one cause, whichever engine saw it
+  EXPECT_EQ(v.run, "phase1");
+  EXPECT_NE(v.detail.find("global step 4: the param group with wd_mult 1 and lr_mult 1 used "
+                          "weight_decay 0.2 (the schedule says 0.1, from "
+                          "--use-checkpoint-opt_param-scheduler)"),
+            std::string::npos)
+      << v.detail;
+
+  // Without the scenario the schedule in force is unknown: no verdict, not a pass.
+  EXPECT_EQ(trace_verdict(properties::judge_trace(t), "hyperparams_follow_schedule").verdict,
+            properties::Verdict::kNotEvaluated);
+  // A trace without the groups (recorded before they existed) is no verdict either.
+  nlohmann::json bare = t;
+  for (auto& r : bare["runs"]) {
+    for (auto& e : r["events"]) e.erase("groups");
+  }
+  EXPECT_EQ(
+      trace_verdict(properties::judge_trace(bare, &run.scenario), "hyperparams_follow_schedule")
+          .verdict,
+      properties::Verdict::kNotEvaluated);
+}
+
+TEST(TraceChecks, AScheduleKeptThroughAResumePassesFromTheTrace) {
+  const auto run = test::run(test::scenario_file("scenarios/bug2-step-reset-dp2-to-4.json"));
+  const auto& v = trace_verdict(properties::judge_trace(report::trace_json(run), &run.scenario),
+                                "hyperparams_follow_schedule");
+  EXPECT_EQ(v.verdict, properties::Verdict::kPass) << v.detail;
+}
+
+TEST(Conformance, AGroupsWeightDecayChangedInTheRealTraceDisagrees) {
+  nlohmann::json model = model_trace("scenarios/bug2-step-reset-dp2-to-4.json");
+  ASSERT_TRUE(event(model, "phase1", "after_step").contains("groups"));
+  const auto same = conform_ok(model, model);
+  EXPECT_TRUE(same.agrees());
+  EXPECT_GT(same.groups.compared, 0);
+
+  nlohmann::json real = model;
+  event(real, "phase1", "after_step")["groups"][0]["weight_decay"] = 0.25;
+  const auto changed = conform_ok(model, real);
+  EXPECT_FALSE(changed.groups.agree());
+  EXPECT_FALSE(changed.agrees());
+  ASSERT_FALSE(changed.divergences.empty());
+  EXPECT_NE(changed.divergences.front().field.find("lr and weight_decay"), std::string::npos)
+      << changed.divergences.front().describe();
+
+  // A group the real rank holds and the model's does not.
+  nlohmann::json extra = model;
+  auto& groups = event(extra, "phase1", "after_step")["groups"];
+  nlohmann::json g = groups[0];
+  g["wd_mult"] = 0.0;
+  groups.push_back(g);
+  EXPECT_FALSE(conform_ok(model, extra).groups.agree());
+}

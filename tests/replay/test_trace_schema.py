@@ -148,3 +148,35 @@ def test_uninitialized_cannot_name_a_moment_that_does_not_exist():
     ev["hashes"]["exp_avg"]["w0"] = None
     ev["uninitialized"] = {"exp_avg": ["w0"]}
     assert any("no exp_avg hash" in e for e in ts.validate_trace(t))
+
+
+def _after_step(t):
+    return next(e for e in t["runs"][0]["events"] if e["at"] == "after_step")
+
+
+def test_an_after_step_event_may_carry_its_groups():
+    t = minimal_trace()
+    _after_step(t)["groups"] = [{"wd_mult": 1.0, "lr_mult": 1.0, "lr": 0.01, "weight_decay": 0.1},
+                                {"wd_mult": 0.0, "lr_mult": 2, "lr": 0.02, "weight_decay": 0.0}]
+    assert ts.validate_trace(t) == []
+
+
+@pytest.mark.parametrize("groups,needle", [
+    ({"lr": 0.01}, "array of param groups"),
+    ([{"wd_mult": 1.0, "lr_mult": 1.0, "lr": 0.01}], "weight_decay: is required"),
+    ([{"wd_mult": 1.0, "lr_mult": 1.0, "lr": "0.01", "weight_decay": 0.1}], "must be a number"),
+    ([{"wd_mult": True, "lr_mult": 1.0, "lr": 0.01, "weight_decay": 0.1}], "must be a number"),
+    ([{"wd_mult": 1.0, "lr_mult": 1.0, "lr": 0.01, "weight_decay": 0.1, "step": 3}], "unknown field"),
+])
+def test_malformed_groups_are_rejected(groups, needle):
+    t = minimal_trace()
+    _after_step(t)["groups"] = groups
+    errs = ts.validate_trace(t)
+    assert any(needle in e for e in errs), errs
+
+
+def test_only_an_after_step_event_carries_groups():
+    t = minimal_trace()
+    ev = next(e for e in t["runs"][0]["events"] if e["at"] != "after_step")
+    ev["groups"] = [{"wd_mult": 1.0, "lr_mult": 1.0, "lr": 0.01, "weight_decay": 0.1}]
+    assert any("only an after_step event" in e for e in ts.validate_trace(t))
