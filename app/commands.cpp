@@ -887,7 +887,7 @@ int plot_command(const PlotCommand& c, std::ostream& out, std::ostream& err) {
   std::vector<std::string> notes;
   if (real) {
     auto r = properties::conform(report::trace_json(run.value()), *real, c.real_trace,
-                                  &run.value().scenario);
+                                 &run.value().scenario);
     if (!r.is_ok()) return invalid(err, r.status().message());
     notes.push_back(conformance_note(r.value()));
   }

@@ -89,7 +89,8 @@ struct ScheduleInForce {
   std::vector<model::ScheduleConfig> intended;
   std::vector<int64_t> first_step;  // per phase: its first global step
 
-  explicit ScheduleInForce(const sim::Scenario& s) : scenario(s), intended(sim::intended_schedules(s)) {
+  explicit ScheduleInForce(const sim::Scenario& s)
+      : scenario(s), intended(sim::intended_schedules(s)) {
     int64_t g = 1;
     for (const auto& p : s.phases) {
       first_step.push_back(g);
@@ -106,7 +107,8 @@ struct ScheduleInForce {
 
   // The lr and weight decay the schedule says a group with these multipliers uses at step `g`.
   std::pair<double, double> expected(int64_t g, double wd_mult, double lr_mult) const {
-    const GroupSchedule gs = group_schedule(intended[phase_of(g)], lr_mult, scenario.samples_per_step);
+    const GroupSchedule gs =
+        group_schedule(intended[phase_of(g)], lr_mult, scenario.samples_per_step);
     const double n = static_cast<double>((g - 1) * scenario.samples_per_step);
     return {scheduled_lr(gs, n), scheduled_wd(gs, n) * wd_mult};
   }
@@ -151,8 +153,8 @@ struct Checker {
          {std::tuple{"lr", lr, want_lr}, std::tuple{"weight_decay", weight_decay, want_wd}}) {
       if (same_value(observed, expected)) continue;
       if (signature.empty()) {
-        signature = fmt::format("hyperparams_follow_schedule:{}:{}", what,
-                                schedule.run_kind(phase_index));
+        signature =
+            fmt::format("hyperparams_follow_schedule:{}:{}", what, schedule.run_kind(phase_index));
         first_phase = phase_index;
         first_run = run;
       }
@@ -210,18 +212,19 @@ TraceVerdict trace_hyperparams_follow_schedule(const trace::Trace& t) {
     for (const trace::Event& e : run.events) {
       if (e.at != "after_step" || !e.groups || e.rank != 0) continue;
       ++events;
-      const std::string where =
-          run.phase < 0 ? "the uninterrupted run" : fmt::format("phase {} (dp={})", run.phase, run.dp);
+      const std::string where = run.phase < 0 ? "the uninterrupted run"
+                                              : fmt::format("phase {} (dp={})", run.phase, run.dp);
       for (const trace::Group& g : *e.groups) {
         c.check(where, run.phase, e.global_step, g.wd_mult, g.lr_mult, g.lr, g.weight_decay,
                 run.id);
       }
     }
   }
-  if (!c.failures.empty()) return {name, Verdict::kFail, joined(c.failures), c.signature, c.first_run};
+  if (!c.failures.empty())
+    return {name, Verdict::kFail, joined(c.failures), c.signature, c.first_run};
   if (events == 0)
-    return {name, Verdict::kNotEvaluated,
-            "the trace records no param group's lr and weight decay", "", ""};
+    return {name, Verdict::kNotEvaluated, "the trace records no param group's lr and weight decay",
+            "", ""};
   return {name, Verdict::kPass,
           fmt::format("{} lr and weight-decay values in {} steps equal the schedule in force",
                       c.checks, events),

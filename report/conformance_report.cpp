@@ -273,6 +273,7 @@ std::vector<std::pair<std::string, properties::Tally>> fields_of(const propertie
           {"parts", c.parts},
           {"step counters", {c.counters_compared, c.counters_equal}},
           {"step_aliases", c.step_aliases},
+          {"param groups", c.groups},
           {"required hashes", c.hashes_required}};
 }
 

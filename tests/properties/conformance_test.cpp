@@ -297,8 +297,8 @@ const properties::TraceVerdict& trace_verdict(const std::vector<properties::Trac
 }  // namespace
 
 TEST(TraceChecks, TheStaleWeightDecayOfPR7468IsJudgedFromTheTrace) {
-  const auto run =
-      test::run(test::scenario_file("scenarios/scheduler-stale-weight-decay-after-resume-upstream-2874.json"));
+  const auto run = test::run(test::scenario_file(
+      "scenarios/scheduler-stale-weight-decay-after-resume-upstream-2874.json"));
   const auto t = report::trace_json(run);
   const auto on_run = properties::find_property("hyperparams_follow_schedule")->check(run);
   ASSERT_EQ(on_run.verdict, properties::Verdict::kFail);
