@@ -381,15 +381,15 @@ void say_check_findings(const search::SearchResult& result,
 Status prepare_search_outputs(const SearchCommand& c, const model::RevisionRegistry& registry) {
   const RealSearchOptions defaults;
   const RealSearchOptions& r = c.real;
-  if (!r.enabled &&
-      (!r.baseline_megatron.empty() || !r.candidate_megatron.empty() || !r.profile_of.empty() ||
-       r.no_model || r.run_timeout != defaults.run_timeout ||
-       r.scenario_timeout != defaults.scenario_timeout || !r.work_dir.empty() || r.keep_all ||
-       r.prestart_dp != defaults.prestart_dp || r.shrink_runs_max != defaults.shrink_runs_max)) {
+  if (!r.enabled && (!r.baseline_megatron.empty() || !r.candidate_megatron.empty() ||
+                     !r.profile_of.empty() || r.no_model || r.run_timeout != defaults.run_timeout ||
+                     r.scenario_timeout != defaults.scenario_timeout || !r.work_dir.empty() ||
+                     r.keep_all || r.prestart_dp != defaults.prestart_dp ||
+                     r.shrink_runs_max != defaults.shrink_runs_max || r.shrink_pre_existing)) {
     return Status::invalid_input(
         "--baseline-megatron, --candidate-megatron, --profile-of, --no-model, --run-timeout, "
-        "--scenario-timeout, --prestart-dp, --shrink-runs-max, --work-dir and --keep-all need "
-        "--real");
+        "--scenario-timeout, --prestart-dp, --shrink-runs-max, --shrink-pre-existing, --work-dir "
+        "and --keep-all need --real");
   }
   if (c.real_code.enabled()) {
     if (Status s = validate_real_code(c.real_code, registry); !s.is_ok()) return s;
@@ -700,9 +700,68 @@ Result<std::vector<report::CheckSummary>> read_shards(const MergeCommand& m,
 
 }  // namespace
 
+namespace {
+
+// A real search's shards (check --real --shard) keep each minimal scenario's real plan and trace
+// beside it (<stem>.plan.json, <stem>.trace.json); the merged finding gets the copy of the shard
+// that found it (the file names are the search's, the same in every shard and in the merge).
+void copy_real_files_of_shards(const std::vector<std::string>& dirs,
+                               std::vector<report::ReportedFailure>& reported) {
+  namespace fs = std::filesystem;
+  for (auto& r : reported) {
+    const std::string stem =
+        r.file.ends_with(".json") ? r.file.substr(0, r.file.size() - 5) : r.file;
+    const std::string name = fs::path(stem).filename().string();
+    for (const auto& dir : dirs) {
+      const fs::path trace = fs::path(dir) / (name + ".trace.json");
+      const fs::path plan = fs::path(dir) / (name + ".plan.json");
+      std::error_code ec;
+      if (!fs::exists(trace, ec)) continue;
+      report::RealCodeVerdict v;
+      v.outcome = report::RealCodeOutcome::kConfirmed;
+      v.trace = stem + ".trace.json";
+      fs::copy_file(trace, v.trace, fs::copy_options::overwrite_existing, ec);
+      if (fs::exists(plan, ec)) {
+        v.plan = stem + ".plan.json";
+        fs::copy_file(plan, v.plan, fs::copy_options::overwrite_existing, ec);
+      }
+      v.text = "found on the real code by the shard in " + dir + " (trace " + v.trace + ")";
+      r.real_code = v;
+      break;
+    }
+  }
+}
+
+}  // namespace
+
+// The placeholder profiles a real search wrote next to its findings (<side>.profile.json:
+// app/real_engine.h), which its found scenarios name: loaded from the first shard that has each.
+Result<std::vector<std::string>> shard_profiles(const std::vector<std::string>& dirs,
+                                                model::RevisionRegistry& registry) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> files;
+  for (const auto& dir : dirs) {
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) continue;  // read_shards says so
+    std::vector<fs::path> here;
+    for (const auto& e : fs::directory_iterator(dir, ec))
+      if (e.path().filename().string().ends_with(".profile.json")) here.push_back(e.path());
+    std::sort(here.begin(), here.end());
+    for (const auto& f : here) {
+      const std::string name = f.filename().string();
+      if (registry.get(name.substr(0, name.size() - 13)).is_ok()) continue;
+      if (Status st = registry.add_file(f.string()); !st.is_ok()) return st;
+      files.push_back(f.string());
+    }
+  }
+  return files;
+}
+
 int merge_command(const MergeCommand& m, std::ostream& out, std::ostream& err) {
   auto registry = load_registry(m.profiles);
   if (!registry.is_ok()) return invalid(err, registry.status().message());
+  auto placeholders = shard_profiles(m.dirs, registry.value());
+  if (!placeholders.is_ok()) return invalid(err, placeholders.status().message());
   auto shards = read_shards(m, registry.value());
   if (!shards.is_ok()) return invalid(err, shards.status().message());
   namespace fs = std::filesystem;
@@ -722,6 +781,11 @@ int merge_command(const MergeCommand& m, std::ostream& out, std::ostream& err) {
   c.keep_going = first.keep_going;
   if (Status s = prepare_search_outputs(c, registry.value()); !s.is_ok())
     return invalid(err, s.message());
+  for (const auto& f : placeholders.value()) {
+    std::error_code ec;
+    fs::copy_file(f, fs::path(m.out_dir) / fs::path(f).filename(),
+                  fs::copy_options::overwrite_existing, ec);
+  }
   std::vector<search::SearchResult> parts;
   int jobs = 1;
   for (auto& s : shards.value()) {
@@ -733,7 +797,10 @@ int merge_command(const MergeCommand& m, std::ostream& out, std::ostream& err) {
   }
   const search::SearchResult merged = search::merge_shards(std::move(parts), first.keep_going);
   return report_check(c, {first.revision, first.search, first.search, search::Shard{}, jobs},
-                      merged, registry.value(), out, err);
+                      merged, registry.value(), out, err,
+                      [&](std::vector<report::ReportedFailure>& reported) {
+                        copy_real_files_of_shards(m.dirs, reported);
+                      });
 }
 
 int replay_plan_command(const ReplayPlanCommand& c, std::ostream& out, std::ostream& err) {

@@ -126,6 +126,7 @@ struct RealSearchOptions {
   double scenario_timeout = 0;          // seconds, one scenario (0: from its runs)
   int prestart_dp = 2;                  // workers each runner starts per checkout at once
   int64_t shrink_runs_max = 200;        // replays spent shrinking one finding
+  bool shrink_pre_existing = false;     // gate: shrink pre-existing findings too
   std::string work_dir;                 // "": <out>/real-work
   bool keep_all = false;                // keep every plan and trace
 };
@@ -167,6 +168,9 @@ struct SearchCommand {
 };
 
 int run_command(const RunCommand& c, std::ostream& out, std::ostream& err);
+// Lists the registry's properties (name, what must hold, what judges it, its canary).
+int properties_command(bool json, std::ostream& out);
+
 int revisions_command(bool json, const std::vector<std::string>& profiles, std::ostream& out,
                       std::ostream& err);
 int check_command(const SearchCommand& c, const std::string& revision, std::ostream& out,

@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -80,6 +81,7 @@ Result<Loaded> open_metadata(const model::Storage& storage) {
 
 json check_json(const properties::CheckpointCheck& k) {
   return json{{"name", k.name},
+              {"property", k.property},
               {"outcome", properties::check_outcome_name(k.outcome)},
               {"detail", k.detail},
               {"lines", k.lines}};
@@ -206,25 +208,26 @@ Result<Inspection> inspect_checkpoint(const InspectCommand& c, std::ostream& pro
   auto opened = open_metadata(storage);
   if (!opened.is_ok()) return invalid(opened.status());
   Inspection r;
-  const properties::CheckpointCheck tiling_unread =
-      properties::check_shards_tile_buckets(opened.value().metadata, nullptr);
-  auto read = model::read_torch_dist_checkpoint(storage, "");
-  if (!read.is_ok()) {
-    if (tiling_unread.outcome != properties::CheckOutcome::kFails) return invalid(read.status());
-    r.checks.push_back(tiling_unread);
-    r.unreadable = read.status().to_string();
-    return r;
-  }
-  r.checkpoint = std::move(read.value());
   auto registry = model::RevisionRegistry::load_embedded();
   if (!registry.is_ok()) return invalid(registry.status());
   auto revisions = resolve_revisions(c, registry.value());
   if (!revisions.is_ok()) return invalid(revisions.status());
   std::vector<std::pair<std::string, model::RevisionSwitches>> switches;
   for (const auto& rev : revisions.value()) switches.emplace_back(rev.name, rev.profile->switches);
-  r.checks = {properties::check_shards_tile_buckets(opened.value().metadata, &r.checkpoint)};
-  for (auto& k : properties::check_checkpoint(r.checkpoint, switches))
-    r.checks.push_back(std::move(k));
+  auto read = model::read_torch_dist_checkpoint(storage, "");
+  if (!read.is_ok()) {
+    // Files the reader refuses: the checks that read the metadata alone still judge them (chunks
+    // that do not tile are one reason the reader refuses), the others are n/a.
+    r.checks = properties::check_checkpoint({opened.value().metadata, nullptr, switches});
+    const bool judged = std::any_of(r.checks.begin(), r.checks.end(), [](const auto& k) {
+      return k.outcome == properties::CheckOutcome::kFails;
+    });
+    if (!judged) return invalid(read.status());
+    r.unreadable = read.status().to_string();
+    return r;
+  }
+  r.checkpoint = std::move(read.value());
+  r.checks = properties::check_checkpoint({opened.value().metadata, &r.checkpoint, switches});
   if (Status s = choose_scenario(c, registry.value(), revisions.value().front(), r); !s.is_ok()) {
     return invalid(s);
   }
@@ -298,8 +301,8 @@ void print_contents(const InspectCommand& c, const Inspection& r, std::ostream& 
 void print_verdicts(const Inspection& r, std::ostream& out) {
   out << "checks\n";
   for (const auto& k : r.checks) {
-    out << fmt::format("  {:<5}  {}: {}\n", properties::check_outcome_name(k.outcome), k.name,
-                       k.detail);
+    out << fmt::format("  {:<5}  {} ({}): {}\n", properties::check_outcome_name(k.outcome), k.name,
+                       k.property, k.detail);
     for (const auto& line : k.lines) out << "         " << line << "\n";
   }
   out << fmt::format(

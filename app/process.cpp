@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 
 extern char** environ;  // NOLINT: POSIX names it so
 
@@ -103,6 +104,10 @@ Result<std::unique_ptr<Child>> Child::start(const std::vector<std::string>& argv
                                             const std::vector<std::string>& env_set,
                                             const std::string& log_path) {
   CKPTSIM_CHECK(!argv.empty(), "Child::start without a program");
+  // A child that died with its stdin open must not take this process with it: a write to that
+  // pipe then fails with EPIPE (send_line returns false) instead of raising SIGPIPE.
+  static std::once_flag ignore_sigpipe;
+  std::call_once(ignore_sigpipe, [] { ::signal(SIGPIPE, SIG_IGN); });
   int to_child[2];
   int from_child[2];
   if (pipe2(to_child, O_CLOEXEC) != 0)

@@ -38,6 +38,8 @@ Result<ProcessExit> run_process(const ProcessOptions& o);
 // A child that lives across many requests (the real engine's `python -m replay serve`): its
 // stdin and stdout are pipes for one-line messages, its stderr goes to a log file, and it leads
 // a process group of its own, so that kill() ends it together with every process it started.
+// Starting one makes this process ignore SIGPIPE: a write to a child that died returns false
+// from send_line, it does not end ckptsim.
 //
 // Invariants:
 //   3. The destructor kills the group (if still alive) and reaps the child: no zombie, no

@@ -204,10 +204,11 @@ std::string stats_text(const RealEngine& e) {
   std::string model = e.model_beside() ? fmt::format("model beside it: {}/{} agree", s.model_agreed,
                                                      s.model_compared)
                                        : std::string("no model beside it");
-  return fmt::format("real: {} replays ({} could not), {} runs, {:.1f} runs/s per runner; {}",
-                     s.replays, s.could_not_replay, s.runs,
-                     s.replay_seconds > 0 ? static_cast<double>(s.runs) / s.replay_seconds : 0.0,
-                     model);
+  return fmt::format(
+      "real: {} replays ({} could not{}), {} runs, {:.1f} runs/s per runner; {}", s.replays,
+      s.could_not_replay,
+      s.abandoned > 0 ? fmt::format(", {} abandoned at the stop", s.abandoned) : "", s.runs,
+      s.replay_seconds > 0 ? static_cast<double>(s.runs) / s.replay_seconds : 0.0, model);
 }
 
 std::string stem_of(const std::string& file) {
@@ -374,9 +375,20 @@ std::string real_flags(const SearchCommand& c) {
     out += " --candidate-megatron " + c.real.candidate_megatron;
   for (const auto& p : c.real.profile_of) out += " --profile-of " + p;
   if (c.real.no_model) out += " --no-model";
+  if (c.real.shrink_pre_existing) out += " --shrink-pre-existing";
   for (const auto& a : c.real_code.replay_args) out += " --replay-arg=" + a;
   if (c.jobs > 0) out += fmt::format(" --jobs {}", c.jobs);
   return out;
+}
+
+// "found after 51 s of its search, shrunk by 171 s (2 steps, 10 replays)", or "... not shrunk:
+// why".
+std::string found_and_shrunk(const search::Failure& f) {
+  if (!f.not_shrunk.empty())
+    return fmt::format("found after {:.0f} s of its search, {}", f.found_s, f.not_shrunk);
+  return fmt::format(
+      "found after {:.0f} s of its search, shrunk by {:.0f} s ({} steps, {} replays)", f.found_s,
+      f.shrunk_s, f.shrink_steps, f.shrink_runs);
 }
 
 std::string real_report_md(const std::string& title, const std::string& repeat,
@@ -392,12 +404,11 @@ std::string real_report_md(const std::string& title, const std::string& repeat,
   for (const auto& r : reported) {
     const search::Failure& f = *r.failure;
     md += fmt::format(
-        "- **{}** `{}` (case {}, found after {:.0f} s, shrunk by {:.0f} s in {} steps "
-        "over {} replays): {}\n  - minimal scenario `{}` ({} params, {} phases)\n  - "
+        "- **{}** `{}` (case {}, {}): {}\n  - {} scenario `{}` ({} params, {} phases)\n  - "
         "{}\n",
-        f.finding.property, f.finding.signature, f.case_index, f.found_s, f.shrunk_s,
-        f.shrink_steps, f.shrink_runs, f.finding.detail, r.file, f.minimal.params.size(),
-        f.minimal.phases.size(), r.real_code ? r.real_code->text : "");
+        f.finding.property, f.finding.signature, f.case_index, found_and_shrunk(f),
+        f.finding.detail, f.not_shrunk.empty() ? "minimal" : "drawn", r.file,
+        f.minimal.params.size(), f.minimal.phases.size(), r.real_code ? r.real_code->text : "");
   }
   return md;
 }
@@ -426,6 +437,7 @@ int real_check_command(const SearchCommand& c, const std::string& revision, std:
   o.progress = [&](const std::string& line) {
     if (talk) err << "check --real: " << line << " | " << stats_text(engine) << std::endl;
   };
+  engine.stop_after(o.time_budget_s);
   const search::SearchResult result = search::search(o, engine.check_judge(c.properties));
   record_speed(engine.stats(), result.seconds, real.value().runners);
   const search::Shard& part = shard.value().shard;
@@ -477,12 +489,12 @@ std::string real_gate_md(const SearchCommand& c, const GateNames& n,
       ++count;
       const search::Failure& f = *r.failure;
       md += fmt::format(
-          "- **{}** {} `{}`: {}\n  - found at case {} after {:.0f} s of its search, "
-          "shrunk by {:.0f} s ({} steps, {} replays)\n  - minimal scenario `{}` ({} "
-          "params, {} phases){}\n",
+          "- **{}** {} `{}`: {}\n  - case {}, {}\n  - {} scenario `{}` ({} params, {} "
+          "phases){}\n",
           r.classification, f.finding.property, f.finding.signature, f.finding.detail, f.case_index,
-          f.found_s, f.shrunk_s, f.shrink_steps, f.shrink_runs, r.file, f.minimal.params.size(),
-          f.minimal.phases.size(), r.real_code ? "; " + r.real_code->text : "");
+          found_and_shrunk(f), f.not_shrunk.empty() ? "minimal" : "drawn", r.file,
+          f.minimal.params.size(), f.minimal.phases.size(),
+          r.real_code ? "; " + r.real_code->text : "");
     }
     if (count == 0) md += fmt::format("- {}: none found\n", cls);
   }
@@ -531,6 +543,15 @@ int real_gate_command(const SearchCommand& c, const std::string& baseline,
   g.search.generator.revisions = {g.baseline, g.candidate};  // the estimate draws with both
   g.properties = c.properties;
   g.concurrent = true;
+  if (!c.real.shrink_pre_existing) {
+    // A pre-existing cause is the baseline's: each shrink candidate would cost two replays
+    // (the candidate's and the all-baseline one) that the graft's own findings need.
+    g.search.shrink_if = [](const search::Finding& f) {
+      return f.gate_class != search::GateClass::kPreExisting;
+    };
+    g.search.not_shrunk_reason =
+        "not shrunk: pre-existing, the baseline's own (--shrink-pre-existing shrinks it)";
+  }
   g.judge = engine.gate_judge(base, c.properties);
   g.fixed_judge = engine.fixed_judge(cand, c.properties);
   const bool talk = !c.quiet && !c.json;
@@ -539,6 +560,8 @@ int real_gate_command(const SearchCommand& c, const std::string& baseline,
     if (talk)
       err << "gate --real " << part << ": " << line << " | " << stats_text(engine) << std::endl;
   };
+  // The three searches run at once, each with the whole budget (search/gate.h).
+  engine.stop_after(g.search.time_budget_s);
   const search::GateResult result = search::gate(g);
   double seconds = 0;
   for (const auto& p : result.parts) seconds = std::max(seconds, p.result.seconds);

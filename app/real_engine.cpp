@@ -16,6 +16,7 @@
 #include "report/conformance_report.h"
 #include "report/trace_file.h"
 #include "report/trace_json.h"
+#include "search/gate.h"
 #include "sim/driver.h"
 
 namespace ckptsim::app {
@@ -30,6 +31,9 @@ struct RealEngine::Runner {
 };
 
 namespace {
+
+// The problem of a replay a stop ended (RealEngine invariant 4).
+constexpr const char* kAbandoned = "abandoned: the search stopped (a signal or its time budget)";
 
 std::string env_or(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);
@@ -98,14 +102,6 @@ std::string revision_of_run(const sim::Scenario& s, const std::string& run) {
   if (run.rfind("phase", 0) != 0) return "";
   const size_t index = static_cast<size_t>(std::atoll(run.c_str() + 5));
   return index < s.phases.size() ? s.phases[index].revision : "";
-}
-
-std::optional<properties::TraceVerdict> verdict_of(const json& trace, const sim::Scenario& s,
-                                                   const std::string& property) {
-  for (auto& v : properties::judge_trace(trace, &s)) {
-    if (v.property == property) return v;
-  }
-  return std::nullopt;
 }
 
 std::string scenario_key(const sim::Scenario& s) { return sim::scenario_to_json(s).dump(); }
@@ -204,7 +200,7 @@ RealEngine::RealEngine(RealEngineOptions options) : options_(std::move(options))
 
 RealEngine::~RealEngine() {
   for (auto& r : runners_) {
-    if (r && r->child) {
+    if (r && r->child && r->alive) {
       r->child->send_line(R"({"cmd": "exit"})");
       std::string line;
       r->child->read_line(5, line);
@@ -321,13 +317,28 @@ bool RealEngine::model_beside() const {
                      [](const RealSide& s) { return !s.model_profile.empty(); });
 }
 
-bool RealEngine::stopped() const { return options_.stop != nullptr && options_.stop->load(); }
+bool RealEngine::stopped() const {
+  if (options_.stop != nullptr && options_.stop->load()) return true;
+  const int64_t deadline = deadline_ns_.load();
+  return deadline != 0 && std::chrono::steady_clock::now().time_since_epoch().count() >= deadline;
+}
+
+void RealEngine::stop_after(double seconds) {
+  if (seconds <= 0) {
+    deadline_ns_.store(0);
+    return;
+  }
+  const auto at = std::chrono::steady_clock::now() +
+                  std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                      std::chrono::duration<double>(seconds));
+  deadline_ns_.store(at.time_since_epoch().count());
+}
 
 std::optional<size_t> RealEngine::acquire(std::string& problem) {
   std::unique_lock lock(mutex_);
   for (;;) {
     if (stopped()) {
-      problem = "stopped before it was replayed";
+      problem = kAbandoned;
       return std::nullopt;
     }
     const bool any_alive =
@@ -369,7 +380,7 @@ bool RealEngine::exchange(Runner& runner, int64_t id, double timeout, ReplayResu
     }
     if (got == Child::Read::kTimeout) {
       if (stopped()) {
-        r.problem = "stopped while it was replayed";
+        r.problem = kAbandoned;
         return true;
       }
       if (seconds() > timeout) {
@@ -420,6 +431,11 @@ void RealEngine::conclude(const sim::Scenario& s, ReplayResult& r) {
   }
   if (r.replayed) return;
   std::lock_guard lock(mutex_);
+  if (r.problem == kAbandoned) {
+    r.abandoned = true;
+    ++stats_.abandoned;
+    return;
+  }
   ++stats_.could_not_replay;
   const std::string key = first_line(r.problem).substr(0, 80);
   auto it = std::find_if(could_not_.begin(), could_not_.end(),
@@ -531,77 +547,85 @@ void RealEngine::discard(const ReplayResult& r) const {
   fs::remove(r.trace_path, ec);
 }
 
-std::optional<search::Finding> RealEngine::judge_real(const sim::Scenario& s,
-                                                      const std::vector<std::string>& properties,
-                                                      ReplayResult& r, json& verdicts) {
-  r = replay(s);
-  if (!r.replayed) return std::nullopt;
-  std::string model_text;
-  beside(s, r, model_text);
-  verdicts = json::array();
-  std::optional<search::Finding> finding;
-  for (const auto& v : properties::judge_trace(r.trace, &s)) {
-    verdicts.push_back(
-        {{"property", v.property}, {"verdict", properties::verdict_name(v.verdict)}});
-    if (finding || v.verdict != properties::Verdict::kFail || !wanted(properties, v.property))
-      continue;
-    finding = search::Finding{v.property, v.signature.empty() ? v.property : v.signature, v.detail,
-                              revision_of_run(s, v.run), std::nullopt};
+RealEngine::Judged RealEngine::judge_real(const sim::Scenario& s,
+                                          const std::vector<std::string>& properties) {
+  Judged out;
+  out.replay = replay(s);
+  if (!out.replay.replayed) return out;
+  beside(s, out.replay, out.model_text);
+  for (const auto& v : properties::judge_trace(out.replay.trace, &s)) {
+    if (v.verdict != properties::Verdict::kFail || !wanted(properties, v.property)) continue;
+    out.failures.push_back(search::Finding{v.property,
+                                           v.signature.empty() ? v.property : v.signature, v.detail,
+                                           revision_of_run(s, v.run), std::nullopt});
   }
-  if (finding) {
-    keep(s, r, model_text);
-  } else {
-    discard(r);
+  return out;
+}
+
+std::optional<search::Finding> RealEngine::conclude_judged(const sim::Scenario& s, const Judged& j,
+                                                           std::optional<search::Finding> f) {
+  if (f) {
+    keep(s, j.replay, j.model_text);
+  } else if (j.replay.replayed) {
+    discard(j.replay);
   }
-  return finding;
+  return f;
 }
 
 search::Judge RealEngine::check_judge(std::vector<std::string> properties) {
   return [this, properties](const sim::Scenario& s) -> std::optional<search::Finding> {
-    ReplayResult r;
-    json verdicts;
-    return judge_real(s, properties, r, verdicts);
+    const Judged j = judge_real(s, properties);
+    return conclude_judged(s, j,
+                           j.failures.empty() ? std::nullopt : std::optional(j.failures.front()));
   };
 }
 
 search::Judge RealEngine::gate_judge(const std::string& baseline,
                                      std::vector<std::string> properties) {
   return [this, baseline, properties](const sim::Scenario& s) -> std::optional<search::Finding> {
-    ReplayResult r;
-    json verdicts;
-    std::optional<search::Finding> f = judge_real(s, properties, r, verdicts);
-    if (!f) return std::nullopt;
+    Judged j = judge_real(s, properties);
+    if (j.failures.empty()) return conclude_judged(s, j, std::nullopt);
     const sim::Scenario on_baseline = on_side(s, baseline);
     const ReplayResult base = replay(on_baseline);
-    properties::PropertyResult all_baseline{f->property, properties::Verdict::kNotEvaluated,
-                                            base.problem, "", -1};
-    if (base.replayed) {
-      if (auto v = verdict_of(base.trace, on_baseline, f->property)) {
-        all_baseline.verdict = v->verdict;
-        all_baseline.detail = v->detail;
-        all_baseline.signature = v->signature;
-      }
-    }
+    const auto base_verdicts = base.replayed ? properties::judge_trace(base.trace, &on_baseline)
+                                             : std::vector<properties::TraceVerdict>{};
     discard(base);
-    f->gate_class = search::gate_class(*f, all_baseline, baseline);
-    return f;
+    // Each failing property classed against the all-baseline run; a new one wins over one the
+    // baseline shares, so that a pre-existing failure never hides a new one in the same scenario.
+    for (search::Finding& f : j.failures) {
+      properties::PropertyResult all_baseline{f.property, properties::Verdict::kNotEvaluated,
+                                              base.problem, "", -1};
+      for (const auto& v : base_verdicts) {
+        if (v.property != f.property) continue;
+        all_baseline.verdict = v.verdict;
+        all_baseline.detail = v.detail;
+        all_baseline.signature = v.signature;
+      }
+      f.gate_class = search::gate_class(f, all_baseline, baseline);
+    }
+    return conclude_judged(s, j, search::gate_pick(j.failures));
   };
 }
 
 search::Judge RealEngine::fixed_judge(const std::string& candidate,
                                       std::vector<std::string> properties) {
   return [this, candidate, properties](const sim::Scenario& s) -> std::optional<search::Finding> {
-    ReplayResult r;
-    json verdicts;
-    std::optional<search::Finding> f = judge_real(s, properties, r, verdicts);
-    if (!f) return std::nullopt;
+    Judged j = judge_real(s, properties);
+    if (j.failures.empty()) return conclude_judged(s, j, std::nullopt);
     const sim::Scenario on_candidate = on_side(s, candidate);
     const ReplayResult cand = replay(on_candidate);
-    const auto v = cand.replayed ? verdict_of(cand.trace, on_candidate, f->property) : std::nullopt;
+    const auto cand_verdicts = cand.replayed ? properties::judge_trace(cand.trace, &on_candidate)
+                                             : std::vector<properties::TraceVerdict>{};
     discard(cand);
-    if (!v || v->verdict != properties::Verdict::kPass) return std::nullopt;
-    f->gate_class = search::GateClass::kFixed;
-    return f;
+    // The first property the baseline fails and the candidate keeps.
+    for (search::Finding& f : j.failures) {
+      for (const auto& v : cand_verdicts) {
+        if (v.property != f.property || v.verdict != properties::Verdict::kPass) continue;
+        f.gate_class = search::GateClass::kFixed;
+        return conclude_judged(s, j, f);
+      }
+    }
+    return conclude_judged(s, j, std::nullopt);
   };
 }
 

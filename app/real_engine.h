@@ -20,8 +20,10 @@
 //   2. A trace that says the replay went wrong (app/confirm.h replay_problem) is never read as
 //      the real code's verdict.
 //   3. The judges are thread-safe: up to `runners` scenarios replay at once (search --jobs).
-//   4. Stopped (the stop flag: Ctrl-C, SIGTERM), a replay in flight ends at once as "could not
-//      replay: stopped", so the search returns what it found.
+//   4. Stopped (the stop flag: Ctrl-C, SIGTERM; or the search's time budget, stop_after), a
+//      replay in flight ends at once and its runner is killed, so the search returns what it found
+//      within the budget; such a replay is "abandoned" (counted apart), never a could-not-replay
+//      finding: nothing went wrong with the real code or the runner.
 #pragma once
 
 #include <atomic>
@@ -82,8 +84,9 @@ struct RealEngineOptions {
 
 // What one replay gave.
 struct ReplayResult {
-  bool replayed = false;  // a trace that stands for the real code's verdict
-  std::string problem;    // why not ("" when replayed)
+  bool replayed = false;   // a trace that stands for the real code's verdict
+  std::string problem;     // why not ("" when replayed)
+  bool abandoned = false;  // ended by a stop (invariant 4): no finding of any kind
   nlohmann::json trace;
   std::string plan_path;
   std::string trace_path;
@@ -115,6 +118,7 @@ struct RealEngineStats {
   int64_t replays = 0;
   int64_t runs = 0;
   int64_t could_not_replay = 0;
+  int64_t abandoned = 0;  // ended by the stop flag or the time budget (invariant 4)
   int64_t model_compared = 0;
   int64_t model_agreed = 0;
   double replay_seconds = 0;  // summed over replays (all runners)
@@ -142,13 +146,19 @@ class RealEngine {
   // Replays one scenario (waits for a free runner). Thread-safe.
   ReplayResult replay(const sim::Scenario& s);
 
+  // The search's time budget, counted from now (called as the search starts; 0: none): past it
+  // the engine stops as the stop flag stops it (invariant 4), so that a budget bounds the replays
+  // in flight too, not only what starts.
+  void stop_after(double seconds);
+
   // check --real: the first failing property of the real trace (only `properties`, when given).
   search::Judge check_judge(std::vector<std::string> properties);
-  // gate --real, the candidate and cross-revision searches: check_judge's finding, classed
-  // against the same scenario replayed entirely on `baseline` (search::gate_class).
+  // gate --real, the candidate and cross-revision searches: every failing property classed
+  // against the same scenario replayed entirely on `baseline` (search::gate_class); the first
+  // that counts as new, else the first (a pre-existing failure never hides a new one).
   search::Judge gate_judge(const std::string& baseline, std::vector<std::string> properties);
-  // gate --real, the baseline search: a property the baseline fails and the same scenario run
-  // entirely on `candidate` keeps (GateClass::kFixed).
+  // gate --real, the baseline search: the first property the baseline fails and the same
+  // scenario run entirely on `candidate` keeps (GateClass::kFixed).
   search::Judge fixed_judge(const std::string& candidate, std::vector<std::string> properties);
 
   RealEngineStats stats() const;
@@ -179,9 +189,18 @@ class RealEngine {
   // Reads the trace (or keeps the problem), and records a scenario that could not be replayed.
   void conclude(const sim::Scenario& s, ReplayResult& r);
   std::vector<std::string> runner_argv(size_t index) const;
-  std::optional<search::Finding> judge_real(const sim::Scenario& s,
-                                            const std::vector<std::string>& properties,
-                                            ReplayResult& r, nlohmann::json& verdicts);
+  // One scenario replayed and judged: every property its real trace fails (only `properties`,
+  // when given), in registry order, and the model beside it.
+  struct Judged {
+    ReplayResult replay;
+    std::vector<search::Finding> failures;
+    std::string model_text;
+  };
+  Judged judge_real(const sim::Scenario& s, const std::vector<std::string>& properties);
+  // Keeps the replay when `f` is a finding (its plan and trace go next to it), else discards it;
+  // returns `f`.
+  std::optional<search::Finding> conclude_judged(const sim::Scenario& s, const Judged& j,
+                                                 std::optional<search::Finding> f);
   void beside(const sim::Scenario& s, const ReplayResult& r, std::string& model_text);
   void keep(const sim::Scenario& s, const ReplayResult& r, const std::string& model_text);
   void discard(const ReplayResult& r) const;
@@ -196,6 +215,7 @@ class RealEngine {
   std::condition_variable free_;
   std::vector<size_t> idle_;
   int64_t next_id_ = 0;
+  std::atomic<int64_t> deadline_ns_{0};  // steady_clock since epoch; 0: none
   RealEngineStats stats_;
   std::vector<ModelDivergence> divergences_;
   std::vector<CouldNotReplay> could_not_;

@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "app/commands.h"
+#include "properties/properties.h"
 #include "sim/allocator.h"
 
 namespace {
@@ -32,7 +33,9 @@ void add_search_flags(CLI::App* cmd, app::SearchCommand& f) {
       ->check(kNotNegative)
       ->capture_default_str();
   cmd->add_flag("--json", f.json, "Print one JSON object");
-  cmd->add_option("--property", f.properties, "Only these properties count");
+  cmd->add_option("--property", f.properties,
+                  "Only these properties count (`ckptsim properties` lists them): " +
+                      properties::property_names());
   cmd->add_option("--kind", f.kinds, "Only these optimizer kinds: fused_adam, torch_adamw, hybrid");
   cmd->add_option("--transformer-engine", f.transformer_engine,
                   "Hybrid cases only with TE installed, or absent (default: both, 4 to 1)");
@@ -86,6 +89,9 @@ void add_real_search_flags(CLI::App* cmd, app::RealSearchOptions& f, bool gate) 
                     "--real: the baseline's checkout (then --baseline may be left out)");
     cmd->add_option("--candidate-megatron", f.candidate_megatron,
                     "--real: the candidate's checkout (then --candidate may be left out)");
+    cmd->add_flag("--shrink-pre-existing", f.shrink_pre_existing,
+                  "--real: shrink pre-existing findings too (by default they are kept as drawn: "
+                  "their cause is the baseline's, and each shrink candidate costs two replays)");
   }
   cmd->add_option("--profile-of", f.profile_of,
                   "--real: SIDE=PROFILE, run the model beside SIDE (baseline, candidate, checkout) "
@@ -119,6 +125,7 @@ void add_real_search_flags(CLI::App* cmd, app::RealSearchOptions& f, bool gate) 
 struct Flags {
   app::RunCommand run;
   bool revisions_json = false;
+  bool properties_json = false;
   std::vector<std::string> revisions_profiles;
   app::SearchCommand check;
   std::string check_revision = "upstream-2874";
@@ -303,6 +310,13 @@ CLI::App* add_revisions(CLI::App& app, Flags& f) {
   return revisions;
 }
 
+CLI::App* add_properties(CLI::App& app, Flags& f) {
+  auto* properties = app.add_subcommand(
+      "properties", "List the properties: what must hold, what judges each, and its canary");
+  properties->add_flag("--json", f.properties_json, "Print JSON");
+  return properties;
+}
+
 CLI::App* add_check(CLI::App& app, Flags& f) {
   auto* check = app.add_subcommand(
       "check", "Search generated scenarios for a property failure and shrink it");
@@ -383,6 +397,7 @@ int main(int argc, char** argv) {
   Flags f;
   CLI::App* run = add_run(app, f.run);
   CLI::App* revisions = add_revisions(app, f);
+  CLI::App* properties = add_properties(app, f);
   CLI::App* check = add_check(app, f);
   CLI::App* gate = add_gate(app, f);
   CLI::App* plan = add_replay_plan(app, f.plan);
@@ -403,6 +418,7 @@ int main(int argc, char** argv) {
     if (*run) return app::run_command(f.run, std::cout, std::cerr);
     if (*revisions)
       return app::revisions_command(f.revisions_json, f.revisions_profiles, std::cout, std::cerr);
+    if (*properties) return app::properties_command(f.properties_json, std::cout);
     if (*check) {
       f.check.keep_going = !f.check_first;
       return app::check_command(f.check, f.check_revision, std::cout, std::cerr);

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "model/megatron/optimizer_key.h"
+#include "properties/properties.h"
 
 namespace ckptsim::properties {
 
@@ -112,7 +113,7 @@ std::vector<std::string> step_problems(const model::TorchDistCheckpoint& c, doub
 }
 
 CheckpointCheck check_steps(const model::TorchDistCheckpoint& c) {
-  CheckpointCheck out{"step_counters_agree", CheckOutcome::kHolds, "", {}};
+  CheckpointCheck out{"step_counters_agree", "", CheckOutcome::kHolds, "", {}};
   const model::List* groups = groups_of(c);
   if (groups == nullptr) {
     out.outcome = CheckOutcome::kNotApplicable;
@@ -166,7 +167,7 @@ CheckpointCheck check_steps(const model::TorchDistCheckpoint& c) {
 CheckpointCheck check_wrapped(
     const model::TorchDistCheckpoint& c,
     const std::vector<std::pair<std::string, model::RevisionSwitches>>& revisions) {
-  CheckpointCheck out{"common_state_not_wrapped", CheckOutcome::kHolds, "", {}};
+  CheckpointCheck out{"common_state_not_wrapped", "", CheckOutcome::kHolds, "", {}};
   const auto steps = raw_steps(c);
   if (steps.empty()) {
     out.detail = "no raw 'step' in the common state's optimizer.param_state";
@@ -188,7 +189,7 @@ CheckpointCheck check_wrapped(
 }
 
 CheckpointCheck check_rank_independent(const model::TorchDistCheckpoint& c) {
-  CheckpointCheck out{"common_state_rank_independent", CheckOutcome::kHolds, "", {}};
+  CheckpointCheck out{"common_state_rank_independent", "", CheckOutcome::kHolds, "", {}};
   std::vector<std::pair<std::string, const Value*>> found;
   if (const Value* ps = common_param_state(c)) {
     leaves(
@@ -312,7 +313,7 @@ std::optional<double> saved_group_step(const model::TorchDistCheckpoint& c) {
 
 CheckpointCheck check_shards_tile_buckets(const model::DcpMetadata& metadata,
                                           const model::TorchDistCheckpoint* checkpoint) {
-  CheckpointCheck out{"shards_tile_buckets", CheckOutcome::kHolds, "", {}};
+  CheckpointCheck out{"shards_tile_buckets", "", CheckOutcome::kHolds, "", {}};
   size_t tensors = 0;
   size_t chunks = 0;
   std::vector<std::string> problems;
@@ -382,10 +383,40 @@ CheckpointCheck check_shards_tile_buckets(const model::DcpMetadata& metadata,
   return out;
 }
 
-std::vector<CheckpointCheck> check_checkpoint(
-    const model::TorchDistCheckpoint& c,
-    const std::vector<std::pair<std::string, model::RevisionSwitches>>& revisions) {
-  return {check_steps(c), check_wrapped(c, revisions), check_rank_independent(c)};
+namespace {
+
+CheckpointCheck not_readable(const std::string& name) {
+  return {name, "", CheckOutcome::kNotApplicable, "the checkpoint's files could not be read", {}};
+}
+
+}  // namespace
+
+CheckpointCheck check_shards_tile_buckets_of(const CheckpointInput& in) {
+  return check_shards_tile_buckets(in.metadata, in.checkpoint);
+}
+
+CheckpointCheck check_step_counters_agree(const CheckpointInput& in) {
+  return in.checkpoint ? check_steps(*in.checkpoint) : not_readable("step_counters_agree");
+}
+
+CheckpointCheck check_common_state_not_wrapped(const CheckpointInput& in) {
+  return in.checkpoint ? check_wrapped(*in.checkpoint, in.revisions)
+                       : not_readable("common_state_not_wrapped");
+}
+
+CheckpointCheck check_common_state_rank_independent(const CheckpointInput& in) {
+  return in.checkpoint ? check_rank_independent(*in.checkpoint)
+                       : not_readable("common_state_rank_independent");
+}
+
+std::vector<CheckpointCheck> check_checkpoint(const CheckpointInput& in) {
+  std::vector<CheckpointCheck> out;
+  for (const auto& p : all_properties()) {
+    if (!p.checkpoint_check) continue;
+    out.push_back(p.checkpoint_check(in));
+    out.back().property = p.name;
+  }
+  return out;
 }
 
 ResumeJudgement judge_resume(const sim::PhaseRecord& rec, const sim::Scenario& scenario,

@@ -2,18 +2,23 @@
 // on its files, and each revision's resume from it as the model simulates it
 // (sim::resume_from_checkpoint).
 //
-// Static checks (each holds, fails, or is not applicable):
-//   shards_tile_buckets      every dp_reshardable bucket state's chunks (`.metadata`) tile
+// Static checks (each holds, fails, or is not applicable), each the checkpoint check of a
+// registered property (properties/properties.h; the property in brackets):
+//   shards_tile_buckets      [shards_tile_buckets] every dp_reshardable bucket state's chunks
+//   (`.metadata`) tile
 //                            [0, numel_unpadded) exactly once, and numel_unpadded is what
 //                            per_bucket_numel_unpadded says (Megatron-LM #5898's class)
-//   step_counters_agree      every param group holds one step; the per-param steps the
+//   step_counters_agree      [step_counts_optimizer_steps] every param group holds one step; the
+//   per-param steps the
 //                            checkpoint holds (a raw 'step' in the common state) equal it; and
 //                            it equals the iteration (fewer optimizer steps than iterations,
 //                            with no grad scaler to skip any, means the counter restarted)
-//   common_state_not_wrapped nothing in the common state is also in the load request of a
+//   common_state_not_wrapped [no_duplicate_leaves] nothing in the common state is also in the load
+//   request of a
 //                            revision as a LocalNonpersistentObject: a raw 'step' in
 //                            optimizer.param_state merges into a duplicate leaf there (#2874)
-//   common_state_rank_independent   the common state holds no per-rank state: only rank 0's
+//   common_state_rank_independent   [common_state_rank_independent] the common state holds no
+//   per-rank state: only rank 0's
 //                            copy is saved, and every rank of a resume gets it (per-param
 //                            optimizer state, or tensors of more than one element)
 //
@@ -40,7 +45,8 @@ enum class CheckOutcome { kHolds, kFails, kNotApplicable };
 std::string check_outcome_name(CheckOutcome o);  // "holds", "FAILS", "n/a"
 
 struct CheckpointCheck {
-  std::string name;
+  std::string name;      // the check's own ("step_counters_agree")
+  std::string property;  // the registry's property it judges ("step_counts_optimizer_steps")
   CheckOutcome outcome = CheckOutcome::kHolds;
   std::string detail;              // one line
   std::vector<std::string> lines;  // the evidence, one line each (at most a few)
@@ -55,11 +61,24 @@ std::optional<double> saved_group_step(const model::TorchDistCheckpoint& c);
 CheckpointCheck check_shards_tile_buckets(const model::DcpMetadata& metadata,
                                           const model::TorchDistCheckpoint* checkpoint);
 
-// The other static checks. `revisions`: the profiles whose load requests are compared with the
-// common state (common_state_not_wrapped names those that would fail).
-std::vector<CheckpointCheck> check_checkpoint(
-    const model::TorchDistCheckpoint& c,
-    const std::vector<std::pair<std::string, model::RevisionSwitches>>& revisions);
+// What a property's checkpoint check (Property::checkpoint_check) reads.
+struct CheckpointInput {
+  const model::DcpMetadata& metadata;
+  const model::TorchDistCheckpoint* checkpoint;  // null where its files could not be read
+  // The profiles whose load requests are compared with the common state
+  // (common_state_not_wrapped names those that would fail).
+  const std::vector<std::pair<std::string, model::RevisionSwitches>>& revisions;
+};
+
+// The registry's checkpoint checks (one per property that has one), each n/a without a readable
+// checkpoint except shards_tile_buckets, which reads the metadata alone.
+CheckpointCheck check_shards_tile_buckets_of(const CheckpointInput& in);
+CheckpointCheck check_step_counters_agree(const CheckpointInput& in);
+CheckpointCheck check_common_state_not_wrapped(const CheckpointInput& in);
+CheckpointCheck check_common_state_rank_independent(const CheckpointInput& in);
+
+// Every property's checkpoint check, in registry order (`property` set on each).
+std::vector<CheckpointCheck> check_checkpoint(const CheckpointInput& in);
 
 // One revision's resume from the checkpoint, as the model ran it.
 struct ResumeJudgement {

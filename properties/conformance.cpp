@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <set>
@@ -130,6 +131,30 @@ class RunComparison {
     update_taint(m, pair_of);
     compare_hashes(m, r, pair_of);
     if (m.groups && r.groups) compare_groups(m, *m.groups, *r.groups);
+    if (m.unwritten && r.unwritten) compare_unwritten(m, *m.unwritten, *r.unwritten);
+  }
+
+  // What the load left unwritten on this rank, both ways (merged: the two sides may split one
+  // range over two requests of one key).
+  void compare_unwritten(const Event& e, const std::vector<trace::Unwritten>& mu,
+                         const std::vector<trace::Unwritten>& ru) {
+    const auto m = trace::merged(mu);
+    const auto r = trace::merged(ru);
+    std::vector<trace::Unwritten> only_m;
+    std::vector<trace::Unwritten> only_r;
+    std::set_difference(m.begin(), m.end(), r.begin(), r.end(), std::back_inserter(only_m));
+    std::set_difference(r.begin(), r.end(), m.begin(), m.end(), std::back_inserter(only_r));
+    const int64_t same = static_cast<int64_t>(m.size() - only_m.size());
+    for (int64_t i = 0; i < same; ++i) out_.unwritten.add(true);
+    for (const auto& u : only_m) {
+      out_.unwritten.add(false);
+      add(e, "unwritten " + u.label(), "left unwritten", "written");
+    }
+    for (const auto& u : only_r) {
+      out_.unwritten.add(false);
+      add(e, "unwritten " + u.label(), "written", "left unwritten");
+    }
+    if (m.empty() && r.empty()) out_.unwritten.add(true);  // both probed, both wrote everything
   }
 
   // The lr and weight decay of each param group (keyed by its multipliers), both ways, bit for
@@ -400,6 +425,23 @@ void copy_uninitialized_marks(const Trace& model, Trace& real) {
   }
 }
 
+// A field one side did not record is compared nowhere: where the real trace's event has no
+// param groups or no load probe (`unwritten`: traces recorded before the runner wrote them), the
+// model's event drops its own, so that both sides' verdicts rest on the same facts.
+void drop_unrecorded_fields(Trace& model, const Trace& real) {
+  for (auto& mr : model.runs) {
+    const Run* rr = real.find(mr.id);
+    if (rr == nullptr) continue;
+    for (auto& me : mr.events) {
+      for (const auto& re : rr->events) {
+        if (re.rank != me.rank || re.at != me.at || re.global_step != me.global_step) continue;
+        if (!re.groups) me.groups.reset();
+        if (!re.unwritten) me.unwritten.reset();
+      }
+    }
+  }
+}
+
 }  // namespace
 
 Result<Conformance> conform(const nlohmann::json& model_trace, const nlohmann::json& real_trace,
@@ -417,6 +459,7 @@ Result<Conformance> conform(const nlohmann::json& model_trace, const nlohmann::j
   if (Status te = check_te_presence(model_trace, real_trace, real_source); !te.is_ok()) return te;
   Conformance out;
   copy_uninitialized_marks(m.value(), r.value());
+  drop_unrecorded_fields(m.value(), r.value());
   const auto mv = judge(m.value());
   const auto rv = judge(r.value());
   for (size_t i = 0; i < mv.size(); ++i) out.properties.push_back({mv[i].property, mv[i], rv[i]});

@@ -113,6 +113,7 @@ struct Conformance {
   Tally parts;         // per part of an event, looked for on both sides
   Tally step_aliases;  // where both sides record it
   Tally groups;        // param groups' lr and weight decay per step, where both sides record them
+  Tally unwritten;     // per load probed on both sides: its unwritten ranges (none: one equal)
   Tally hashes_required;
   std::vector<KernelPairHashes> hash_pairs;  // in order of first appearance
   bool verdicts_agree() const;
@@ -122,7 +123,7 @@ struct Conformance {
   bool agrees() const {
     return verdicts_agree() && counters_agree() && errors_agree() && statuses.agree() &&
            events.agree() && parts.agree() && step_aliases.agree() && groups.agree() &&
-           hashes_required.agree();
+           unwritten.agree() && hashes_required.agree();
   }
 };
 

@@ -2,6 +2,7 @@
 // in its own file (resume, step, trajectory, checkpoint, layout).
 #include "properties/properties.h"
 
+#include "properties/checkpoint_inspection.h"
 #include "properties/common.h"
 #include "properties/trace_checks.h"
 
@@ -24,51 +25,56 @@ const std::vector<Property>& all_properties() {
       {"no_duplicate_leaves",
        "no merge() in any load meets a duplicate leaf or lists of different lengths",
        no_duplicate_leaves, trace_no_duplicate_leaves,
-       "PropertyCanary.NoDuplicateLeavesCatchesRawStepUnderLnoRequest"},
+       "PropertyCanary.NoDuplicateLeavesCatchesRawStepUnderLnoRequest",
+       check_common_state_not_wrapped, "common_state_not_wrapped"},
       {"resume_completes", "every save and load runs to the end on every rank", resume_completes,
-       trace_resume_completes, "PropertyCanary.ResumeCompletesCatchesThePre2874SaveAssert"},
+       trace_resume_completes, "PropertyCanary.ResumeCompletesCatchesThePre2874SaveAssert", nullptr,
+       ""},
       {"step_matches_uninterrupted",
        "after every resume every Adam part holds and uses the uninterrupted run's bias-correction "
        "step",
        step_matches_uninterrupted, trace_step_matches_uninterrupted,
-       "PropertyCanary.StepMatchesCatchesTheSkeletonStep"},
+       "PropertyCanary.StepMatchesCatchesTheSkeletonStep", nullptr, ""},
       {"step_counts_optimizer_steps",
        "every Adam counter equals the number of optimizer steps taken (absolute: no reference)",
        step_counts_optimizer_steps, trace_step_counts_optimizer_steps,
-       "PropertyCanary.StepCountsCatchesANarrowCounterTheUninterruptedRunShares"},
+       "PropertyCanary.StepCountsCatchesANarrowCounterTheUninterruptedRunShares",
+       check_step_counters_agree, "step_counters_agree"},
       {"hyperparams_follow_schedule",
        "every param group's lr and weight decay at every step equal the schedule in force "
        "(absolute: no reference)",
        hyperparams_follow_schedule, trace_hyperparams_follow_schedule,
-       "PropertyCanary.HyperparamsFollowScheduleCatchesASchedulerSteppedPerIteration"},
+       "PropertyCanary.HyperparamsFollowScheduleCatchesASchedulerSteppedPerIteration", nullptr, ""},
       {"trajectory_matches_uninterrupted",
        "master params, moments and model params equal the uninterrupted run (bitwise for the same "
        "kernel kind)",
        trajectory_matches_uninterrupted, trace_trajectory_matches_uninterrupted,
-       "PropertyCanary.TrajectoryCatchesOneUlpInOneRestoredMoment"},
+       "PropertyCanary.TrajectoryCatchesOneUlpInOneRestoredMoment", nullptr, ""},
       {"shards_tile_buckets",
        "saved optimizer pieces tile [0, numel_unpadded) of every bucket and key exactly once",
-       shards_tile_buckets, nullptr, "PropertyCanary.ShardsTileBucketsCatchesADroppedPad"},
+       shards_tile_buckets, nullptr, "PropertyCanary.ShardsTileBucketsCatchesADroppedPad",
+       check_shards_tile_buckets_of, "shards_tile_buckets"},
       {"common_state_rank_independent",
        "every rank's common state equals rank 0's, the only one persisted",
-       common_state_rank_independent, nullptr,
-       "PropertyCanary.CommonStateCatchesRankDependentLeaf"},
+       common_state_rank_independent, nullptr, "PropertyCanary.CommonStateCatchesRankDependentLeaf",
+       check_common_state_rank_independent, "common_state_rank_independent"},
       {"layout_invariants", "buffer layouts and DP shards keep I1, I2 and I4", layout_invariants,
-       nullptr, "PropertyCanary.LayoutInvariantsCatchAMisalignedParam"},
+       nullptr, "PropertyCanary.LayoutInvariantsCatchAMisalignedParam", nullptr, ""},
       {"round_trip_identity", "a load gives back exactly what the previous phase saved (I13)",
        round_trip_identity, trace_round_trip_identity,
-       "PropertyCanary.RoundTripIdentityCatchesTheSkeletonStep"},
+       "PropertyCanary.RoundTripIdentityCatchesTheSkeletonStep", nullptr, ""},
       {"reshard_round_trip_bytes",
        "resume then save with no step writes the same param-region bytes (I5)",
        reshard_round_trip_bytes, nullptr,
-       "PropertyCanary.ReshardRoundTripBytesCatchesAChangedMomentAfterAZeroStepResume"},
+       "PropertyCanary.ReshardRoundTripBytesCatchesAChangedMomentAfterAZeroStepResume", nullptr,
+       ""},
       {"step_tensors_not_aliased", "no two params share one step tensor object (I14)",
        step_tensors_not_aliased, trace_step_tensors_not_aliased,
-       "PropertyCanary.StepTensorsNotAliasedCatchesB9"},
+       "PropertyCanary.StepTensorsNotAliasedCatchesB9", nullptr, ""},
       {"load_writes_every_element",
        "every element a load requests is written from the checkpoint (absolute: no reference)",
-       load_writes_every_element, nullptr,
-       "PropertyCanary.LoadWritesEveryElementCatchesASkippedPiece"},
+       load_writes_every_element, trace_load_writes_every_element,
+       "PropertyCanary.LoadWritesEveryElementCatchesASkippedPiece", nullptr, ""},
   };
   return props;
 }
@@ -83,6 +89,13 @@ const Property* find_property(const std::string& name) {
 std::string property_names() {
   std::string out;
   for (const auto& p : all_properties()) out += (out.empty() ? "" : ", ") + p.name;
+  return out;
+}
+
+std::string judged_on(const Property& p) {
+  std::string out = "run";
+  if (p.trace_check) out += ", trace";
+  if (p.checkpoint_check) out += ", checkpoint";
   return out;
 }
 

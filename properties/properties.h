@@ -95,6 +95,8 @@ struct PropertyResult {
 namespace trace {
 struct Trace;  // properties/trace.h
 }
+struct CheckpointInput;  // properties/checkpoint_inspection.h
+struct CheckpointCheck;
 
 // A property's verdict on a trace (the model's or the real code's, properties/trace.h).
 struct TraceVerdict {
@@ -108,9 +110,11 @@ struct TraceVerdict {
 };
 
 // One property, in one place: its name, its description, its check over the model's run record,
-// and, where a trace can show it, its check over a trace. The model's verdicts (check), the real
-// code's (judge_trace: the real engine, conform) and the listings (--help, `ckptsim properties`,
-// the README's table, which a test holds to this registry) all come from here.
+// where a trace can show it its check over a trace, and where a checkpoint's files can show it
+// its check over a real checkpoint. The model's verdicts (check), the real code's (judge_trace:
+// the real engine, conform), inspect's static checks (checkpoint_check) and the listings
+// (--help, `ckptsim properties`, the README's table, which a test holds to this registry) all
+// come from here.
 struct Property {
   std::string name;
   std::string description;  // one line, for listings
@@ -122,12 +126,18 @@ struct Property {
   // What makes it fail on purpose (a fault or a revision profile of tests/properties/
   // canary_test.cpp), shown in the listings.
   std::string canary;
+  // Pure, never throws; empty where a checkpoint's files cannot judge the property. Its result
+  // carries the check's own name (`checkpoint_check_name`: what it reads of the files).
+  std::function<CheckpointCheck(const CheckpointInput&)> checkpoint_check;
+  std::string checkpoint_check_name;
 };
 
 const std::vector<Property>& all_properties();
 const Property* find_property(const std::string& name);
 // "no_duplicate_leaves, resume_completes, ...", for messages that list the valid names.
 std::string property_names();
+// What the property is judged on, for listings: "run, trace, checkpoint".
+std::string judged_on(const Property& p);
 std::vector<PropertyResult> check_all(const sim::RunResult& run);
 bool all_ok(const std::vector<PropertyResult>& results);
 

@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <tuple>
 
 namespace ckptsim::properties::trace {
 
@@ -12,6 +14,27 @@ std::string Part::label() const { return fmt::format("{} {}[{}:{}]", part, param
 
 std::string Group::label() const {
   return fmt::format("the param group with wd_mult {} and lr_mult {}", num(wd_mult), num(lr_mult));
+}
+
+std::string Unwritten::label() const {
+  return fmt::format("{}[{}:{}]{}", key, begin, end, missing_key ? " (missing key)" : "");
+}
+
+std::vector<Unwritten> merged(std::vector<Unwritten> ranges) {
+  std::sort(ranges.begin(), ranges.end(), [](const Unwritten& a, const Unwritten& b) {
+    return std::tie(a.key, a.missing_key, a.begin, a.end) <
+           std::tie(b.key, b.missing_key, b.begin, b.end);
+  });
+  std::vector<Unwritten> out;
+  for (auto& u : ranges) {
+    if (!out.empty() && out.back().key == u.key && out.back().missing_key == u.missing_key &&
+        u.begin <= out.back().end) {
+      out.back().end = std::max(out.back().end, u.end);
+      continue;
+    }
+    out.push_back(std::move(u));
+  }
+  return out;
 }
 
 const Run* Trace::find(const std::string& id) const {
@@ -75,6 +98,14 @@ Event parse_event(const json& e) {
                         g.at("weight_decay").get<double>()});
     }
     ev.groups = std::move(groups);
+  }
+  if (const auto us = e.find("unwritten"); us != e.end() && us->is_array()) {
+    std::vector<Unwritten> ranges;
+    for (const auto& u : *us) {
+      ranges.push_back({u.at("key").get<std::string>(), u.at("range").at(0).get<int64_t>(),
+                        u.at("range").at(1).get<int64_t>(), u.at("missing_key").get<bool>()});
+    }
+    ev.unwritten = std::move(ranges);
   }
   if (const auto u = e.find("uninitialized"); u != e.end()) {
     for (const auto& [kind, params] : u->items()) {

@@ -49,6 +49,22 @@ struct Group {
   std::string label() const;  // "the param group with wd_mult 1 and lr_mult 1"
 };
 
+// A requested range a load left unwritten on one rank (after_load events only): the key's
+// global elements [begin, end); missing_key where the checkpoint has no such key at all.
+struct Unwritten {
+  std::string key;
+  int64_t begin = 0;
+  int64_t end = 0;
+  bool missing_key = false;
+  bool operator==(const Unwritten&) const = default;
+  auto operator<=>(const Unwritten&) const = default;
+  std::string label() const;  // "k[3:8] (missing key)"
+};
+
+// The unwritten ranges as one canonical list: sorted, and ranges of one key and kind that touch
+// or overlap merged (two requests of one key may split a range the other side reports whole).
+std::vector<Unwritten> merged(std::vector<Unwritten> ranges);
+
 struct Event {
   int rank = 0;
   std::string at;
@@ -63,6 +79,8 @@ struct Event {
   std::map<std::string, std::set<std::string>> uninitialized;
   // after_step events of a trace that records them: every param group of the rank
   std::optional<std::vector<Group>> groups;
+  // after_load events of a trace that probes the load: what it left unwritten ([] for nothing)
+  std::optional<std::vector<Unwritten>> unwritten;
   // error events
   std::string stage, py_type, message, site;
   std::optional<std::vector<std::string>> merge_path;

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -345,6 +346,54 @@ TraceVerdict trace_step_counts_optimizer_steps(const Trace& t) {
                  fmt::format("{} step counters and steps used (the uninterrupted run's too) equal "
                              "the number of optimizer steps taken",
                              checks));
+}
+
+TraceVerdict trace_load_writes_every_element(const Trace& t) {
+  const char* name = "load_writes_every_element";
+  int loads = 0;
+  int probed = 0;
+  std::string not_evaluated;
+  for (const auto& run : t.runs) {
+    if (!run.load || run.status == "skipped") continue;
+    if (!load_completed(run)) {
+      if (not_evaluated.empty()) not_evaluated = run.id + ": the load did not complete";
+      continue;
+    }
+    ++loads;
+    bool seen = false;
+    std::vector<std::pair<int, trace::Unwritten>> left;
+    for (const auto& e : run.events) {
+      if (e.at != "after_load" || !e.unwritten) continue;
+      seen = true;
+      for (const auto& u : trace::merged(*e.unwritten)) left.emplace_back(e.rank, u);
+    }
+    if (!seen) continue;
+    ++probed;
+    if (left.empty()) continue;
+    const bool missing =
+        std::any_of(left.begin(), left.end(), [](const auto& x) { return x.second.missing_key; });
+    std::string ranges;
+    for (size_t i = 0; i < left.size() && i < 4; ++i)
+      ranges += fmt::format("{}rank {} {}", i ? ", " : "", left[i].first, left[i].second.label());
+    if (left.size() > 4) ranges += fmt::format(", +{} more", left.size() - 4);
+    return failed(name, run.id,
+                  std::string("load_writes_every_element:") + (missing ? "missing_key" : "gap"),
+                  fmt::format("{} (dp={}): the load left {} requested range(s) unwritten, holding "
+                              "what the load request was built with: {}",
+                              run.id, run.dp, left.size(), ranges));
+  }
+  if (loads == 0 && !not_evaluated.empty())
+    return verdict(name, Verdict::kNotEvaluated, not_evaluated);
+  if (loads == 0) return verdict(name, Verdict::kPass, "no load in this run");
+  if (probed == 0) {
+    return verdict(name, Verdict::kNotEvaluated,
+                   "the trace does not say which elements its loads wrote (no after_load "
+                   "'unwritten': recorded before the runner probed loads)");
+  }
+  return verdict(
+      name, Verdict::kPass,
+      fmt::format("{} load(s) wrote every requested element from the checkpoint{}", probed,
+                  probed < loads ? fmt::format(" ({} not probed)", loads - probed) : ""));
 }
 
 }  // namespace ckptsim::properties

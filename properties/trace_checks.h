@@ -32,5 +32,8 @@ TraceVerdict trace_round_trip_identity(const trace::Trace& t);
 TraceVerdict trace_hyperparams_follow_schedule(const trace::Trace& t);
 // no part shares its step tensor (where a trace says)
 TraceVerdict trace_step_tensors_not_aliased(const trace::Trace& t);
+// every load left no requested range unwritten, on any rank (its after_load events' `unwritten`:
+// not evaluated where no load of the trace was probed)
+TraceVerdict trace_load_writes_every_element(const trace::Trace& t);
 
 }  // namespace ckptsim::properties

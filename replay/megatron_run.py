@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from . import checkpoint_layout as layout
 from . import errors as errors_mod
+from . import load_coverage
 from . import plan as plan_mod
 from . import schedule as schedule_mod
 from . import trace_schema as ts
@@ -140,6 +141,7 @@ class RankRun:
         self.patches = Patches()
         self.module = self.ddp = self.opt = self.sched = None
         self.dist_ready = False
+        self.unwritten: Optional[List[Dict[str, Any]]] = None  # the load's, where probed
         # Set by the worker: each event and each stage change is also sent as it happens, so a
         # rank that is stopped later still has its events up to there in the trace.
         self.on_event: Optional[Any] = None
@@ -370,7 +372,14 @@ class RankRun:
         sd: Dict[str, Any] = {"checkpoint_version": 3.0}
         sd["model"] = self.module.sharded_state_dict(metadata=md)
         sd["optimizer"] = self.opt.sharded_state_dict(sd, is_loading=True, metadata=md)
+        # Which requested elements the load leaves unwritten (replay/load_coverage.py): probed
+        # without changing what the load gives (every probed element is restored after it).
+        probe = load_coverage.Probe(sd)
         loaded = dist_checkpointing.load(sd, ckpt)
+        self.unwritten = probe.finish(loaded, load_coverage.checkpoint_keys(str(ckpt)))
+        if probe.unchecked:
+            self.notes.append("load coverage: %d requested tensor(s) not probed (not 1-D floating, or "
+                              "a factory's)" % probe.unchecked)
         iteration = int(loaded.get("iteration", common.get("iteration", 0)))
         self.ddp.load_state_dict(loaded["model"], strict=True)
         self.opt.load_state_dict(loaded["optimizer"])
@@ -500,7 +509,10 @@ class RankRun:
                 if it != gs:
                     self.notes.append("the checkpoint's iteration is %d, the plan's start_step %d" % (it, gs))
                 gs = it
-                self._add(self._event("after_load", gs))
+                ev = self._event("after_load", gs)
+                if self.unwritten is not None:
+                    ev["unwritten"] = self.unwritten
+                self._add(ev)
             else:
                 self._add(self._event("init", gs))
             stage = self._stage("train")

@@ -321,7 +321,7 @@ def _validate_event(v: _V, ev: Any, path: str, dp: Optional[int]) -> None:
             v.integer(ev.get("global_step"), _join(path, "global_step"))
     else:
         if not v.obj(ev, path, ["rank", "at", "global_step", "parts", "hashes"],
-                     ["values", "uninitialized", "groups"]):
+                     ["values", "uninitialized", "groups", "unwritten"]):
             return
         v.enum(at, _join(path, "at"), POINTS)
         v.integer(ev.get("global_step"), _join(path, "global_step"))
@@ -333,6 +333,8 @@ def _validate_event(v: _V, ev: Any, path: str, dp: Optional[int]) -> None:
             _validate_uninitialized(v, ev["uninitialized"], _join(path, "uninitialized"), ev.get("hashes"))
         if "groups" in ev:
             _validate_groups(v, ev["groups"], _join(path, "groups"), at)
+        if "unwritten" in ev:
+            _validate_unwritten(v, ev["unwritten"], _join(path, "unwritten"), at)
     rank = ev.get("rank")
     if not _is_int(rank) or rank < 0 or (dp is not None and rank >= dp):
         v.err(_join(path, "rank"), "must be an integer in [0, dp), got %r" % (rank,))
@@ -401,6 +403,33 @@ def _validate_groups(v: _V, groups: Any, path: str, at: Any) -> None:
             x = g.get(key)
             if isinstance(x, bool) or not isinstance(x, (int, float)):
                 v.err(_join(gpath, key), "must be a number, got %r" % (x,))
+
+
+def _validate_unwritten(v: _V, items: Any, path: str, at: Any) -> None:
+    """Optional "unwritten" (after_load only): every requested range the load left unwritten on
+    this rank, sorted by key and range; [] where it wrote every element it was asked for."""
+    if at != "after_load":
+        v.err(path, "only an after_load event carries unwritten (what that load left)")
+        return
+    if not isinstance(items, list):
+        v.err(path, "must be an array of {key, range, missing_key}")
+        return
+    previous = None
+    for i, e in enumerate(items):
+        epath = _join(path, i)
+        if not v.obj(e, epath, ["key", "range", "missing_key"]):
+            continue
+        v.string(e.get("key"), _join(epath, "key"), nonempty=True)
+        v.boolean(e.get("missing_key"), _join(epath, "missing_key"))
+        r = e.get("range")
+        if (not isinstance(r, list) or len(r) != 2 or not all(_is_int(x) for x in r)
+                or r[0] < 0 or r[1] <= r[0]):
+            v.err(_join(epath, "range"), "must be [a, b] with 0 <= a < b, got %r" % (r,))
+            continue
+        here = (e.get("key"), r[0], r[1])
+        if previous is not None and isinstance(here[0], str) and here < previous:
+            v.err(epath, "must come after %r: sorted by key, then range" % (list(previous),))
+        previous = here
 
 
 def _validate_uninitialized(v: _V, u: Any, path: str, hashes: Any) -> None:

@@ -274,6 +274,7 @@ std::vector<std::pair<std::string, properties::Tally>> fields_of(const propertie
           {"step counters", {c.counters_compared, c.counters_equal}},
           {"step_aliases", c.step_aliases},
           {"param groups", c.groups},
+          {"load coverage", c.unwritten},
           {"required hashes", c.hashes_required}};
 }
 

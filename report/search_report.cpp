@@ -143,6 +143,7 @@ nlohmann::json failure_json(const ReportedFailure& r) {
                    {"phases", f.minimal.phases.size()},
                    {"dp_max", dp_max}};
   if (!r.classification.empty()) j["classification"] = r.classification;
+  if (!f.not_shrunk.empty()) j["not_shrunk"] = f.not_shrunk;
   if (r.real_code) {
     j["real_code"] = {{"outcome", real_code_outcome_name(r.real_code->outcome)},
                       {"text", r.real_code->text},
@@ -211,6 +212,7 @@ nlohmann::json check_summary_json(const CheckSummary& s,
                              {"shrink_steps", f.shrink_steps},
                              {"shrink_runs", f.shrink_runs},
                              {"file", std::filesystem::path(rep.file).filename().string()}});
+    if (!f.not_shrunk.empty()) j["failures"].back()["not_shrunk"] = f.not_shrunk;
   }
   return j;
 }
@@ -242,6 +244,7 @@ search::Failure summary_failure(const nlohmann::json& j, const std::string& wher
   f.case_index = summary_field<int64_t>(j, "case", where);
   f.shrink_steps = summary_field<int64_t>(j, "shrink_steps", where);
   f.shrink_runs = summary_field<int64_t>(j, "shrink_runs", where);
+  if (j.contains("not_shrunk")) f.not_shrunk = summary_field<std::string>(j, "not_shrunk", where);
   return f;
 }
 

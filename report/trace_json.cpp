@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <tuple>
 
 #include "model/revision.h"
 #include "sim/gradients.h"
@@ -225,6 +226,23 @@ json reference_run(const sim::RunResult& run, bool values) {
       {"events", run_events(run, s.phases.front().dp, points, run.reference_errors, last, values)}};
 }
 
+// One rank's after_load `unwritten`: its load's unwritten ranges, sorted by key and range.
+json unwritten_json(const std::vector<model::UnwrittenRange>& ranges) {
+  std::vector<const model::UnwrittenRange*> sorted;
+  for (const auto& u : ranges) sorted.push_back(&u);
+  std::stable_sort(sorted.begin(), sorted.end(), [](const auto* a, const auto* b) {
+    return std::tie(a->key, a->global_offset, a->numel) <
+           std::tie(b->key, b->global_offset, b->numel);
+  });
+  json out = json::array();
+  for (const auto* u : sorted) {
+    out.push_back({{"key", u->key},
+                   {"range", {u->global_offset, u->global_offset + u->numel}},
+                   {"missing_key", u->missing_key}});
+  }
+  return out;
+}
+
 json phase_run(const sim::RunResult& run, const sim::PhaseRecord& p, bool values) {
   json out{{"id", fmt::format("phase{}", p.index)},
            {"phase", p.index},
@@ -250,6 +268,11 @@ json phase_run(const sim::RunResult& run, const sim::PhaseRecord& p, bool values
   out["status"] = p.errors.empty() ? "completed" : "failed";
   out["events"] =
       run_events(run, p.spec.dp, points, p.errors, last ? last->global_step : p.start_step, values);
+  for (json& ev : out["events"]) {
+    const auto rank = ev["rank"].get<size_t>();
+    if (ev["at"] == "after_load" && rank < p.load_unwritten.size())
+      ev["unwritten"] = unwritten_json(p.load_unwritten[rank]);
+  }
   return out;
 }
 

@@ -45,6 +45,15 @@ GateClass gate_class(const Finding& finding, const properties::PropertyResult& a
   return in_baseline_code ? GateClass::kNewCompat : GateClass::kNew;
 }
 
+std::optional<Finding> gate_pick(const std::vector<Finding>& classed) {
+  for (const Finding& f : classed) {
+    CKPTSIM_CHECK(f.gate_class.has_value(), "gate_pick: a finding without a class");
+    if (counts_as_new(*f.gate_class)) return f;
+  }
+  if (classed.empty()) return std::nullopt;
+  return classed.front();
+}
+
 Judge gate_judge(const sim::Revision& baseline, std::vector<std::string> properties) {
   Judge plain = property_judge(properties);
   return [plain, baseline](const sim::Scenario& s) -> std::optional<Finding> {

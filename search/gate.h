@@ -20,6 +20,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,11 @@ bool counts_as_new(GateClass c);
 // concluded on the same scenario run entirely on `baseline`.
 GateClass gate_class(const Finding& finding, const properties::PropertyResult& all_baseline,
                      const std::string& baseline);
+
+// Of several classed findings of one scenario (in property order), the one a gate reports: the
+// first that counts as new, else the first; nullopt for none. A failure the baseline shares thus
+// never hides a new one in the same scenario (gate --real judges every failing property).
+std::optional<Finding> gate_pick(const std::vector<Finding>& classed);
 
 // A judge that runs the property judge and classes each finding against the all-baseline run.
 Judge gate_judge(const sim::Revision& baseline, std::vector<std::string> properties);

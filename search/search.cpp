@@ -395,15 +395,24 @@ SearchResult search(const SearchOptions& options, const Judge& judge) {
                                    [&](const Failure& f) { return f.finding.same_cause(finding); });
     if (known) continue;
     const double found_s = clock.seconds();
-    std::unique_lock rc_lock(rapidcheck_mutex());
-    Failure failure = shrinker.shrink(std::move(*judged.shrinkable), finding, k, rc_lock);
-    rc_lock.unlock();
+    Failure failure;
+    if (options.shrink_if && !options.shrink_if(finding)) {
+      failure.original = failure.minimal = judged.scenario;
+      failure.finding = finding;
+      failure.case_index = k;
+      failure.not_shrunk = options.not_shrunk_reason;
+    } else {
+      std::unique_lock rc_lock(rapidcheck_mutex());
+      failure = shrinker.shrink(std::move(*judged.shrinkable), finding, k, rc_lock);
+    }
     failure.found_s = found_s;
     failure.shrunk_s = clock.seconds();
     if (options.progress) {
-      options.progress(fmt::format("case {}: {} ({}); shrunk in {} steps over {} runs", k,
-                                   failure.finding.property, failure.finding.signature,
-                                   failure.shrink_steps, failure.shrink_runs));
+      options.progress(fmt::format(
+          "case {}: {} ({}); {}", k, failure.finding.property, failure.finding.signature,
+          failure.not_shrunk.empty() ? fmt::format("shrunk in {} steps over {} runs",
+                                                   failure.shrink_steps, failure.shrink_runs)
+                                     : failure.not_shrunk));
     }
     result.failures.push_back(std::move(failure));
     if (!options.keep_going) break;
@@ -446,8 +455,10 @@ nlohmann::json found_scenario_json(const Failure& f, uint64_t seed, const std::s
   sim::Scenario s = f.minimal;
   s.name = fmt::format("found-{}-seed{}-{}case{}", f.finding.property, seed,
                        tag.empty() ? "" : tag + "-", f.case_index);
-  s.description = fmt::format("Found by `{}` (case {}, shrunk in {} steps): {}", how, f.case_index,
-                              f.shrink_steps, f.finding.detail);
+  s.description = fmt::format(
+      "Found by `{}` (case {}, {}): {}", how, f.case_index,
+      f.not_shrunk.empty() ? fmt::format("shrunk in {} steps", f.shrink_steps) : f.not_shrunk,
+      f.finding.detail);
   s.expect = nullptr;
   return sim::scenario_to_json(s);
 }

@@ -127,6 +127,12 @@ struct SearchOptions {
   // When it reads true (a signal handler sets it: Ctrl-C, a CI timeout's SIGTERM), the search
   // stops as a time budget stops it, and returns what it found so far (stopped_by_time).
   const std::atomic<bool>* stop = nullptr;
+  // Which findings are shrunk (empty: all). A finding it refuses is kept as first drawn, with
+  // Failure::not_shrunk saying why: gate --real keeps a pre-existing finding unshrunk, since each
+  // shrink candidate costs two real replays and its cause is the baseline's, not the graft's.
+  // It decides what is spent, never what is found: the causes and case indices stay the same.
+  std::function<bool(const Finding&)> shrink_if;
+  std::string not_shrunk_reason = "not shrunk";  // Failure::not_shrunk when shrink_if refuses
 };
 
 struct Failure {
@@ -136,6 +142,7 @@ struct Failure {
   int64_t case_index = 0;
   int64_t shrink_steps = 0;  // accepted shrinks
   int64_t shrink_runs = 0;   // judge runs spent shrinking
+  std::string not_shrunk;  // why the search kept it as drawn (SearchOptions::shrink_if); "" if not
   // The search's clock (seconds since it started) when the case was committed as a finding, and
   // when its shrinking ended: the time to find it and to shrink it (a report's figures; they
   // decide nothing).

@@ -435,6 +435,7 @@ void record_outcome(const std::vector<RankRecord>& outs, PhaseRecord& rec) {
       }
     }
     for (const auto& u : o.load.uncovered) rec.load_uncovered.push_back(u);
+    rec.load_unwritten.push_back(o.load.unwritten);
   }
 }
 

@@ -168,6 +168,9 @@ struct PhaseRecord {
   std::vector<model::SavedPiece> saved_pieces;               // when the save completed
   std::vector<std::vector<std::string>> common_differences;  // per rank, vs rank 0
   std::vector<std::string> load_uncovered;
+  // Per rank (rank order; empty where the phase loaded nothing): the requested ranges its load
+  // left unwritten, as the load met them (what the trace's after_load `unwritten` shows).
+  std::vector<std::vector<model::UnwrittenRange>> load_unwritten;
   std::vector<BufferInfo> buffers;
   model::LayoutOptions layout_options;
   std::vector<model::BufferLayout> layouts;  // rank 0's DDP buffers, in gbuf order

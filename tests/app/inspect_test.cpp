@@ -15,6 +15,7 @@
 
 #include "app/commands.h"
 #include "properties/checkpoint_inspection.h"
+#include "properties/properties.h"
 
 namespace {
 
@@ -190,6 +191,17 @@ TEST(Inspect, ReportsTheResetStepsOfTheUpstream2874Fixture) {
   const json* steps = check_named(r.out, "step_counters_agree");
   ASSERT_NE(steps, nullptr);
   EXPECT_EQ((*steps)["outcome"], "FAILS");
+  EXPECT_EQ((*steps)["property"], "step_counts_optimizer_steps");
+  // inspect's checks are the registry's checkpoint checks, one per property that has one, in
+  // registry order (a property's one home: properties/properties.cpp).
+  std::vector<std::pair<std::string, std::string>> registered;
+  for (const auto& p : properties::all_properties()) {
+    if (p.checkpoint_check) registered.emplace_back(p.checkpoint_check_name, p.name);
+  }
+  std::vector<std::pair<std::string, std::string>> reported;
+  for (const auto& k : r.out["checks"]) reported.emplace_back(k["name"], k["property"]);
+  EXPECT_EQ(reported, registered);
+  EXPECT_EQ(registered.size(), 4u);
   EXPECT_NE((*steps)["detail"].get<std::string>().find(
                 fmt::format("step {} at iteration {}", counter, iteration)),
             std::string::npos)
@@ -217,6 +229,7 @@ TEST(Inspect, PredictsTheDuplicateLeafAtTheRealKeyPath) {
   const json* wrapped = check_named(r.out, "common_state_not_wrapped");
   ASSERT_NE(wrapped, nullptr);
   EXPECT_EQ((*wrapped)["outcome"], "FAILS");
+  EXPECT_EQ((*wrapped)["property"], "no_duplicate_leaves");
   EXPECT_NE((*wrapped)["detail"].get<std::string>().find("upstream-2874"), std::string::npos);
 }
 

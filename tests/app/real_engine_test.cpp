@@ -5,6 +5,7 @@
 // workers' interpreter, whose worker process is killed during a run.
 #include "app/real_engine.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -170,6 +171,106 @@ TEST(RealCheck, AHungRunnerIsCouldNotReplayAtItsTimeoutAndTheSearchGoesOn) {
       << "the runner's log goes next to the finding";
 }
 
+// Ctrl-C (SIGINT; a CI timeout's SIGTERM alike) stops the search, which writes what it found so
+// far: the finding, its real plan and trace beside it, the report saying it stopped early. The
+// stand-in runner sends the SIGINT itself after its 12th answer, so no clock decides the test.
+TEST(RealCheck, ASearchStoppedByCtrlCKeepsWhatItFoundOnDisk) {
+  const fs::path dir = fresh_dir("ctrl-c");
+  app::SearchCommand c = real_flags(dir);
+  c.cases = 400;
+  c.jobs = 1;
+  c.json = true;
+  c.properties = {"step_matches_uninterrupted"};
+  c.real.profile_of = {"checkout=upstream-2874"};
+  const ScopedEnv mode("FAKE_SERVE", "interrupt");
+  const ScopedEnv after("FAKE_SERVE_AFTER", "12");
+  const ScopedEnv state("FAKE_SERVE_STATE", (dir / "answers").string());
+  const Ran r = check(c);
+  EXPECT_EQ(r.exit_code, 1) << r.err << r.report;  // a failure found before the stop
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j["stopped_by_time"].get<bool>()) << r.out;
+  EXPECT_LT(j["cases"].get<int64_t>(), 400);
+  ASSERT_FALSE(j["failures"].empty()) << r.out;
+  EXPECT_EQ(j["failures"][0]["property"], "step_matches_uninterrupted");
+  EXPECT_FALSE(files_ending(dir / "found", ".trace.json", "found-").empty());
+  EXPECT_FALSE(files_ending(dir / "found", ".plan.json", "found-").empty());
+  EXPECT_TRUE(fs::exists(dir / "found" / "ckptsim-summary.json"));
+  EXPECT_NE(r.report.find("(stopped early: time budget or a signal)"), std::string::npos)
+      << r.report;
+  // What the stop cut off is abandoned, not a replay problem.
+  EXPECT_NE(r.report.find("\n0 replay(s) of"), std::string::npos) << r.report;
+}
+
+// A time budget bounds the replays in flight too: a runner that hangs is abandoned at the budget,
+// long before its scenario timeout, and the search returns.
+TEST(RealCheck, ATimeBudgetEndsTheReplaysInFlight) {
+  const fs::path dir = fresh_dir("budget");
+  app::SearchCommand c = real_flags(dir);
+  c.cases = 4;
+  c.jobs = 1;
+  c.json = true;
+  c.time_budget = 3;
+  c.real.scenario_timeout = 600;
+  c.real.profile_of = {"checkout=fix-complete"};
+  const ScopedEnv mode("FAKE_SERVE", "hang-once");
+  const ScopedEnv state("FAKE_SERVE_STATE", (dir / "hung-once").string());
+  const Ran r = check(c);
+  EXPECT_EQ(r.exit_code, 0) << r.err << r.report;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j["stopped_by_time"].get<bool>()) << r.out;
+  EXPECT_NE(r.report.find("1 abandoned at the stop"), std::string::npos) << r.report;
+  EXPECT_NE(r.report.find("\n0 replay(s) of"), std::string::npos) << r.report;
+}
+
+// --shard K/N and merge work for a real search as for the model's: the two shards merged give the
+// unsharded search's causes at the same case indices, with each finding's real plan and trace
+// copied beside its merged scenario (and the placeholder profile its phases name).
+TEST(RealCheck, ShardsMergedAreTheUnshardedRealSearch) {
+  const fs::path dir = fresh_dir("shards");
+  auto run = [&](const std::string& tag, const std::string& shard) {
+    app::SearchCommand c = real_flags(dir);
+    c.cases = 10;
+    c.json = true;
+    c.properties = {"step_matches_uninterrupted", "no_duplicate_leaves"};
+    c.real.profile_of = {"checkout=upstream-2874"};
+    c.out_dir = (dir / tag).string();
+    c.shard = shard;
+    const Ran r = check(c);
+    EXPECT_NE(r.exit_code, 2) << tag << r.err << r.report;  // a shard may find nothing
+    return nlohmann::json::parse(r.out, nullptr, false);
+  };
+  const auto whole = run("whole", "");
+  run("s1", "1/2");
+  run("s2", "2/2");
+  app::MergeCommand m;
+  m.dirs = {(dir / "s1").string(), (dir / "s2").string()};
+  m.out_dir = (dir / "merged").string();
+  m.json = true;
+  std::ostringstream out;
+  std::ostringstream err;
+  ASSERT_EQ(app::merge_command(m, out, err), 1) << err.str() << out.str();
+  const auto merged = nlohmann::json::parse(out.str(), nullptr, false);
+  ASSERT_FALSE(merged.is_discarded()) << out.str();
+  auto causes = [](const nlohmann::json& j) {
+    std::vector<std::string> out;
+    for (const auto& f : j["failures"])
+      out.push_back(fmt::format("{} {} case {}", f["property"].get<std::string>(),
+                                f["signature"].get<std::string>(), f["case"].get<int64_t>()));
+    return out;
+  };
+  ASSERT_FALSE(causes(whole).empty());
+  EXPECT_EQ(causes(merged), causes(whole));
+  EXPECT_EQ(merged["cases"], whole["cases"]);
+  for (const auto& f : merged["failures"]) {
+    const std::string file = f["scenario_file"];
+    const std::string stem = file.substr(0, file.size() - 5);
+    EXPECT_TRUE(fs::exists(stem + ".trace.json")) << stem;
+    EXPECT_TRUE(fs::exists(stem + ".plan.json")) << stem;
+    EXPECT_EQ(f["real_code"]["trace"], stem + ".trace.json");
+  }
+  EXPECT_TRUE(fs::exists(dir / "merged" / "checkout.profile.json"));
+}
+
 // A runner that dies is restarted for the next scenario.
 TEST(RealCheck, ADeadRunnerIsRestarted) {
   const fs::path dir = fresh_dir("die");
@@ -219,10 +320,11 @@ namespace {
 // A few cases, at a seed that draws a resume the two profiles handle differently early (found by
 // trying seeds 1-6; with another seed the search may need more cases, not less care).
 Ran gate(const fs::path& dir, const std::string& baseline_profile,
-         const std::string& candidate_profile, uint64_t seed) {
+         const std::string& candidate_profile, uint64_t seed, bool shrink_pre_existing = false) {
   app::SearchCommand c = real_flags(dir);
   c.cases = 6;
   c.seed = seed;
+  c.real.shrink_pre_existing = shrink_pre_existing;
   c.properties = {"step_matches_uninterrupted"};
   c.real_code.megatron.clear();
   c.real.baseline_megatron = (dir / "a").string();
@@ -256,6 +358,23 @@ TEST(RealGate, ClassesEachRealFindingNewOrFixedByTheCandidate) {
             std::string::npos)
       << fixing.report;
   EXPECT_EQ(fixing.report.find("- **new**"), std::string::npos) << fixing.report;
+}
+
+// Both checkouts fail the same way (upstream-2874's step reset): a pre-existing finding, kept as
+// drawn (no shrink replay spent on the baseline's own bug) unless --shrink-pre-existing.
+TEST(RealGate, APreExistingFindingIsKeptAsDrawnUnlessAskedToShrinkIt) {
+  const Ran kept = gate(fresh_dir("gate-pre"), "upstream-2874", "upstream-2874", 2);
+  EXPECT_EQ(kept.exit_code, 0) << kept.err << kept.report;
+  EXPECT_NE(kept.report.find("- **pre-existing** step_matches_uninterrupted"), std::string::npos)
+      << kept.report;
+  EXPECT_NE(kept.report.find("not shrunk: pre-existing"), std::string::npos) << kept.report;
+  EXPECT_EQ(kept.report.find("shrunk by"), std::string::npos) << kept.report;
+  const Ran shrunk = gate(fresh_dir("gate-pre-shrunk"), "upstream-2874", "upstream-2874", 2,
+                          /*shrink_pre_existing=*/true);
+  EXPECT_NE(shrunk.report.find("- **pre-existing** step_matches_uninterrupted"), std::string::npos)
+      << shrunk.report;
+  EXPECT_EQ(shrunk.report.find("not shrunk"), std::string::npos) << shrunk.report;
+  EXPECT_NE(shrunk.report.find("shrunk by"), std::string::npos) << shrunk.report;
 }
 
 // The real serve (replay/serve.py) with stand-in workers (tests/replay/fake_worker.py): a worker

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "properties/properties.h"
 #include "tests/testing.h"
 
 namespace {
@@ -123,6 +124,32 @@ TEST(Cli, RevisionsListsEveryProfileWithSwitches) {
     EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
   }
   EXPECT_EQ(j[0]["switches"].size(), ckptsim::model::revision_switch_infos().size());
+}
+
+// The listings come from the registry (a property's one home): `ckptsim properties` names every
+// property in registry order with what judges it, and every search command's --help names them.
+TEST(Cli, PropertiesListsTheRegistryAndHelpNamesEveryProperty) {
+  const auto out = ckptsim_cli("properties --json");
+  ASSERT_EQ(out.exit_code, 0) << out.text;
+  const auto j = nlohmann::json::parse(out.text);
+  const auto& registry = ckptsim::properties::all_properties();
+  ASSERT_EQ(j.size(), registry.size());
+  for (size_t i = 0; i < registry.size(); ++i) {
+    EXPECT_EQ(j[i]["name"], registry[i].name);
+    EXPECT_EQ(j[i]["trace"], static_cast<bool>(registry[i].trace_check)) << registry[i].name;
+    EXPECT_EQ(j[i]["checkpoint"].is_string(), static_cast<bool>(registry[i].checkpoint_check))
+        << registry[i].name;
+  }
+  const auto text = ckptsim_cli("properties");
+  EXPECT_NE(text.text.find("load_writes_every_element\n"), std::string::npos) << text.text;
+  EXPECT_NE(text.text.find("judged on: run, trace, checkpoint (inspect's step_counters_agree)"),
+            std::string::npos)
+      << text.text;
+  for (const char* command : {"check", "gate"}) {
+    const auto help = ckptsim_cli(std::string(command) + " --help");
+    for (const auto& p : registry)
+      EXPECT_NE(help.text.find(p.name), std::string::npos) << command << " --help: " << p.name;
+  }
 }
 
 namespace {

@@ -359,3 +359,73 @@ TEST(Conformance, AGroupsWeightDecayChangedInTheRealTraceDisagrees) {
   groups.push_back(g);
   EXPECT_FALSE(conform_ok(model, extra).groups.agree());
 }
+
+// load_writes_every_element from the trace: miles-main's partial load of a FusedAdam checkpoint
+// saved before its first step skips the moments' keys. The model's trace says which ranges each
+// rank's load left unwritten (after_load `unwritten`), and the trace check fails with the run
+// check's signature; a trace without the probe is no verdict.
+TEST(TraceChecks, ALoadThatSkipsAKeyIsJudgedFromTheTrace) {
+  const auto run =
+      test::run(test::scenario_file("scenarios/fused-adam-save-before-first-step-miles-main.json"));
+  auto t = report::trace_json(run);
+  const auto on_run = properties::find_property("load_writes_every_element")->check(run);
+  ASSERT_EQ(on_run.verdict, properties::Verdict::kFail);
+  const auto verdicts = properties::judge_trace(t);
+  const auto& v = trace_verdict(verdicts, "load_writes_every_element");
+  EXPECT_EQ(v.verdict, properties::Verdict::kFail) << v.detail;
+  EXPECT_EQ(v.signature, on_run.signature);
+  EXPECT_EQ(v.signature, "load_writes_every_element:missing_key");
+  EXPECT_NE(v.detail.find("(missing key)"), std::string::npos) << v.detail;
+  const auto& loaded = event(t, "phase1", "after_load");
+  ASSERT_TRUE(loaded.contains("unwritten"));
+  EXPECT_FALSE(loaded["unwritten"].empty());
+
+  nlohmann::json bare = t;
+  for (auto& r : bare["runs"]) {
+    for (auto& e : r["events"]) e.erase("unwritten");
+  }
+  EXPECT_EQ(trace_verdict(properties::judge_trace(bare), "load_writes_every_element").verdict,
+            properties::Verdict::kNotEvaluated);
+}
+
+TEST(TraceChecks, ALoadThatWritesEverythingPassesFromTheTrace) {
+  const auto run = test::run(test::scenario_file("scenarios/bug2-fixed-dp2-to-4.json"));
+  auto t = report::trace_json(run);
+  const auto verdicts = properties::judge_trace(t);
+  const auto& v = trace_verdict(verdicts, "load_writes_every_element");
+  EXPECT_EQ(v.verdict, properties::Verdict::kPass) << v.detail;
+  EXPECT_EQ(event(t, "phase1", "after_load")["unwritten"], nlohmann::json::array());
+}
+
+// The strict judge compares what each rank's load left unwritten: a range on one side only is a
+// divergence; a real trace recorded without the probe is compared on nothing of it (the model's
+// ranges are dropped too, so that both verdicts rest on the same facts).
+TEST(Conformance, ARangeTheRealLoadLeftUnwrittenDisagrees) {
+  nlohmann::json model = model_trace("scenarios/bug2-fixed-dp2-to-4.json");
+  const auto same = conform_ok(model, model);
+  EXPECT_TRUE(same.agrees());
+  EXPECT_GT(same.unwritten.compared, 0);
+
+  nlohmann::json real = model;
+  event(real, "phase1", "after_load")["unwritten"] = nlohmann::json::array(
+      {{{"key", "optimizer.x.exp_avg"}, {"range", {0, 3}}, {"missing_key", false}}});
+  const auto changed = conform_ok(model, real);
+  EXPECT_FALSE(changed.unwritten.agree());
+  EXPECT_FALSE(changed.agrees());
+  EXPECT_FALSE(agreement(changed, "load_writes_every_element").agree());
+  ASSERT_FALSE(changed.divergences.empty());
+  bool named = false;
+  for (const auto& d : changed.divergences)
+    named = named || d.field == "unwritten optimizer.x.exp_avg[0:3]";
+  EXPECT_TRUE(named) << changed.divergences.front().describe();
+
+  nlohmann::json old = model;
+  for (auto& r : old["runs"]) {
+    for (auto& e : r["events"]) e.erase("unwritten");
+  }
+  const auto unprobed = conform_ok(model, old);
+  EXPECT_TRUE(unprobed.agrees());
+  EXPECT_EQ(unprobed.unwritten.compared, 0);
+  EXPECT_EQ(agreement(unprobed, "load_writes_every_element").model.verdict,
+            properties::Verdict::kNotEvaluated);
+}

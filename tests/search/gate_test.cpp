@@ -84,6 +84,31 @@ TEST(GateClass, CountsAsNew) {
 // Bug 1 through the library: miles-main saves, upstream-2874 resumes, merge() meets the raw
 // step. The gate calls it new, and the findings do not depend on running the two searches at
 // once or one after the other.
+// gate --real judges every failing property of a scenario: the first new one is reported, so a
+// failure the baseline shares (HEAD's HDO step, on every hybrid resume) never hides a new one.
+// (Caught: picking the first failing property whatever its class.)
+TEST(GateClass, APreExistingFailureNeverHidesANewOneInTheSameScenario) {
+  auto finding = [](const std::string& property, GateClass c) {
+    search::Finding f{property, property + ":x", "", "candidate", c};
+    return f;
+  };
+  EXPECT_FALSE(search::gate_pick({}).has_value());
+  const auto picked =
+      search::gate_pick({finding("step_matches_uninterrupted", GateClass::kPreExisting),
+                         finding("round_trip_identity", GateClass::kUnresolved),
+                         finding("load_writes_every_element", GateClass::kNew),
+                         finding("step_tensors_not_aliased", GateClass::kNew)});
+  ASSERT_TRUE(picked.has_value());
+  EXPECT_EQ(picked->property, "load_writes_every_element");
+  const auto compat = search::gate_pick({finding("resume_completes", GateClass::kPreExisting),
+                                         finding("no_duplicate_leaves", GateClass::kNewCompat)});
+  EXPECT_EQ(compat->property, "no_duplicate_leaves");
+  const auto none_new =
+      search::gate_pick({finding("step_matches_uninterrupted", GateClass::kPreExisting),
+                         finding("round_trip_identity", GateClass::kUnresolved)});
+  EXPECT_EQ(none_new->property, "step_matches_uninterrupted");
+}
+
 TEST(Gate, CallsTheDuplicateLeafNewSequentialOrConcurrent) {
   search::GateOptions o;
   o.baseline = test::revisions({"miles-main"}).front();

@@ -214,6 +214,40 @@ TEST(Search, FindsTheStepResetSmallAndReproducibly) {
   EXPECT_EQ(sim::scenario_to_json(b.failures.front().minimal), sim::scenario_to_json(f.minimal));
 }
 
+// SearchOptions::shrink_if: a finding it refuses is kept as drawn (no shrink run spent, the
+// reason on the failure); the same search finds the same cause at the same case either way.
+TEST(Search, AFindingShrinkIfRefusesIsKeptAsDrawn) {
+  search::GeneratorConfig g;
+  g.revisions = test::revisions({"upstream-2874"});
+  g.kinds = {model::OptimizerKind::kHybrid};
+  search::SearchOptions o;
+  o.generator = g;
+  o.cases = 300;
+  o.keep_going = false;
+  o.shrink_runs_max = 400;
+  const auto judge = search::property_judge({"step_matches_uninterrupted"});
+  const auto shrunk = search::search(o, judge);
+  o.shrink_if = [](const search::Finding& f) { return f.property != "step_matches_uninterrupted"; };
+  o.not_shrunk_reason = "not shrunk: the test says so";
+  const auto kept = search::search(o, judge);
+  ASSERT_EQ(shrunk.failures.size(), 1u);
+  ASSERT_EQ(kept.failures.size(), 1u);
+  const auto& a = shrunk.failures.front();
+  const auto& b = kept.failures.front();
+  EXPECT_EQ(a.case_index, b.case_index);
+  EXPECT_EQ(a.finding.signature, b.finding.signature);
+  EXPECT_GT(a.shrink_runs, 0);
+  EXPECT_TRUE(a.not_shrunk.empty());
+  EXPECT_EQ(b.shrink_runs, 0);
+  EXPECT_EQ(b.not_shrunk, "not shrunk: the test says so");
+  EXPECT_EQ(sim::scenario_to_json(b.minimal), sim::scenario_to_json(b.original));
+  EXPECT_NE(sim::scenario_to_json(a.minimal), sim::scenario_to_json(b.minimal));
+  EXPECT_EQ(kept.judge_runs, kept.cases_run);
+  const auto file = search::found_scenario_json(b, 1, "ckptsim check");
+  EXPECT_NE(file["description"].get<std::string>().find("not shrunk: the test says so"),
+            std::string::npos);
+}
+
 TEST(Search, ShrinkKeepsTheSignature) {
   search::GeneratorConfig g;
   g.revisions = test::revisions({"upstream-2874"});
