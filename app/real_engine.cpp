@@ -432,8 +432,10 @@ void RealEngine::conclude(const sim::Scenario& s, ReplayResult& r) {
   if (r.replayed) return;
   std::lock_guard lock(mutex_);
   if (r.problem == kAbandoned) {
+    // Counted where a runner had it (log_path is set once one is acquired); a replay refused
+    // before it started is no replay at all.
     r.abandoned = true;
-    ++stats_.abandoned;
+    if (!r.log_path.empty()) ++stats_.abandoned;
     return;
   }
   ++stats_.could_not_replay;

@@ -207,7 +207,16 @@ TraceVerdict trace_hyperparams_follow_schedule(const trace::Trace& t) {
     return {name, Verdict::kNotEvaluated, "the trace's scenario is not known here", "", ""};
   Checker c(*t.spec);
   int64_t events = 0;
+  std::string not_evaluated;
   for (const trace::Run& run : t.runs) {
+    // As the run check: a phase whose steps did not all run leaves the verdict open (unless
+    // something failed), since the steps it never took are not judged.
+    int64_t steps_taken = 0;
+    for (const trace::Event& e : run.events) steps_taken += e.at == "after_step" && e.rank == 0;
+    if (run.phase >= 0 && not_evaluated.empty() &&
+        (run.status == "skipped" || steps_taken < run.steps)) {
+      not_evaluated = fmt::format("phase {} (dp={}): its steps did not all run", run.phase, run.dp);
+    }
     // Rank 0's groups only: each rank holds every group, and the schedule is the same on all.
     for (const trace::Event& e : run.events) {
       if (e.at != "after_step" || !e.groups || e.rank != 0) continue;
@@ -222,6 +231,7 @@ TraceVerdict trace_hyperparams_follow_schedule(const trace::Trace& t) {
   }
   if (!c.failures.empty())
     return {name, Verdict::kFail, joined(c.failures), c.signature, c.first_run};
+  if (!not_evaluated.empty()) return {name, Verdict::kNotEvaluated, not_evaluated, "", ""};
   if (events == 0)
     return {name, Verdict::kNotEvaluated, "the trace records no param group's lr and weight decay",
             "", ""};

@@ -89,7 +89,14 @@ PropertyResult step_matches_uninterrupted(const sim::RunResult& run) {
   std::string signature;
   int first_phase = -1;
   for (const auto& p : run.phases) {
-    if (!p.ran || p.index == 0) continue;
+    if (p.index == 0) continue;
+    if (!p.ran) {
+      // No resume to judge: the checkpoint it would load does not exist (a trace says the
+      // same of its skipped run).
+      if (not_evaluated.empty())
+        not_evaluated = phase_label(p) + ": not run (the checkpoint to resume from does not exist)";
+      continue;
+    }
     if (!p.after_load.has_value()) {
       if (not_evaluated.empty()) {
         const auto* e = first_primary(p.errors);
@@ -206,8 +213,13 @@ PropertyResult step_tensors_not_aliased(const sim::RunResult& run) {
                     "(each step() then advances it {} times)",
                     phase_label(p), when, shard_label(run, s), s.step_aliases, s.step_aliases + 1));
   };
+  // Every state a trace records too (a trace check reads its init, load, step and save events,
+  // the uninterrupted run's included): the same verdict either way.
   for (const auto& p : run.phases) {
     if (!p.ran) continue;
+    if (p.initial) {
+      if (const auto* s = scan(*p.initial)) return failed(p, *s, "before its first step");
+    }
     if (p.after_load) {
       const std::string when = fmt::format("after the load at global step {}", p.start_step);
       if (const auto* s = scan(*p.after_load)) return failed(p, *s, when);
@@ -216,7 +228,12 @@ PropertyResult step_tensors_not_aliased(const sim::RunResult& run) {
       const std::string when = fmt::format("after global step {}", st.global_step);
       if (const auto* s = scan(st)) return failed(p, *s, when);
     }
+    if (p.at_save) {
+      const std::string when = fmt::format("at the save of global step {}", p.at_save->global_step);
+      if (const auto* s = scan(*p.at_save)) return failed(p, *s, when);
+    }
   }
+  if (checked == 0) return mark_not_evaluated(std::move(r), "no shard state was recorded");
   r.detail = fmt::format("{} shard states: every param has its own step tensor", checked);
   return r;
 }

@@ -307,10 +307,10 @@ PropertyResult round_trip_identity(const sim::RunResult& run) {
   Resting resting;
   std::string resting_origin;
   for (const auto& p : run.phases) {
-    if (!p.ran || p.index == 0) continue;
+    if (p.index == 0) continue;
     const auto& prev = run.phases[p.index - 1];
     const sim::GlobalState* saved = prev.at_save.has_value() ? &*prev.at_save : nullptr;
-    if (!p.after_load.has_value() || saved == nullptr) {
+    if (!p.ran || !p.after_load.has_value() || saved == nullptr) {
       if (not_evaluated.empty()) not_evaluated = phase_label(p) + ": the load did not complete";
       continue;
     }

@@ -189,6 +189,14 @@ class Coordinator:
         self.env.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
         self.env.setdefault("NVSHMEM_DISABLE_NVLS", "1")
         self.env["PYTHONUNBUFFERED"] = "1"
+        # One intra-op thread per rank, as torchrun starts each rank of a Megatron job
+        # (OMP_NUM_THREADS=1 unless the launch sets it): many ranks on one machine would otherwise
+        # each start a thread per core. A value in the runner's environment wins.
+        self.threads_note = None
+        if "OMP_NUM_THREADS" not in self.env:
+            self.env["OMP_NUM_THREADS"] = "1"
+            self.threads_note = ("OMP_NUM_THREADS=1 in every rank, as torchrun sets it (the runner's "
+                                 "environment did not set it)")
         self.env["PYTHONPATH"] = PACKAGE_PARENT + (os.pathsep + self.env["PYTHONPATH"] if self.env.get("PYTHONPATH") else "")
         self._pg_counter = 0
         self.last_hello: Optional[Dict[str, Any]] = None
@@ -496,6 +504,8 @@ class Coordinator:
         for r in runs:
             notes.extend(r.pop("_notes", []))
             r.pop("_timings", None)
+        if self.threads_note and ran:
+            notes.append(self.threads_note)
         te_env = "real" if (hello.get("transformer_engine") or hello.get("apex")) else "absent"
         setup = {
             "backend": backends[0] if len(backends) == 1 else ("mixed" if backends else ("nccl" if hello.get("gpus", 0) else "gloo")),

@@ -8,6 +8,9 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <set>
+
 #include "report/trace_json.h"
 #include "tests/testing.h"
 
@@ -428,4 +431,38 @@ TEST(Conformance, ARangeTheRealLoadLeftUnwrittenDisagrees) {
   EXPECT_EQ(unprobed.unwritten.compared, 0);
   EXPECT_EQ(agreement(unprobed, "load_writes_every_element").model.verdict,
             properties::Verdict::kNotEvaluated);
+}
+
+// One property, one meaning: on every bundled scenario, each trace check gives the model's own
+// trace the verdict its run check gives the run (pass, fail or not_evaluated). A trace check that
+// passes what the run check leaves open is how gate --real once called a failure "new": HEAD's
+// all-baseline run never reached the steps it judged (hyperparams_follow_schedule, PR #2681's
+// gate). (Caught: that trace check without its not-evaluated rule.)
+TEST(TraceChecks, EveryTraceCheckAgreesWithItsRunCheckOnEveryBundledScenario) {
+  // Where the two legitimately differ, and why.
+  const std::set<std::string> coarser = {
+      // a trace carries hashes, not values: bitwise only, no tolerance for moved elements
+      "trajectory_matches_uninterrupted"};
+  int compared = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(test::source_path("scenarios"))) {
+    if (entry.path().extension() != ".json") continue;
+    const auto run =
+        test::run(test::scenario_file("scenarios/" + entry.path().filename().string()));
+    const auto verdicts = properties::judge_trace(report::trace_json(run), &run.scenario);
+    for (const auto& p : properties::all_properties()) {
+      if (!p.trace_check || coarser.contains(p.name)) continue;
+      const auto on_run = p.check(run);
+      const auto& on_trace = trace_verdict(verdicts, p.name);
+      // A trace holds no param group's max_lr/min_lr: the round trip of the groups themselves
+      // is the run check's alone (HEAD's override block rewrites them: issue #7173).
+      if (p.name == "round_trip_identity" && on_run.signature == "round_trip_identity:param_groups")
+        continue;
+      ++compared;
+      EXPECT_EQ(properties::verdict_name(on_trace.verdict),
+                properties::verdict_name(on_run.verdict))
+          << entry.path().filename() << " " << p.name << "\n  run:   " << on_run.detail
+          << "\n  trace: " << on_trace.detail;
+    }
+  }
+  EXPECT_GT(compared, 200);
 }
