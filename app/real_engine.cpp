@@ -13,6 +13,7 @@
 #include "app/confirm.h"
 #include "model/errors.h"
 #include "properties/conformance.h"
+#include "properties/trace.h"
 #include "report/conformance_report.h"
 #include "report/trace_file.h"
 #include "report/trace_json.h"
@@ -557,6 +558,7 @@ RealEngine::Judged RealEngine::judge_real(const sim::Scenario& s,
   beside(s, out.replay, out.model_text);
   for (const auto& v : properties::judge_trace(out.replay.trace, &s)) {
     if (v.verdict != properties::Verdict::kFail || !wanted(properties, v.property)) continue;
+    out.runs.push_back(v.run);
     out.failures.push_back(search::Finding{v.property,
                                            v.signature.empty() ? v.property : v.signature, v.detail,
                                            revision_of_run(s, v.run), std::nullopt});
@@ -591,10 +593,14 @@ search::Judge RealEngine::gate_judge(const std::string& baseline,
     const ReplayResult base = replay(on_baseline);
     const auto base_verdicts = base.replayed ? properties::judge_trace(base.trace, &on_baseline)
                                              : std::vector<properties::TraceVerdict>{};
+    auto base_trace = base.replayed ? properties::trace::parse(base.trace, base.trace_path)
+                                    : Result<properties::trace::Trace>(Status::not_found(""));
+    auto cand_trace = properties::trace::parse(j.replay.trace, j.replay.trace_path);
     discard(base);
     // Each failing property classed against the all-baseline run; a new one wins over one the
     // baseline shares, so that a pre-existing failure never hides a new one in the same scenario.
-    for (search::Finding& f : j.failures) {
+    for (size_t i = 0; i < j.failures.size(); ++i) {
+      search::Finding& f = j.failures[i];
       properties::PropertyResult all_baseline{f.property, properties::Verdict::kNotEvaluated,
                                               base.problem, "", -1};
       for (const auto& v : base_verdicts) {
@@ -602,6 +608,17 @@ search::Judge RealEngine::gate_judge(const std::string& baseline,
         all_baseline.verdict = v.verdict;
         all_baseline.detail = v.detail;
         all_baseline.signature = v.signature;
+      }
+      // A baseline that stopped before the candidate's failure point judged nothing there.
+      if (base_trace.is_ok() && cand_trace.is_ok() &&
+          all_baseline.verdict != properties::Verdict::kNotEvaluated &&
+          f.signature != all_baseline.signature) {
+        std::string why =
+            properties::trace::stopped_before(base_trace.value(), cand_trace.value(), j.runs[i]);
+        if (!why.empty()) {
+          all_baseline.verdict = properties::Verdict::kNotEvaluated;
+          all_baseline.detail = why;
+        }
       }
       f.gate_class = search::gate_class(f, all_baseline, baseline);
     }
@@ -619,8 +636,17 @@ search::Judge RealEngine::fixed_judge(const std::string& candidate,
     const auto cand_verdicts = cand.replayed ? properties::judge_trace(cand.trace, &on_candidate)
                                              : std::vector<properties::TraceVerdict>{};
     discard(cand);
-    // The first property the baseline fails and the candidate keeps.
-    for (search::Finding& f : j.failures) {
+    auto base_trace = properties::trace::parse(j.replay.trace, j.replay.trace_path);
+    auto cand_trace = cand.replayed ? properties::trace::parse(cand.trace, cand.trace_path)
+                                    : Result<properties::trace::Trace>(Status::not_found(""));
+    // The first property the baseline fails and the candidate keeps, having reached the point
+    // where the baseline failed (a candidate that stops earlier keeps nothing there).
+    for (size_t i = 0; i < j.failures.size(); ++i) {
+      search::Finding& f = j.failures[i];
+      if (base_trace.is_ok() && cand_trace.is_ok() &&
+          !properties::trace::stopped_before(cand_trace.value(), base_trace.value(), j.runs[i])
+               .empty())
+        continue;
       for (const auto& v : cand_verdicts) {
         if (v.property != f.property || v.verdict != properties::Verdict::kPass) continue;
         f.gate_class = search::GateClass::kFixed;

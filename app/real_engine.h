@@ -194,6 +194,7 @@ class RealEngine {
   struct Judged {
     ReplayResult replay;
     std::vector<search::Finding> failures;
+    std::vector<std::string> runs;  // the run each failure was seen in ("phase1", ...)
     std::string model_text;
   };
   Judged judge_real(const sim::Scenario& s, const std::vector<std::string>& properties);

@@ -139,6 +139,12 @@ std::string property_names();
 // What the property is judged on, for listings: "run, trace, checkpoint".
 std::string judged_on(const Property& p);
 std::vector<PropertyResult> check_all(const sim::RunResult& run);
+// Where a gate compares a candidate's failure in `phase` (-1: the uninterrupted run) with the
+// all-baseline run: why the baseline's run never reached the stage where the candidate's first
+// primary error was raised (init < load < train < save), or "" when it did (or the candidate's
+// run raised nothing there). The trace form is properties/trace.h's stopped_before.
+std::string stopped_before(const sim::RunResult& baseline, const sim::RunResult& candidate,
+                           int phase);
 bool all_ok(const std::vector<PropertyResult>& results);
 
 }  // namespace ckptsim::properties

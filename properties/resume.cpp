@@ -56,4 +56,39 @@ PropertyResult resume_completes(const sim::RunResult& run) {
   return r;
 }
 
+namespace {
+
+int stage_rank(const std::string& stage) {
+  if (stage == "init") return 0;
+  if (stage == "load") return 1;
+  if (stage == "train") return 2;
+  return 3;  // save
+}
+
+}  // namespace
+
+std::string stopped_before(const sim::RunResult& baseline, const sim::RunResult& candidate,
+                           int phase) {
+  const auto errors_of = [phase](const sim::RunResult& r) -> const std::vector<sim::RankError>* {
+    if (phase < 0) return &r.reference_errors;
+    return static_cast<size_t>(phase) < r.phases.size() ? &r.phases[phase].errors : nullptr;
+  };
+  const auto* candidate_errors = errors_of(candidate);
+  const sim::RankError* c = candidate_errors ? first_primary(*candidate_errors) : nullptr;
+  if (c == nullptr) return "";
+  const std::string run =
+      phase < 0 ? std::string("uninterrupted run") : fmt::format("phase {}", phase);
+  if (phase >= 0 &&
+      (static_cast<size_t>(phase) >= baseline.phases.size() || !baseline.phases[phase].ran)) {
+    return fmt::format("the all-baseline run never ran {} (the candidate's fails at its {})", run,
+                       c->stage);
+  }
+  const sim::RankError* b = first_primary(*errors_of(baseline));
+  if (b == nullptr || stage_rank(b->stage) >= stage_rank(c->stage)) return "";
+  return fmt::format(
+      "the all-baseline run's {} stopped at its {} ({}), before the {} where the "
+      "candidate's fails",
+      run, b->stage, b->py_type, c->stage);
+}
+
 }  // namespace ckptsim::properties

@@ -216,4 +216,32 @@ bool load_completed(const Run& run) {
   return run.status != "skipped" && !events_at(run, "after_load", run.start_step).empty();
 }
 
+namespace {
+
+int stage_rank(const std::string& stage) {
+  if (stage == "init") return 0;
+  if (stage == "load") return 1;
+  if (stage == "train") return 2;
+  return 3;  // save
+}
+
+}  // namespace
+
+std::string stopped_before(const Trace& baseline, const Trace& candidate,
+                           const std::string& run_id) {
+  const Run* c = candidate.find(run_id);
+  const Event* ce = c != nullptr ? first_primary_error(*c) : nullptr;
+  if (ce == nullptr) return "";
+  const Run* b = baseline.find(run_id);
+  if (b == nullptr || b->status == "skipped")
+    return fmt::format("the all-baseline run never ran {} (the candidate's fails at its {})",
+                       run_id, ce->stage);
+  const Event* be = first_primary_error(*b);
+  if (be == nullptr || stage_rank(be->stage) >= stage_rank(ce->stage)) return "";
+  return fmt::format(
+      "the all-baseline run's {} stopped at its {} ({}), before the {} where the candidate's "
+      "fails",
+      run_id, be->stage, be->py_type, ce->stage);
+}
+
 }  // namespace ckptsim::properties::trace

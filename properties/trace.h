@@ -128,5 +128,13 @@ const Part* part_at(const std::vector<const Event*>& events, const std::string& 
 const Event* first_primary_error(const Run& run);
 // The run was not skipped and recorded its state after its load.
 bool load_completed(const Run& run);
+// Where a gate compares a candidate's failure with the all-baseline run of the same scenario:
+// why the baseline's run `run_id` never reached the point where the candidate's run failed (its
+// first primary error's stage: init < load < train < save), or "" when it did (or the candidate's
+// run raised nothing). A baseline that stopped earlier cannot say whether the candidate's error
+// is its own: HEAD failing a native fp32 param at init hides its later load KeyError, which a
+// candidate fixing the init then meets (PR #2872's gate).
+std::string stopped_before(const Trace& baseline, const Trace& candidate,
+                           const std::string& run_id);
 
 }  // namespace ckptsim::properties::trace

@@ -65,7 +65,20 @@ Judge gate_judge(const sim::Revision& baseline, std::vector<std::string> propert
     CKPTSIM_CHECK(run.is_ok(), run.status().to_string());
     const properties::Property* property = properties::find_property(finding->property);
     CKPTSIM_CHECK(property != nullptr, "a finding of an unknown property " + finding->property);
-    finding->gate_class = gate_class(*finding, property->check(run.value()), baseline.name);
+    properties::PropertyResult all_baseline = property->check(run.value());
+    // A baseline that stopped before the candidate's failure point judged nothing there.
+    if (all_baseline.verdict != properties::Verdict::kNotEvaluated &&
+        all_baseline.signature != finding->signature) {
+      auto candidate = sim::run_scenario(s);
+      CKPTSIM_CHECK(candidate.is_ok(), candidate.status().to_string());
+      const int phase = property->check(candidate.value()).phase;
+      std::string why = properties::stopped_before(run.value(), candidate.value(), phase);
+      if (!why.empty()) {
+        all_baseline.verdict = properties::Verdict::kNotEvaluated;
+        all_baseline.detail = std::move(why);
+      }
+    }
+    finding->gate_class = gate_class(*finding, all_baseline, baseline.name);
     return finding;
   };
 }

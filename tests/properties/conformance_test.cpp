@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <set>
 
+#include "properties/trace.h"
 #include "report/trace_json.h"
 #include "tests/testing.h"
 
@@ -465,4 +466,41 @@ TEST(TraceChecks, EveryTraceCheckAgreesWithItsRunCheckOnEveryBundledScenario) {
     }
   }
   EXPECT_GT(compared, 200);
+}
+
+// A gate compares the candidate's failure with the all-baseline run only where that run got as
+// far: HEAD failing a native fp32 param at init hides its own later load KeyError, which PR
+// #2872's candidate (fixing the init) then meets; gate --real called it "new" before this.
+// (Caught: stopped_before always "".)
+TEST(TraceChecks, ABaselineThatStoppedEarlierDidNotReachTheCandidatesFailure) {
+  auto parse = [](const nlohmann::json& j) {
+    auto t = properties::trace::parse(j, "t.json");
+    if (!t.is_ok()) throw std::runtime_error(t.status().to_string());
+    return t.value();
+  };
+  // The candidate: phase1 fails at its load (the duplicate leaf of bug 1).
+  nlohmann::json candidate = model_trace("scenarios/bug1-duplicate-leaf-dp2-to-4.json");
+  ASSERT_EQ(event(candidate, "phase1", "error")["stage"], "load");
+  EXPECT_EQ(properties::trace::stopped_before(parse(candidate), parse(candidate), "phase1"), "");
+  EXPECT_EQ(properties::trace::stopped_before(parse(candidate), parse(candidate), "phase0"), "");
+  // A baseline whose phase1 raised at init never reached that load.
+  nlohmann::json at_init = candidate;
+  for (auto& r : at_init["runs"]) {
+    if (r["id"] != "phase1") continue;
+    for (auto& e : r["events"]) {
+      if (e["at"] == "error") e["stage"] = "init";
+    }
+  }
+  const std::string why =
+      properties::trace::stopped_before(parse(at_init), parse(candidate), "phase1");
+  EXPECT_NE(why.find("stopped at its init"), std::string::npos) << why;
+  // ... nor did one that never ran it.
+  nlohmann::json skipped = candidate;
+  for (auto& r : skipped["runs"]) {
+    if (r["id"] != "phase1") continue;
+    r["status"] = "skipped";
+    r["skipped_reason"] = "the checkpoint to resume from does not exist";
+    r["events"] = nlohmann::json::array();
+  }
+  EXPECT_NE(properties::trace::stopped_before(parse(skipped), parse(candidate), "phase1"), "");
 }

@@ -109,6 +109,53 @@ TEST(GateClass, APreExistingFailureNeverHidesANewOneInTheSameScenario) {
   EXPECT_EQ(none_new->property, "step_matches_uninterrupted");
 }
 
+// A baseline that stopped earlier never reached the candidate's failure: at HEAD a native fp32
+// param with offload 1.0 fails the HDO's init; PR #2872 (fp32 shards detached) gets through it
+// and then meets HEAD's own load KeyError (the new --lr changes the group's identity, N1). The
+// gate called that "new"; it is unresolved. (Caught: stopped_before always "".)
+TEST(GateClass, ABaselineThatStoppedEarlierLeavesTheFindingUnresolved) {
+  if (!test::registry().get("test-fp32-detached").is_ok()) {
+    ASSERT_TRUE(test::registry()
+                    .add(R"({"name": "test-fp32-detached", "extends": "upstream-head",
+                             "switches": {"fp32_shards_detached": true}})",
+                         "gate_test.cpp")
+                    .is_ok());
+  }
+  const std::string json = R"({"name": "fp32-offload-lr-change", "seed": 0,
+    "optimizer": {"kind": "hybrid", "lr": 0.01, "offload_fraction": 1.0, "weight_decay": 0.1,
+                  "betas": [0.9, 0.95], "eps": 1e-8},
+    "params": [{"name": "p0", "numel": 1, "dtype": "fp32"}],
+    "phases": [{"dp": 1, "revision": "REV", "steps": 1},
+               {"dp": 1, "revision": "REV", "steps": 0,
+                "schedule": {"lr": 0.005, "start_weight_decay": 0.05, "end_weight_decay": 0.05}}]})";
+  auto with = [&](const std::string& rev) {
+    std::string j = json;
+    for (size_t at; (at = j.find("REV")) != std::string::npos;) j.replace(at, 3, rev);
+    return test::run(test::scenario_from_json(j));
+  };
+  const auto base = with("upstream-head");
+  const auto cand = with("test-fp32-detached");
+  const auto on_cand = test::verdict(cand, "resume_completes");
+  ASSERT_EQ(on_cand.verdict, Verdict::kFail);
+  EXPECT_NE(on_cand.signature.find("KeyError"), std::string::npos) << on_cand.signature;
+  ASSERT_EQ(test::verdict(base, "resume_completes").verdict, Verdict::kFail);  // at init
+  // Phase 0 failed at init, so phase 1 never ran: it never reached the load.
+  const std::string why = properties::stopped_before(base, cand, on_cand.phase);
+  EXPECT_NE(why.find("never ran phase 1 (the candidate's fails at its load)"), std::string::npos)
+      << why;
+  EXPECT_EQ(properties::stopped_before(cand, cand, on_cand.phase), "");
+  // Through the gate's own judge: unresolved, not new.
+  const auto finding = search::gate_judge(test::revisions({"upstream-head"}).front(),
+                                          {"resume_completes"})(test::scenario_from_json([&] {
+    std::string j = json;
+    for (size_t at; (at = j.find("REV")) != std::string::npos;)
+      j.replace(at, 3, "test-fp32-detached");
+    return j;
+  }()));
+  ASSERT_TRUE(finding.has_value());
+  EXPECT_EQ(finding->gate_class, GateClass::kUnresolved);
+}
+
 TEST(Gate, CallsTheDuplicateLeafNewSequentialOrConcurrent) {
   search::GateOptions o;
   o.baseline = test::revisions({"miles-main"}).front();
