@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "properties/common.h"
+#include "properties/trace.h"
 
 namespace ckptsim::properties {
 
@@ -56,17 +57,6 @@ PropertyResult resume_completes(const sim::RunResult& run) {
   return r;
 }
 
-namespace {
-
-int stage_rank(const std::string& stage) {
-  if (stage == "init") return 0;
-  if (stage == "load") return 1;
-  if (stage == "train") return 2;
-  return 3;  // save
-}
-
-}  // namespace
-
 std::string stopped_before(const sim::RunResult& baseline, const sim::RunResult& candidate,
                            int phase) {
   const auto errors_of = [phase](const sim::RunResult& r) -> const std::vector<sim::RankError>* {
@@ -84,7 +74,7 @@ std::string stopped_before(const sim::RunResult& baseline, const sim::RunResult&
                        c->stage);
   }
   const sim::RankError* b = first_primary(*errors_of(baseline));
-  if (b == nullptr || stage_rank(b->stage) >= stage_rank(c->stage)) return "";
+  if (b == nullptr || trace::stage_rank(b->stage) >= trace::stage_rank(c->stage)) return "";
   return fmt::format(
       "the all-baseline run's {} stopped at its {} ({}), before the {} where the "
       "candidate's fails",

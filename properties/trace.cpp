@@ -216,16 +216,12 @@ bool load_completed(const Run& run) {
   return run.status != "skipped" && !events_at(run, "after_load", run.start_step).empty();
 }
 
-namespace {
-
 int stage_rank(const std::string& stage) {
   if (stage == "init") return 0;
   if (stage == "load") return 1;
   if (stage == "train") return 2;
   return 3;  // save
 }
-
-}  // namespace
 
 std::string stopped_before(const Trace& baseline, const Trace& candidate,
                            const std::string& run_id) {

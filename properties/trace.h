@@ -128,6 +128,8 @@ const Part* part_at(const std::vector<const Event*>& events, const std::string& 
 const Event* first_primary_error(const Run& run);
 // The run was not skipped and recorded its state after its load.
 bool load_completed(const Run& run);
+// The order of a run's stages: init 0, load 1, train 2, save 3 (an error event's `stage`).
+int stage_rank(const std::string& stage);
 // Where a gate compares a candidate's failure with the all-baseline run of the same scenario:
 // why the baseline's run `run_id` never reached the point where the candidate's run failed (its
 // first primary error's stage: init < load < train < save), or "" when it did (or the candidate's

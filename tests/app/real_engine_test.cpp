@@ -59,6 +59,15 @@ app::SearchCommand real_flags(const fs::path& dir) {
   return c;
 }
 
+// real_flags for a search of 4 cases on one runner that prints JSON.
+app::SearchCommand one_runner_flags(const fs::path& dir) {
+  app::SearchCommand c = real_flags(dir);
+  c.cases = 4;
+  c.jobs = 1;
+  c.json = true;
+  return c;
+}
+
 struct Ran {
   int exit_code = -1;
   std::string out;
@@ -152,10 +161,7 @@ TEST(RealCheck, AModelThatComputesOtherwiseIsAModelDivergence) {
 // is "could not replay" and the search goes on to its last case.
 TEST(RealCheck, AHungRunnerIsCouldNotReplayAtItsTimeoutAndTheSearchGoesOn) {
   const fs::path dir = fresh_dir("hang");
-  app::SearchCommand c = real_flags(dir);
-  c.cases = 4;
-  c.jobs = 1;
-  c.json = true;
+  app::SearchCommand c = one_runner_flags(dir);
   c.real.scenario_timeout = 10;  // a replay of the stand-in takes < 1 s, a few under load
   c.real.profile_of = {"checkout=fix-complete"};
   const ScopedEnv mode("FAKE_SERVE", "hang-once");
@@ -205,10 +211,7 @@ TEST(RealCheck, ASearchStoppedByCtrlCKeepsWhatItFoundOnDisk) {
 // long before its scenario timeout, and the search returns.
 TEST(RealCheck, ATimeBudgetEndsTheReplaysInFlight) {
   const fs::path dir = fresh_dir("budget");
-  app::SearchCommand c = real_flags(dir);
-  c.cases = 4;
-  c.jobs = 1;
-  c.json = true;
+  app::SearchCommand c = one_runner_flags(dir);
   c.time_budget = 3;
   c.real.scenario_timeout = 600;
   c.real.profile_of = {"checkout=fix-complete"};
@@ -274,10 +277,7 @@ TEST(RealCheck, ShardsMergedAreTheUnshardedRealSearch) {
 // A runner that dies is restarted for the next scenario.
 TEST(RealCheck, ADeadRunnerIsRestarted) {
   const fs::path dir = fresh_dir("die");
-  app::SearchCommand c = real_flags(dir);
-  c.cases = 4;
-  c.jobs = 1;
-  c.json = true;
+  app::SearchCommand c = one_runner_flags(dir);
   c.real.profile_of = {"checkout=fix-complete"};
   const ScopedEnv mode("FAKE_SERVE", "die-once");
   const ScopedEnv state("FAKE_SERVE_STATE", (dir / "died-once").string());
@@ -322,8 +322,9 @@ namespace {
 Ran gate(const fs::path& dir, const std::string& baseline_profile,
          const std::string& candidate_profile, uint64_t seed, bool shrink_pre_existing = false) {
   app::SearchCommand c = real_flags(dir);
-  c.cases = 6;
+  c.cases = 4;
   c.seed = seed;
+  c.real.shrink_runs_max = 8;  // enough to show a shrink; three searches of 20 took minutes
   c.real.shrink_pre_existing = shrink_pre_existing;
   c.properties = {"step_matches_uninterrupted"};
   c.real_code.megatron.clear();
@@ -382,10 +383,7 @@ TEST(RealGate, APreExistingFindingIsKeptAsDrawnUnlessAskedToShrinkIt) {
 // not replay", and the search goes on to its last case with a new worker.
 TEST(RealCheck, AWorkerKilledDuringARunIsCouldNotReplayAndTheSearchGoesOn) {
   const fs::path dir = fresh_dir("worker-killed");
-  app::SearchCommand c = real_flags(dir);
-  c.cases = 4;
-  c.jobs = 1;
-  c.json = true;
+  app::SearchCommand c = one_runner_flags(dir);
   c.real_code.python = "python3";
   c.real_code.replay_args = {"--python", test::source_path("tests/replay/fake_python"),
                              "--emulate-te"};

@@ -106,5 +106,7 @@ def test_real_replay_step_reset(tmp_path):
     with open(out) as f:
         t = json.load(f)
     ph1 = [x for x in t["runs"] if x["id"] == "phase1"][0]
+    if ph1["status"] == "skipped" and "checkout" in ph1.get("skipped_reason", ""):
+        pytest.skip("the plan's checkout is not under %s: %s" % (root, ph1["skipped_reason"]))
     loads = [e for e in ph1["events"] if e["at"] == "after_load"]
     assert loads and all(p["step"] == 1.0 for e in loads for p in e["parts"])
