@@ -116,6 +116,17 @@ std::string checkout_commit(const std::string& dir) {
     if (j.is_object() && j.contains("commit") && j["commit"].is_string())
       return j["commit"].get<std::string>();
   }
+  // git's answer only where the checkout is a work tree's top: a folder inside another repository
+  // (a patched copy under ckptsim's own .megatron/) would otherwise get that repository's commit.
+  std::string top;
+  auto t = run_process(
+      {{"git", "-C", dir, "rev-parse", "--show-toplevel"}, {}, [&](const std::string& l) {
+         if (top.empty()) top = l;
+       }});
+  std::error_code ec;
+  if (!t.is_ok() || !t.value().ok() ||
+      fs::weakly_canonical(top, ec) != fs::weakly_canonical(dir, ec))
+    return "";
   std::string out;
   auto e = run_process({{"git", "-C", dir, "rev-parse", "HEAD"}, {}, [&](const std::string& l) {
                           if (out.empty()) out = l;

@@ -274,6 +274,23 @@ TEST(RealCheck, ShardsMergedAreTheUnshardedRealSearch) {
   EXPECT_TRUE(fs::exists(dir / "merged" / "checkout.profile.json"));
 }
 
+// A checkout's commit: its stamp's, else git's where the checkout is a work tree's top; a folder
+// inside another repository (a patched copy under ckptsim's .megatron/) has none (it got the outer
+// repository's commit: PR #4046's report printed ckptsim's own).
+TEST(RealCheck, ACheckoutInsideAnotherRepositoryHasNoCommit) {
+  const fs::path dir = fresh_dir("commit");
+  const std::string git = "git -C " + dir.string();
+  ASSERT_EQ(std::system((git + " init -q && " + git +
+                         " -c user.email=t@t -c user.name=t commit -q "
+                         "--allow-empty -m x")
+                            .c_str()),
+            0);
+  EXPECT_EQ(app::checkout_commit(dir.string()).size(), 40u);
+  EXPECT_EQ(app::checkout_commit((dir / "a").string()), "");
+  std::ofstream((dir / "b" / "CKPTSIM_UPSTREAM.json")) << R"({"commit": "0123456789abcdef"})";
+  EXPECT_EQ(app::checkout_commit((dir / "b").string()), "0123456789abcdef");
+}
+
 // A runner that dies is restarted for the next scenario.
 TEST(RealCheck, ADeadRunnerIsRestarted) {
   const fs::path dir = fresh_dir("die");
