@@ -55,9 +55,10 @@ std::optional<Finding> gate_pick(const std::vector<Finding>& classed) {
 }
 
 Judge gate_judge(const sim::Revision& baseline, std::vector<std::string> properties) {
-  Judge plain = property_judge(properties);
-  return [plain, baseline](const sim::Scenario& s) -> std::optional<Finding> {
-    std::optional<Finding> finding = plain(s);
+  return [properties, baseline](const sim::Scenario& s) -> std::optional<Finding> {
+    const sim::RunResult candidate = run_to_judge(s);
+    int phase = -1;
+    std::optional<Finding> finding = first_failure(s, candidate, properties, &phase);
     if (!finding) return std::nullopt;
     sim::Scenario base = s;
     for (auto& p : base.phases) p.set_revision(baseline);
@@ -69,10 +70,7 @@ Judge gate_judge(const sim::Revision& baseline, std::vector<std::string> propert
     // A baseline that stopped before the candidate's failure point judged nothing there.
     if (all_baseline.verdict != properties::Verdict::kNotEvaluated &&
         all_baseline.signature != finding->signature) {
-      auto candidate = sim::run_scenario(s);
-      CKPTSIM_CHECK(candidate.is_ok(), candidate.status().to_string());
-      const int phase = property->check(candidate.value()).phase;
-      std::string why = properties::stopped_before(run.value(), candidate.value(), phase);
+      std::string why = properties::stopped_before(run.value(), candidate, phase);
       if (!why.empty()) {
         all_baseline.verdict = properties::Verdict::kNotEvaluated;
         all_baseline.detail = std::move(why);

@@ -183,24 +183,33 @@ std::vector<sim::Scenario> domain_shrinks(const sim::Scenario& s) {
   return out.take();
 }
 
+sim::RunResult run_to_judge(const sim::Scenario& s) {
+  sim::RunOptions options;
+  options.trace_steps = false;  // no property reads the trace
+  auto run = sim::run_scenario(s, options);
+  CKPTSIM_CHECK(run.is_ok(), "a generated scenario could not run: " + run.status().to_string());
+  return std::move(run.value());
+}
+
+std::optional<Finding> first_failure(const sim::Scenario& s, const sim::RunResult& run,
+                                     const std::vector<std::string>& only, int* phase) {
+  for (const auto& p : properties::all_properties()) {
+    if (!only.empty() && std::find(only.begin(), only.end(), p.name) == only.end()) continue;
+    const properties::PropertyResult r = p.check(run);
+    if (r.verdict != properties::Verdict::kFail) continue;
+    const std::string revision = r.phase >= 0 && static_cast<size_t>(r.phase) < s.phases.size()
+                                     ? s.phases[r.phase].revision
+                                     : "";
+    if (phase != nullptr) *phase = r.phase;
+    return Finding{r.name, r.signature.empty() ? r.name : r.signature, r.detail, revision,
+                   std::nullopt};
+  }
+  return std::nullopt;
+}
+
 Judge property_judge(std::vector<std::string> only) {
   return [only](const sim::Scenario& s) -> std::optional<Finding> {
-    sim::RunOptions options;
-    options.trace_steps = false;  // no property reads the trace
-    auto run = sim::run_scenario(s, options);
-    CKPTSIM_CHECK(run.is_ok(), "a generated scenario could not run: " + run.status().to_string());
-    for (const auto& p : properties::all_properties()) {
-      if (!only.empty() && std::find(only.begin(), only.end(), p.name) == only.end()) continue;
-      const properties::PropertyResult r = p.check(run.value());
-      if (r.verdict == properties::Verdict::kFail) {
-        const std::string revision = r.phase >= 0 && static_cast<size_t>(r.phase) < s.phases.size()
-                                         ? s.phases[r.phase].revision
-                                         : "";
-        return Finding{r.name, r.signature.empty() ? r.name : r.signature, r.detail, revision,
-                       std::nullopt};
-      }
-    }
-    return std::nullopt;
+    return first_failure(s, run_to_judge(s), only);
   };
 }
 

@@ -170,6 +170,12 @@ std::vector<sim::Scenario> domain_shrinks(const sim::Scenario& s);
 // The default judge: runs the scenario (memory store) and reports the first failing property
 // in property order, restricted to `properties` when non-empty.
 Judge property_judge(std::vector<std::string> properties = {});
+// What property_judge does, in two parts: the run it judges (no step trace: no property reads
+// it), and the first failing property of a run in registry order (only `only`, when given), with
+// the phase it was seen in (-1: the reference run) in `phase` when asked.
+sim::RunResult run_to_judge(const sim::Scenario& s);
+std::optional<Finding> first_failure(const sim::Scenario& s, const sim::RunResult& run,
+                                     const std::vector<std::string>& only, int* phase = nullptr);
 
 SearchResult search(const SearchOptions& options, const Judge& judge);
 
