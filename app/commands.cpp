@@ -242,6 +242,7 @@ std::string search_repeat_flags(const SearchCommand& c) {
   for (const auto& p : c.properties) out += " --property " + p;
   for (const auto& k : c.kinds) out += " --kind " + k;
   for (const auto& t : c.transformer_engine) out += " --transformer-engine " + t;
+  for (const auto& t : c.sharding_types) out += " --sharding-type " + t;
   for (const auto& x : c.faults) out += " --fault " + x;
   for (const auto& x : c.profiles) out += " --profile " + x;
   if (c.dp_max != defaults.dp_max) out += fmt::format(" --dp-max {}", c.dp_max);
@@ -292,6 +293,16 @@ Result<search::SearchOptions> search_options(const SearchCommand& c) {
         return Status::invalid_input("--transformer-engine must be installed or absent, got " + t);
       g.te_installed.push_back(*installed);
     }
+  }
+  for (const auto& t : c.sharding_types) {
+    const auto type = model::parse_sharding_type(t);
+    if (!type.has_value() || *type == model::ShardingType::kFullyShardedModelSpace) {
+      return Status::invalid_input(
+          "--sharding-type must be dp_reshardable, fully_reshardable or dp_zero_gather_scatter "
+          "(no training loop saves fully_sharded_model_space), got " +
+          t);
+    }
+    g.sharding_types.push_back(*type);
   }
   if (Status s = g.validate(); !s.is_ok()) return s;
   for (const auto& p : c.properties) {

@@ -39,6 +39,9 @@ void add_search_flags(CLI::App* cmd, app::SearchCommand& f) {
   cmd->add_option("--kind", f.kinds, "Only these optimizer kinds: fused_adam, torch_adamw, hybrid");
   cmd->add_option("--transformer-engine", f.transformer_engine,
                   "Hybrid cases only with TE installed, or absent (default: both, 4 to 1)");
+  cmd->add_option("--sharding-type", f.sharding_types,
+                  "Only these checkpoint formats: dp_reshardable, fully_reshardable (a third "
+                  "mem_efficient), dp_zero_gather_scatter (default: all three, 6:3:1)");
   cmd->add_option("--fault", f.faults, "Enable a fault site in every case (mutation control)");
   cmd->add_option("--profile", f.profiles, "Extra revision profile JSON files");
   cmd->add_option("--dp-max", f.dp_max, "Largest DP size drawn")->capture_default_str();

@@ -45,6 +45,43 @@ std::string optimizer_kind_names() {
 }
 
 namespace {
+constexpr ShardingType kAllShardingTypes[] = {
+    ShardingType::kDpReshardable, ShardingType::kFullyReshardable,
+    ShardingType::kDpZeroGatherScatter, ShardingType::kFullyShardedModelSpace};
+}  // namespace
+
+std::string sharding_type_name(ShardingType t) {
+  switch (t) {
+    case ShardingType::kDpReshardable:
+      return "dp_reshardable";
+    case ShardingType::kFullyReshardable:
+      return "fully_reshardable";
+    case ShardingType::kDpZeroGatherScatter:
+      return "dp_zero_gather_scatter";
+    case ShardingType::kFullyShardedModelSpace:
+      return "fully_sharded_model_space";
+  }
+  return "?";
+}
+
+std::optional<ShardingType> parse_sharding_type(std::string_view name) {
+  for (ShardingType t : kAllShardingTypes) {
+    if (sharding_type_name(t) == name) return t;
+  }
+  return std::nullopt;
+}
+
+std::string sharding_type_names() {
+  std::string out;
+  for (ShardingType t : kAllShardingTypes) out += (out.empty() ? "" : ", ") + sharding_type_name(t);
+  return out;
+}
+
+bool fully_reshardable_format(ShardingType t) {
+  return t == ShardingType::kFullyReshardable || t == ShardingType::kFullyShardedModelSpace;
+}
+
+namespace {
 
 // One name table per enum (invariant 1): the enum's values and their names, in order.
 template <typename E, size_t N>

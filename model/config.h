@@ -101,6 +101,35 @@ std::optional<SchedulerResume> parse_scheduler_resume(std::string_view name);
 std::string te_presence_name(bool te_installed);
 std::optional<bool> parse_te_presence(std::string_view name);
 
+// The distributed optimizer's checkpoint formats (metadata['distrib_optim_sharding_type'], spec
+// §7.1): dp_reshardable (bucket space, the default of the training loop), fully_reshardable
+// (model space, gathered over DP: --dist-ckpt-optim-fully-reshardable), and the two deprecated
+// ones, dp_zero_gather_scatter (one object per DP group, written by DP rank 0) and
+// fully_sharded_model_space (the default of a caller that passes no metadata; its ShardedTensors
+// carry a flattened_range, which mapping.py refuses at every modeled revision).
+enum class ShardingType {
+  kDpReshardable,
+  kFullyReshardable,
+  kDpZeroGatherScatter,
+  kFullyShardedModelSpace
+};
+std::string sharding_type_name(ShardingType t);  // upstream's spelling: "dp_reshardable", ...
+std::optional<ShardingType> parse_sharding_type(std::string_view name);
+std::string sharding_type_names();  // the four names, for messages
+// DistributedOptimizer.checkpoint_fully_reshardable_formats: the formats in model space, which
+// a resume at another TP or PP may load (and whose state_dict() stays plain common state).
+bool fully_reshardable_format(ShardingType t);
+
+// What the training loop passes to sharded_state_dict() as metadata, and saves as the
+// checkpoint's content_metadata: the sharding type and, for fully_reshardable,
+// --distrib-optim-fully-reshardable-mem-efficient (gather over Gloo to DP rank 0, which alone
+// returns the state, instead of an all-gather to every rank).
+struct CheckpointFormat {
+  ShardingType sharding_type = ShardingType::kDpReshardable;
+  bool mem_efficient = false;
+  bool operator==(const CheckpointFormat&) const = default;
+};
+
 // Limits of one DP group and one buffer: exceeding one throws InvariantViolation rather than
 // overflowing or hanging.
 inline constexpr int64_t kDpSizeMax = 4096;

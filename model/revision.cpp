@@ -72,12 +72,29 @@ const std::vector<SwitchDef>& switch_defs() {
                   "B12 fix: a rank owning only padding in a bucket saves/loads that padding "
                   "instead of asserting 'empty bucket encountered'",
                   &RevisionSwitches::allow_empty_bucket),
+      bool_switch("fully_reshardable_strips_bucket_padding",
+                  "B7 fix (#5077): sharded_param_state_fully_reshardable slices the compact "
+                  "world tensors at offsets less the earlier buckets' end padding",
+                  &RevisionSwitches::fully_reshardable_strips_bucket_padding),
+      bool_switch("flattened_range_refused",
+                  "mapping.py refuses a ShardedTensor flattened_range (NVIDIA #2126); radixark "
+                  "07220d28f warns instead (not modeled past the warning)",
+                  &RevisionSwitches::flattened_range_refused),
       bool_switch("dp_reshardable_load_skips_step",
                   "Fix A: load_parameter_state_from_dp_reshardable drops 'step' before _set",
                   &RevisionSwitches::dp_reshardable_load_skips_step),
       bool_switch("dp_reshardable_load_syncs_hdo",
                   "B11: the dp_reshardable loader calls HDO._sync_hdo_state_to_sub_optimizers()",
                   &RevisionSwitches::dp_reshardable_load_syncs_hdo),
+      bool_switch("common_load_allows_class_globals",
+                  "the common state's load accepts the classes it holds (the HDO's param groups "
+                  "in a fully reshardable format): radixark's weights_only=False; a fix of ours "
+                  "in fix-complete; NVIDIA's torch.load(weights_only=True) refuses them",
+                  &RevisionSwitches::common_load_allows_class_globals),
+      bool_switch("dp_zero_load_syncs_hdo",
+                  "a fix of ours: load_parameter_state_from_dp_zero calls "
+                  "HDO._sync_hdo_state_to_sub_optimizers() as the model-space loaders do",
+                  &RevisionSwitches::dp_zero_load_syncs_hdo),
       bool_switch(
           "dp_reshardable_load_no_grad",
           "PR #2681 / dev #5835: the dp_reshardable loader runs under torch.no_grad() (POST "

@@ -62,12 +62,34 @@ struct RevisionSwitches {
   // so that no rank's bucket list is ever empty (an empty list would be compacted away).
   bool allow_empty_bucket = false;
 
+  // --- distrib_optimizer.py sharded_param_state_fully_reshardable ------------------------------
+  // B7 fix (NVIDIA #5077, 32a03b77c5): the world tensors of get_parameter_state_dp_zero have
+  // every bucket's end padding stripped, and the slice of a param in bucket b is moved back by
+  // the padding of the buckets before it. Without it, a param of bucket >= 1 is sliced at its
+  // padded buffer offset: the wrong elements, or a slice too short (AssertionError).
+  bool fully_reshardable_strips_bucket_padding = false;
+  // mapping.py ShardedTensor.validate_metadata_integrity: a flattened_range is refused
+  // (CheckpointingException, NVIDIA #2126), so fully_sharded_model_space fails while its
+  // request is built. radixark 07220d28f logs a warning instead and goes on; what its save or
+  // load then does is not modeled (a scenario that saves in that format there is refused).
+  bool flattened_range_refused = true;
+
   // --- distrib_optimizer.py load_parameter_state_from_dp_reshardable --------------------------
   // Fix A (spec §12): drop 'step' before _set_main_param_and_optimizer_states, as the
   // fs_model_space loader does.
   bool dp_reshardable_load_skips_step = false;
   // B11: call HDO._sync_hdo_state_to_sub_optimizers() after the dp_reshardable load.
   bool dp_reshardable_load_syncs_hdo = false;
+  // A fix of ours: load_parameter_state_from_dp_zero() syncs the HDO's sub-optimizers as the
+  // model-space loaders do (upstream, at every modeled revision, does not: the scattered
+  // tensors _set assigns into HDO.state never reach the sub-optimizers' fp32 params).
+  bool dp_zero_load_syncs_hdo = false;
+  // The load of the common state accepts the classes it holds: radixark's load_common() reads
+  // common.pt with torch.load(weights_only=False); in fix-complete a fix of ours (allowlisting
+  // them). Without it (NVIDIA's revisions, on torch >= 2.6) torch.load(weights_only=True)
+  // refuses them: a fully reshardable checkpoint of the HDO, whose param groups (common state
+  // in that format) hold its sub-optimizer classes, never loads.
+  bool common_load_allows_class_globals = false;
   // Upstream PR #2681 / dev #5835: the loader runs under torch.no_grad(), so its copy_ into an
   // fp32 shard (a view of a param that requires grad) is allowed. POST and HEAD have no
   // no_grad there (f4502eb1c9:1772, d98e8a64dd:2071): the copy raises RuntimeError.

@@ -32,8 +32,6 @@ from . import trace_schema as ts
 from .emulation import STEP_RECORDER, Patches, apply_coalescing_workaround, apply_te_emulation
 
 _PLAN_CACHE: Dict[str, Tuple[float, Dict[str, Any]]] = {}
-SHARDING_METADATA = {"distrib_optim_sharding_type": "dp_reshardable", "singleton_local_shards": False,
-                     "chained_optim_avoid_prefix": True}
 
 
 def load_plan_cached(path: str) -> Dict[str, Any]:
@@ -357,7 +355,7 @@ class RankRun:
     def _metadata(self, base: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         from megatron.core import parallel_state as ps
 
-        md = dict(SHARDING_METADATA if base is None else base)
+        md = dict(plan_mod.save_metadata(self.scenario, int(self.run.get("phase", 0))) if base is None else base)
         md["dp_cp_group"] = ps.get_data_parallel_group(with_context_parallel=True)
         return md
 

@@ -189,9 +189,7 @@ def _validate_scenario(sc: Dict[str, Any], err) -> List[Dict[str, Any]]:
     bs = sc.get("bucket_size", None)
     if bs is not None and (not isinstance(bs, int) or isinstance(bs, bool) or bs < 1):
         err("scenario.bucket_size", "must be null or an integer >= 1, got %r" % (bs,))
-    st = sc.get("sharding_type", "dp_reshardable")
-    if st != "dp_reshardable":
-        err("scenario.sharding_type", "only \"dp_reshardable\" is replayed, got %r" % (st,))
+    _validate_format(sc, "scenario", err)
     sps = sc.get("samples_per_step", 8)
     if not isinstance(sps, int) or isinstance(sps, bool) or sps < 1:
         err("scenario.samples_per_step", "must be an integer >= 1, got %r" % (sps,))
@@ -210,8 +208,45 @@ def _validate_scenario(sc: Dict[str, Any], err) -> List[Dict[str, Any]]:
                 err(path + ".steps", "must be an integer >= 0, got %r" % (ph.get("steps"),))
             if not isinstance(ph.get("revision"), str) or not ph.get("revision"):
                 err(path + ".revision", "must be a profile name")
+            _validate_format(ph, path, err)
     schedule_mod.validate(sc, err)
     return good
+
+
+SHARDING_TYPES = ("dp_reshardable", "fully_reshardable", "dp_zero_gather_scatter", "fully_sharded_model_space")
+
+
+def _validate_format(obj: Dict[str, Any], path: str, err) -> None:
+    """sharding_type and fully_reshardable_mem_efficient of the scenario or of one phase."""
+    if "sharding_type" in obj and obj["sharding_type"] not in SHARDING_TYPES:
+        err(path + ".sharding_type", "must be one of %s, got %r" % (", ".join(SHARDING_TYPES), obj["sharding_type"]))
+    mem = obj.get("fully_reshardable_mem_efficient", False)
+    if not isinstance(mem, bool):
+        err(path + ".fully_reshardable_mem_efficient", "must be true or false, got %r" % (mem,))
+
+
+def phase_format(sc: Dict[str, Any], phase: int) -> Tuple[str, bool]:
+    """The format phase `phase` saves in, as ckptsim's Scenario::format_of says: the phase's own
+    sharding_type (with its mem_efficient, default false), else the scenario's."""
+    ph = sc["phases"][phase]
+    base = (sc.get("sharding_type", "dp_reshardable"), bool(sc.get("fully_reshardable_mem_efficient", False)))
+    if "sharding_type" not in ph and "fully_reshardable_mem_efficient" not in ph:
+        return base
+    st = ph.get("sharding_type", base[0])
+    default_mem = False if "sharding_type" in ph else base[1]
+    return st, bool(ph.get("fully_reshardable_mem_efficient", default_mem))
+
+
+def save_metadata(sc: Dict[str, Any], phase: int) -> Dict[str, Any]:
+    """What megatron/training/checkpointing.py _build_sharded_state_dict_metadata() gives for
+    the phase's format (without dp_cp_group), which the save also stores as content_metadata."""
+    st, mem = phase_format(sc, phase)
+    md: Dict[str, Any] = {"distrib_optim_sharding_type": st}
+    if st == "fully_reshardable":
+        md["distrib_optim_fully_reshardable_mem_efficient"] = mem
+    md["singleton_local_shards"] = False
+    md["chained_optim_avoid_prefix"] = True
+    return md
 
 
 def expected_runs(phases: List[Dict[str, Any]]) -> List[Dict[str, Any]]:

@@ -119,7 +119,8 @@ std::string scenario_section(const ScenarioReport& r) {
                      s.optimizer.adam.eps, s.optimizer.adam.weight_decay);
   out += fmt::format("- params: {}; bucket_size {}; sharding {}\n", params,
                      s.bucket_size ? std::to_string(*s.bucket_size) : "None (one bucket)",
-                     s.sharding_type);
+                     model::sharding_type_name(s.format.sharding_type) +
+                         (s.format.mem_efficient ? " (mem_efficient)" : ""));
   if (!s.faults.empty()) {
     std::string f;
     for (const auto& x : s.faults) f += (f.empty() ? "" : ", ") + x;

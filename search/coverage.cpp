@@ -109,6 +109,11 @@ std::string Coverage::steps_band(int64_t steps) {
   return fmt::format(">{}", kLongBand11.second);
 }
 
+// A checkpoint format as coverage names it: "fully_reshardable, mem_efficient".
+std::string format_label(const model::CheckpointFormat& f) {
+  return model::sharding_type_name(f.sharding_type) + (f.mem_efficient ? ", mem_efficient" : "");
+}
+
 void Coverage::add(const sim::Scenario& s) {
   ++cases_;
   const model::OptimizerConfig& o = s.optimizer;
@@ -135,11 +140,13 @@ void Coverage::add(const sim::Scenario& s) {
     bump("phases: steps", steps_band(p.steps));
     bump("phases: revision", p.revision);
     bump("phases: DP", std::to_string(p.dp));
+    bump("phases: saves in", format_label(s.format_of(i)));
     if (i == 0) continue;
     const sim::PhaseSpec& prev = s.phases[i - 1];
     bump("resumes: DP", fmt::format("{} -> {}", prev.dp, p.dp));
     bump("resumes: reshard", reshard_label(prev.dp, p.dp));
     bump("resumes: revision", prev.revision == p.revision ? "same revision" : "revision changes");
+    bump("resumes: loads", format_label(s.format_of(i - 1)));
     bump("resumes: opt_param_scheduler", resume_arguments_label(s, i));
     const model::ScheduleConfig& before = s.schedule_of(i - 1);
     if (s.schedule_of(i) == before) continue;

@@ -213,6 +213,51 @@ void draw_layout(sim::Scenario& s) {
   s.samples_per_step = 8;
 }
 
+// The checkpoint formats: the training loop's default (dp_reshardable) mostly, fully_reshardable
+// (--dist-ckpt-optim-fully-reshardable, a third of those mem_efficient) often, and the
+// deprecated dp_zero_gather_scatter (what a checkpoint of an older Megatron loads as) now and
+// then; a resume switches the flag in one of five. Never fully_sharded_model_space, which no
+// training loop saves. Shrinks toward dp_reshardable throughout. Drawn after everything else, so
+// that the draws before it are those of the generator without formats.
+void draw_formats(const GeneratorConfig& config, sim::Scenario& s) {
+  using model::ShardingType;
+  const auto allowed = [&](ShardingType t) {
+    return config.sharding_types.empty() ||
+           std::find(config.sharding_types.begin(), config.sharding_types.end(), t) !=
+               config.sharding_types.end();
+  };
+  const bool all = config.sharding_types.empty();
+  std::vector<std::pair<uint32_t, model::CheckpointFormat>> weights;
+  if (allowed(ShardingType::kDpReshardable))
+    weights.push_back({all ? 6U : 3U, {ShardingType::kDpReshardable, false}});
+  if (allowed(ShardingType::kFullyReshardable)) {
+    weights.push_back({2, {ShardingType::kFullyReshardable, false}});
+    weights.push_back({1, {ShardingType::kFullyReshardable, true}});
+  }
+  if (allowed(ShardingType::kDpZeroGatherScatter))
+    weights.push_back({all ? 1U : 3U, {ShardingType::kDpZeroGatherScatter, false}});
+  uint32_t total = 0;
+  for (const auto& [w, f] : weights) total += w;
+  // A weighted choice that shrinks toward the first entry (dp_reshardable where allowed), at
+  // the same odds whatever the case's size (RapidCheck scales inRange with it).
+  const auto pick = gen::resize(rc::kNominalSize, gen::inRange<uint32_t>(0, total));
+  const auto format = gen::map(pick, [weights](uint32_t x) {
+    for (const auto& [w, f] : weights) {
+      if (x < w) return f;
+      x -= w;
+    }
+    return weights.back().second;
+  });
+  s.format = *format;
+  for (size_t i = 1; i < s.phases.size(); ++i) {
+    if (!*gen::weightedElement<bool>({{4, false}, {1, true}})) continue;
+    const model::CheckpointFormat f = *format;
+    if (f == s.format) continue;
+    s.phases[i].sharding_type = f.sharding_type;
+    if (f.mem_efficient) s.phases[i].mem_efficient = true;
+  }
+}
+
 // With config.require_revision_change and two or more revisions: if no phase changed revision,
 // the last one takes another (a phase is added to a one-phase scenario).
 void ensure_revision_change(const GeneratorConfig& config, sim::Scenario& s) {
@@ -425,6 +470,7 @@ rc::Gen<sim::Scenario> gen_campaign_scenario(const GeneratorConfig& config) {
     draw_group_mults(s);
     s.schedule = *gen_schedule(s.optimizer.adam.lr, s.optimizer.adam.weight_decay);
     for (size_t i = 1; i < s.phases.size(); ++i) draw_campaign_resume_arguments(s, i);
+    draw_formats(config, s);
     s.faults = config.faults;
     s.name = "generated";
     return s;
@@ -498,6 +544,7 @@ rc::Gen<sim::Scenario> gen_scenario(const GeneratorConfig& config) {
     draw_group_mults(s);
     s.schedule = *gen_schedule(s.optimizer.adam.lr, s.optimizer.adam.weight_decay);
     for (size_t i = 1; i < s.phases.size(); ++i) draw_resume_arguments(s, i);
+    draw_formats(config, s);
     s.faults = config.faults;
     s.name = "generated";
     return s;

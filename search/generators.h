@@ -14,6 +14,8 @@
 //              65536 padding option
 //   optimizer  FusedAdam, torch AdamW, hybrid with offload 0, 1 and between (and the
 //              one-AdamW-per-param variant)
+//   format     the checkpoint's sharding type: dp_reshardable mostly, fully_reshardable (also
+//              mem_efficient), dp_zero_gather_scatter; a resume may save in another one
 //   phases     1..max_phases; DP sizes that do not divide each other (3 -> 5, 16 -> 24), DP 1,
 //              DP large enough that a rank owns only padding; steps 0, 1, a few (up to
 //              steps_max) or, rarely, long (near 2^8, near 2^11, up to long_steps_max; 0 after a
@@ -72,6 +74,9 @@ struct GeneratorConfig {
   // Whether TE is installed, for hybrid cases: drawn from these (installed 4 : absent 1 when
   // both; shrinks toward installed). REQUIRES: at least one.
   std::vector<bool> te_installed = {true, false};
+  // The sharding types drawn (--sharding-type; empty: dp_reshardable 6 : fully_reshardable 3 :
+  // dp_zero_gather_scatter 1); fully_reshardable is mem_efficient in one of three.
+  std::vector<model::ShardingType> sharding_types;
   std::vector<std::string> faults;  // copied into every scenario (mutation controls)
   int params_max = 6;
   int phases_max = 4;

@@ -362,8 +362,9 @@ Result<InferredScenario> infer_scenario(const TorchDistCheckpoint& checkpoint,
                     out.dp_at_save));
   }
   if (checkpoint.sharding_type != "dp_reshardable") {
-    return Status::invalid_input("sharding type '" + checkpoint.sharding_type +
-                                 "': the model has dp_reshardable only");
+    return Status::invalid_input(
+        "sharding type '" + checkpoint.sharding_type +
+        "': inspect infers a scenario from dp_reshardable checkpoints only");
   }
   Scenario& s = out.scenario;
   s.name = "checkpoint " + checkpoint.iter_dir;

@@ -30,6 +30,7 @@ struct PhaseJob {
   const model::RevisionSwitches* switches = nullptr;
   const model::Storage* load_from = nullptr;  // null: fresh start
   model::Storage* save_to = nullptr;          // null: no save
+  model::CheckpointFormat format;             // what the save writes (Scenario::format_of)
   bool real_cuda = false;
   bool share_gathered_objects = true;  // RunOptions::share_gathered_objects
   bool trace_steps = true;             // RunOptions::trace_steps
@@ -97,6 +98,7 @@ void describe_buffers(const model::DistributedDataParallel& ddp, RankRecord& out
     BufferInfo info;
     info.dtype_key = buffer.dtype_key().repr();
     for (const auto& b : buffer.layout.buckets) info.numel_unpadded.push_back(b.numel_unpadded);
+    info.params = buffer.params;
     out.buffers.push_back(std::move(info));
   }
 }
@@ -221,7 +223,7 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, RankRecord& out) {
     if (job.load_from != nullptr) {
       stage = "load";
       iteration = model::load_checkpoint(ddp, opt, &*scheduler, *job.load_from, pg, *job.switches,
-                                         s.sharding_type, rt, &out.load);
+                                         rt, &out.load);
       out.uninitialized = uninitialized_after_load(opt, ddp, out.load);
       out.after_load = capture(opt, ddp, rank, true);
       out.trace.push_back(fmt::format("load phase={} rank={} iteration={} state={:016x}",
@@ -234,7 +236,7 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, RankRecord& out) {
     if (job.save_to != nullptr) {
       stage = "save";
       out.save = model::save_checkpoint(ddp, opt, &*scheduler, iteration, *job.save_to, pg,
-                                        *job.switches, s.sharding_type, rt);
+                                        *job.switches, job.format, rt);
       out.at_save = capture(opt, ddp, rank, true);
       out.trace.push_back(fmt::format("save phase={} rank={} iteration={} pieces={}", job.phase_id,
                                       rank, iteration, out.save->pieces->size()));
@@ -404,13 +406,17 @@ void gather_phase(const Scenario& scenario, const std::vector<RankRecord>& outs,
     for (const auto& o : outs) rec.common_differences.push_back(o.save->common_state_differences);
     // A piece the reader refuses (outside its tensor, past its file) is the checkpoint's
     // fault, not ours: shards_tile_buckets reports it.
-    auto values = model::read_checkpoint_tensors(store, rec.saved_pieces,
-                                                 model::kDistributedOptimizerKeyPrefix);
-    if (values.is_ok()) {
-      rec.checkpoint_values = std::move(values.value());
-    } else {
-      rec.checkpoint_read_error = values.status().message();
+    for (std::string_view prefix :
+         {model::kDistributedOptimizerKeyPrefix, model::kModelSpaceKeyPrefix}) {
+      auto values = model::read_checkpoint_tensors(store, rec.saved_pieces, prefix);
+      if (!values.is_ok()) {
+        rec.checkpoint_read_error = values.status().message();
+        rec.checkpoint_values.clear();
+        break;
+      }
+      rec.checkpoint_values.merge(values.value());
     }
+    rec.saved_state = saved_state_by_param(scenario, rec);
     rec.at_save =
         gather_state(scenario, rec.start_step + static_cast<int64_t>(rec.after_step.size()),
                      states_of(outs, [](const RankRecord& o) { return &o.at_save; }));
@@ -579,6 +585,14 @@ Result<RunResult> run_scenario(const Scenario& scenario, const RunOptions& optio
     }
     result.trace.push_back(fmt::format("phase={} dp={} revision={} steps={}", i, spec.dp,
                                        spec.profile->name, spec.steps));
+    // (only where it is not the default, so that the traces of dp_reshardable runs stay as
+    // they were)
+    if (const model::CheckpointFormat f = scenario.format_of(i);
+        !(f == model::CheckpointFormat{})) {
+      result.trace.push_back(fmt::format("phase={} saves {}{}", i,
+                                         model::sharding_type_name(f.sharding_type),
+                                         f.mem_efficient ? " mem_efficient" : ""));
+    }
     PhaseJob job;
     job.scenario = &scenario;
     job.initial_params = &init;
@@ -592,6 +606,7 @@ Result<RunResult> run_scenario(const Scenario& scenario, const RunOptions& optio
     job.set_arguments(scenario, spec);
     job.load_from = i > 0 ? stores[stores.size() - 2].get() : nullptr;
     job.save_to = spec.save ? stores.back().get() : nullptr;
+    job.format = scenario.format_of(i);
     run_phase(scenario, options, job, *stores.back(), result, rec);
     result.phases.push_back(std::move(rec));
     if (export_torch_dist && spec.save && stores.back()->exists("metadata.json")) {

@@ -10,6 +10,7 @@
 
 #include "model/fnv1a.h"
 #include "model/megatron/mapping.h"
+#include "model/megatron/optimizer_key.h"
 #include "model/py/pickle_codec.h"
 
 namespace ckptsim::sim {
@@ -304,6 +305,51 @@ const GlobalState* RunResult::reference_at(int64_t global_step) const {
   if (global_step == 0) return &reference_initial;
   if (global_step < 1 || global_step > static_cast<int64_t>(reference.size())) return nullptr;
   return &reference[static_cast<size_t>(global_step - 1)];
+}
+
+}  // namespace ckptsim::sim
+
+namespace ckptsim::sim {
+
+std::map<std::string, std::vector<std::vector<float>>> saved_state_by_param(
+    const Scenario& s, const PhaseRecord& phase) {
+  std::map<std::string, std::vector<std::vector<float>>> out;
+  const auto slot = [&](const std::string& state) -> std::vector<std::vector<float>>& {
+    auto [it, fresh] = out.try_emplace(state);
+    if (fresh) {
+      for (const auto& p : s.params)
+        it->second.emplace_back(static_cast<size_t>(p.numel),
+                                std::numeric_limits<float>::quiet_NaN());
+    }
+    return it->second;
+  };
+  for (const auto& [key, values] : phase.checkpoint_values) {
+    if (const auto k = model::parse_model_space_key(key)) {
+      const auto param =
+          std::find_if(s.params.begin(), s.params.end(),
+                       [&](const model::ParamSpec& p) { return p.name == k->model_key; });
+      if (param == s.params.end() || static_cast<int64_t>(values.size()) != param->numel) continue;
+      slot(k->state)[static_cast<size_t>(param - s.params.begin())] = values;
+      continue;
+    }
+    const auto k = model::parse_bucket_key(key);
+    if (!k || k->dp_group_idx != 0) continue;
+    const auto g = static_cast<size_t>(k->gbuf_idx);
+    if (g >= phase.layouts.size() || g >= phase.buffers.size()) continue;
+    const model::BufferLayout& layout = phase.layouts[g];
+    const auto b = static_cast<size_t>(k->bucket_idx);
+    if (b >= layout.buckets.size()) continue;
+    const model::BucketLayout& bucket = layout.buckets[b];
+    for (size_t local : bucket.params) {
+      const model::ParamIndex& pi = layout.param_index_map[local];
+      std::vector<float>& dst = slot(k->state)[phase.buffers[g].params.at(local)];
+      for (int64_t e = pi.start; e < pi.end; ++e) {
+        const auto i = static_cast<size_t>(e - bucket.offset);
+        if (i < values.size()) dst[static_cast<size_t>(e - pi.start)] = values[i];
+      }
+    }
+  }
+  return out;
 }
 
 }  // namespace ckptsim::sim

@@ -153,6 +153,7 @@ struct GlobalState {
 struct BufferInfo {
   std::string dtype_key;                // "(torch.bfloat16, torch.float32)"
   std::vector<int64_t> numel_unpadded;  // per bucket
+  std::vector<size_t> params;           // the model params it holds, model order
   bool operator==(const BufferInfo&) const = default;
 };
 
@@ -181,6 +182,11 @@ struct PhaseRecord {
   // The saved checkpoint, assembled: optimizer key -> global tensor as floats (NaN where no
   // piece was saved). Empty when the save did not complete.
   std::map<std::string, std::vector<float>> checkpoint_values;
+  // The same checkpoint by model param, whatever its format: state key ("param", "exp_avg",
+  // "exp_avg_sq") -> per model param, full length (NaN where no piece was saved). A bucket key's
+  // padding is not in it. Empty when the save did not complete or wrote no tensor pieces
+  // (dp_zero_gather_scatter's state is one object).
+  std::map<std::string, std::vector<std::vector<float>>> saved_state;
   // Why the saved pieces could not be read back (then checkpoint_values is empty); "" when
   // they could.
   std::string checkpoint_read_error;
@@ -219,6 +225,12 @@ GlobalState gather_state(const Scenario& s, int64_t global_step,
 void mark_uninitialized(const Scenario& s, const GlobalState* checkpoint,
                         const std::vector<std::vector<UninitializedSlice>>& slices,
                         PhaseRecord& phase);
+
+// PhaseRecord::saved_state from `phase`'s checkpoint_values, buffers and layouts: each bucket
+// key's param regions (dp_reshardable) and each model-space key (optimizer.state.<state>.<name>)
+// placed at their params. A key that fits no param of the scenario is left out.
+std::map<std::string, std::vector<std::vector<float>>> saved_state_by_param(
+    const Scenario& s, const PhaseRecord& phase);
 
 // FNV-1a, used for state and trace hashes.
 uint64_t fnv1a(const void* data, size_t n, uint64_t h = 0xcbf29ce484222325ULL);

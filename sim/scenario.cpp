@@ -117,6 +117,13 @@ int64_t Scenario::total_numel() const {
   return n;
 }
 
+model::CheckpointFormat Scenario::format_of(size_t phase) const {
+  const PhaseSpec& p = phases.at(phase);
+  if (!p.sharding_type.has_value() && !p.mem_efficient.has_value()) return format;
+  return {p.sharding_type.value_or(format.sharding_type),
+          p.mem_efficient.value_or(p.sharding_type.has_value() ? false : format.mem_efficient)};
+}
+
 const model::ScheduleConfig& Scenario::schedule_of(size_t phase) const {
   const auto& own = phases.at(phase).schedule;
   return own.has_value() ? *own : schedule;
@@ -309,6 +316,17 @@ Status parse_schedule(const Reader& r, const json& j, const std::string& path, b
   return check_schedule(r, path, out);
 }
 
+// sharding_type and fully_reshardable_mem_efficient of the scenario (`path` "") or of a phase.
+Status parse_format(const Reader& r, const json& j, const std::string& path,
+                    model::ShardingType& type, bool& mem_efficient) {
+  const std::string prefix = path.empty() ? "" : path + ".";
+  const std::string names = model::sharding_type_names();
+  CKPTSIM_TRY(parse_enum(r, j, "sharding_type", prefix + "sharding_type",
+                         &model::parse_sharding_type, names.c_str(), type));
+  return r.boolean(j, "fully_reshardable_mem_efficient", prefix + "fully_reshardable_mem_efficient",
+                   mem_efficient, mem_efficient);
+}
+
 Status parse_layout(const Reader& r, const json& j, Scenario& s) {
   if (j.contains("bucket_size") && !j["bucket_size"].is_null()) {
     int64_t b = 0;
@@ -317,12 +335,7 @@ Status parse_layout(const Reader& r, const json& j, Scenario& s) {
   }
   CKPTSIM_TRY(r.boolean(j, "pad_buckets_for_high_nccl_busbw", "pad_buckets_for_high_nccl_busbw",
                         s.pad_buckets_for_high_nccl_busbw, false));
-  CKPTSIM_TRY(r.string(j, "sharding_type", "sharding_type", s.sharding_type,
-                       std::string("dp_reshardable")));
-  if (s.sharding_type != "dp_reshardable") {
-    return r.error("sharding_type",
-                   "only \"dp_reshardable\" is modeled, got \"" + s.sharding_type + "\"");
-  }
+  CKPTSIM_TRY(parse_format(r, j, "", s.format.sharding_type, s.format.mem_efficient));
   CKPTSIM_TRY(r.integer(j, "samples_per_step", "samples_per_step", 1, Scenario::kSamplesPerStepMax,
                         s.samples_per_step, 8));
   if ((s.samples_per_step & (s.samples_per_step - 1)) != 0) {
@@ -363,9 +376,17 @@ Status parse_phase(const Reader& r, const json& p, const std::string& path, bool
                    const std::string& source, model::RevisionRegistry& registry,
                    const model::ScheduleConfig& schedule, PhaseSpec& phase) {
   if (!p.is_object()) return r.error(path, "must be an object");
-  CKPTSIM_TRY(r.check_fields(
-      p, path, {"dp", "revision", "steps", "save", "schedule", "opt_param_scheduler"}));
+  CKPTSIM_TRY(r.check_fields(p, path,
+                             {"dp", "revision", "steps", "save", "schedule", "opt_param_scheduler",
+                              "sharding_type", "fully_reshardable_mem_efficient"}));
   CKPTSIM_TRY(parse_phase_schedule(r, p, path, schedule, phase));
+  if (p.contains("sharding_type") || p.contains("fully_reshardable_mem_efficient")) {
+    model::ShardingType type = model::ShardingType::kDpReshardable;
+    bool mem_efficient = false;
+    CKPTSIM_TRY(parse_format(r, p, path, type, mem_efficient));
+    if (p.contains("sharding_type")) phase.sharding_type = type;
+    if (p.contains("fully_reshardable_mem_efficient")) phase.mem_efficient = mem_efficient;
+  }
   CKPTSIM_TRY(r.integer(p, "dp", path + ".dp", 1, Scenario::kDpMax, phase.dp));
   std::string revision;
   CKPTSIM_TRY(r.string(p, "revision", path + ".revision", revision));
@@ -459,10 +480,11 @@ Result<Scenario> parse_scenario_text(const std::string& json_text, const std::st
     return Status::invalid_input(source + ": not valid JSON: " + e.what());
   }
   if (!j.is_object()) return Status::invalid_input(source + ": a scenario must be a JSON object");
-  CKPTSIM_TRY(r.check_fields(j, "",
-                             {"seed", "name", "description", "params", "optimizer", "bucket_size",
-                              "pad_buckets_for_high_nccl_busbw", "sharding_type",
-                              "samples_per_step", "schedule", "phases", "faults", "expect"}));
+  CKPTSIM_TRY(r.check_fields(
+      j, "",
+      {"seed", "name", "description", "params", "optimizer", "bucket_size",
+       "pad_buckets_for_high_nccl_busbw", "sharding_type", "fully_reshardable_mem_efficient",
+       "samples_per_step", "schedule", "phases", "faults", "expect"}));
   Scenario s;
   s.source = source;
   int64_t seed = 0;
@@ -479,6 +501,23 @@ Result<Scenario> parse_scenario_text(const std::string& json_text, const std::st
   s.schedule = model::ScheduleConfig::constant(s.optimizer.adam.lr, s.optimizer.adam.weight_decay);
   CKPTSIM_TRY(parse_schedule(r, j, "schedule", /*with_lr=*/false, s.schedule));
   CKPTSIM_TRY(parse_phases(r, j, source, registry, s));
+  for (size_t i = 0; i < s.phases.size(); ++i) {
+    const model::CheckpointFormat f = s.format_of(i);
+    if (f.sharding_type == model::ShardingType::kFullyShardedModelSpace && s.phases[i].save &&
+        !s.phases[i].profile->switches.flattened_range_refused) {
+      return r.error(fmt::format("phases[{}].revision", i),
+                     "'" + s.phases[i].revision +
+                         "' warns about a flattened_range where upstream refuses it; its "
+                         "fully_sharded_model_space save is not modeled");
+    }
+    if (f.mem_efficient && f.sharding_type != model::ShardingType::kFullyReshardable) {
+      const bool own = s.phases[i].mem_efficient.value_or(false);
+      return r.error(own ? fmt::format("phases[{}].fully_reshardable_mem_efficient", i)
+                         : std::string("fully_reshardable_mem_efficient"),
+                     "only with sharding_type fully_reshardable (phase " + std::to_string(i) +
+                         " saves in " + model::sharding_type_name(f.sharding_type) + ")");
+    }
+  }
   CKPTSIM_TRY(parse_faults_and_expect(r, j, s));
   return s;
 }
@@ -554,7 +593,8 @@ json scenario_to_json(const Scenario& s) {
   j["optimizer"] = o;
   j["bucket_size"] = s.bucket_size.has_value() ? json(*s.bucket_size) : json(nullptr);
   if (s.pad_buckets_for_high_nccl_busbw) j["pad_buckets_for_high_nccl_busbw"] = true;
-  j["sharding_type"] = s.sharding_type;
+  j["sharding_type"] = model::sharding_type_name(s.format.sharding_type);
+  if (s.format.mem_efficient) j["fully_reshardable_mem_efficient"] = true;
   if (s.samples_per_step != 8) j["samples_per_step"] = s.samples_per_step;
   const json schedule = schedule_json(
       s.schedule,
@@ -569,6 +609,9 @@ json scenario_to_json(const Scenario& s) {
     if (p.schedule.has_value()) pj["schedule"] = schedule_json(*p.schedule, s.schedule, true);
     if (p.opt_param_scheduler != model::SchedulerResume::kNeither)
       pj["opt_param_scheduler"] = model::scheduler_resume_name(p.opt_param_scheduler);
+    if (p.sharding_type.has_value())
+      pj["sharding_type"] = model::sharding_type_name(*p.sharding_type);
+    if (p.mem_efficient.has_value()) pj["fully_reshardable_mem_efficient"] = *p.mem_efficient;
     j["phases"].push_back(pj);
   }
   if (!s.faults.empty()) j["faults"] = s.faults;

@@ -11,7 +11,14 @@
 //                            overlap_cpu_optimizer_d2h_h2d (hybrid; default false)}
 //     bucket_size           null (one bucket, the default) or integer >= 1
 //     pad_buckets_for_high_nccl_busbw   bool, default false
-//     sharding_type         "dp_reshardable" (the only modeled format; the default)
+//     sharding_type         the distributed optimizer's checkpoint format every phase saves in
+//                            (the training loop's metadata): "dp_reshardable" (the default),
+//                            "fully_reshardable" (--dist-ckpt-optim-fully-reshardable),
+//                            "dp_zero_gather_scatter", "fully_sharded_model_space" (refused by
+//                            mapping.py at every modeled revision). A resume loads the format
+//                            its checkpoint's content_metadata names, whatever its own is.
+//     fully_reshardable_mem_efficient  bool, default false; only with fully_reshardable
+//                            (--distrib-optim-fully-reshardable-mem-efficient)
 //     samples_per_step      global batch size, integer in [1, kSamplesPerStepMax], default 8
 //     schedule              the lr/weight-decay schedule, Megatron's arguments in iterations:
 //                            {min_lr, lr_warmup_init, lr_warmup_iters, lr_decay_iters,
@@ -20,7 +27,9 @@
 //                            weight_decay_incr_style ("constant"|"linear"|"cosine"),
 //                            train_iters}; all optional (default: constant at optimizer.lr and
 //                            optimizer.weight_decay; the lr is optimizer.lr)
-//   * phases                [{dp*, revision*, steps*, save (default true), schedule (the
+//   * phases                [{dp*, revision*, steps*, save (default true), sharding_type and
+//                            fully_reshardable_mem_efficient (this phase's saves; default the
+//                            scenario's), schedule (the
 //                            same fields and "lr": the arguments this phase's job is started
 //                            with, each defaulting to the scenario's), opt_param_scheduler
 //                            ("override"|"use_checkpoint"|"neither", the default: Megatron's
@@ -73,6 +82,9 @@ struct PhaseSpec {
   // resume treats the checkpoint's scheduler values.
   std::optional<model::ScheduleConfig> schedule;
   model::SchedulerResume opt_param_scheduler = model::SchedulerResume::kNeither;
+  // The format this phase saves in, where the phase names one (else the scenario's).
+  std::optional<model::ShardingType> sharding_type;
+  std::optional<bool> mem_efficient;
 
   void set_revision(const Revision& r) {
     revision = r.name;
@@ -104,7 +116,7 @@ struct Scenario {
   model::ScheduleConfig schedule;
   std::optional<int64_t> bucket_size;
   bool pad_buckets_for_high_nccl_busbw = false;
-  std::string sharding_type = "dp_reshardable";
+  model::CheckpointFormat format;  // what every phase saves in, unless it names its own
   int64_t samples_per_step = 8;
   std::vector<PhaseSpec> phases;
   std::vector<std::string> faults;
@@ -116,6 +128,9 @@ struct Scenario {
   int64_t total_numel() const;
   // The schedule arguments phase `phase` is started with.
   const model::ScheduleConfig& schedule_of(size_t phase) const;
+  // The format phase `phase` saves in: its own sharding type (with its mem_efficient, default
+  // false) or the scenario's.
+  model::CheckpointFormat format_of(size_t phase) const;
 };
 
 // The schedule each phase should train under, as Megatron documents its flags: the first

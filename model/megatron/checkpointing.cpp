@@ -1,22 +1,51 @@
 #include "model/megatron/checkpointing.h"
 
+#include "model/errors.h"
 #include "model/faults.h"
 
 namespace ckptsim::model {
 
 Value generate_state_dict(DistributedDataParallel& ddp, DistributedOptimizer& opt,
                           const OptimizerParamScheduler* scheduler, int64_t iteration,
-                          bool is_loading, const std::string& sharding_type, Runtime& rt) {
+                          bool is_loading, const std::optional<CheckpointFormat>& format,
+                          Runtime& rt) {
   auto sd = Dict::make({{"checkpoint_version", Value(3.0)}, {"iteration", Value(iteration)}});
   const Value model_sd = ddp.sharded_state_dict();
   sd->set("model", model_sd);
-  sd->set("optimizer", opt.sharded_state_dict(model_sd, is_loading, sharding_type));
+  sd->set("optimizer", opt.sharded_state_dict(model_sd, is_loading, format));
   if (scheduler != nullptr) sd->set("opt_param_scheduler", scheduler->state_dict());
   // Fault site save.rank_dependent_common: a common leaf that differs per rank.
   if (!is_loading && rt.fault(fault::kRankDependentCommon)) {
     sd->set("ckptsim_rank", Value(rt.rank()));
   }
   return Value(sd);
+}
+
+Value content_metadata(const CheckpointFormat& format) {
+  auto md = Dict::make(
+      {{"distrib_optim_sharding_type", Value(sharding_type_name(format.sharding_type))}});
+  if (format.sharding_type == ShardingType::kFullyReshardable)
+    md->set("distrib_optim_fully_reshardable_mem_efficient", Value(format.mem_efficient));
+  md->set("singleton_local_shards", Value(false));
+  md->set("chained_optim_avoid_prefix", Value(true));
+  return Value(md);
+}
+
+LoadedFormat checkpoint_format(const Value& common_state) {
+  const Value* md =
+      common_state.is_dict() ? common_state.dict()->find("content_metadata") : nullptr;
+  if (md == nullptr || md->is_none()) {
+    return {CheckpointFormat{ShardingType::kDpZeroGatherScatter, false},
+            sharding_type_name(ShardingType::kDpZeroGatherScatter)};
+  }
+  const Value* type = md->is_dict() ? md->dict()->find("distrib_optim_sharding_type") : nullptr;
+  const std::string name = type != nullptr && type->is_str() ? type->as_str() : "";
+  LoadedFormat out{std::nullopt, name};
+  if (const auto t = parse_sharding_type(name)) {
+    const Value* mem = md->dict()->find("distrib_optim_fully_reshardable_mem_efficient");
+    out.format = CheckpointFormat{*t, mem != nullptr && mem->is_bool() && mem->as_bool()};
+  }
+  return out;
 }
 
 namespace {
@@ -68,13 +97,21 @@ void load_scheduler(DistributedOptimizer& opt, OptimizerParamScheduler& schedule
 
 int64_t load_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
                         OptimizerParamScheduler* scheduler, const Storage& storage,
-                        ProcessGroup& group, const RevisionSwitches& switches,
-                        const std::string& sharding_type, Runtime& rt, LoadReport* report) {
-  (void)load_common_state_dict(storage, switches.common_state_as_sharded_object);
+                        ProcessGroup& group, const RevisionSwitches& switches, Runtime& rt,
+                        LoadReport* report) {
+  const Value common = load_common_state_dict(storage, switches.common_state_as_sharded_object,
+                                              switches.common_load_allows_class_globals);
+  const LoadedFormat format = checkpoint_format(common);
+  if (!format.format.has_value()) {
+    // The optimizer's dispatch raises for a sharding type it does not know.
+    throw UpstreamError("NotImplementedError", "Unknown sharding_type: " + format.sharding_type,
+                        "distrib_optimizer.py sharded_state_dict()");
+  }
   const Value request = generate_state_dict(ddp, opt, scheduler, /*iteration=*/0,
-                                            /*is_loading=*/true, sharding_type, rt);
+                                            /*is_loading=*/true, format.format, rt);
   LoadOptions options;
   options.reads_sharded_common_state = switches.common_state_as_sharded_object;
+  options.allows_class_globals = switches.common_load_allows_class_globals;
   options.merge.truncate_optimizer_param_state_lists = switches.merge_truncates_param_state_lists;
   options.strip_common_param_state = switches.load_strips_common_param_state;
   options.allow_missing_keys = switches.load_allows_missing_keys;
@@ -95,9 +132,11 @@ int64_t load_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
 SaveReport save_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
                            const OptimizerParamScheduler* scheduler, int64_t iteration,
                            Storage& storage, ProcessGroup& group, const RevisionSwitches& switches,
-                           const std::string& sharding_type, Runtime& rt) {
+                           const CheckpointFormat& format, Runtime& rt) {
   const Value sd =
-      generate_state_dict(ddp, opt, scheduler, iteration, /*is_loading=*/false, sharding_type, rt);
+      generate_state_dict(ddp, opt, scheduler, iteration, /*is_loading=*/false, format, rt);
+  // dist_checkpointing.save(content_metadata=...) puts it into the common state.
+  sd.dict()->set("content_metadata", content_metadata(format));
   SaveOptions options;
   options.common_state_as_sharded_object = switches.common_state_as_sharded_object;
   return save(sd, storage, group, options);

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "model/megatron/distrib_optimizer.h"
@@ -30,15 +31,34 @@ namespace ckptsim::model {
 
 // Mirrors checkpointing.py generate_state_dict() for one model chunk:
 // {checkpoint_version, iteration, model, optimizer, opt_param_scheduler} (the scheduler's
-// state when `scheduler` is given). The fault site save.rank_dependent_common adds a common
-// leaf that differs per rank (saving only).
+// state when `scheduler` is given), the optimizer's with `format` as its metadata (nullopt: a
+// caller that passes none). The fault site save.rank_dependent_common adds a common leaf that
+// differs per rank (saving only).
 Value generate_state_dict(DistributedDataParallel& ddp, DistributedOptimizer& opt,
                           const OptimizerParamScheduler* scheduler, int64_t iteration,
-                          bool is_loading, const std::string& sharding_type, Runtime& rt);
+                          bool is_loading, const std::optional<CheckpointFormat>& format,
+                          Runtime& rt);
+
+// The content_metadata save_checkpoint() stores in the common state
+// (_build_sharded_state_dict_metadata without dp_cp_group): distrib_optim_sharding_type,
+// distrib_optim_fully_reshardable_mem_efficient (fully_reshardable only),
+// singleton_local_shards False, chained_optim_avoid_prefix True.
+Value content_metadata(const CheckpointFormat& format);
+// What load_checkpoint() takes the checkpoint's format from: the common state's
+// content_metadata (dist_checkpointing.load_content_metadata), or, for a checkpoint that has
+// none, dp_zero_gather_scatter (upstream's fallback for a checkpoint whose args do not say
+// ckpt_fully_parallel_save; the model saves no args). A sharding type the model does not know
+// is NotImplementedError later, at the optimizer's dispatch: returned here as its name.
+struct LoadedFormat {
+  std::optional<CheckpointFormat> format;  // nullopt: an unknown sharding type
+  std::string sharding_type;               // as the checkpoint spells it
+};
+LoadedFormat checkpoint_format(const Value& common_state);
 
 // Mirrors checkpointing.py load_checkpoint() (dist_checkpointing, non-strict=False path):
 // returns the checkpoint's iteration. Collective over `group`. First the common state
-// (load_common_state_dict, as _load_base_checkpoint does), then the request, then the load.
+// (load_common_state_dict, as _load_base_checkpoint does) and its content metadata, whose
+// sharding type the request is built with (checkpoint_format), then the request, then the load.
 // The switches that change the load itself (merge_truncates_param_state_lists,
 // load_strips_common_param_state, load_allows_missing_keys, common_state_as_sharded_object)
 // are read from `switches`; `report` (optional) receives what the load did not cover.
@@ -50,17 +70,17 @@ Value generate_state_dict(DistributedDataParallel& ddp, DistributedOptimizer& op
 // the scheduler as it was built; upstream raises KeyError there.
 int64_t load_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
                         OptimizerParamScheduler* scheduler, const Storage& storage,
-                        ProcessGroup& group, const RevisionSwitches& switches,
-                        const std::string& sharding_type, Runtime& rt,
+                        ProcessGroup& group, const RevisionSwitches& switches, Runtime& rt,
                         LoadReport* report = nullptr);
 
 // Mirrors checkpointing.py save_checkpoint(): generate_state_dict(is_loading=False) then
-// dist_checkpointing.save (where the common state goes: common_state_as_sharded_object).
+// dist_checkpointing.save with content_metadata(format) (where the common state goes:
+// common_state_as_sharded_object).
 // Collective over `group`.
 SaveReport save_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
                            const OptimizerParamScheduler* scheduler, int64_t iteration,
                            Storage& storage, ProcessGroup& group, const RevisionSwitches& switches,
-                           const std::string& sharding_type, Runtime& rt);
+                           const CheckpointFormat& format, Runtime& rt);
 
 // Mirrors training.py train_step() with overlap off and no clipping: `backward(i, main_grad)`
 // writes model param i's local gradient into its main_grad view (fp32), then the grads are

@@ -647,13 +647,27 @@ void DistributedOptimizer::load_state_dict(const Value& state_dict) {
     if (type == nullptr)
       throw PyAssertionError("assert 'param_state_sharding_type' in state_dict failed",
                              site("load_state_dict()"));
-    if (type->as_str() == "dp_reshardable") {
-      load_parameter_state_from_dp_reshardable(*param_state);
-    } else {
+    const std::optional<ShardingType> t =
+        type->is_str() ? parse_sharding_type(type->as_str()) : std::nullopt;
+    if (!t.has_value()) {
       throw UpstreamError(
           "NotImplementedError",
-          "Unknown sharding_type: " + type->as_str() + " (only dp_reshardable is modeled)",
+          "Unknown sharding_type: " + (type->is_str() ? type->as_str() : type->repr()),
           site("load_state_dict()"));
+    }
+    switch (*t) {
+      case ShardingType::kDpZeroGatherScatter:
+        load_parameter_state_from_dp_zero(*param_state);
+        break;
+      case ShardingType::kFullyReshardable:
+        load_parameter_state_from_fully_reshardable(*param_state);
+        break;
+      case ShardingType::kDpReshardable:
+        load_parameter_state_from_dp_reshardable(*param_state);
+        break;
+      case ShardingType::kFullyShardedModelSpace:
+        load_parameter_state_from_fs_model_space(*param_state);
+        break;
     }
   }
 }
@@ -684,7 +698,7 @@ DictPtr DistributedOptimizer::get_main_param_and_optimizer_states(size_t model_p
 }
 
 void DistributedOptimizer::set_main_param_and_optimizer_states(size_t model_param,
-                                                               const Dict& tensors) {
+                                                               const Dict& tensors, bool no_grad) {
   const at::Tensor x = optimizer_param(model_param);
   if (precision_aware()) {
     DictPtr& s = optimizer_->state.get_or_insert(x, [] { return Dict::make(); });
@@ -716,9 +730,9 @@ void DistributedOptimizer::set_main_param_and_optimizer_states(size_t model_para
                           "copy_(): argument 'src' must be Tensor, not " + src->type_name(),
                           site("_set_main_param_and_optimizer_states()"));
     }
-    // Revision switch dp_reshardable_load_no_grad: outside no_grad, torch refuses an in-place
-    // copy into a view of a leaf that requires grad (an upstream fp32 shard).
-    if (!switches_.dp_reshardable_load_no_grad && grad_views_.contains(d.tensor())) {
+    // Outside no_grad, torch refuses an in-place copy into a view of a leaf that requires grad
+    // (an upstream fp32 shard).
+    if (!no_grad && grad_views_.contains(d.tensor())) {
       throw UpstreamError(
           "RuntimeError",
           "a view of a leaf Variable that requires grad is being used in an in-place operation.",
@@ -938,9 +952,10 @@ void DistributedOptimizer::load_parameter_state_from_dp_reshardable(const Value&
           for (const auto& [k, v] : *entries[i]) {
             if (!(k == Key("step"))) src->set(k, v);
           }
-          set_main_param_and_optimizer_states(p, *src);
+          set_main_param_and_optimizer_states(p, *src, switches_.dp_reshardable_load_no_grad);
         } else {
-          set_main_param_and_optimizer_states(p, *entries[i]);
+          set_main_param_and_optimizer_states(p, *entries[i],
+                                              switches_.dp_reshardable_load_no_grad);
         }
       }
     }
@@ -998,30 +1013,46 @@ void DistributedOptimizer::init_empty_state() {
 }
 
 Value DistributedOptimizer::sharded_state_dict(const Value& model_sharded_state_dict,
-                                               bool is_loading, const std::string& sharding_type) {
-  (void)model_sharded_state_dict;
+                                               bool is_loading,
+                                               const std::optional<CheckpointFormat>& metadata) {
+  // A caller without metadata gets upstream's default.
+  const CheckpointFormat format =
+      metadata.value_or(CheckpointFormat{ShardingType::kFullyShardedModelSpace, false});
   if (!is_loading && switches_.init_empty_state_before_save) init_empty_state();
   Value sd = state_dict();
-  // dp_reshardable is not a fully reshardable format: each top-level value becomes a
-  // ShardedObject whose main replica is DP rank 0.
-  for (auto& [k, v] : *sd.dict()) {
-    ShardedObject so;
-    so.key = format_object_key(data_parallel_group_idx_, k.str());
-    so.data = v;
-    so.global_shape = {1};
-    so.global_offset = {0};
-    so.replica_id = {distributed_optimizer_instance_id_, 0, dp_group_.rank()};
-    v = Value(ShardedObject::make(std::move(so)));
+  // A format that depends on the buffers' structure keeps each top-level value as a
+  // ShardedObject whose main replica is DP rank 0; the fully reshardable ones leave them plain
+  // (common state, rank 0's).
+  if (!fully_reshardable_format(format.sharding_type)) {
+    for (auto& [k, v] : *sd.dict()) {
+      ShardedObject so;
+      so.key = format_object_key(data_parallel_group_idx_, k.str());
+      so.data = v;
+      so.global_shape = {1};
+      so.global_offset = {0};
+      so.replica_id = {distributed_optimizer_instance_id_, 0, dp_group_.rank()};
+      v = Value(ShardedObject::make(std::move(so)));
+    }
   }
   if (is_loading) load_state_dict(state_dict());
-  if (sharding_type != "dp_reshardable") {
-    throw UpstreamError(
-        "NotImplementedError",
-        "Unknown sharding_type: " + sharding_type + " (only dp_reshardable is modeled)",
-        site("sharded_state_dict()"));
+  Value param_state;
+  switch (format.sharding_type) {
+    case ShardingType::kDpReshardable:
+      param_state = sharded_param_state_dp_reshardable(is_loading);
+      break;
+    case ShardingType::kDpZeroGatherScatter:
+      param_state = sharded_param_state_dp_zero(is_loading);
+      break;
+    case ShardingType::kFullyReshardable:
+      param_state = sharded_param_state_fully_reshardable(model_sharded_state_dict, is_loading,
+                                                          format.mem_efficient);
+      break;
+    case ShardingType::kFullyShardedModelSpace:
+      param_state = sharded_param_state_fs_model_space(model_sharded_state_dict);
+      break;
   }
-  sd.dict()->set("param_state", sharded_param_state_dp_reshardable(is_loading));
-  sd.dict()->set("param_state_sharding_type", Value(sharding_type));
+  sd.dict()->set("param_state", param_state);
+  sd.dict()->set("param_state_sharding_type", Value(sharding_type_name(format.sharding_type)));
   return sd;
 }
 

@@ -12,7 +12,8 @@
 //   - inner optimizer: TE FusedAdam (non-precision-aware; HAVE_APEX_OR_TE), pure torch AdamW
 //     (no TE/apex: HAVE_APEX_OR_TE false), HDO (--optimizer-cpu-offload, which forces the
 //     precision-aware path);
-//   - sharding type: dp_reshardable only;
+//   - sharding types: every one upstream's dispatch names (spec §7.1): dp_reshardable here,
+//     the model-space ones and dp_zero_gather_scatter in distrib_optimizer_model_space.cpp;
 //   - one model chunk, one DP group (data_parallel_group_idx 0), one instance, no grad scaler.
 //
 // Invariants:
@@ -33,6 +34,7 @@
 #include "model/config.h"
 #include "model/megatron/distributed_data_parallel.h"
 #include "model/megatron/hybrid_optimizer.h"
+#include "model/megatron/mapping.h"
 #include "model/megatron/optimizer_key.h"
 #include "model/megatron/param_and_grad_buffer.h"
 #include "model/revision.h"
@@ -75,14 +77,16 @@ class DistributedOptimizer {
   // creates CPU AdamW states whose 'step' is 1 — the value captured later by _get.
   void load_state_dict(const Value& state_dict);
   // Mirrors sharded_state_dict(model_sharded_state_dict, is_loading, metadata): state_dict()
-  // with every top-level value a ShardedObject, plus 'param_state' from
-  // sharded_param_state_dp_reshardable(is_loading). `model_sharded_state_dict` is upstream's
-  // argument; the dp_reshardable path does not read it.
+  // (every top-level value a ShardedObject unless the format is a fully reshardable one, whose
+  // param groups stay common state), plus 'param_state' from the format's
+  // sharded_param_state_<type> and 'param_state_sharding_type'. `metadata` nullopt is a caller
+  // that passes none: upstream's default, fully_sharded_model_space. The model-space formats
+  // read `model_sharded_state_dict` (the model's ShardedTensors, matched to params by tensor
+  // identity: a param missing there is upstream's ValueError).
   // SIDE EFFECT: with is_loading, first calls load_state_dict(state_dict()) to create state to
   // load into (for HDO this runs dummy_step(), see above).
-  // REQUIRES: sharding_type == "dp_reshardable" (NotImplementedError otherwise).
   Value sharded_state_dict(const Value& model_sharded_state_dict, bool is_loading,
-                           const std::string& sharding_type);
+                           const std::optional<CheckpointFormat>& metadata);
   // Mirrors _get_main_param_and_optimizer_states(): {'param': main param, state tensors...}.
   // Returns the LIVE objects (HDO: the very tensors in HDO.state), so a request built from it
   // aliases the optimizer. Inserts {} into the state of a param that had none (defaultdict).
@@ -90,7 +94,9 @@ class DistributedOptimizer {
   // Mirrors _set_main_param_and_optimizer_states(): HDO ASSIGNS each value into its state
   // (the request's objects become the live state); the other optimizers copy_ into the live
   // tensors. REQUIRES: model_param has a shard on this rank.
-  void set_main_param_and_optimizer_states(size_t model_param, const Dict& tensors);
+  // `no_grad`: the caller runs under torch.no_grad() (a copy_ into an fp32 shard, a view of a
+  // param that requires grad, raises RuntimeError otherwise).
+  void set_main_param_and_optimizer_states(size_t model_param, const Dict& tensors, bool no_grad);
   // Mirrors get_parameter_state_dp_reshardable(): per buffer, dtype and bucket, this rank's
   // _get entries with their gbuf_local ranges, plus per_bucket_numel(_unpadded).
   Value get_parameter_state_dp_reshardable();
@@ -102,6 +108,41 @@ class DistributedOptimizer {
   // Mirrors load_parameter_state_from_dp_reshardable(): checks per_bucket_numel_unpadded
   // against this run's, then _set for every non-padding entry of every bucket.
   void load_parameter_state_from_dp_reshardable(const Value& state_dict);
+
+  // --- the other formats (distrib_optimizer_model_space.cpp) -----------------------------------
+  // Mirrors get_parameter_state_dp_zero(use_gloo_comm, empty_data, return_on_all_ranks): per
+  // buffer, fp32 CPU "world tensors" 'param', 'exp_avg', 'exp_avg_sq' of the buffer's
+  // numel_unpadded (every bucket's end padding stripped: bucket b's elements start at the sum
+  // of the earlier buckets' numel_unpadded), plus 'numel_unpadded'; filled from every rank's
+  // shard (gathered to DP rank 0, or to all) unless empty_data. None on the other ranks.
+  // Collective over the DP group (unless empty_data).
+  Value get_parameter_state_dp_zero(bool use_gloo_comm, bool empty_data, bool return_on_all_ranks);
+  // Mirrors sharded_param_state_dp_zero(): DP rank 0 holds the ShardedObject
+  // 'optimizer.distributed.dp_group_idx_<G>.param_state' (the gathered world tensors when
+  // saving, None when loading), every other rank an LNO(None).
+  Value sharded_param_state_dp_zero(bool is_loading);
+  // Mirrors sharded_param_state_fully_reshardable(): the world tensors (all-gathered, or with
+  // `mem_efficient` gathered to DP rank 0 alone: None elsewhere when saving) cut into model
+  // space, {param_idx: {'param'|'exp_avg'|'exp_avg_sq': ShardedTensor
+  // 'optimizer.state.<key>.<model key>'}} with the model param's shape, offsets and replica id,
+  // params in param_index_map order (each buffer's params in reverse model order). When
+  // loading, every rank requests every param whole (views of empty world tensors).
+  Value sharded_param_state_fully_reshardable(const Value& model_sharded_state_dict,
+                                              bool is_loading, bool mem_efficient);
+  // Mirrors sharded_param_state_fs_model_space(): this rank's shard of each param as a
+  // ShardedTensor with a flattened_range, which mapping.py refuses (CheckpointingException).
+  Value sharded_param_state_fs_model_space(const Value& model_sharded_state_dict);
+  // Mirrors load_parameter_state_from_dp_zero(): DP rank 0 checks each buffer's numel_unpadded
+  // and scatters every bucket's slice of the world tensors (end-padded); each rank _sets its
+  // params from its piece. Not under no_grad (a copy into an fp32 shard view raises).
+  void load_parameter_state_from_dp_zero(const Value& state_dict);
+  // Mirrors load_parameter_state_from_fully_reshardable() (under torch.no_grad): in the save's
+  // param order, each local param's loaded tensors flattened and cut to its range, 'step'
+  // dropped, then _set; the HDO's sub-optimizers are synced from its state afterwards.
+  void load_parameter_state_from_fully_reshardable(const Value& state_dict);
+  // Mirrors load_parameter_state_from_fs_model_space() (under torch.no_grad): as above without
+  // the cut ('fp32_param' renamed 'param'), then the HDO sync.
+  void load_parameter_state_from_fs_model_space(const Value& state_dict);
 
   // --- read-only accessors (for the simulator's probe, sim/probe.h) ---------------------------
   const Optimizer& optimizer() const { return *optimizer_; }
@@ -168,6 +209,10 @@ class DistributedOptimizer {
   void wrap_bucket_entries(List& bucket_state, OptimizerBucketKey key, bool is_loading,
                            const ShardExtent& extent);
   void init_empty_state();
+  // The model's ShardedTensor of each model param (by tensor identity), for the model-space
+  // formats; ValueError for a param of a buffer that has none.
+  std::vector<ShardedTensorPtr> param_to_sharded_metadata(const Value& model_sharded_state_dict,
+                                                          const char* function) const;
 
   Runtime& rt_;
   DistributedDataParallel& ddp_;

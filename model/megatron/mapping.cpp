@@ -55,17 +55,13 @@ int64_t ShardedTensor::local_numel() const {
 
 ShardedTensorPtr ShardedTensor::make(ShardedTensor f) {
   static constexpr const char* kSite = "mapping.py ShardedTensor.__post_init__";
-  if (f.flattened_range.has_value()) {
-    // POST mapping.py:133-134 (since #2126): flattened_range is no longer supported.
-    throw CheckpointingException("flattened_range is not supported (key " + f.key + ")", kSite);
-  }
   if (f.data.defined()) {
     if (f.data.scalar_type() != f.dtype) {
       throw CheckpointingException(
           fmt::format("Data dtype should match `dtype` attribute for {}", f.repr()), kSite);
     }
     Shape data_shape(f.data.sizes().begin(), f.data.sizes().end());
-    if (data_shape != f.local_shape) {
+    if (!f.flattened_range.has_value() && data_shape != f.local_shape) {
       throw CheckpointingException(
           fmt::format("Data shape should match `local_shape` attribute for {}", f.repr()), kSite);
     }
@@ -88,13 +84,18 @@ ShardedTensorPtr ShardedTensor::make(ShardedTensor f) {
     for (size_t i = 0; i < f.local_shape.size(); ++i) {
       const size_t g = i + static_cast<size_t>(f.prepend_axis_num);
       const int64_t off = f.global_offset[g];
-      if (off != 0 && off % f.local_shape[i] != 0) {
+      if (f.local_shape[i] != 0 && off % f.local_shape[i] != 0) {
         throw CheckpointingException(
             fmt::format("Global offset ({}) must be divisible by local shape ({}) for {}.", off,
                         f.local_shape[i], f.repr()),
             kSite);
       }
     }
+  }
+  if (f.flattened_range.has_value()) {
+    // POST mapping.py:133-134 (since #2126), the last check: flattened_range is refused, which
+    // is what the fully_sharded_model_space format meets.
+    throw CheckpointingException("ShardedTensor.flattened_range is not supported.", kSite);
   }
   return std::make_shared<ShardedTensor>(std::move(f));
 }

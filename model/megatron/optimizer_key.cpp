@@ -65,4 +65,16 @@ bool is_distributed_optimizer_key(std::string_view key) {
   return key.starts_with(kDistributedOptimizerKeyPrefix);
 }
 
+std::string format_model_space_key(const ModelSpaceKey& key) {
+  return fmt::format("{}{}.{}", kModelSpaceKeyPrefix, key.state, key.model_key);
+}
+
+std::optional<ModelSpaceKey> parse_model_space_key(std::string_view key) {
+  std::string_view s = key;
+  if (!take(s, kModelSpaceKeyPrefix)) return std::nullopt;
+  const size_t dot = s.find('.');
+  if (dot == std::string_view::npos || dot == 0 || dot + 1 == s.size()) return std::nullopt;
+  return ModelSpaceKey{std::string(s.substr(0, dot)), std::string(s.substr(dot + 1))};
+}
+
 }  // namespace ckptsim::model

@@ -45,4 +45,17 @@ std::string format_object_key(int64_t dp_group_idx, std::string_view name);
 
 bool is_distributed_optimizer_key(std::string_view key);
 
+// The model-space formats (fully_reshardable, fully_sharded_model_space): one state tensor of one
+// model param, f'optimizer.state.{state_key}.{model ShardedTensor key}' (sharded_param_state_
+// fully_reshardable). The state key has no dot; the model key may have several.
+inline constexpr std::string_view kModelSpaceKeyPrefix = "optimizer.state.";
+struct ModelSpaceKey {
+  std::string state;      // "param", "exp_avg", "exp_avg_sq" ("fp32_param" in fs_model_space)
+  std::string model_key;  // the model param's ShardedTensor key
+  bool operator==(const ModelSpaceKey&) const = default;
+};
+std::string format_model_space_key(const ModelSpaceKey& key);
+// nullopt when `key` is not a model-space state key (parse(format(k)) == k, as for buckets).
+std::optional<ModelSpaceKey> parse_model_space_key(std::string_view key);
+
 }  // namespace ckptsim::model

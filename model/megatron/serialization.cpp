@@ -30,6 +30,25 @@ std::string rank_file(int rank) { return fmt::format("shards/rank_{}.bin", rank)
 std::string object_file(const std::string& unique_key) { return "objects/" + unique_key + ".pt"; }
 // ShardedObject("common_state", None, (1,), (0,)).unique_key: HEAD's home of the common state.
 constexpr const char* kCommonStateObjectKey = "common_state/shard_0_1";
+// The classes the common state holds (a param group's cpu_optimizer_cls ...): torch.save
+// pickles each as a GLOBAL, which torch.load(weights_only=True) refuses. The model's own
+// common.pt keeps a symbol as its name, so the save lists them here for the load to refuse
+// as torch does (absent when there are none).
+constexpr const char* kCommonGlobalsFile = "common_globals.json";
+
+// The dotted names of the classes in `common`, in pickling (depth-first, insertion) order.
+std::vector<std::string> class_globals(const Value& common) {
+  std::vector<std::string> out;
+  for (const Value& v : nested_values(common)) {
+    if (v.kind() != Value::Kind::kSymbol) continue;
+    const std::string& name = v.as_symbol().name;  // "<class 'torch.optim.adamw.AdamW'>"
+    constexpr std::string_view kClass = "<class '";
+    if (!name.starts_with(kClass) || !name.ends_with("'>")) continue;
+    const std::string dotted = name.substr(kClass.size(), name.size() - kClass.size() - 2);
+    if (std::find(out.begin(), out.end(), dotted) == out.end()) out.push_back(dotted);
+  }
+  return out;
+}
 
 // A JSON string as nlohmann::json's dump() writes it: printable ASCII without '"' or '\' as it is,
 // anything else through nlohmann itself (its escapes, and its type_error on invalid UTF-8).
@@ -302,7 +321,10 @@ void diff_values(const Value& a, const Value& b, KeyPath& path, std::vector<std:
     for (const auto& [k, v] : *b.dict()) {
       if (!a.dict()->contains(k)) {
         path.push_back(k);
-        out.push_back("missing on rank 0: " + repr(path));
+        // (a None here carries no state: what fully_reshardable's mem_efficient save returns
+        // for the param state on every DP rank but 0, where rank 0 saved it sharded)
+        out.push_back((v.is_none() ? "missing on rank 0 (None here): " : "missing on rank 0: ") +
+                      repr(path));
         path.pop_back();
       }
     }
@@ -419,6 +441,12 @@ SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup&
       throw_if_error(storage.write_file(object_file(kCommonStateObjectKey), common_bytes));
   } else if (rank == 0) {
     throw_if_error(storage.write_file(kCommonFile, common_bytes));
+  }
+  if (rank == 0) {
+    if (const auto globals = class_globals(common); !globals.empty()) {
+      const std::string text = nlohmann::json(globals).dump();
+      throw_if_error(storage.write_file(kCommonGlobalsFile, {text.begin(), text.end()}));
+    }
   }
   if (!mine.pieces.empty()) throw_if_error(storage.write_file(rank_file(rank), blob));
 
@@ -543,7 +571,8 @@ Result<Value> read_common_state(const Storage& storage) {
   return unpickle_value(bytes.value());
 }
 
-Value load_common_state_dict(const Storage& storage, bool reads_sharded_common_state) {
+Value load_common_state_dict(const Storage& storage, bool reads_sharded_common_state,
+                             bool allows_class_globals) {
   constexpr const char* kSite = "common.py load_common()";
   if (!storage.exists(kCommonFile) &&
       (!reads_sharded_common_state || !storage.exists(object_file(kCommonStateObjectKey)))) {
@@ -551,6 +580,23 @@ Value load_common_state_dict(const Storage& storage, bool reads_sharded_common_s
       throw UpstreamError("AttributeError", "'str' object has no attribute 'iterdir'", kSite);
     throw PyKeyError(py_str_repr(std::string(kCommonStateObjectKey)) + " not in checkpoint",
                      "serialization.py load_common_state_dict()");
+  }
+  // torch.load(weights_only=True) (torch >= 2.6's default; HEAD's load of the 'common_state'
+  // object asks for it) refuses the first class the pickle names.
+  if (!allows_class_globals && storage.exists(kCommonGlobalsFile)) {
+    const auto bytes = storage.read_file(kCommonGlobalsFile);
+    std::string first = "?";
+    if (bytes.is_ok()) {
+      const auto j = nlohmann::json::parse(bytes.value().begin(), bytes.value().end(), nullptr,
+                                           /*allow_exceptions=*/false);
+      if (j.is_array() && !j.empty() && j[0].is_string()) first = j[0].get<std::string>();
+    }
+    throw UpstreamError(
+        "UnpicklingError",
+        fmt::format("Weights only load failed. WeightsUnpickler error: Unsupported global: GLOBAL "
+                    "{} was not an allowed global by default.",
+                    first),
+        storage.exists(kCommonFile) ? kSite : "serialization.py load_common_state_dict()");
   }
   auto common = read_common_state(storage);
   if (!common.is_ok()) throw CheckpointingException(common.status().to_string(), kSite);
@@ -734,7 +780,8 @@ Value load(const Value& sharded_state_dict, const Storage& storage, ProcessGroup
   const std::shared_ptr<const LoadIndex> index = std::move(index_r.value());
   const std::map<std::string, std::vector<const SavedPiece*>>& by_key = index->by_key;
 
-  Value common = load_common_state_dict(storage, options.reads_sharded_common_state);
+  Value common = load_common_state_dict(storage, options.reads_sharded_common_state,
+                                        options.allows_class_globals);
   if (options.strip_common_param_state) strip_param_state(common, false);
 
   // load_preprocess: structural copy, LNOs extracted and unwrapped (same objects).

@@ -96,6 +96,8 @@ struct LoadOptions {
   // Revision switch common_state_as_sharded_object: the common state may also be read from
   // the 'common_state' ShardedObject (HEAD); without it only common.pt is read.
   bool reads_sharded_common_state = false;
+  // Revision switch common_load_allows_class_globals (see load_common_state_dict).
+  bool allows_class_globals = false;
   // Fault site load.skip_piece (model/faults.h): skip the first saved piece this rank's request
   // of every 'optimizer.' key overlaps (reported in LoadReport::uncovered like any gap).
   bool skip_optimizer_piece = false;
@@ -163,7 +165,11 @@ Value load(const Value& sharded_state_dict, const Storage& storage, ProcessGroup
 // common.pt, or with `reads_sharded_common_state` (HEAD) the 'common_state' ShardedObject when
 // there is no common.pt. Before HEAD a missing common.pt raises what upstream raises there:
 // load_common's FileNotFoundError handler calls .iterdir() on the str path (AttributeError).
-Value load_common_state_dict(const Storage& storage, bool reads_sharded_common_state);
+// A common state that holds a class (a param group's cpu_optimizer_cls: the HDO's in a fully
+// reshardable format) fails as torch.load(weights_only=True) fails on it (UnpicklingError),
+// unless `allows_class_globals` (a fix: the load allowlists them).
+Value load_common_state_dict(const Storage& storage, bool reads_sharded_common_state,
+                             bool allows_class_globals = false);
 
 // What a checkpoint holds, whole: how a checkpoint written elsewhere (the real code's
 // torch_dist format, model/megatron/torch_dist_checkpoint.h) enters the model's load.

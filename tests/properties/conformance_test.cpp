@@ -458,6 +458,16 @@ TEST(TraceChecks, EveryTraceCheckAgreesWithItsRunCheckOnEveryBundledScenario) {
       // is the run check's alone (HEAD's override block rewrites them: issue #7173).
       if (p.name == "round_trip_identity" && on_run.signature == "round_trip_identity:param_groups")
         continue;
+      // A trace hashes each rank's shard: across a reshard no loaded shard is a saved one, so a
+      // master or moment the load changed shows in the run check alone (the model params and
+      // counters the trace check compares everywhere).
+      if (p.name == "round_trip_identity" && on_run.verdict == properties::Verdict::kFail &&
+          on_run.phase > 0 &&
+          run.phases[static_cast<size_t>(on_run.phase)].spec.dp !=
+              run.phases[static_cast<size_t>(on_run.phase) - 1].spec.dp &&
+          on_trace.verdict == properties::Verdict::kPass) {
+        continue;
+      }
       ++compared;
       EXPECT_EQ(properties::verdict_name(on_trace.verdict),
                 properties::verdict_name(on_run.verdict))

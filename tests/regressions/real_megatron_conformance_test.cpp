@@ -27,11 +27,13 @@ namespace {
 // Traces under tests/conformance/ (one H200, gloo at DP > 1), nccl-x2/ (two H200s, NCCL),
 // te-absent/ (Megatron's no-TE branches for hybrid scenarios without TE) and xload/ (phase 1
 // resumed by the real code from the model's own phase-0 checkpoint, exported as torch_dist:
-// `replay run --resume-from`) and values/ (recorded with --values: every hashed array too), as
-// paths relative to tests/conformance/.
+// `replay run --resume-from`), values/ (recorded with --values: every hashed array too) and
+// formats/ (scenarios/campaign-formats, 2026-12-03: the checkpoint formats), as paths relative
+// to tests/conformance/.
 std::vector<std::string> recorded() {
   std::vector<std::string> out;
-  for (const std::string dir : {"", "nccl-x2/", "te-absent/", "xload/", "values/", "campaign2/"}) {
+  for (const std::string dir :
+       {"", "nccl-x2/", "te-absent/", "xload/", "values/", "campaign2/", "formats/"}) {
     for (const auto& e :
          std::filesystem::directory_iterator(test::source_path("tests/conformance/" + dir))) {
       if (report::is_trace_file(e.path().string()))
@@ -51,8 +53,8 @@ nlohmann::json read(const std::string& file) {
 // The bundled scenario a trace was recorded for.
 sim::Scenario scenario_of(const nlohmann::json& trace) {
   const std::string name = trace["scenario"];
-  for (const std::string dir :
-       {"scenarios/", "scenarios/found/", "scenarios/campaign/", "scenarios/campaign2/"}) {
+  for (const std::string dir : {"scenarios/", "scenarios/found/", "scenarios/campaign/",
+                                "scenarios/campaign2/", "scenarios/campaign-formats/"}) {
     if (std::filesystem::exists(test::source_path(dir + name + ".json")))
       return test::scenario_file(dir + name + ".json");
   }

@@ -63,7 +63,9 @@ def _mut(fn):
     (lambda p: p["scenario"]["params"][0].update(dtype="fp16"), "dtype"),
     (lambda p: p["scenario"]["params"][1].update(name="a"), "name"),
     (lambda p: p["scenario"]["optimizer"].update(kind="sgd"), "kind"),
-    (lambda p: p["scenario"].update(sharding_type="fully_reshardable"), "sharding_type"),
+    (lambda p: p["scenario"].update(sharding_type="fully"), "scenario.sharding_type"),
+    (lambda p: p["scenario"]["phases"][1].update(sharding_type=3), "scenario.phases[1].sharding_type"),
+    (lambda p: p["scenario"].update(fully_reshardable_mem_efficient="yes"), "mem_efficient"),
     (lambda p: p["revisions"]["upstream-2874"].update(upstream={"repo": "me/Megatron", "commit": "abc1234"}), "repo"),
     (lambda p: p["revisions"]["upstream-2874"].update(upstream={"repo": "NVIDIA/Megatron-LM", "commit": "xyz"}),
      "commit"),
@@ -82,6 +84,26 @@ def _mut(fn):
 def test_invalid_plans_are_rejected(mutation, needle):
     errs = _mut(mutation)
     assert errs and any(needle in e for e in errs), errs
+
+
+def test_phase_format_follows_the_scenario_unless_the_phase_names_its_own():
+    sc = {"sharding_type": "fully_reshardable", "fully_reshardable_mem_efficient": True,
+          "phases": [{}, {"sharding_type": "dp_reshardable"}, {"fully_reshardable_mem_efficient": False},
+                     {"sharding_type": "fully_reshardable"}]}
+    assert [plan_mod.phase_format(sc, i) for i in range(4)] == [
+        ("fully_reshardable", True), ("dp_reshardable", False), ("fully_reshardable", False),
+        ("fully_reshardable", False)]
+    assert plan_mod.phase_format({"phases": [{}]}, 0) == ("dp_reshardable", False)
+
+
+def test_save_metadata_is_the_training_loops():
+    sc = {"sharding_type": "fully_reshardable", "phases": [{}, {"sharding_type": "dp_zero_gather_scatter"}]}
+    assert plan_mod.save_metadata(sc, 0) == {
+        "distrib_optim_sharding_type": "fully_reshardable", "distrib_optim_fully_reshardable_mem_efficient": False,
+        "singleton_local_shards": False, "chained_optim_avoid_prefix": True}
+    assert plan_mod.save_metadata(sc, 1) == {
+        "distrib_optim_sharding_type": "dp_zero_gather_scatter", "singleton_local_shards": False,
+        "chained_optim_avoid_prefix": True}
 
 
 def test_gradient_sum_check_finds_a_changed_element():

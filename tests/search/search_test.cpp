@@ -105,6 +105,27 @@ RC_GTEST_PROP(Generators, DomainShrinksAreValidAndSmaller, ()) {
   }
 }
 
+// fix-complete's one known failure (revisions/fix-complete.json, "Not fixed"): a fully_reshardable
+// save keeps the param groups in the common state, and a rank whose optimizer holds no state
+// with a step (torch AdamW, or the HDO's CPU part, on a rank that owns no param element there)
+// has no step in its groups where rank 0 has one.
+static bool known_fix_complete_failure(const sim::Scenario& s,
+                                       const properties::PropertyResult& r) {
+  (void)s;
+  if (r.name != "common_state_rank_independent") return false;
+  // "only on rank 0: (...)" (no step there) or "values differ: (...)" (another count: the
+  // HDO's step source on that rank is another sub-optimizer's); the load reads rank 0's, and
+  // step_matches_uninterrupted, asserted here too, judges what the resume then does.
+  for (const char* kind : {"only on rank 0: ", "values differ: "}) {
+    if (r.detail.find(std::string(kind) + "('optimizer', 'optimizer', 'param_groups', ") !=
+            std::string::npos &&
+        r.detail.find(", 'step')") != std::string::npos) {
+      return true;
+    }
+  }
+  return false;
+}
+
 // Small fix-complete scenarios: every property must hold on them.
 static search::GeneratorConfig small_fix_complete(bool stateful) {
   search::GeneratorConfig g;
@@ -121,7 +142,8 @@ RC_GTEST_PROP(PropertiesAsALibrary, FixCompleteKeepsEveryPropertyOnGeneratedScen
   const sim::Scenario s = *search::gen_scenario(g);
   const auto run = test::run(s);
   for (const auto& r : properties::check_all(run)) {
-    RC_ASSERT(r.verdict != properties::Verdict::kFail);
+    if (known_fix_complete_failure(s, r)) continue;
+    if (r.verdict == properties::Verdict::kFail) RC_FAIL(r.name + ": " + r.detail);
   }
 }
 
@@ -149,7 +171,8 @@ RC_GTEST_PROP(Generators, StatefulScenariosReplayAndResumeWhereTheModelSays, ())
   RC_ASSERT(s.phases.size() >= 1u && s.phases.size() <= 3u);
   const auto run = test::run(s);
   for (const auto& r : properties::check_all(run)) {
-    RC_ASSERT(r.verdict != properties::Verdict::kFail);
+    if (known_fix_complete_failure(s, r)) continue;
+    if (r.verdict == properties::Verdict::kFail) RC_FAIL(r.name + ": " + r.detail);
   }
   const std::string mismatch = counters_against_model(run);
   RC_ASSERT_FALSE(!mismatch.empty());
@@ -302,6 +325,9 @@ struct Control {
   std::vector<model::OptimizerKind> kinds;
   bool change = false;
   int64_t long_steps_max = 0;  // long phases drawn (the CLI's default), for counter bugs
+  // The formats drawn (empty: all). A control whose property fix-complete fails in another
+  // format (a known failure, below) draws dp_reshardable alone.
+  std::vector<model::ShardingType> sharding_types = {};
 };
 
 // How ctest and gtest name a control: "<property> on <revisions> [faults]" (gtest would print
@@ -325,6 +351,7 @@ TEST_P(MutationControls, SearchFindsTheBrokenVariant) {
   g.require_revision_change = c.change;
   if (!c.kinds.empty()) g.kinds = c.kinds;
   g.long_steps_max = c.long_steps_max;
+  g.sharding_types = c.sharding_types;
   const auto r = run_search(g, {c.property}, 300);
   ASSERT_EQ(r.failures.size(), 1u) << c.property << " never failed in " << r.cases_run << " cases";
   EXPECT_EQ(r.failures.front().finding.property, c.property);
@@ -349,8 +376,13 @@ INSTANTIATE_TEST_SUITE_P(
             "step_matches_uninterrupted", {"upstream-2874"}, {}, {model::OptimizerKind::kHybrid}},
         Control{"trajectory_matches_uninterrupted", {"fix-complete"}, {"load.perturb_exp_avg"}, {}},
         Control{"shards_tile_buckets", {"fix-complete"}, {"dp_reshardable.drop_end_padding"}, {}},
-        Control{
-            "common_state_rank_independent", {"fix-complete"}, {"save.rank_dependent_common"}, {}},
+        Control{"common_state_rank_independent",
+                {"fix-complete"},
+                {"save.rank_dependent_common"},
+                {},
+                false,
+                0,
+                {model::ShardingType::kDpReshardable}},
         Control{"layout_invariants", {"fix-complete"}, {"layout.misalign_param_start"}, {}},
         Control{"round_trip_identity", {"fix-complete"}, {"load.perturb_exp_avg"}, {}},
         Control{"reshard_round_trip_bytes", {"fix-complete"}, {"load.perturb_exp_avg"}, {}},

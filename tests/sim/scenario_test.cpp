@@ -35,7 +35,8 @@ TEST(Scenario, GoodScenarioParsesWithDefaults) {
   ASSERT_TRUE(s.is_ok()) << s.status().to_string();
   EXPECT_FALSE(s.value().bucket_size.has_value());
   EXPECT_EQ(s.value().samples_per_step, 8);
-  EXPECT_EQ(s.value().sharding_type, "dp_reshardable");
+  EXPECT_EQ(s.value().format, model::CheckpointFormat{});
+  EXPECT_EQ(s.value().format.sharding_type, model::ShardingType::kDpReshardable);
   EXPECT_TRUE(s.value().phases[0].save);
 }
 
@@ -59,8 +60,17 @@ TEST(Scenario, ErrorsNameFileFieldAndValues) {
   EXPECT_NE(
       error_of(with("\"seed\": 1,", "\"seed\": 1, \"samples_per_step\": 6,")).find("power of two"),
       std::string::npos);
-  EXPECT_NE(error_of(with("\"seed\": 1,", "\"seed\": 1, \"sharding_type\": \"fully_reshardable\","))
-                .find("only \"dp_reshardable\""),
+  EXPECT_NE(error_of(with("\"seed\": 1,", "\"seed\": 1, \"sharding_type\": \"fully\","))
+                .find("field 'sharding_type': must be one of dp_reshardable, fully_reshardable, "
+                      "dp_zero_gather_scatter, fully_sharded_model_space, got \"fully\""),
+            std::string::npos);
+  EXPECT_NE(
+      error_of(with("\"seed\": 1,", "\"seed\": 1, \"fully_reshardable_mem_efficient\": true,"))
+          .find("field 'fully_reshardable_mem_efficient': only with sharding_type "
+                "fully_reshardable (phase 0 saves in dp_reshardable)"),
+      std::string::npos);
+  EXPECT_NE(error_of(with("\"dp\": 2", "\"dp\": 2, \"sharding_type\": 3"))
+                .find("field 'phases[0].sharding_type': must be one of"),
             std::string::npos);
   EXPECT_NE(error_of("[1, 2]").find("bug.json"), std::string::npos);
   EXPECT_NE(error_of("{not json").find("not valid JSON"), std::string::npos);

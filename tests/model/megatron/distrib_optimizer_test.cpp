@@ -72,7 +72,7 @@ TEST(DistributedOptimizer, HdoSetAssignsObjectsIncludingStep) {
     incoming.set("step", Value(new_step));
     incoming.set("exp_avg", Value(new_avg));
     incoming.set("padding", Value(false));
-    opt.set_main_param_and_optimizer_states(0, incoming);
+    opt.set_main_param_and_optimizer_states(0, incoming, /*no_grad=*/false);
     DictPtr after = opt.get_main_param_and_optimizer_states(0);
     EXPECT_TRUE(after->at("step").tensor().is_same(new_step)) << "assignment, not copy";
     EXPECT_TRUE(after->at("exp_avg").tensor().is_same(new_avg));
@@ -89,7 +89,7 @@ TEST(DistributedOptimizer, HeadSkipsNonTensorsInSet) {
   t.body = [](Runtime&, DistributedDataParallel&, DistributedOptimizer& opt) {
     Dict incoming;
     incoming.set("padding", Value(false));
-    opt.set_main_param_and_optimizer_states(0, incoming);
+    opt.set_main_param_and_optimizer_states(0, incoming, /*no_grad=*/false);
     EXPECT_FALSE(opt.get_main_param_and_optimizer_states(0)->contains("padding"));
   };
   t.run();
@@ -104,13 +104,14 @@ TEST(DistributedOptimizer, FusedAdamSetCopiesIntoLiveTensors) {
     const at::Tensor live_avg = before->at("exp_avg").tensor();
     Dict incoming;
     for (const auto& [k, v] : *before) incoming.set(k, Value(at::full({v.tensor().numel()}, 2.0F)));
-    opt.set_main_param_and_optimizer_states(0, incoming);
+    opt.set_main_param_and_optimizer_states(0, incoming, /*no_grad=*/false);
     DictPtr after = opt.get_main_param_and_optimizer_states(0);
     EXPECT_TRUE(after->at("exp_avg").tensor().is_same(live_avg)) << "copy_, not assignment";
     EXPECT_EQ(live_avg[0].item<float>(), 2.0F);
     Dict missing;
     missing.set("param", incoming.at("param"));
-    EXPECT_THROW(opt.set_main_param_and_optimizer_states(0, missing), PyKeyError);
+    EXPECT_THROW(opt.set_main_param_and_optimizer_states(0, missing, /*no_grad=*/false),
+                 PyKeyError);
   };
   t.run();
 }
