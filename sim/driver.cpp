@@ -543,6 +543,26 @@ Status export_phase(const RunOptions& options, const model::Storage& saved,
 
 }  // namespace
 
+namespace {
+
+// The trace lines that open phase `i`: a reshard, the phase, and its format where it is not the
+// default (so that the traces of dp_reshardable runs stay as they were).
+void trace_phase_start(const Scenario& scenario, size_t i, std::vector<std::string>& trace) {
+  const PhaseSpec& spec = scenario.phases[i];
+  if (i > 0 && scenario.phases[i - 1].dp != spec.dp) {
+    trace.push_back(fmt::format("reshard dp {}->{}", scenario.phases[i - 1].dp, spec.dp));
+  }
+  trace.push_back(fmt::format("phase={} dp={} revision={} steps={}", i, spec.dp, spec.profile->name,
+                              spec.steps));
+  if (const model::CheckpointFormat f = scenario.format_of(i); !(f == model::CheckpointFormat{})) {
+    trace.push_back(fmt::format("phase={} saves {}{}", i,
+                                model::sharding_type_name(f.sharding_type),
+                                f.mem_efficient ? " mem_efficient" : ""));
+  }
+}
+
+}  // namespace
+
 Result<RunResult> run_scenario(const Scenario& scenario, const RunOptions& options) {
   RunResult result;
   result.scenario = scenario;
@@ -580,19 +600,7 @@ Result<RunResult> run_scenario(const Scenario& scenario, const RunOptions& optio
     Status cleared = root->remove_all(prefix);
     if (!cleared.is_ok()) return cleared;
     stores.push_back(model::subdir(*root, prefix));
-    if (i > 0 && scenario.phases[i - 1].dp != spec.dp) {
-      result.trace.push_back(fmt::format("reshard dp {}->{}", scenario.phases[i - 1].dp, spec.dp));
-    }
-    result.trace.push_back(fmt::format("phase={} dp={} revision={} steps={}", i, spec.dp,
-                                       spec.profile->name, spec.steps));
-    // (only where it is not the default, so that the traces of dp_reshardable runs stay as
-    // they were)
-    if (const model::CheckpointFormat f = scenario.format_of(i);
-        !(f == model::CheckpointFormat{})) {
-      result.trace.push_back(fmt::format("phase={} saves {}{}", i,
-                                         model::sharding_type_name(f.sharding_type),
-                                         f.mem_efficient ? " mem_efficient" : ""));
-    }
+    trace_phase_start(scenario, i, result.trace);
     PhaseJob job;
     job.scenario = &scenario;
     job.initial_params = &init;
