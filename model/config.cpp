@@ -44,39 +44,6 @@ std::string optimizer_kind_names() {
   return out;
 }
 
-namespace {
-constexpr ShardingType kAllShardingTypes[] = {
-    ShardingType::kDpReshardable, ShardingType::kFullyReshardable,
-    ShardingType::kDpZeroGatherScatter, ShardingType::kFullyShardedModelSpace};
-}  // namespace
-
-std::string sharding_type_name(ShardingType t) {
-  switch (t) {
-    case ShardingType::kDpReshardable:
-      return "dp_reshardable";
-    case ShardingType::kFullyReshardable:
-      return "fully_reshardable";
-    case ShardingType::kDpZeroGatherScatter:
-      return "dp_zero_gather_scatter";
-    case ShardingType::kFullyShardedModelSpace:
-      return "fully_sharded_model_space";
-  }
-  return "?";
-}
-
-std::optional<ShardingType> parse_sharding_type(std::string_view name) {
-  for (ShardingType t : kAllShardingTypes) {
-    if (sharding_type_name(t) == name) return t;
-  }
-  return std::nullopt;
-}
-
-std::string sharding_type_names() {
-  std::string out;
-  for (ShardingType t : kAllShardingTypes) out += (out.empty() ? "" : ", ") + sharding_type_name(t);
-  return out;
-}
-
 bool fully_reshardable_format(ShardingType t) {
   return t == ShardingType::kFullyReshardable || t == ShardingType::kFullyShardedModelSpace;
 }
@@ -117,7 +84,24 @@ constexpr std::array<std::pair<SchedulerResume, const char*>, 3> kSchedulerResum
     {SchedulerResume::kUseCheckpoint, "use_checkpoint"},
 }};
 
+constexpr std::array<std::pair<ShardingType, const char*>, 4> kShardingTypes = {{
+    {ShardingType::kDpReshardable, "dp_reshardable"},
+    {ShardingType::kFullyReshardable, "fully_reshardable"},
+    {ShardingType::kDpZeroGatherScatter, "dp_zero_gather_scatter"},
+    {ShardingType::kFullyShardedModelSpace, "fully_sharded_model_space"},
+}};
+
 }  // namespace
+
+std::string sharding_type_name(ShardingType t) { return name_of(kShardingTypes, t); }
+std::optional<ShardingType> parse_sharding_type(std::string_view name) {
+  return parse_named(kShardingTypes, name);
+}
+std::string sharding_type_names() {
+  std::string out;
+  for (const auto& [t, text] : kShardingTypes) out += (out.empty() ? "" : ", ") + std::string(text);
+  return out;
+}
 
 std::string lr_decay_style_name(LrDecayStyle s) { return name_of(kLrDecayStyles, s); }
 std::optional<LrDecayStyle> parse_lr_decay_style(std::string_view name) {
