@@ -406,15 +406,13 @@ void gather_phase(const Scenario& scenario, const std::vector<RankRecord>& outs,
     for (const auto& o : outs) rec.common_differences.push_back(o.save->common_state_differences);
     // A piece the reader refuses (outside its tensor, past its file) is the checkpoint's
     // fault, not ours: shards_tile_buckets reports it.
-    for (std::string_view prefix :
-         {model::kDistributedOptimizerKeyPrefix, model::kModelSpaceKeyPrefix}) {
-      auto values = model::read_checkpoint_tensors(store, rec.saved_pieces, prefix);
-      if (!values.is_ok()) {
-        rec.checkpoint_read_error = values.status().message();
-        rec.checkpoint_values.clear();
-        break;
-      }
-      rec.checkpoint_values.merge(values.value());
+    // Every optimizer tensor, in one read: the bucket keys ("optimizer.distributed.") and the
+    // model-space ones ("optimizer.state.").
+    auto values = model::read_checkpoint_tensors(store, rec.saved_pieces, "optimizer.");
+    if (values.is_ok()) {
+      rec.checkpoint_values = std::move(values.value());
+    } else {
+      rec.checkpoint_read_error = values.status().message();
     }
     rec.saved_state = saved_state_by_param(scenario, rec);
     rec.at_save =
