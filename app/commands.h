@@ -148,6 +148,8 @@ struct SearchCommand {
   std::vector<std::string> faults;
   std::vector<std::string> profiles;
   int64_t dp_max = 32;
+  int64_t tp_max = 1;  // search::GeneratorConfig::tp_max, pp_max (1: no TP, no PP)
+  int64_t pp_max = 1;
   int params_max = 6;
   int phases_max = 4;
   int64_t steps_max = 6;          // search::GeneratorConfig::steps_max

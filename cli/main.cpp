@@ -45,6 +45,12 @@ void add_search_flags(CLI::App* cmd, app::SearchCommand& f) {
   cmd->add_option("--fault", f.faults, "Enable a fault site in every case (mutation control)");
   cmd->add_option("--profile", f.profiles, "Extra revision profile JSON files");
   cmd->add_option("--dp-max", f.dp_max, "Largest DP size drawn")->capture_default_str();
+  cmd->add_option("--tp-max", f.tp_max,
+                  "Largest TP size drawn, of 1, 2, 4 (above 1: params get shapes and TP splits)")
+      ->capture_default_str();
+  cmd->add_option("--pp-max", f.pp_max,
+                  "Largest PP size drawn, of 1, 2, 4 (above 1: params get layers)")
+      ->capture_default_str();
   cmd->add_option("--params-max", f.params_max, "Most params drawn")->capture_default_str();
   cmd->add_option("--phases-max", f.phases_max, "Most phases drawn")->capture_default_str();
   cmd->add_option("--steps-max", f.steps_max, "Most steps of a phase that is not long")

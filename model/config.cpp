@@ -1,5 +1,7 @@
 #include "model/config.h"
 
+#include <algorithm>
+
 #include <array>
 #include <utility>
 
@@ -91,7 +93,111 @@ constexpr std::array<std::pair<ShardingType, const char*>, 4> kShardingTypes = {
     {ShardingType::kFullyShardedModelSpace, "fully_sharded_model_space"},
 }};
 
+constexpr std::array<std::pair<TpSplit, const char*>, 3> kTpSplits = {{
+    {TpSplit::kReplicated, "replicated"},
+    {TpSplit::kColumn, "column"},
+    {TpSplit::kRow, "row"},
+}};
+
 }  // namespace
+
+std::string tp_split_name(TpSplit s) { return name_of(kTpSplits, s); }
+std::optional<TpSplit> parse_tp_split(std::string_view name) {
+  return parse_named(kTpSplits, name);
+}
+
+std::vector<int64_t> global_shape(const ParamSpec& spec) {
+  return spec.shape.empty() ? std::vector<int64_t>{spec.numel} : spec.shape;
+}
+
+int64_t num_layers(const std::vector<ParamSpec>& specs) {
+  int64_t layers = 1;
+  for (const ParamSpec& p : specs) layers = std::max(layers, p.layer + 1);
+  return layers;
+}
+
+int64_t pipeline_stage(const ParamSpec& spec, int64_t layers, int64_t pp_size) {
+  return spec.layer / (layers / pp_size);
+}
+
+int64_t tp_axis(const ParamSpec& spec) {
+  switch (spec.tp_split) {
+    case TpSplit::kColumn:
+      return 0;
+    case TpSplit::kRow:
+      return 1;
+    case TpSplit::kReplicated:
+      break;
+  }
+  return -1;
+}
+
+std::vector<int64_t> tp_local_shape(const ParamSpec& spec, const ModelParallelRank& mp) {
+  std::vector<int64_t> shape = global_shape(spec);
+  const int64_t axis = tp_axis(spec);
+  if (axis >= 0) shape.at(static_cast<size_t>(axis)) /= mp.tp_size;
+  return shape;
+}
+
+std::vector<int64_t> tp_global_offset(const ParamSpec& spec, const ModelParallelRank& mp) {
+  const std::vector<int64_t> local = tp_local_shape(spec, mp);
+  std::vector<int64_t> offset(local.size(), 0);
+  const int64_t axis = tp_axis(spec);
+  if (axis >= 0)
+    offset.at(static_cast<size_t>(axis)) = mp.tp_rank * local[static_cast<size_t>(axis)];
+  return offset;
+}
+
+int64_t tp_global_element(const ParamSpec& spec, const ModelParallelRank& mp, int64_t local) {
+  const std::vector<int64_t> global = global_shape(spec);
+  const std::vector<int64_t> shape = tp_local_shape(spec, mp);
+  const std::vector<int64_t> offset = tp_global_offset(spec, mp);
+  // Row-major: unravel in the local shape, shift by the offset, ravel in the global shape.
+  int64_t element = 0;
+  int64_t stride = 1;
+  for (size_t d = shape.size(); d-- > 0;) {
+    const int64_t index = local % shape[d] + offset[d];
+    local /= shape[d];
+    element += index * stride;
+    stride *= global[d];
+  }
+  return element;
+}
+
+std::vector<std::pair<int64_t, int64_t>> tp_element_runs(const ParamSpec& spec,
+                                                         const ModelParallelRank& mp) {
+  const std::vector<int64_t> global = global_shape(spec);
+  if (spec.tp_split == TpSplit::kRow) {
+    const int64_t cols = global.at(1) / mp.tp_size;
+    std::vector<std::pair<int64_t, int64_t>> runs;
+    for (int64_t r = 0; r < global.at(0); ++r)
+      runs.emplace_back(r * global[1] + mp.tp_rank * cols, cols);
+    return runs;
+  }
+  if (spec.tp_split == TpSplit::kColumn) {
+    const int64_t piece = spec.numel / mp.tp_size;
+    return {{mp.tp_rank * piece, piece}};
+  }
+  return {{0, spec.numel}};
+}
+
+std::vector<size_t> params_of_stage(const std::vector<ParamSpec>& specs,
+                                    const ModelParallelRank& mp) {
+  const int64_t layers = num_layers(specs);
+  std::vector<size_t> out;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (pipeline_stage(specs[i], layers, mp.pp_size) == mp.pp_rank) out.push_back(i);
+  }
+  return out;
+}
+
+ParamSpec local_param_spec(const ParamSpec& spec, const ModelParallelRank& mp) {
+  ParamSpec local = spec;
+  local.shape = tp_local_shape(spec, mp);
+  local.numel = 1;
+  for (const int64_t d : local.shape) local.numel *= d;
+  return local;
+}
 
 std::string sharding_type_name(ShardingType t) { return name_of(kShardingTypes, t); }
 std::optional<ShardingType> parse_sharding_type(std::string_view name) {

@@ -13,6 +13,8 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "model/kernels/adam_math.h"
 
@@ -22,6 +24,13 @@ namespace ckptsim::model {
 enum class DType { kBFloat16, kFloat32 };
 std::string dtype_name(DType d);                          // "bf16", "fp32"
 std::optional<DType> parse_dtype(std::string_view name);  // inverse of dtype_name
+
+// How tensor parallelism splits a param (megatron/core/tensor_parallel/layers.py):
+// ColumnParallelLinear's weight (and bias) on dim 0, RowParallelLinear's weight on dim 1, and
+// everything else (norms, a row-parallel layer's bias) replicated on every TP rank.
+enum class TpSplit { kReplicated, kColumn, kRow };
+std::string tp_split_name(TpSplit s);  // "replicated", "column", "row"
+std::optional<TpSplit> parse_tp_split(std::string_view name);
 
 struct ParamSpec {
   std::string name;
@@ -33,6 +42,13 @@ struct ParamSpec {
   // override {lr_mult: m, max_lr: lr * m, min_lr: min_lr * m} gives, which is how the model
   // and the replay runner both build it.
   double lr_mult = 1.0;
+  // The global shape (empty: 1-D, {numel}); its product is numel. A row split needs 2 dims.
+  std::vector<int64_t> shape{};
+  TpSplit tp_split = TpSplit::kReplicated;
+  // The transformer layer that holds it: with PP stages, stage s holds layers
+  // [s * L / pp, (s + 1) * L / pp) of the L = max(layer) + 1 layers (Megatron's even split;
+  // the embedding is a first-stage param, the output layer a last-stage one).
+  int64_t layer = 0;
 };
 
 // The inner optimizer Megatron builds (get_megatron_optimizer): TE FusedAdam when TE/apex is
@@ -129,6 +145,44 @@ struct CheckpointFormat {
   bool mem_efficient = false;
   bool operator==(const CheckpointFormat&) const = default;
 };
+
+// One rank's place in a TP x PP x DP job (parallel_state with the default order
+// tp-cp-ep-dp-pp: global rank = tp_rank + tp_size * (dp_rank + dp_size * pp_rank)).
+struct ModelParallelRank {
+  int64_t tp_size = 1;
+  int64_t tp_rank = 0;
+  int64_t pp_size = 1;
+  int64_t pp_rank = 0;
+  // The rank in the model-parallel (TP x PP) group: the distributed optimizer's
+  // data_parallel_group_idx, `dp_group_idx_<g>` in its bucket keys.
+  int64_t data_parallel_group_idx() const { return pp_rank * tp_size + tp_rank; }
+  bool operator==(const ModelParallelRank&) const = default;
+};
+
+// A param's global shape: spec.shape, or {numel}.
+std::vector<int64_t> global_shape(const ParamSpec& spec);
+// The number of layers the params name (max layer + 1).
+int64_t num_layers(const std::vector<ParamSpec>& specs);
+// The pipeline stage that holds `spec` when `layers` layers are split over pp_size stages.
+// REQUIRES: pp_size divides layers.
+int64_t pipeline_stage(const ParamSpec& spec, int64_t layers, int64_t pp_size);
+// The dim TP splits (-1: replicated).
+int64_t tp_axis(const ParamSpec& spec);
+// The piece of the param a TP rank holds: its shape and its offset in the global tensor.
+// REQUIRES: tp_size divides the split dim.
+std::vector<int64_t> tp_local_shape(const ParamSpec& spec, const ModelParallelRank& mp);
+std::vector<int64_t> tp_global_offset(const ParamSpec& spec, const ModelParallelRank& mp);
+// The global (row-major, flattened) element of local element `local` of the TP rank's piece.
+int64_t tp_global_element(const ParamSpec& spec, const ModelParallelRank& mp, int64_t local);
+// The TP piece's elements as runs of the global (flattened) param, in local order: (global
+// first element, length). One run, except a row split's: one per row.
+std::vector<std::pair<int64_t, int64_t>> tp_element_runs(const ParamSpec& spec,
+                                                         const ModelParallelRank& mp);
+// The params rank `mp` holds (indices into `specs`, model order) and each as that rank's model
+// holds it: numel and shape its TP piece's, everything else as given.
+std::vector<size_t> params_of_stage(const std::vector<ParamSpec>& specs,
+                                    const ModelParallelRank& mp);
+ParamSpec local_param_spec(const ParamSpec& spec, const ModelParallelRank& mp);
 
 // Limits of one DP group and one buffer: exceeding one throws InvariantViolation rather than
 // overflowing or hanging.

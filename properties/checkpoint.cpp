@@ -16,29 +16,37 @@ namespace {
 
 using Pieces = std::map<std::string, std::vector<const model::SavedPiece*>>;
 
-// Every bucket of every buffer has its keys (dp_reshardable), each at the bucket's
-// numel_unpadded; nullopt when it does.
+// Every bucket of every buffer of every DP group has its keys (dp_reshardable, under the group's
+// dp_group_idx), each at the bucket's numel_unpadded; nullopt when it does.
 std::optional<std::string> bucket_keys_missing(const sim::PhaseRecord& p, const Pieces& by_key) {
-  for (size_t g = 0; g < p.buffers.size(); ++g) {
-    for (size_t b = 0; b < p.buffers[g].numel_unpadded.size(); ++b) {
-      bool found = false;
-      for (const auto& [key, pieces] : by_key) {
-        const auto k = model::parse_bucket_key(key);
-        if (!k || k->dp_group_idx != 0 || k->gbuf_idx != static_cast<int64_t>(g) ||
-            k->dtype != p.buffers[g].dtype_key || k->bucket_idx != static_cast<int64_t>(b)) {
-          continue;
+  std::vector<sim::GroupLayout> groups = p.groups;
+  if (groups.empty()) groups.push_back({model::ModelParallelRank{}, p.buffers, p.layouts});
+  for (size_t group = 0; group < groups.size(); ++group) {
+    const std::vector<sim::BufferInfo>& buffers = groups[group].buffers;
+    for (size_t g = 0; g < buffers.size(); ++g) {
+      for (size_t b = 0; b < buffers[g].numel_unpadded.size(); ++b) {
+        bool found = false;
+        for (const auto& [key, pieces] : by_key) {
+          const auto k = model::parse_bucket_key(key);
+          if (!k || k->dp_group_idx != static_cast<int64_t>(group) ||
+              k->gbuf_idx != static_cast<int64_t>(g) || k->dtype != buffers[g].dtype_key ||
+              k->bucket_idx != static_cast<int64_t>(b)) {
+            continue;
+          }
+          found = true;
+          if (pieces.front()->global_numel != buffers[g].numel_unpadded[b]) {
+            return fmt::format(
+                "{} checkpoint: key {} has global shape ({},), expected "
+                "numel_unpadded {}",
+                phase_label(p), key, pieces.front()->global_numel, buffers[g].numel_unpadded[b]);
+          }
         }
-        found = true;
-        if (pieces.front()->global_numel != p.buffers[g].numel_unpadded[b]) {
+        if (!found) {
           return fmt::format(
-              "{} checkpoint: key {} has global shape ({},), expected "
-              "numel_unpadded {}",
-              phase_label(p), key, pieces.front()->global_numel, p.buffers[g].numel_unpadded[b]);
+              "{} checkpoint: bucket {} of buffer {} {} of DP group {} has no saved optimizer "
+              "state",
+              phase_label(p), b, g, buffers[g].dtype_key, group);
         }
-      }
-      if (!found) {
-        return fmt::format("{} checkpoint: bucket {} of buffer {} {} has no saved optimizer state",
-                           phase_label(p), b, g, p.buffers[g].dtype_key);
       }
     }
   }

@@ -42,6 +42,10 @@ PropertyResult mark_not_evaluated(PropertyResult r, const std::string& why) {
 }
 
 std::string phase_label(const sim::PhaseRecord& p) {
+  if (p.spec.tp * p.spec.pp != 1) {
+    return fmt::format("phase {} (tp={}, pp={}, dp={}, {})", p.index, p.spec.tp, p.spec.pp,
+                       p.spec.dp, p.spec.revision);
+  }
   return fmt::format("phase {} (dp={}, {})", p.index, p.spec.dp, p.spec.revision);
 }
 

@@ -474,9 +474,10 @@ Result<Conformance> conform(const nlohmann::json& model_trace, const nlohmann::j
       return Status::invalid_input(fmt::format(
           "{}: has no run '{}' (not a trace of this scenario's plan)", real_source, run.id));
     }
-    if (real->dp != run.dp) {
-      return Status::invalid_input(fmt::format("{}: run '{}' ran at dp {}, the scenario says {}",
-                                               real_source, run.id, real->dp, run.dp));
+    if (real->dp != run.dp || real->tp != run.tp || real->pp != run.pp) {
+      return Status::invalid_input(
+          fmt::format("{}: run '{}' ran at tp {} pp {} dp {}, the scenario says tp {} pp {} dp {}",
+                      real_source, run.id, real->tp, real->pp, real->dp, run.tp, run.pp, run.dp));
     }
   }
   compare_all_runs(m.value(), r.value(), out);

@@ -31,7 +31,9 @@
 //                                     kTrajectoryAtol (fp32 states) or one bf16 ulp (bf16
 //                                     params), plus kTrajectoryRtolPerStep a step since, where
 //                                     a reshard moved it between a CPU AdamW and a FusedAdam
-//                                     part (I13, I16)
+//                                     part (I13, I16); with TP, every TP rank's copy of a
+//                                     replicated param equals TP rank 0's; with TP or PP, the
+//                                     whole param assembled from every rank's piece
 //   shards_tile_buckets               every checkpoint's optimizer pieces tile [0,
 //                                     numel_unpadded) of every bucket and key exactly once (I3, I4)
 //   common_state_rank_independent     every rank's common state equals rank 0's, the only one

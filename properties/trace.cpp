@@ -152,6 +152,8 @@ Result<Trace> parse(const json& j, const std::string& source) {
       Run run;
       run.id = r.at("id").get<std::string>();
       run.dp = r.at("dp").get<int64_t>();
+      run.tp = r.value("tp", int64_t{1});
+      run.pp = r.value("pp", int64_t{1});
       if (const auto ph = r.find("phase"); ph != r.end() && ph->is_number_integer())
         run.phase = ph->get<int>();
       run.status = r.at("status").get<std::string>();

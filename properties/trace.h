@@ -91,6 +91,8 @@ struct Event {
 struct Run {
   std::string id;
   int64_t dp = 0;
+  int64_t tp = 1;  // "tp" and "pp", where the run names them
+  int64_t pp = 1;
   int phase = -1;  // the scenario's phase (-1: the reference run)
   std::string status;
   bool load = false;

@@ -269,6 +269,16 @@ std::optional<std::pair<std::string, std::string>> round_trip_difference(
 
 }  // namespace
 
+// A TP rank's copy of a replicated param that is not TP rank 0's: the uninterrupted run's
+// replicas are equal (every TP rank gets the same gradient), so the resumed run's must be too.
+std::optional<PropertyResult> replicas_differ(PropertyResult& r, const sim::PhaseRecord& p,
+                                              const sim::GlobalState& st, const char* when) {
+  if (st.replica_differences.empty()) return std::nullopt;
+  return fail(std::move(r), static_cast<int>(p.index), "trajectory_matches_uninterrupted:replica",
+              fmt::format("{} {} global step {}: {}", phase_label(p), when, st.global_step,
+                          st.replica_differences.front()));
+}
+
 PropertyResult trajectory_matches_uninterrupted(const sim::RunResult& run) {
   PropertyResult r = pass("trajectory_matches_uninterrupted");
   TrajectoryComparison comparison(run);
@@ -280,6 +290,7 @@ PropertyResult trajectory_matches_uninterrupted(const sim::RunResult& run) {
         if (not_evaluated.empty()) not_evaluated = phase_label(p) + ": the load did not complete";
         continue;
       }
+      if (auto f = replicas_differ(r, p, *p.after_load, "after the load at")) return *f;
       // A restored state holds no kernel decision yet: compare with the history so far.
       if (const sim::GlobalState* ref = run.reference_at(p.after_load->global_step)) {
         if (auto f = comparison.compare(r, p, *p.after_load, *ref, "after the load at")) return *f;
@@ -288,6 +299,7 @@ PropertyResult trajectory_matches_uninterrupted(const sim::RunResult& run) {
     for (const auto& st : p.after_step) {
       const sim::GlobalState* ref = run.reference_at(st.global_step);
       if (ref == nullptr) continue;
+      if (auto f = replicas_differ(r, p, st, "after")) return *f;
       comparison.update_moved(st, *ref, run.reference_at(st.global_step - 1));
       if (auto f = comparison.compare(r, p, st, *ref, "after")) return *f;
     }

@@ -96,22 +96,15 @@ json uninitialized_json(const sim::RunResult& run, const sim::GlobalState& st,
   return out;
 }
 
-// One rank's state at one point, from the gathered state.
-json state_event(const sim::RunResult& run, const sim::GlobalState& st, int rank, const char* at,
-                 bool values) {
-  std::vector<const sim::ShardRecord*> shards;
-  for (const auto& s : st.shards) {
-    if (s.rank == rank) shards.push_back(&s);
-  }
-  std::stable_sort(shards.begin(), shards.end(),
-                   [](const auto* a, const auto* b) { return a->param < b->param; });
+// The parts of one rank's shards, and their states' hashes (and values) into `hashes` (`vals`).
+// A row-split TP piece's shard is one record per row: its values are hashed as the rank holds
+// them, the rows concatenated in order.
+json shard_states(const sim::RunResult& run, const sim::GlobalState& st,
+                  const std::vector<const sim::ShardRecord*>& shards, bool stepped, bool values,
+                  json& hashes, json& vals) {
   json parts = json::array();
-  json hashes{{"master", json::object()},
-              {"exp_avg", json::object()},
-              {"exp_avg_sq", json::object()},
-              {"model_param", json::object()}};
-  json vals = hashes;
-  const bool stepped = std::string(at) == "after_step";
+  std::map<std::string, std::map<std::string, std::vector<float>>> joined;  // kind -> param
+  std::map<std::string, std::map<std::string, bool>> present;
   for (const auto* s : shards) {
     const std::string& name = run.scenario.params[s->param].name;
     parts.push_back({{"part", part_of(*s)},
@@ -122,14 +115,42 @@ json state_event(const sim::RunResult& run, const sim::GlobalState& st, int rank
                      {"step_used", stepped && s->step_used ? json(*s->step_used) : json(nullptr)},
                      {"step_aliases", s->step_aliases}});
     const bool moments = st.moments_present[s->param][static_cast<size_t>(s->range.start)] != 0;
-    auto put = [&](const char* kind, const std::vector<float>& v, bool present) {
-      hashes[kind][name] = present ? json(hash_f32(slice(v, s->range))) : json(nullptr);
-      if (values) vals[kind][name] = present ? json(base64_f32(slice(v, s->range))) : json(nullptr);
+    auto put = [&](const char* kind, const std::vector<float>& v, bool has) {
+      const auto part = slice(v, s->range);
+      std::vector<float>& all = joined[kind][name];
+      all.insert(all.end(), part.begin(), part.end());
+      present[kind].try_emplace(name, has);
     };
     put("master", st.master[s->param], true);
     put("exp_avg", st.exp_avg[s->param], moments);
     put("exp_avg_sq", st.exp_avg_sq[s->param], moments);
   }
+  for (const auto& [kind, by_param] : joined) {
+    for (const auto& [name, v] : by_param) {
+      const bool has = present[kind][name];
+      hashes[kind][name] = has ? json(hash_f32(v)) : json(nullptr);
+      if (values) vals[kind][name] = has ? json(base64_f32(v)) : json(nullptr);
+    }
+  }
+  return parts;
+}
+
+// One rank's state at one point, from the gathered state.
+json state_event(const sim::RunResult& run, const sim::GlobalState& st, int rank, const char* at,
+                 bool values) {
+  std::vector<const sim::ShardRecord*> shards;
+  for (const auto& s : st.shards) {
+    if (s.rank == rank) shards.push_back(&s);
+  }
+  std::stable_sort(shards.begin(), shards.end(),
+                   [](const auto* a, const auto* b) { return a->param < b->param; });
+  json hashes{{"master", json::object()},
+              {"exp_avg", json::object()},
+              {"exp_avg_sq", json::object()},
+              {"model_param", json::object()}};
+  json vals = hashes;
+  const bool stepped = std::string(at) == "after_step";
+  json parts = shard_states(run, st, shards, stepped, values, hashes, vals);
   const auto& params = st.params_of(rank);
   for (size_t p = 0; p < params.size(); ++p) {
     const std::string& name = run.scenario.params[p].name;
@@ -208,22 +229,30 @@ json run_events(const sim::RunResult& run, int64_t dp,
   return events;
 }
 
+// A run's TP and PP sizes, where they are not 1 (traces of DP-only runs keep their fields).
+void put_model_parallel(const sim::PhaseSpec& spec, json& run) {
+  if (spec.tp != 1) run["tp"] = spec.tp;
+  if (spec.pp != 1) run["pp"] = spec.pp;
+}
+
 json reference_run(const sim::RunResult& run, bool values) {
   const sim::Scenario& s = run.scenario;
   std::vector<std::pair<const char*, const sim::GlobalState*>> points = {
       {"init", &run.reference_initial}};
   for (const auto& st : run.reference) points.emplace_back("after_step", &st);
   const int64_t last = run.reference.empty() ? 0 : run.reference.back().global_step;
-  return {
-      {"id", "reference"},
-      {"dp", s.phases.front().dp},
-      {"revision", s.phases.front().profile->name},
-      {"start_step", 0},
-      {"steps", s.total_steps()},
-      {"load", false},
-      {"save", false},
-      {"status", run.reference_errors.empty() ? "completed" : "failed"},
-      {"events", run_events(run, s.phases.front().dp, points, run.reference_errors, last, values)}};
+  json out = {{"id", "reference"},
+              {"dp", s.phases.front().dp},
+              {"revision", s.phases.front().profile->name},
+              {"start_step", 0},
+              {"steps", s.total_steps()},
+              {"load", false},
+              {"save", false},
+              {"status", run.reference_errors.empty() ? "completed" : "failed"},
+              {"events", run_events(run, s.phases.front().world(), points, run.reference_errors,
+                                    last, values)}};
+  put_model_parallel(s.phases.front(), out);
+  return out;
 }
 
 // One rank's after_load `unwritten`: its load's unwritten ranges, sorted by key and range.
@@ -253,6 +282,7 @@ json phase_run(const sim::RunResult& run, const sim::PhaseRecord& p, bool values
            {"load", p.index > 0},
            {"save", p.spec.save}};
   if (p.index > 0) out["load_from"] = fmt::format("phase{}", p.index - 1);
+  put_model_parallel(p.spec, out);
   if (!p.ran) {
     out["status"] = "skipped";
     out["skipped_reason"] = "the checkpoint to resume from does not exist";
@@ -266,8 +296,8 @@ json phase_run(const sim::RunResult& run, const sim::PhaseRecord& p, bool values
   if (p.at_save) points.emplace_back("at_save", &*p.at_save);
   const sim::GlobalState* last = p.final_state();
   out["status"] = p.errors.empty() ? "completed" : "failed";
-  out["events"] =
-      run_events(run, p.spec.dp, points, p.errors, last ? last->global_step : p.start_step, values);
+  out["events"] = run_events(run, p.spec.world(), points, p.errors,
+                             last ? last->global_step : p.start_step, values);
   for (json& ev : out["events"]) {
     const auto rank = ev["rank"].get<size_t>();
     if (ev["at"] == "after_load" && rank < p.load_unwritten.size())
@@ -305,6 +335,8 @@ json replay_plan_json(const sim::Scenario& s) {
       plan_run(s, "reference", s.phases.front().dp, *s.phases.front().profile, 0, s.total_steps());
   reference["load"] = false;
   reference["save"] = false;
+  // The runner does not set up TP or PP yet: plan.py refuses these fields by name.
+  put_model_parallel(s.phases.front(), reference);
   runs.push_back(std::move(reference));
   int64_t start = 0;
   for (size_t i = 0; i < s.phases.size(); ++i) {
@@ -313,6 +345,7 @@ json replay_plan_json(const sim::Scenario& s) {
     run["phase"] = i;
     run["load"] = i > 0;
     run["save"] = ph.save;
+    put_model_parallel(ph, run);
     runs.push_back(std::move(run));
     start += ph.steps;
   }

@@ -140,6 +140,7 @@ void Coverage::add(const sim::Scenario& s) {
     bump("phases: steps", steps_band(p.steps));
     bump("phases: revision", p.revision);
     bump("phases: DP", std::to_string(p.dp));
+    bump("phases: TP x PP", fmt::format("{} x {}", p.tp, p.pp));
     bump("phases: saves in", format_label(s.format_of(i)));
     if (i == 0) continue;
     const sim::PhaseSpec& prev = s.phases[i - 1];
@@ -147,6 +148,14 @@ void Coverage::add(const sim::Scenario& s) {
     bump("resumes: reshard", reshard_label(prev.dp, p.dp));
     bump("resumes: revision", prev.revision == p.revision ? "same revision" : "revision changes");
     bump("resumes: loads", format_label(s.format_of(i - 1)));
+    if (prev.tp * prev.pp * p.tp * p.pp != 1) {
+      const bool tp = prev.tp != p.tp, pp = prev.pp != p.pp, dp = prev.dp != p.dp;
+      std::string changes;
+      for (const auto& [changed, name] : {std::pair{tp, "TP"}, {pp, "PP"}, {dp, "DP"}}) {
+        if (changed) changes += (changes.empty() ? "" : ", ") + std::string(name);
+      }
+      bump("resumes: TP, PP, DP that change", changes.empty() ? "none" : changes);
+    }
     bump("resumes: opt_param_scheduler", resume_arguments_label(s, i));
     const model::ScheduleConfig& before = s.schedule_of(i - 1);
     if (s.schedule_of(i) == before) continue;

@@ -1,6 +1,7 @@
 #include "search/generators.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include <fmt/format.h>
 #include <rapidcheck/state.h>
@@ -258,6 +259,46 @@ void draw_formats(const GeneratorConfig& config, sim::Scenario& s) {
   }
 }
 
+// TP and PP (GeneratorConfig::tp_max, pp_max): every param a 2-D shape near its drawn numel
+// with dims that TP 4 divides, a split (replicated, column or row; shrinking to replicated) and
+// a layer (param i in layer i mod L, L the largest of 1, 2, 4 that the params fill and pp_max
+// allows), then each phase a TP and a PP in {1, 2, 4}: a resume keeps the previous phase's in
+// one draw of two, else draws anew (TP, PP or both change). Shrinks toward TP = PP = 1.
+// Drawn last: a config without them draws nothing here.
+void draw_model_parallel(const GeneratorConfig& config, sim::Scenario& s) {
+  if (config.tp_max == 1 && config.pp_max == 1) return;
+  constexpr int64_t kDim = kModelParallelMax;
+  int64_t layers = 1;
+  while (layers * 2 <= std::min<int64_t>(config.pp_max, static_cast<int64_t>(s.params.size())))
+    layers *= 2;
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    model::ParamSpec& p = s.params[i];
+    const auto root = static_cast<int64_t>(std::sqrt(static_cast<double>(p.numel)));
+    const int64_t rows = kDim * std::max<int64_t>(1, root / kDim);
+    const int64_t cols = kDim * std::max<int64_t>(1, p.numel / rows / kDim);
+    p.shape = {rows, cols};
+    p.numel = rows * cols;
+    p.tp_split = *gen::weightedElement<model::TpSplit>({{1, model::TpSplit::kReplicated},
+                                                        {2, model::TpSplit::kColumn},
+                                                        {2, model::TpSplit::kRow}});
+    p.layer = static_cast<int64_t>(i) % layers;
+  }
+  const auto sizes = [](int64_t max) {
+    std::vector<int64_t> out;
+    for (int64_t x = 1; x <= max; x *= 2) out.push_back(x);
+    return out;
+  };
+  const std::vector<int64_t> tps = sizes(std::min(config.tp_max, kModelParallelMax));
+  const std::vector<int64_t> pps = sizes(std::min(layers, config.pp_max));
+  for (size_t i = 0; i < s.phases.size(); ++i) {
+    sim::PhaseSpec& phase = s.phases[i];
+    const bool keep = i > 0 && *gen::weightedElement<bool>({{1, false}, {1, true}});
+    phase.tp = keep ? s.phases[i - 1].tp : *gen::elementOf(tps);
+    phase.pp = keep ? s.phases[i - 1].pp : *gen::elementOf(pps);
+    phase.dp = std::min(phase.dp, kModelParallelWorldMax / (phase.tp * phase.pp));
+  }
+}
+
 // With config.require_revision_change and two or more revisions: if no phase changed revision,
 // the last one takes another (a phase is added to a one-phase scenario).
 void ensure_revision_change(const GeneratorConfig& config, sim::Scenario& s) {
@@ -471,6 +512,7 @@ rc::Gen<sim::Scenario> gen_campaign_scenario(const GeneratorConfig& config) {
     s.schedule = *gen_schedule(s.optimizer.adam.lr, s.optimizer.adam.weight_decay);
     for (size_t i = 1; i < s.phases.size(); ++i) draw_campaign_resume_arguments(s, i);
     draw_formats(config, s);
+    draw_model_parallel(config, s);
     s.faults = config.faults;
     s.name = "generated";
     return s;
@@ -488,7 +530,9 @@ Status GeneratorConfig::validate() const {
   for (Status s : {range("--dp-max", dp_max, sim::Scenario::kDpMax),
                    range("--params-max", params_max, kParamsMaxLimit),
                    range("--phases-max", phases_max, kPhasesMaxLimit),
-                   range("--steps-max", steps_max, kStepsMaxLimit)}) {
+                   range("--steps-max", steps_max, kStepsMaxLimit),
+                   range("--tp-max", tp_max, kModelParallelMax),
+                   range("--pp-max", pp_max, kModelParallelMax)}) {
     if (!s.is_ok()) return s;
   }
   if (long_steps_max != 0 &&
@@ -545,6 +589,7 @@ rc::Gen<sim::Scenario> gen_scenario(const GeneratorConfig& config) {
     s.schedule = *gen_schedule(s.optimizer.adam.lr, s.optimizer.adam.weight_decay);
     for (size_t i = 1; i < s.phases.size(); ++i) draw_resume_arguments(s, i);
     draw_formats(config, s);
+    draw_model_parallel(config, s);
     s.faults = config.faults;
     s.name = "generated";
     return s;

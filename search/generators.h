@@ -81,6 +81,12 @@ struct GeneratorConfig {
   int params_max = 6;
   int phases_max = 4;
   int64_t dp_max = 32;
+  // TP and PP sizes drawn in {1, 2, 4} up to these (--tp-max, --pp-max; 1: none, and the draws
+  // are those of a generator without them). With either above 1 every param gets a 2-D shape
+  // (dims multiples of 4), a TP split and a layer, and a world of TP x PP x DP ranks keeps DP at
+  // most kModelParallelWorldMax / (TP x PP).
+  int64_t tp_max = 1;
+  int64_t pp_max = 1;
   // Steps of a phase: 0, 1 or up to steps_max (--steps-max) mostly; one phase in about
   // 1 + 70 / kLongPhaseWeight is long (--long-steps-max; 0: none): next to 2^8 (kLongBand8)
   // most often, next to 2^11 (kLongBand11) less, anything up to long_steps_max now and then.
@@ -97,6 +103,9 @@ struct GeneratorConfig {
   // got 0"); unknown fault sites too.
   Status validate() const;
 };
+
+inline constexpr int64_t kModelParallelMax = 4;
+inline constexpr int64_t kModelParallelWorldMax = 64;
 
 // Long phases: the bands next to the step counts where a narrow counter goes wrong (bf16
 // counts integers exactly up to 2^8, fp16 up to 2^11), and how often one is drawn (out of 70

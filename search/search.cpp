@@ -44,6 +44,9 @@ class Candidates {
  public:
   explicit Candidates(const sim::Scenario& from) : from_(key(from)) {}
   void add(const sim::Scenario& c) {
+    // A shrink that breaks the TP/PP rules (fewer elements than a shape, a stage left empty) is
+    // not a scenario.
+    if (sim::model_parallel_problem(c)) return;
     std::string k = key(c);
     if (k == from_ || std::find(keys_.begin(), keys_.end(), k) != keys_.end()) return;
     keys_.push_back(std::move(k));
@@ -76,6 +79,42 @@ std::vector<int64_t> toward(int64_t lo, int64_t n) {
 
 namespace {
 
+// TP and PP toward 1; a param's split toward replicated, its layer toward 0, its shape toward
+// fewer rows and columns (multiples of 4, so that TP 4 still divides them).
+void add_model_parallel_shrinks(const sim::Scenario& s, Candidates& out) {
+  for (size_t i = 0; i < s.phases.size(); ++i) {
+    for (const bool tp : {true, false}) {
+      const int64_t size = tp ? s.phases[i].tp : s.phases[i].pp;
+      for (int64_t x = 1; x < size; x *= 2) {
+        sim::Scenario c = s;
+        (tp ? c.phases[i].tp : c.phases[i].pp) = x;
+        out.add(c);
+      }
+    }
+  }
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    const model::ParamSpec& p = s.params[i];
+    if (p.tp_split != model::TpSplit::kReplicated) {
+      sim::Scenario c = s;
+      c.params[i].tp_split = model::TpSplit::kReplicated;
+      out.add(c);
+    }
+    if (p.layer != 0) {
+      sim::Scenario c = s;
+      c.params[i].layer = 0;
+      out.add(c);
+    }
+    for (size_t d = 0; d < p.shape.size(); ++d) {
+      for (int64_t n : toward(1, p.shape[d] / 4)) {
+        sim::Scenario c = s;
+        c.params[i].shape[d] = 4 * n;
+        c.params[i].numel = p.numel / p.shape[d] * 4 * n;
+        out.add(c);
+      }
+    }
+  }
+}
+
 // Fewer phases (a phase's steps merged into its neighbour), fewer params, DP toward 1, fewer
 // elements, fewer steps.
 void add_smaller(const sim::Scenario& s, Candidates& out) {
@@ -101,6 +140,7 @@ void add_smaller(const sim::Scenario& s, Candidates& out) {
       c.bucket_size = c.total_numel() + 64;
     out.add(c);
   }
+  add_model_parallel_shrinks(s, out);
   // DP toward 1.
   for (size_t i = 0; i < s.phases.size(); ++i) {
     for (int64_t dp : toward(1, s.phases[i].dp)) {

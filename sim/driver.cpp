@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <limits>
+#include <map>
 #include <memory>
 
 #include <ATen/ops/empty.h>
@@ -26,6 +27,8 @@ struct PhaseJob {
   const Scenario* scenario = nullptr;
   int64_t phase_id = 0;
   int64_t dp = 1;
+  int64_t tp = 1;
+  int64_t pp = 1;
   int64_t steps = 0;
   const model::RevisionSwitches* switches = nullptr;
   const model::Storage* load_from = nullptr;  // null: fresh start
@@ -69,6 +72,7 @@ struct RankRecord {
   std::vector<std::pair<std::string, int64_t>> firings;
   std::vector<BufferInfo> buffers;
   std::vector<model::BufferLayout> layouts;
+  model::ModelParallelRank mp;
 };
 
 // Every model param's initial values (fp32, on the CPU): the same on every rank of every world,
@@ -85,33 +89,48 @@ std::vector<at::Tensor> initial_params(const Scenario& s) {
   return out;
 }
 
+// Each of the rank's params starts as its piece of the whole param's initial values.
 void set_initial_params(model::DistributedDataParallel& ddp, const std::vector<at::Tensor>& init) {
-  for (size_t i = 0; i < init.size(); ++i) {
-    at::Tensor p = ddp.param(i);
-    p.copy_(init[i]);
+  for (size_t i = 0; i < ddp.num_params(); ++i) {
+    at::Tensor p = ddp.param(i).view(-1);
+    const at::Tensor& whole = init[ddp.global_param(i)];
+    int64_t local = 0;
+    for (const auto& [global_begin, length] :
+         model::tp_element_runs(ddp.global_spec(i), ddp.mp())) {
+      p.narrow(0, local, length).copy_(whole.narrow(0, global_begin, length));
+      local += length;
+    }
   }
 }
 
 void describe_buffers(const model::DistributedDataParallel& ddp, RankRecord& out) {
+  out.mp = ddp.mp();
   for (const auto& buffer : ddp.buffers()) {
     out.layouts.push_back(buffer.layout);
     BufferInfo info;
     info.dtype_key = buffer.dtype_key().repr();
     for (const auto& b : buffer.layout.buckets) info.numel_unpadded.push_back(b.numel_unpadded);
-    info.params = buffer.params;
+    for (const size_t local : buffer.params) info.params.push_back(ddp.global_param(local));
     out.buffers.push_back(std::move(info));
   }
 }
 
-// This rank's local gradient of model param `param` at `global_step`, scaled by
-// 1/samples_per_step (a power of two, so every DP grouping still sums exactly), into `grad`.
-void local_scaled_gradient(const Scenario& s, int64_t global_step, size_t param, int rank,
+// This DP rank's local gradient of the rank's model param `i` at `global_step` (its TP piece of
+// the whole param's), scaled by 1/samples_per_step (a power of two, so every DP grouping still
+// sums exactly), into `grad`.
+void local_scaled_gradient(const Scenario& s, int64_t global_step,
+                           const model::DistributedDataParallel& ddp, size_t i, int dp_rank,
                            int64_t dp, at::Tensor& grad) {
   at::Tensor host =
       grad.is_cuda() ? at::empty({grad.numel()}, at::TensorOptions().dtype(at::kFloat)) : grad;
   std::span<float> span{host.data_ptr<float>(), static_cast<size_t>(host.numel())};
-  local_gradient(GradientSpec{s.seed, s.samples_per_step}, global_step, static_cast<int64_t>(param),
-                 0, rank, dp, span);
+  int64_t local = 0;
+  for (const auto& [global_begin, length] : model::tp_element_runs(ddp.global_spec(i), ddp.mp())) {
+    local_gradient(GradientSpec{s.seed, s.samples_per_step}, global_step,
+                   static_cast<int64_t>(ddp.global_param(i)), global_begin, dp_rank, dp,
+                   span.subspan(static_cast<size_t>(local), static_cast<size_t>(length)));
+    local += length;
+  }
   const float scale = 1.0F / static_cast<float>(s.samples_per_step);
   for (float& x : span) x *= scale;
   if (grad.is_cuda()) grad.copy_(host);
@@ -176,6 +195,7 @@ int64_t train(const PhaseJob& job, model::Runtime& rt, model::DistributedDataPar
               RankRecord& out) {
   const Scenario& s = *job.scenario;
   const int rank = rt.rank();
+  const int dp_rank = ddp.dp_group().rank();
   for (int64_t k = 0; k < job.steps; ++k) {
     const int64_t global_step = iteration + 1;
     for (const auto& [first, schedule] : job.schedule_changes) {
@@ -184,13 +204,14 @@ int64_t train(const PhaseJob& job, model::Runtime& rt, model::DistributedDataPar
     std::vector<GroupHyper> hypers = group_hypers(opt);
     model::train_step(ddp, opt, *scheduler, s.samples_per_step, rt,
                       [&](size_t i, at::Tensor& grad) {
-                        local_scaled_gradient(s, global_step, i, rank, job.dp, grad);
+                        local_scaled_gradient(s, global_step, ddp, i, dp_rank, job.dp, grad);
                       });
     iteration = global_step;
     std::vector<StepUse> uses = step_uses(opt);
+    globalize_uses(ddp, uses);
     // Param groups only where a checker reads them: the state a phase ends (and saves) in.
     const bool last = k + 1 == job.steps && job.phase_id != kReferencePhaseId;
-    RankState state = capture(opt, ddp, rank, last);
+    RankState state = capture(opt, ddp, s.params, rank, last);
     state.uses = std::move(uses);
     state.hypers = std::move(hypers);
     if (job.trace_steps) {
@@ -202,7 +223,10 @@ int64_t train(const PhaseJob& job, model::Runtime& rt, model::DistributedDataPar
   return iteration;
 }
 
-void rank_main(const PhaseJob& job, model::ProcessGroup& pg, RankRecord& out) {
+// One rank of the job: `pg` the world (the checkpoint's save and load), `dp_pg` its DP group (its
+// model's buffers and optimizer), `mp` its place in TP x PP.
+void rank_main(const PhaseJob& job, model::ProcessGroup& pg, model::ProcessGroup& dp_pg,
+               const model::ModelParallelRank& mp, RankRecord& out) {
   const Scenario& s = *job.scenario;
   const int rank = pg.rank();
   model::Runtime rt(s.seed, job.phase_id, rank, job.real_cuda);
@@ -210,14 +234,14 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, RankRecord& out) {
   std::string stage = "init";
   try {
     const model::LayoutOptions layout{job.dp, s.bucket_size, s.pad_buckets_for_high_nccl_busbw};
-    model::DistributedDataParallel ddp(rt, s.params, layout, pg);
+    model::DistributedDataParallel ddp(rt, s.params, layout, dp_pg, mp);
     set_initial_params(ddp, *job.initial_params);
     describe_buffers(ddp, out);
     const auto optimizer = model::get_megatron_optimizer(rt, ddp, job.optimizer, *job.switches);
     model::DistributedOptimizer& opt = *optimizer;
     std::optional<model::OptimizerParamScheduler> scheduler;
     scheduler.emplace(opt, job.schedule, s.samples_per_step, job.resume, *job.switches);
-    out.initial = capture(opt, ddp, rank, job.phase_id == 0);
+    out.initial = capture(opt, ddp, s.params, rank, job.phase_id == 0);
 
     int64_t iteration = 0;
     if (job.load_from != nullptr) {
@@ -225,7 +249,7 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, RankRecord& out) {
       iteration = model::load_checkpoint(ddp, opt, &*scheduler, *job.load_from, pg, *job.switches,
                                          rt, &out.load);
       out.uninitialized = uninitialized_after_load(opt, ddp, out.load);
-      out.after_load = capture(opt, ddp, rank, true);
+      out.after_load = capture(opt, ddp, s.params, rank, true);
       out.trace.push_back(fmt::format("load phase={} rank={} iteration={} state={:016x}",
                                       job.phase_id, rank, iteration,
                                       rank_state_hash(*out.after_load, rank)));
@@ -237,7 +261,7 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, RankRecord& out) {
       stage = "save";
       out.save = model::save_checkpoint(ddp, opt, &*scheduler, iteration, *job.save_to, pg,
                                         *job.switches, job.format, rt);
-      out.at_save = capture(opt, ddp, rank, true);
+      out.at_save = capture(opt, ddp, s.params, rank, true);
       out.trace.push_back(fmt::format("save phase={} rank={} iteration={} pieces={}", job.phase_id,
                                       rank, iteration, out.save->pieces->size()));
     }
@@ -249,13 +273,36 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, RankRecord& out) {
   }
 }
 
+// The job's world of tp x pp x dp ranks, numbered as parallel_state's default order
+// tp-cp-ep-dp-pp: rank = tp_rank + tp * (dp_rank + dp * pp_rank). Each (TP, PP) rank's DP ranks
+// form a DP group; at TP = PP = 1 that is the world itself.
 std::vector<RankRecord> run_world(const PhaseJob& job) {
-  std::vector<RankRecord> outs(static_cast<size_t>(job.dp));
+  const int64_t world_size = job.tp * job.pp * job.dp;
+  std::vector<RankRecord> outs(static_cast<size_t>(world_size));
   LocalWorld world(
-      static_cast<int>(job.dp), Execution::kFibers,
+      static_cast<int>(world_size), Execution::kFibers,
       job.share_gathered_objects ? ObjectGathers::kShared : ObjectGathers::kCopiedPerRank);
-  world.run(
-      [&](model::ProcessGroup& pg) { rank_main(job, pg, outs[static_cast<size_t>(pg.rank())]); });
+  std::vector<int> dp_groups;  // by data_parallel_group_idx
+  if (job.tp * job.pp > 1) {
+    for (int64_t pp_rank = 0; pp_rank < job.pp; ++pp_rank) {
+      for (int64_t tp_rank = 0; tp_rank < job.tp; ++tp_rank) {
+        std::vector<int> members;
+        for (int64_t d = 0; d < job.dp; ++d)
+          members.push_back(static_cast<int>(tp_rank + job.tp * (d + job.dp * pp_rank)));
+        dp_groups.push_back(world.new_group(std::move(members)));
+      }
+    }
+  }
+  world.run([&](model::ProcessGroup& pg) {
+    const int64_t r = pg.rank();
+    const model::ModelParallelRank mp{job.tp, r % job.tp, job.pp, r / (job.tp * job.dp)};
+    std::unique_ptr<LocalProcessGroup> dp_pg;
+    if (!dp_groups.empty()) {
+      dp_pg = world.group(dp_groups[static_cast<size_t>(mp.data_parallel_group_idx())],
+                          static_cast<int>(r));
+    }
+    rank_main(job, pg, dp_pg ? *dp_pg : pg, mp, outs[static_cast<size_t>(r)]);
+  });
   return outs;
 }
 
@@ -280,7 +327,11 @@ std::string options_line(const Scenario& s) {
       model::optimizer_kind_name(s.optimizer.kind), s.params.size(), s.total_numel(),
       s.bucket_size ? std::to_string(*s.bucket_size) : "None", s.pad_buckets_for_high_nccl_busbw,
       s.samples_per_step);
-  for (const auto& p : s.phases) line += fmt::format("[dp={} steps={}]", p.dp, p.steps);
+  for (const auto& p : s.phases) {
+    line += p.tp * p.pp == 1
+                ? fmt::format("[dp={} steps={}]", p.dp, p.steps)
+                : fmt::format("[tp={} pp={} dp={} steps={}]", p.tp, p.pp, p.dp, p.steps);
+  }
   if (!s.faults.empty()) {
     line += " faults=";
     for (const auto& f : s.faults) line += f + ";";
@@ -314,6 +365,8 @@ void run_reference(const Scenario& scenario, const RunOptions& options,
   job.initial_params = &init;
   job.phase_id = kReferencePhaseId;
   job.dp = scenario.phases.front().dp;
+  job.tp = scenario.phases.front().tp;
+  job.pp = scenario.phases.front().pp;
   job.steps = scenario.total_steps();
   job.switches = &scenario.phases.front().profile->switches;
   job.real_cuda = result.gpu_resident;
@@ -348,14 +401,17 @@ void run_reference(const Scenario& scenario, const RunOptions& options,
 // negative space"): one start step, one buffer layout, one list of saved pieces.
 void check_ranks_agree(const std::vector<RankRecord>& outs) {
   const RankRecord* first = nullptr;
+  std::map<int64_t, const RankRecord*> first_of_group;  // by data_parallel_group_idx
   for (const auto& o : outs) {
     if (o.error.has_value()) continue;
+    const auto [group, fresh] = first_of_group.emplace(o.mp.data_parallel_group_idx(), &o);
+    CKPTSIM_CHECK(fresh || o.buffers == group->second->buffers,
+                  "ranks of one DP group built different buffers");
     if (first == nullptr) {
       first = &o;
       continue;
     }
     CKPTSIM_CHECK(o.start_step == first->start_step, "ranks resumed at different steps");
-    CKPTSIM_CHECK(o.buffers == first->buffers, "ranks built different buffers");
     CKPTSIM_CHECK(o.steps.size() == first->steps.size(), "ranks took different steps");
     CKPTSIM_CHECK(o.save.has_value() == first->save.has_value(), "ranks disagree on the save");
     if (o.save.has_value()) {
@@ -428,6 +484,14 @@ void record_outcome(const std::vector<RankRecord>& outs, PhaseRecord& rec) {
   rec.start_step = outs.front().start_step;
   rec.buffers = outs.front().buffers;
   rec.layouts = outs.front().layouts;
+  // Each DP group's, from its first rank (world order puts DP rank 0 of every (TP, PP) rank
+  // before any DP rank 1 of the same PP stage).
+  for (const auto& o : outs) {
+    const auto g = static_cast<size_t>(o.mp.data_parallel_group_idx());
+    if (rec.groups.size() <= g) rec.groups.resize(g + 1);
+    if (rec.groups[g].buffers.empty() && !o.buffers.empty())
+      rec.groups[g] = GroupLayout{o.mp, o.buffers, o.layouts};
+  }
   for (const auto& o : outs) {
     for (const auto& f : o.firings) {
       auto it = std::find_if(rec.fault_firings.begin(), rec.fault_firings.end(),
@@ -482,8 +546,12 @@ void run_phase(const Scenario& scenario, const RunOptions& options, const PhaseJ
     result.trace.push_back(fmt::format("fault phase={} site={} fired={}", rec.index, site, count));
   }
   if (options.progress) {
-    options.progress(fmt::format("phase {} (dp={}, {}): {}", rec.index, rec.spec.dp,
-                                 rec.spec.profile->name, phase_status(rec)));
+    const std::string sizes =
+        rec.spec.tp * rec.spec.pp == 1
+            ? fmt::format("dp={}", rec.spec.dp)
+            : fmt::format("tp={} pp={} dp={}", rec.spec.tp, rec.spec.pp, rec.spec.dp);
+    options.progress(fmt::format("phase {} ({}, {}): {}", rec.index, sizes, rec.spec.profile->name,
+                                 phase_status(rec)));
   }
 }
 
@@ -550,6 +618,10 @@ void trace_phase_start(const Scenario& scenario, size_t i, std::vector<std::stri
   if (i > 0 && scenario.phases[i - 1].dp != spec.dp) {
     trace.push_back(fmt::format("reshard dp {}->{}", scenario.phases[i - 1].dp, spec.dp));
   }
+  if (i > 0 && (scenario.phases[i - 1].tp != spec.tp || scenario.phases[i - 1].pp != spec.pp)) {
+    trace.push_back(fmt::format("reshard tp {}->{} pp {}->{}", scenario.phases[i - 1].tp, spec.tp,
+                                scenario.phases[i - 1].pp, spec.pp));
+  }
   trace.push_back(fmt::format("phase={} dp={} revision={} steps={}", i, spec.dp, spec.profile->name,
                               spec.steps));
   if (const model::CheckpointFormat f = scenario.format_of(i); !(f == model::CheckpointFormat{})) {
@@ -604,6 +676,8 @@ Result<RunResult> run_scenario(const Scenario& scenario, const RunOptions& optio
     job.initial_params = &init;
     job.phase_id = static_cast<int64_t>(i);
     job.dp = spec.dp;
+    job.tp = spec.tp;
+    job.pp = spec.pp;
     job.steps = spec.steps;
     job.switches = &spec.profile->switches;
     job.real_cuda = result.gpu_resident;
@@ -644,6 +718,8 @@ PhaseRecord resume_from_checkpoint(const Scenario& scenario, const PhaseSpec& ph
   job.initial_params = &init;
   job.phase_id = 1;
   job.dp = phase.dp;
+  job.tp = phase.tp;
+  job.pp = phase.pp;
   job.steps = phase.steps;
   job.switches = &phase.profile->switches;
   job.real_cuda = have_gpu && options.device != DeviceChoice::kCpu;

@@ -5,8 +5,10 @@
 //   1. trace line `seed=<s> revision=<r0>,<r1>,... scenario=<name>`;
 //   2. the reference run: phases[0].dp ranks, phases[0].revision, every step of every phase
 //      without a checkpoint; its state is recorded after every global step;
-//   3. each phase: a fresh world of `dp` ranks (a new process group, new Runtime per rank,
-//      new model and optimizer — a restarted job); phases after the first load the
+//   3. each phase: a fresh world of tp x pp x dp ranks (parallel_state's order tp-cp-ep-dp-pp;
+//      each (TP, PP) rank's DP ranks a subgroup that its buffers and optimizer use, the world
+//      the checkpoint's save and load; a new Runtime per rank, new model (the rank's stage's
+//      params, each its TP piece) and optimizer — a restarted job); phases after the first load the
 //      checkpoint that the previous phase saved; then `steps` training steps; then a save.
 //      An upstream error on any rank aborts the phase (other ranks see PeerAborted) and no
 //      later phase runs — a crashed job does not resume.

@@ -34,9 +34,50 @@ LocalWorld::LocalWorld(int world_size, Execution execution, ObjectGathers gather
     throw std::invalid_argument(
         fmt::format("world size {} is outside [1, kWorldSizeMax={}]", world_size, kWorldSizeMax));
   }
-  calls_.resize(static_cast<std::size_t>(world_size));
   departures_.resize(static_cast<std::size_t>(world_size));
   posted_by_rank_.resize(static_cast<std::size_t>(world_size));
+  waiting_.resize(static_cast<std::size_t>(world_size));
+  groups_of_rank_.resize(static_cast<std::size_t>(world_size));
+  std::vector<int> everyone(static_cast<std::size_t>(world_size));
+  for (int r = 0; r < world_size; ++r) everyone[static_cast<std::size_t>(r)] = r;
+  new_group(std::move(everyone));
+}
+
+int LocalWorld::new_group(std::vector<int> ranks) {
+  std::lock_guard lock(mu_);
+  CKPTSIM_CHECK(!ran_, "LocalWorld::new_group after run()");
+  CKPTSIM_CHECK(!ranks.empty(), "LocalWorld::new_group with no ranks");
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    CKPTSIM_CHECK(ranks[i] >= 0 && ranks[i] < world_size_ && (i == 0 || ranks[i - 1] < ranks[i]),
+                  fmt::format("LocalWorld::new_group: rank {} out of order or outside world of "
+                              "size {}",
+                              ranks[i], world_size_));
+  }
+  const int id = static_cast<int>(groups_.size());
+  for (const int r : ranks) groups_of_rank_[static_cast<std::size_t>(r)].push_back(id);
+  Group g;
+  g.calls.resize(ranks.size());
+  g.members = std::move(ranks);
+  groups_.push_back(std::move(g));
+  return id;
+}
+
+int LocalWorld::group_count() const {
+  std::lock_guard lock(mu_);
+  return static_cast<int>(groups_.size());
+}
+
+std::unique_ptr<LocalProcessGroup> LocalWorld::group(int group_id, int world_rank) {
+  std::lock_guard lock(mu_);
+  CKPTSIM_CHECK(group_id >= 0 && group_id < static_cast<int>(groups_.size()),
+                fmt::format("no group {} in this world", group_id));
+  const std::vector<int>& members = groups_[static_cast<std::size_t>(group_id)].members;
+  const auto it = std::lower_bound(members.begin(), members.end(), world_rank);
+  CKPTSIM_CHECK(it != members.end() && *it == world_rank,
+                fmt::format("rank {} is not in group {}", world_rank, group_id));
+  return std::make_unique<LocalProcessGroup>(*this, group_id,
+                                             static_cast<int>(it - members.begin()),
+                                             static_cast<int>(members.size()), world_rank);
 }
 
 void LocalWorld::abort(int rank, std::string reason) {
@@ -63,12 +104,16 @@ void LocalWorld::depart(int rank, std::optional<std::string> error) {
 void LocalWorld::depart_locked(int rank, Departure departure) {
   const auto r = static_cast<std::size_t>(rank);
   CKPTSIM_CHECK(!departures_[r].has_value(), fmt::format("rank {} departed twice", rank));
-  CKPTSIM_CHECK(!calls_[r].has_value(),
-                fmt::format("rank {} departed while posted to a collective", rank));
   departure.collectives_posted = posted_by_rank_[r];
   departures_[r] = std::move(departure);
   ++departed_count_;
-  resolve_if_complete_locked();
+  for (const int id : groups_of_rank_[r]) {
+    Group& g = groups_[static_cast<std::size_t>(id)];
+    const auto it = std::lower_bound(g.members.begin(), g.members.end(), rank);
+    CKPTSIM_CHECK(!g.calls[static_cast<std::size_t>(it - g.members.begin())].has_value(),
+                  fmt::format("rank {} departed while posted to a collective", rank));
+    resolve_if_complete_locked(g);
+  }
 }
 
 std::optional<AbortInfo> LocalWorld::abort_info() const {
@@ -86,18 +131,19 @@ int LocalWorld::blocked_count() const {
   return blocked_count_;
 }
 
-std::string LocalWorld::describe_locked(int rank) const {
-  const Call& c = *calls_[static_cast<std::size_t>(rank)];
+std::string LocalWorld::describe_locked(const Group& g, int rank) const {
+  const Call& c = *g.calls[static_cast<std::size_t>(rank)];
   std::string text = fmt::format("rank {} called {} (sequence number {}, {} bytes", rank,
                                  op_name(c.op), c.sequence_number, c.checked_bytes);
   if (c.op == CollectiveOp::kBroadcastObject) text += fmt::format(", root {}", c.root);
   return text + ")";
 }
 
-LocalWorld::Resolution LocalWorld::resolution_from_departures_locked() const {
-  // Lowest rank that left with its own error, else with a propagated one, else normally.
+LocalWorld::Resolution LocalWorld::resolution_from_departures_locked(const Group& g) const {
+  // Lowest member that left with its own error, else with a propagated one, else normally.
   std::optional<int> primary, secondary, returned;
-  for (int r = world_size_ - 1; r >= 0; --r) {
+  for (auto it = g.members.rbegin(); it != g.members.rend(); ++it) {
+    const int r = *it;
     const std::optional<Departure>& d = departures_[static_cast<std::size_t>(r)];
     if (!d) continue;
     if (!d->with_error) {
@@ -123,33 +169,37 @@ LocalWorld::Resolution LocalWorld::resolution_from_departures_locked() const {
   return resolution;
 }
 
-void LocalWorld::resolve_if_complete_locked() {
+void LocalWorld::resolve_if_complete_locked(Group& g) {
   // After an explicit abort nothing resolves: every posted rank throws PeerAborted.
-  if (abort_ || posted_count_ == 0 || posted_count_ + departed_count_ < world_size_) return;
-  if (departed_count_ > 0) {
-    resolution_ = resolution_from_departures_locked();
+  if (abort_ || g.posted_count == 0) return;
+  int departed = 0;
+  for (const int r : g.members) departed += departures_[static_cast<std::size_t>(r)] ? 1 : 0;
+  if (g.posted_count + departed < static_cast<int>(g.members.size())) return;
+  if (departed > 0) {
+    g.resolution = resolution_from_departures_locked(g);
   } else {
-    resolution_ = Resolution{};
-    resolution_.mismatch = find_mismatch_locked();
-    if (!resolution_.mismatch.empty()) {
-      resolution_.kind = Resolution::Kind::kMismatch;
+    g.resolution = Resolution{};
+    g.resolution.mismatch = find_mismatch_locked(g);
+    if (!g.resolution.mismatch.empty()) {
+      g.resolution.kind = Resolution::Kind::kMismatch;
     } else {
       try {
-        execute_locked();
+        execute_locked(g);
       } catch (const std::exception& e) {
         // Only allocation can fail here; fail every posted rank rather than strand them.
-        resolution_.kind = Resolution::Kind::kPeerFailed;
-        resolution_.reason = fmt::format("collective failed inside the world: {}", e.what());
+        g.resolution.kind = Resolution::Kind::kPeerFailed;
+        g.resolution.reason = fmt::format("collective failed inside the world: {}", e.what());
       }
     }
   }
-  for (auto& c : calls_) c.reset();
-  posted_count_ = 0;
-  ++generation_;
+  for (auto& c : g.calls) c.reset();
+  g.posted_count = 0;
+  ++g.generation;
   cv_.notify_all();
 }
 
-void LocalWorld::throw_resolution_locked(int rank, const Call& call) const {
+void LocalWorld::throw_resolution_locked(const Group& g, int rank, const Call& call) const {
+  const Resolution& resolution_ = g.resolution;
   switch (resolution_.kind) {
     case Resolution::Kind::kOk:
       return;
@@ -165,22 +215,22 @@ void LocalWorld::throw_resolution_locked(int rank, const Call& call) const {
   }
 }
 
-std::string LocalWorld::find_mismatch_locked() const {
-  const Call& first = *calls_[0];
-  for (int r = 1; r < world_size_; ++r) {
-    const Call& c = *calls_[static_cast<std::size_t>(r)];
+std::string LocalWorld::find_mismatch_locked(const Group& g) const {
+  const Call& first = *g.calls[0];
+  for (std::size_t r = 1; r < g.calls.size(); ++r) {
+    const Call& c = *g.calls[r];
     if (c.op != first.op || c.sequence_number != first.sequence_number ||
         c.checked_bytes != first.checked_bytes || c.root != first.root) {
-      return fmt::format("collective mismatch at rendezvous {}: {} but {}", generation_,
-                         describe_locked(0), describe_locked(r));
+      return fmt::format("collective mismatch at rendezvous {}: {} but {}", g.generation,
+                         describe_locked(g, 0), describe_locked(g, static_cast<int>(r)));
     }
   }
   return {};
 }
 
-void LocalWorld::execute_locked() {
-  const std::size_t n_ranks = static_cast<std::size_t>(world_size_);
-  auto call = [&](std::size_t r) -> const Call& { return *calls_[r]; };
+void LocalWorld::execute_locked(Group& g) {
+  const std::size_t n_ranks = g.members.size();
+  auto call = [&](std::size_t r) -> const Call& { return *g.calls[r]; };
   auto floats_in = [&](std::size_t r) {
     return reinterpret_cast<const float*>(call(r).input.data());
   };
@@ -246,44 +296,47 @@ void LocalWorld::execute_locked() {
   CKPTSIM_CHECK(false, "rendezvous with an unknown collective op");
 }
 
-void LocalWorld::rendezvous(int rank, const Call& call) {
+void LocalWorld::rendezvous(int group_id, int rank, const Call& call) {
   std::unique_lock lock(mu_);
   if (abort_) {
     throw PeerAborted(abort_->rank, abort_->reason, rank, call.op, call.sequence_number);
   }
+  Group& g = groups_[static_cast<std::size_t>(group_id)];
   const auto r = static_cast<std::size_t>(rank);
-  CKPTSIM_CHECK(!departures_[r].has_value(),
+  const auto world_rank = static_cast<std::size_t>(g.members[r]);
+  CKPTSIM_CHECK(!departures_[world_rank].has_value(),
                 fmt::format("rank {} called {} after it departed", rank, op_name(call.op)));
   CKPTSIM_CHECK(
-      !calls_[r].has_value(),
+      !g.calls[r].has_value(),
       fmt::format("rank {} posted twice to one rendezvous: two threads share a rank", rank));
-  calls_[r] = call;
-  ++posted_count_;
-  ++posted_by_rank_[r];
-  const uint64_t generation = generation_;
-  resolve_if_complete_locked();
-  if (generation_ == generation) {
+  g.calls[r] = call;
+  ++g.posted_count;
+  ++posted_by_rank_[world_rank];
+  const uint64_t generation = g.generation;
+  resolve_if_complete_locked(g);
+  if (g.generation == generation) {
     ++blocked_count_;
     if (execution_ == Execution::kThreads) {
-      cv_.wait(lock, [&] { return generation_ != generation || abort_.has_value(); });
+      cv_.wait(lock, [&] { return g.generation != generation || abort_.has_value(); });
     } else {
       // run_fibers resumes this rank once the rendezvous resolved or the world was aborted.
+      waiting_[world_rank] = {group_id, generation};
       lock.unlock();
       Fiber::suspend();
       lock.lock();
-      CKPTSIM_CHECK(generation_ != generation || abort_.has_value(),
+      CKPTSIM_CHECK(g.generation != generation || abort_.has_value(),
                     fmt::format("rank {} resumed in an unresolved rendezvous", rank));
     }
     --blocked_count_;
-    if (generation_ == generation) {
+    if (g.generation == generation) {
       // Explicit abort: this rendezvous will never resolve; withdraw to keep the state whole.
-      calls_[r].reset();
-      --posted_count_;
+      g.calls[r].reset();
+      --g.posted_count;
       throw PeerAborted(abort_->rank, abort_->reason, rank, call.op, call.sequence_number);
     }
   }
-  // resolution_ cannot change before every rank, this one included, has posted again or left.
-  throw_resolution_locked(rank, call);
+  // The resolution cannot change before every member, this one included, posted again or left.
+  throw_resolution_locked(g, rank, call);
 }
 
 std::vector<RankOutcome> LocalWorld::run(const std::function<void(ProcessGroup&)>& f) {
@@ -351,12 +404,7 @@ void LocalWorld::run_fibers(const std::function<void(int)>& body) {
   }
   std::deque<int> runnable;
   for (int rank = 0; rank < world_size_; ++rank) runnable.push_back(rank);
-  std::vector<int> blocked;  // suspended in the pending rendezvous, in the order they blocked
-  uint64_t generation_seen = 0;
-  {
-    std::lock_guard lock(mu_);
-    generation_seen = generation_;
-  }
+  std::vector<int> blocked;  // suspended in a pending rendezvous, in the order they blocked
   std::exception_ptr start_error;
   while (!runnable.empty()) {
     const int rank = runnable.front();
@@ -371,15 +419,20 @@ void LocalWorld::run_fibers(const std::function<void(int)>& body) {
       abort(rank, fmt::format("could not start the fiber of this rank: {}", e.what()));
     }
     {
-      // The ranks blocked before this one ran all wait on one rendezvous; if it resolved
-      // while this rank ran (at most one can: this rank took part in it), they run next.
+      // The ranks blocked before this one whose rendezvous resolved while it ran (only one
+      // can have: this rank took part in it) run next, in rank order.
       std::lock_guard lock(mu_);
-      if (generation_ != generation_seen || abort_.has_value()) {
-        generation_seen = generation_;
-        std::sort(blocked.begin(), blocked.end());
-        runnable.insert(runnable.end(), blocked.begin(), blocked.end());
-        blocked.clear();
-      }
+      const auto resolved = [&](int b) {
+        const auto& [group_id, generation] = waiting_[static_cast<std::size_t>(b)];
+        return abort_.has_value() ||
+               groups_[static_cast<std::size_t>(group_id)].generation != generation;
+      };
+      const auto first = std::stable_partition(blocked.begin(), blocked.end(),
+                                               [&](int b) { return !resolved(b); });
+      std::vector<int> ready(first, blocked.end());
+      blocked.erase(first, blocked.end());
+      std::sort(ready.begin(), ready.end());
+      runnable.insert(runnable.end(), ready.begin(), ready.end());
     }
     // A fiber that did not finish is suspended in the next rendezvous.
     if (fiber.started() && !fiber.finished()) blocked.push_back(rank);
@@ -404,10 +457,15 @@ void check_payload(std::size_t bytes, CollectiveOp op) {
 
 }  // namespace
 
-LocalProcessGroup::LocalProcessGroup(LocalWorld& world, int rank) : world_(world), rank_(rank) {
+LocalProcessGroup::LocalProcessGroup(LocalWorld& world, int rank)
+    : world_(world), rank_(rank), size_(world.size()), world_rank_(rank) {
   CKPTSIM_CHECK(rank >= 0 && rank < world.size(),
                 fmt::format("rank {} outside world of size {}", rank, world.size()));
 }
+
+LocalProcessGroup::LocalProcessGroup(LocalWorld& world, int group_id, int rank, int size,
+                                     int world_rank)
+    : world_(world), group_(group_id), rank_(rank), size_(size), world_rank_(world_rank) {}
 
 void LocalProcessGroup::reduce_scatter_sum(std::span<const float> input, std::span<float> output) {
   LocalWorld::Call call;
@@ -421,7 +479,7 @@ void LocalProcessGroup::reduce_scatter_sum(std::span<const float> input, std::sp
   call.checked_bytes = input.size_bytes();
   call.input = std::as_bytes(input);
   call.output = std::as_writable_bytes(output);
-  world_.rendezvous(rank_, call);
+  world_.rendezvous(group_, rank_, call);
 }
 
 void LocalProcessGroup::all_reduce_sum(std::span<float> data) {
@@ -432,7 +490,7 @@ void LocalProcessGroup::all_reduce_sum(std::span<float> data) {
   call.checked_bytes = data.size_bytes();
   call.input = std::as_bytes(data);
   call.output = std::as_writable_bytes(data);
-  world_.rendezvous(rank_, call);
+  world_.rendezvous(group_, rank_, call);
 }
 
 void LocalProcessGroup::all_gather(std::span<const std::byte> input, std::span<std::byte> output) {
@@ -447,7 +505,7 @@ void LocalProcessGroup::all_gather(std::span<const std::byte> input, std::span<s
   call.checked_bytes = input.size();
   call.input = input;
   call.output = output;
-  world_.rendezvous(rank_, call);
+  world_.rendezvous(group_, rank_, call);
 }
 
 std::vector<std::vector<char>> LocalProcessGroup::all_gather_object(
@@ -459,7 +517,7 @@ std::vector<std::vector<char>> LocalProcessGroup::all_gather_object(
   std::vector<std::vector<char>> gathered;
   call.object_input = &bytes;
   call.objects_output = &gathered;
-  world_.rendezvous(rank_, call);
+  world_.rendezvous(group_, rank_, call);
   return gathered;
 }
 
@@ -472,7 +530,7 @@ std::shared_ptr<const model::GatheredObjects> LocalProcessGroup::all_gather_obje
   std::shared_ptr<const model::GatheredObjects> gathered;
   call.object_input = &bytes;
   call.shared_output = &gathered;
-  world_.rendezvous(rank_, call);
+  world_.rendezvous(group_, rank_, call);
   return gathered;
 }
 
@@ -488,7 +546,7 @@ std::vector<char> LocalProcessGroup::broadcast_object(const std::vector<char>& b
   call.root = root;
   call.object_input = &bytes;
   call.object_output = &received;
-  world_.rendezvous(rank_, call);
+  world_.rendezvous(group_, rank_, call);
   return received;
 }
 
@@ -496,7 +554,7 @@ void LocalProcessGroup::barrier() {
   LocalWorld::Call call;
   call.op = CollectiveOp::kBarrier;
   call.sequence_number = next_sequence_number();
-  world_.rendezvous(rank_, call);
+  world_.rendezvous(group_, rank_, call);
 }
 
 void rethrow_root_cause(const std::vector<RankOutcome>& outcomes) {

@@ -50,6 +50,12 @@
 //      all_gather_object, so it meets a peer's all_gather_object and fails exactly as that does.
 //      kCopiedPerRank gives each rank its own instance (for tests that show sharing changes
 //      nothing).
+//   8. Subgroups (new_group) rendezvous on their own: a collective of group g resolves once
+//      every rank of g has posted to it or left the world, whatever the ranks outside g do;
+//      invariants 1-4 and 7 hold within each group, and ranks are the group's ("rank 0" of a
+//      group is its first world rank). A rank may be blocked in one group's collective while
+//      other groups' collectives resolve; under kFibers a resolved rendezvous's ranks run next,
+//      in ascending world rank (invariant 6, per group).
 //
 // Threading: under kThreads a LocalWorld is shared by its ranks' threads; under kFibers every
 // rank runs on the thread that called run(). abort() may come from any thread. A
@@ -161,6 +167,15 @@ class LocalWorld {
   // REQUIRES: 0 <= rank < size(); rank has not departed; rank is not inside a collective.
   void depart(int rank, std::optional<std::string> error = std::nullopt);
 
+  // Mirrors torch.distributed.new_group(ranks): a group of some of the world's ranks with
+  // collectives of its own (invariant 8). Returns its id, for group(). Group 0 is the world.
+  // REQUIRES: before run(); `ranks` non-empty, ascending, each in [0, size()).
+  int new_group(std::vector<int> ranks);
+  // Rank `world_rank`'s handle on group `group_id`: its rank() is its index in the group's
+  // ranks. REQUIRES: the group exists and holds world_rank; called by that rank's own function.
+  std::unique_ptr<LocalProcessGroup> group(int group_id, int world_rank);
+  int group_count() const;
+
   // The explicit abort, if any (not departures with an error).
   std::optional<AbortInfo> abort_info() const;
   // Ranks that have departed (returned or thrown).
@@ -206,9 +221,18 @@ class LocalWorld {
     uint64_t collectives = 0;  // kPeerReturned: collectives that rank had posted
   };
 
-  // Posts `call` for `rank` and returns when the collective is complete for this rank.
-  // Throws PeerAborted or CollectiveMismatch (invariants 2, 3).
-  void rendezvous(int rank, const Call& call);
+  // One group's rendezvous state. Group 0 is the world.
+  struct Group {
+    std::vector<int> members;                // world ranks, ascending
+    std::vector<std::optional<Call>> calls;  // indexed by group rank; set while posted
+    int posted_count = 0;
+    uint64_t generation = 0;  // rendezvous resolved so far
+    Resolution resolution;    // of the latest resolved rendezvous
+  };
+
+  // Posts `call` for group rank `rank` of group `g` and returns when the collective is
+  // complete for it. Throws PeerAborted or CollectiveMismatch (invariants 2, 3).
+  void rendezvous(int g, int rank, const Call& call);
 
   // run()'s two ways of running `body` (which never throws) on every rank.
   void run_threads(const std::function<void(int)>& body);
@@ -216,13 +240,13 @@ class LocalWorld {
 
   // REQUIRES (all *_locked): mu_ held.
   void depart_locked(int rank, Departure departure);
-  // Resolves the pending rendezvous if every rank has posted or departed (invariant 2).
-  void resolve_if_complete_locked();
-  Resolution resolution_from_departures_locked() const;
-  void throw_resolution_locked(int rank, const Call& call) const;
-  std::string find_mismatch_locked() const;
-  void execute_locked();
-  std::string describe_locked(int rank) const;
+  // Resolves group g's pending rendezvous if every member has posted or departed (inv. 2).
+  void resolve_if_complete_locked(Group& g);
+  Resolution resolution_from_departures_locked(const Group& g) const;
+  void throw_resolution_locked(const Group& g, int rank, const Call& call) const;
+  std::string find_mismatch_locked(const Group& g) const;
+  void execute_locked(Group& g);
+  std::string describe_locked(const Group& g, int rank) const;
 
   const int world_size_;
   const Execution execution_;
@@ -230,14 +254,14 @@ class LocalWorld {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<std::optional<Call>> calls_;  // indexed by rank; set while the rank is posted
-  std::vector<std::optional<Departure>> departures_;  // indexed by rank
-  std::vector<uint64_t> posted_by_rank_;              // collectives each rank has posted
-  int posted_count_ = 0;
+  std::vector<Group> groups_;
+  std::vector<std::vector<int>> groups_of_rank_;  // world rank -> ids of the groups it is in
+  // World rank -> (group, generation) of the rendezvous it is blocked in (kFibers).
+  std::vector<std::pair<int, uint64_t>> waiting_;
+  std::vector<std::optional<Departure>> departures_;  // indexed by world rank
+  std::vector<uint64_t> posted_by_rank_;              // collectives each world rank has posted
   int departed_count_ = 0;
   int blocked_count_ = 0;
-  uint64_t generation_ = 0;  // rendezvous resolved so far
-  Resolution resolution_;    // of the latest resolved rendezvous
   std::optional<AbortInfo> abort_;
   std::vector<float> scratch_floats_;
   std::vector<std::byte> scratch_bytes_;
@@ -247,11 +271,15 @@ class LocalWorld {
 // One rank's handle on a LocalWorld.
 class LocalProcessGroup final : public ProcessGroup {
  public:
-  // REQUIRES: 0 <= rank < world.size(); world outlives this object.
+  // The world group. REQUIRES: 0 <= rank < world.size(); world outlives this object.
   LocalProcessGroup(LocalWorld& world, int rank);
+  // Group `group_id` (LocalWorld::group). REQUIRES: rank is the group rank of world_rank.
+  LocalProcessGroup(LocalWorld& world, int group_id, int rank, int size, int world_rank);
 
   int rank() const override { return rank_; }
-  int size() const override { return world_.size(); }
+  int size() const override { return size_; }
+  // This rank in the world (its rank() where the group is the world).
+  int world_rank() const { return world_rank_; }
   std::string backend_name() const override { return "local"; }
 
   void reduce_scatter_sum(std::span<const float> input, std::span<float> output) override;
@@ -265,7 +293,10 @@ class LocalProcessGroup final : public ProcessGroup {
 
  private:
   LocalWorld& world_;
+  int group_ = 0;
   int rank_;
+  int size_;
+  int world_rank_;
 };
 
 // Rethrows the exception that explains a failed run: the first (in rank order) that is not

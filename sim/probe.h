@@ -71,6 +71,14 @@ struct ShardSnapshot {
   // How many other shards on this rank hold the very same step tensor object (torch AdamW
   // steps are per-param objects; >0 is B9's aliasing).
   int step_aliases = 0;
+  // Where a rank holds a TP piece, record.h's capture() gives model_param and param_range in the
+  // whole model's params (a row-split shard becomes one snapshot per row) and says where the
+  // elements sat in the tensor the kernel updated: element e of param_range is element
+  // e - param_range.start + kernel_offset of kernel_numel (-1: param_range's own size).
+  int64_t kernel_offset = 0;
+  int64_t kernel_numel = -1;
+  // A TP rank > 0's copy of a replicated param (TP rank 0 holds the main one).
+  bool replica = false;
 };
 
 // Every shard this rank's optimizer updates, in param-group order.

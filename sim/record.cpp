@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 
 #include "model/fnv1a.h"
 #include "model/megatron/mapping.h"
@@ -107,13 +108,72 @@ void put_shard(GlobalState& st, const ShardSnapshot& shard) {
 
 }  // namespace
 
+namespace {
+
+// A shard of a TP piece as snapshots of the whole param: one per run of the piece it overlaps.
+void globalize_shard(const model::DistributedDataParallel& ddp, ShardSnapshot shard,
+                     std::vector<ShardSnapshot>& out) {
+  const size_t local = shard.model_param;
+  const model::ParamSpec& spec = ddp.global_spec(local);
+  const model::Range range = shard.param_range;
+  auto part = [&](const std::vector<float>& v, int64_t from, int64_t n) {
+    // A state of the wrong size stays as it is (gather_state leaves it unreported).
+    if (static_cast<int64_t>(v.size()) != range.size()) return v;
+    return std::vector<float>(v.begin() + from, v.begin() + from + n);
+  };
+  int64_t local_begin = 0;
+  for (const auto& [global_begin, length] : model::tp_element_runs(spec, ddp.mp())) {
+    const int64_t lo = std::max(local_begin, range.start);
+    const int64_t hi = std::min(local_begin + length, range.end);
+    if (lo < hi) {
+      ShardSnapshot piece = shard;
+      piece.model_param = ddp.global_param(local);
+      piece.param_range = {global_begin + (lo - local_begin), global_begin + (hi - local_begin)};
+      piece.master = part(shard.master, lo - range.start, hi - lo);
+      piece.exp_avg = part(shard.exp_avg, lo - range.start, hi - lo);
+      piece.exp_avg_sq = part(shard.exp_avg_sq, lo - range.start, hi - lo);
+      piece.kernel_offset = lo - range.start;
+      piece.kernel_numel = range.size();
+      piece.replica = model::tp_axis(spec) < 0 && ddp.mp().tp_rank > 0;
+      out.push_back(std::move(piece));
+    }
+    local_begin += length;
+  }
+}
+
+}  // namespace
+
 RankState capture(model::DistributedOptimizer& opt, const model::DistributedDataParallel& ddp,
-                  int rank, bool with_groups) {
+                  const std::vector<model::ParamSpec>& specs, int rank, bool with_groups) {
   RankState out;
-  out.shards = snapshot(opt);
-  for (size_t i = 0; i < ddp.num_params(); ++i) out.params.push_back(tensor_floats(ddp.param(i)));
   if (rank == 0 && with_groups) out.groups = groups_text(opt);
+  if (ddp.mp() == model::ModelParallelRank{}) {
+    out.shards = snapshot(opt);
+    for (size_t i = 0; i < ddp.num_params(); ++i) out.params.push_back(tensor_floats(ddp.param(i)));
+    return out;
+  }
+  for (ShardSnapshot& shard : snapshot(opt)) globalize_shard(ddp, std::move(shard), out.shards);
+  for (const model::ParamSpec& p : specs) {
+    out.params.emplace_back(static_cast<size_t>(p.numel), kNaN);
+    out.params_held.emplace_back(static_cast<size_t>(p.numel), uint8_t{0});
+  }
+  for (size_t i = 0; i < ddp.num_params(); ++i) {
+    const std::vector<float> values = tensor_floats(ddp.param(i));
+    const size_t g = ddp.global_param(i);
+    int64_t local = 0;
+    for (const auto& [global_begin, length] :
+         model::tp_element_runs(ddp.global_spec(i), ddp.mp())) {
+      std::copy_n(values.begin() + local, length, out.params[g].begin() + global_begin);
+      std::fill_n(out.params_held[g].begin() + global_begin, length, uint8_t{1});
+      local += length;
+    }
+  }
   return out;
+}
+
+void globalize_uses(const model::DistributedDataParallel& ddp, std::vector<StepUse>& uses) {
+  if (ddp.mp() == model::ModelParallelRank{}) return;
+  for (StepUse& u : uses) u.model_param = ddp.global_param(u.model_param);
 }
 
 uint64_t rank_state_hash(const RankState& state, int rank) {
@@ -132,6 +192,73 @@ uint64_t rank_state_hash(const RankState& state, int rank) {
   return h;
 }
 
+namespace {
+
+// The model params of ranks that each hold part of them (TP pieces, pipeline stages): every
+// element from the lowest rank that holds it; a rank whose own elements differ from those gets
+// its view in param_on_rank (the whole model with its elements in place).
+void gather_params_of_pieces(const std::vector<const RankState*>& ranks, GlobalState& st) {
+  const RankState* first = nullptr;
+  for (const RankState* r : ranks) {
+    if (r != nullptr && first == nullptr) first = r;
+  }
+  st.param.clear();
+  std::vector<std::vector<uint8_t>> filled;
+  for (const auto& p : first->params) {
+    st.param.emplace_back(p.size(), kNaN);
+    filled.emplace_back(p.size(), uint8_t{0});
+  }
+  for (const RankState* r : ranks) {
+    if (r == nullptr) continue;
+    for (size_t p = 0; p < r->params.size(); ++p) {
+      for (size_t e = 0; e < r->params[p].size(); ++e) {
+        if (r->params_held[p][e] == 0 || filled[p][e] != 0) continue;
+        st.param[p][e] = r->params[p][e];
+        filled[p][e] = 1;
+      }
+    }
+  }
+  for (size_t rank = 0; rank < ranks.size(); ++rank) {
+    const RankState* r = ranks[rank];
+    if (r == nullptr) continue;
+    std::optional<std::vector<std::vector<float>>> own;
+    for (size_t p = 0; p < r->params.size(); ++p) {
+      for (size_t e = 0; e < r->params[p].size(); ++e) {
+        if (r->params_held[p][e] == 0 ||
+            std::bit_cast<uint32_t>(r->params[p][e]) == std::bit_cast<uint32_t>(st.param[p][e]))
+          continue;
+        if (!own) own = st.param;
+        (*own)[p][e] = r->params[p][e];
+      }
+    }
+    if (own) st.param_on_rank.emplace(static_cast<int>(rank), std::move(*own));
+  }
+}
+
+// A TP replica's shard against the main copy gathered into `st` (TP rank 0's).
+void compare_replica(const Scenario& s, size_t rank, const ShardSnapshot& shard, GlobalState& st) {
+  const auto begin = static_cast<size_t>(shard.param_range.start);
+  const std::vector<std::pair<const char*, const std::vector<float>*>> fields = {
+      {"master", &shard.master}, {"exp_avg", &shard.exp_avg}, {"exp_avg_sq", &shard.exp_avg_sq}};
+  const std::vector<const std::vector<std::vector<float>>*> mains = {&st.master, &st.exp_avg,
+                                                                     &st.exp_avg_sq};
+  for (size_t f = 0; f < fields.size(); ++f) {
+    const std::vector<float>& mine = *fields[f].second;
+    const std::vector<float>& main = (*mains[f])[shard.model_param];
+    for (size_t i = 0; i < mine.size() && begin + i < main.size(); ++i) {
+      if (std::bit_cast<uint32_t>(mine[i]) == std::bit_cast<uint32_t>(main[begin + i]) ||
+          (std::isnan(mine[i]) && std::isnan(main[begin + i])))
+        continue;
+      st.replica_differences.push_back(fmt::format(
+          "rank {} holds {}[{}] = {} of replicated param {}, TP rank 0 {}", rank, fields[f].first,
+          begin + i, mine[i], s.params[shard.model_param].name, main[begin + i]));
+      return;
+    }
+  }
+}
+
+}  // namespace
+
 GlobalState gather_state(const Scenario& s, int64_t global_step,
                          const std::vector<const RankState*>& ranks) {
   GlobalState st = empty_state(s, global_step);
@@ -139,9 +266,13 @@ GlobalState gather_state(const Scenario& s, int64_t global_step,
     st.param = ranks.front()->params;
     st.param_groups = ranks.front()->groups;
     st.hypers = ranks.front()->hypers;
-    for (size_t r = 1; r < ranks.size(); ++r) {
-      if (ranks[r] != nullptr && !bitwise_equal(ranks[r]->params, st.param))
-        st.param_on_rank.emplace(static_cast<int>(r), ranks[r]->params);
+    if (!ranks.front()->params_held.empty()) {
+      gather_params_of_pieces(ranks, st);
+    } else {
+      for (size_t r = 1; r < ranks.size(); ++r) {
+        if (ranks[r] != nullptr && !bitwise_equal(ranks[r]->params, st.param))
+          st.param_on_rank.emplace(static_cast<int>(r), ranks[r]->params);
+      }
     }
   }
   // Invariant 1: which rank holds each element (-1: none yet).
@@ -150,6 +281,7 @@ GlobalState gather_state(const Scenario& s, int64_t global_step,
   for (size_t r = 0; r < ranks.size(); ++r) {
     if (ranks[r] == nullptr) continue;
     for (const auto& shard : ranks[r]->shards) {
+      if (shard.replica) continue;  // compared with the main copy below
       for (int64_t e = shard.param_range.start; e < shard.param_range.end; ++e) {
         int& h = holder.at(shard.model_param).at(static_cast<size_t>(e));
         CKPTSIM_CHECK(h < 0, fmt::format("element {} of param {} held by ranks {} and {}", e,
@@ -165,10 +297,18 @@ GlobalState gather_state(const Scenario& s, int64_t global_step,
       rec.part = shard.part;
       rec.kernel = shard.kernel;
       rec.counter = shard.step;
+      rec.kernel_offset = shard.kernel_offset;
+      rec.kernel_numel = shard.kernel_numel;
       for (const auto& u : ranks[r]->uses) {
         if (u.model_param == shard.model_param) rec.step_used = u.step;
       }
       st.shards.push_back(rec);
+    }
+  }
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    if (ranks[r] == nullptr) continue;
+    for (const auto& shard : ranks[r]->shards) {
+      if (shard.replica) compare_replica(s, r, shard, st);
     }
   }
   return st;
@@ -333,19 +473,34 @@ std::map<std::string, std::vector<std::vector<float>>> saved_state_by_param(
       continue;
     }
     const auto k = model::parse_bucket_key(key);
-    if (!k || k->dp_group_idx != 0) continue;
+    if (!k) continue;
+    // The key's DP group: its buffers hold that (TP, PP) rank's pieces of the params.
+    const GroupLayout* group = nullptr;
+    if (k->dp_group_idx >= 0 && static_cast<size_t>(k->dp_group_idx) < phase.groups.size()) {
+      group = &phase.groups[static_cast<size_t>(k->dp_group_idx)];
+    }
+    const std::vector<model::BufferLayout>& layouts =
+        group != nullptr ? group->layouts : phase.layouts;
+    const std::vector<BufferInfo>& buffers = group != nullptr ? group->buffers : phase.buffers;
+    if (group == nullptr && k->dp_group_idx != 0) continue;
+    const model::ModelParallelRank mp = group != nullptr ? group->mp : model::ModelParallelRank{};
     const auto g = static_cast<size_t>(k->gbuf_idx);
-    if (g >= phase.layouts.size() || g >= phase.buffers.size()) continue;
-    const model::BufferLayout& layout = phase.layouts[g];
+    if (g >= layouts.size() || g >= buffers.size()) continue;
+    const model::BufferLayout& layout = layouts[g];
     const auto b = static_cast<size_t>(k->bucket_idx);
     if (b >= layout.buckets.size()) continue;
     const model::BucketLayout& bucket = layout.buckets[b];
     for (size_t local : bucket.params) {
       const model::ParamIndex& pi = layout.param_index_map[local];
-      std::vector<float>& dst = slot(k->state)[phase.buffers[g].params.at(local)];
-      for (int64_t e = pi.start; e < pi.end; ++e) {
-        const auto i = static_cast<size_t>(e - bucket.offset);
-        if (i < values.size()) dst[static_cast<size_t>(e - pi.start)] = values[i];
+      const size_t param = buffers[g].params.at(local);
+      std::vector<float>& dst = slot(k->state)[param];
+      // Local element e - pi.start of the TP piece, placed run by run in the whole param.
+      int64_t e = pi.start;
+      for (const auto& [global_begin, length] : model::tp_element_runs(s.params[param], mp)) {
+        for (int64_t j = 0; j < length && e < pi.end; ++j, ++e) {
+          const auto i = static_cast<size_t>(e - bucket.offset);
+          if (i < values.size()) dst[static_cast<size_t>(global_begin + j)] = values[i];
+        }
       }
     }
   }

@@ -41,13 +41,20 @@ struct RankState {
   std::vector<StepUse> uses;               // after a step: the t each part used
   std::vector<GroupHyper> hypers;          // after a step: each group's lr and weight decay
   std::vector<std::vector<float>> params;  // every model param, full length, as this rank holds it
-  std::string groups;                      // rank 0 only, where asked: the saved param groups
+  // Where the rank holds a TP piece or a pipeline stage: 1 where it holds the element of
+  // `params` (elsewhere NaN). Empty: it holds every element of every param.
+  std::vector<std::vector<uint8_t>> params_held;
+  std::string groups;  // rank 0 only, where asked: the saved param groups
 };
 
-// Captures this rank's state. `with_groups`: also rank 0's param groups as a checkpoint holds
-// them (state_dict() after a pickle round trip, or what state_dict() raised).
+// Captures this rank's state, in the whole model's params (`specs`, the scenario's): a TP piece's
+// shards and model params are placed where the piece sits in the whole param.
+// `with_groups`: also rank 0's param groups as a checkpoint holds them (state_dict() after a
+// pickle round trip, or what state_dict() raised).
 RankState capture(model::DistributedOptimizer& opt, const model::DistributedDataParallel& ddp,
-                  int rank, bool with_groups);
+                  const std::vector<model::ParamSpec>& specs, int rank, bool with_groups);
+// `uses` (model params as `ddp` numbers them) in the whole model's params.
+void globalize_uses(const model::DistributedDataParallel& ddp, std::vector<StepUse>& uses);
 // The trace's hash of one rank's state: its shards (master, moments, counter), and on rank 0
 // its model params. The other ranks' params are left out, as they were when only rank 0
 // captured them, so that the trace hashes of the bundled scenarios did not move when every
@@ -79,10 +86,14 @@ struct ShardRecord {
   std::optional<double> counter;    // step counter the next update advances from
   std::optional<double> step_used;  // t the kernel used in the step just taken
   int step_aliases = 0;             // other shards on the rank sharing this step tensor object
+  // Where the elements sat in the tensor the kernel updated (ShardSnapshot::kernel_offset).
+  int64_t kernel_offset = 0;
+  int64_t kernel_numel = -1;
 
   // The rounding class (sim/probe.h) of element `element` of the param.
   int rounding_class(int64_t element) const {
-    return sim::rounding_class(kernel, element - range.start, range.end - range.start);
+    return sim::rounding_class(kernel, element - range.start + kernel_offset,
+                               kernel_numel < 0 ? range.end - range.start : kernel_numel);
   }
 };
 
@@ -141,6 +152,9 @@ struct GlobalState {
   std::vector<GroupHyper> hypers;
   // The values that rest on uninitialized memory (not hashed; mark_uninitialized sets it).
   Uninitialized uninitialized;
+  // Where a TP rank > 0's copy of a replicated param (its optimizer shard) differs from TP rank
+  // 0's, one line each (not hashed; empty without TP).
+  std::vector<std::string> replica_differences;
 
   // FNV-1a over global_step, master, exp_avg, exp_avg_sq and param (in that order, every NaN as
   // one quiet NaN: fnv1a_floats) and every shard's counter and step_used (-1 for none); not over
@@ -153,8 +167,15 @@ struct GlobalState {
 struct BufferInfo {
   std::string dtype_key;                // "(torch.bfloat16, torch.float32)"
   std::vector<int64_t> numel_unpadded;  // per bucket
-  std::vector<size_t> params;           // the model params it holds, model order
+  std::vector<size_t> params;           // the model params it holds (the scenario's), model order
   bool operator==(const BufferInfo&) const = default;
+};
+
+// One (TP, PP) rank's DP group's buffers (every DP rank of it builds the same).
+struct GroupLayout {
+  model::ModelParallelRank mp;
+  std::vector<BufferInfo> buffers;
+  std::vector<model::BufferLayout> layouts;
 };
 
 struct PhaseRecord {
@@ -175,7 +196,10 @@ struct PhaseRecord {
   std::vector<BufferInfo> buffers;
   model::LayoutOptions layout_options;
   std::vector<model::BufferLayout> layouts;  // rank 0's DDP buffers, in gbuf order
-  std::optional<GlobalState> initial;        // before any load or step (a fresh job)
+  // Every DP group's, by data_parallel_group_idx (pp_rank * tp + tp_rank); groups[0] is rank 0's
+  // (buffers, layouts above). Its buffers' elements are the TP piece's (groups[g].mp).
+  std::vector<GroupLayout> groups;
+  std::optional<GlobalState> initial;  // before any load or step (a fresh job)
   // Right after the save (a save may initialize state, e.g. init_empty_state_before_save):
   // what the checkpoint holds, as the optimizer sees it.
   std::optional<GlobalState> at_save;

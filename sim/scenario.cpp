@@ -129,6 +129,56 @@ const model::ScheduleConfig& Scenario::schedule_of(size_t phase) const {
   return own.has_value() ? *own : schedule;
 }
 
+std::optional<std::pair<std::string, std::string>> model_parallel_problem(const Scenario& s) {
+  using Problem = std::pair<std::string, std::string>;
+  for (size_t k = 0; k < s.params.size(); ++k) {
+    const model::ParamSpec& spec = s.params[k];
+    int64_t product = 1;
+    for (const int64_t d : model::global_shape(spec)) product *= d;
+    if (product != spec.numel) {
+      return Problem{fmt::format("params[{}].shape", k),
+                     fmt::format("holds {} elements, numel is {}", product, spec.numel)};
+    }
+    if (spec.tp_split == model::TpSplit::kRow && model::global_shape(spec).size() != 2)
+      return Problem{fmt::format("params[{}].tp_split", k),
+                     "row splits dim 1: the param needs a 2-D shape"};
+  }
+  const int64_t layers = model::num_layers(s.params);
+  for (size_t i = 0; i < s.phases.size(); ++i) {
+    const PhaseSpec& phase = s.phases[i];
+    const std::string path = fmt::format("phases[{}]", i);
+    if (phase.world() > kWorldSizeMax) {
+      return Problem{path, fmt::format("the world of tp {} x pp {} x dp {} = {} ranks exceeds {}",
+                                       phase.tp, phase.pp, phase.dp, phase.world(), kWorldSizeMax)};
+    }
+    for (size_t k = 0; k < s.params.size(); ++k) {
+      const model::ParamSpec& spec = s.params[k];
+      const int64_t axis = model::tp_axis(spec);
+      if (axis < 0) continue;
+      const int64_t dim = model::global_shape(spec)[static_cast<size_t>(axis)];
+      if (dim % phase.tp != 0) {
+        return Problem{path + ".tp", fmt::format("{} does not divide dim {} ({}) of params[{}] "
+                                                 "(\"{}\", {}-parallel)",
+                                                 phase.tp, axis, dim, k, spec.name,
+                                                 model::tp_split_name(spec.tp_split))};
+      }
+    }
+    if (layers % phase.pp != 0) {
+      return Problem{path + ".pp", fmt::format("{} stages cannot split the {} layers the params "
+                                               "name (params[].layer)",
+                                               phase.pp, layers)};
+    }
+    for (int64_t stage = 0; stage < phase.pp; ++stage) {
+      if (model::params_of_stage(s.params, {1, 0, phase.pp, stage}).empty()) {
+        return Problem{path + ".pp",
+                       fmt::format("stage {} (layers {} to {}) holds no param", stage,
+                                   stage * layers / phase.pp, (stage + 1) * layers / phase.pp - 1)};
+      }
+    }
+  }
+  return std::nullopt;
+}
+
 std::vector<model::ScheduleConfig> intended_schedules(const Scenario& s) {
   std::vector<model::ScheduleConfig> out;
   for (size_t i = 0; i < s.phases.size(); ++i) {
@@ -146,6 +196,9 @@ std::vector<model::ScheduleConfig> intended_schedules(const Scenario& s) {
 
 namespace {
 
+Status parse_param_parallel(const Reader& r, const json& p, const std::string& path,
+                            model::ParamSpec& spec);
+
 Status parse_params(const Reader& r, const json& j, Scenario& s) {
   if (!j.contains("params") || !j["params"].is_array() || j["params"].empty()) {
     return r.error("params", "must be a non-empty array of {name, numel, dtype}");
@@ -159,7 +212,8 @@ Status parse_params(const Reader& r, const json& j, Scenario& s) {
     const json& p = j["params"][i];
     const std::string path = fmt::format("params[{}]", i);
     if (!p.is_object()) return r.error(path, "must be an object");
-    CKPTSIM_TRY(r.check_fields(p, path, {"name", "numel", "dtype", "wd_mult", "lr_mult"}));
+    CKPTSIM_TRY(r.check_fields(
+        p, path, {"name", "numel", "dtype", "wd_mult", "lr_mult", "shape", "tp_split", "layer"}));
     model::ParamSpec spec;
     CKPTSIM_TRY(r.string(p, "name", path + ".name", spec.name));
     if (spec.name.empty() || !names.insert(spec.name).second) {
@@ -176,6 +230,7 @@ Status parse_params(const Reader& r, const json& j, Scenario& s) {
     spec.dtype = *parsed;
     CKPTSIM_TRY(r.number(p, "wd_mult", path + ".wd_mult", 0.0, 1e6, spec.wd_mult, 1.0));
     CKPTSIM_TRY(r.number(p, "lr_mult", path + ".lr_mult", 0.0, 1e6, spec.lr_mult, 1.0));
+    CKPTSIM_TRY(parse_param_parallel(r, p, path, spec));
     s.params.push_back(spec);
   }
   if (s.total_numel() > Scenario::kTotalNumelMax) {
@@ -260,6 +315,42 @@ Status parse_enum(const Reader& r, const json& o, const char* key, const std::st
   if (!parsed.has_value())
     return r.error(path, fmt::format("must be one of {}, got {}", names, v.dump()));
   out = *parsed;
+  return Status::ok();
+}
+
+// A param's shape, TP split and layer (model::ParamSpec).
+Status parse_param_parallel(const Reader& r, const json& p, const std::string& path,
+                            model::ParamSpec& spec) {
+  if (p.contains("shape")) {
+    const json& shape = p["shape"];
+    int64_t product = 1;
+    if (!shape.is_array() || shape.empty() || shape.size() > 2) {
+      return r.error(path + ".shape", "must be [rows] or [rows, cols], got " + shape.dump());
+    }
+    for (const json& d : shape) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 1 ||
+          d.get<int64_t>() > Scenario::kParamNumelMax) {
+        return r.error(path + ".shape", "dims must be integers >= 1, got " + shape.dump());
+      }
+      spec.shape.push_back(d.get<int64_t>());
+      product *= d.get<int64_t>();
+    }
+    if (product != spec.numel) {
+      return r.error(path + ".shape", fmt::format("{} holds {} elements, numel is {}", shape.dump(),
+                                                  product, spec.numel));
+    }
+  }
+  CKPTSIM_TRY(parse_enum(r, p, "tp_split", path + ".tp_split", &model::parse_tp_split,
+                         "replicated, column, row", spec.tp_split));
+  if (spec.tp_split == model::TpSplit::kRow && model::global_shape(spec).size() != 2) {
+    return r.error(path + ".tp_split", "row splits dim 1: the param needs a 2-D shape");
+  }
+  return r.integer(p, "layer", path + ".layer", 0, Scenario::kLayersMax - 1, spec.layer, 0);
+}
+
+Status check_model_parallel(const Reader& r, const Scenario& s) {
+  if (const auto problem = model_parallel_problem(s))
+    return r.error(problem->first, problem->second);
   return Status::ok();
 }
 
@@ -376,9 +467,10 @@ Status parse_phase(const Reader& r, const json& p, const std::string& path, bool
                    const std::string& source, model::RevisionRegistry& registry,
                    const model::ScheduleConfig& schedule, PhaseSpec& phase) {
   if (!p.is_object()) return r.error(path, "must be an object");
-  CKPTSIM_TRY(r.check_fields(p, path,
-                             {"dp", "revision", "steps", "save", "schedule", "opt_param_scheduler",
-                              "sharding_type", "fully_reshardable_mem_efficient"}));
+  CKPTSIM_TRY(
+      r.check_fields(p, path,
+                     {"dp", "tp", "pp", "revision", "steps", "save", "schedule",
+                      "opt_param_scheduler", "sharding_type", "fully_reshardable_mem_efficient"}));
   CKPTSIM_TRY(parse_phase_schedule(r, p, path, schedule, phase));
   if (p.contains("sharding_type") || p.contains("fully_reshardable_mem_efficient")) {
     model::ShardingType type = model::ShardingType::kDpReshardable;
@@ -388,6 +480,8 @@ Status parse_phase(const Reader& r, const json& p, const std::string& path, bool
     if (p.contains("fully_reshardable_mem_efficient")) phase.mem_efficient = mem_efficient;
   }
   CKPTSIM_TRY(r.integer(p, "dp", path + ".dp", 1, Scenario::kDpMax, phase.dp));
+  CKPTSIM_TRY(r.integer(p, "tp", path + ".tp", 1, Scenario::kTpMax, phase.tp, 1));
+  CKPTSIM_TRY(r.integer(p, "pp", path + ".pp", 1, Scenario::kPpMax, phase.pp, 1));
   std::string revision;
   CKPTSIM_TRY(r.string(p, "revision", path + ".revision", revision));
   auto resolved = resolve_revision(registry, profile_path_beside(revision, source));
@@ -501,6 +595,7 @@ Result<Scenario> parse_scenario_text(const std::string& json_text, const std::st
   s.schedule = model::ScheduleConfig::constant(s.optimizer.adam.lr, s.optimizer.adam.weight_decay);
   CKPTSIM_TRY(parse_schedule(r, j, "schedule", /*with_lr=*/false, s.schedule));
   CKPTSIM_TRY(parse_phases(r, j, source, registry, s));
+  CKPTSIM_TRY(check_model_parallel(r, s));
   for (size_t i = 0; i < s.phases.size(); ++i) {
     const model::CheckpointFormat f = s.format_of(i);
     if (f.sharding_type == model::ShardingType::kFullyShardedModelSpace && s.phases[i].save &&
@@ -578,6 +673,10 @@ json scenario_to_json(const Scenario& s) {
     json pj{{"name", p.name}, {"numel", p.numel}, {"dtype", model::dtype_name(p.dtype)}};
     if (p.wd_mult != 1.0) pj["wd_mult"] = p.wd_mult;
     if (p.lr_mult != 1.0) pj["lr_mult"] = p.lr_mult;
+    if (!p.shape.empty()) pj["shape"] = p.shape;
+    if (p.tp_split != model::TpSplit::kReplicated)
+      pj["tp_split"] = model::tp_split_name(p.tp_split);
+    if (p.layer != 0) pj["layer"] = p.layer;
     j["params"].push_back(pj);
   }
   json o{{"kind", model::optimizer_kind_name(s.optimizer.kind)},
@@ -604,6 +703,8 @@ json scenario_to_json(const Scenario& s) {
   j["phases"] = json::array();
   for (const auto& p : s.phases) {
     json pj{{"dp", p.dp}, {"revision", p.revision}, {"steps", p.steps}};
+    if (p.tp != 1) pj["tp"] = p.tp;
+    if (p.pp != 1) pj["pp"] = p.pp;
     if (!p.save) pj["save"] = false;
     // Written as given, even when equal to the scenario's (a round trip keeps it).
     if (p.schedule.has_value()) pj["schedule"] = schedule_json(*p.schedule, s.schedule, true);

@@ -5,7 +5,11 @@
 // (required ones marked *):
 //   * seed                  integer >= 0; draws gradients, initial params, garbage, randn
 //     name, description     strings (free text, shown in reports)
-//   * params                [{name*, numel*, dtype* ("bf16"|"fp32"), wd_mult, lr_mult}]
+//   * params                [{name*, numel*, dtype* ("bf16"|"fp32"), wd_mult, lr_mult,
+//                            shape ([rows] or [rows, cols], product numel; default [numel]),
+//                            tp_split ("replicated", the default | "column": dim 0 |
+//                            "row": dim 1), layer (integer >= 0, default 0: pipeline stage s
+//                            of pp holds layers [s L/pp, (s+1) L/pp) of L = max layer + 1)}]
 //   * optimizer             {kind* ("fused_adam"|"torch_adamw"|"hybrid"), lr*, betas*, eps*,
 //                            weight_decay*, offload_fraction (hybrid: required),
 //                            overlap_cpu_optimizer_d2h_h2d (hybrid; default false)}
@@ -27,7 +31,9 @@
 //                            weight_decay_incr_style ("constant"|"linear"|"cosine"),
 //                            train_iters}; all optional (default: constant at optimizer.lr and
 //                            optimizer.weight_decay; the lr is optimizer.lr)
-//   * phases                [{dp*, revision*, steps*, save (default true), sharding_type and
+//   * phases                [{dp*, tp, pp (default 1; tp divides every split dim, pp the
+//                            layers, each stage holds a param, tp x pp x dp <= 4096),
+//                            revision*, steps*, save (default true), sharding_type and
 //                            fully_reshardable_mem_efficient (this phase's saves; default the
 //                            scenario's), schedule (the
 //                            same fields and "lr": the arguments this phase's job is started
@@ -74,6 +80,9 @@ Result<Revision> resolve_revision(model::RevisionRegistry& registry, const std::
 
 struct PhaseSpec {
   int64_t dp = 1;
+  // Tensor- and pipeline-parallel sizes: the job has tp x pp x dp ranks.
+  int64_t tp = 1;
+  int64_t pp = 1;
   std::string revision;                                   // as written (name or profile path)
   std::shared_ptr<const model::RevisionProfile> profile;  // what it resolved to (never null)
   int64_t steps = 0;
@@ -85,6 +94,9 @@ struct PhaseSpec {
   // The format this phase saves in, where the phase names one (else the scenario's).
   std::optional<model::ShardingType> sharding_type;
   std::optional<bool> mem_efficient;
+
+  // The job's ranks: tp x pp x dp.
+  int64_t world() const { return tp * pp * dp; }
 
   void set_revision(const Revision& r) {
     revision = r.name;
@@ -102,6 +114,9 @@ struct Scenario {
   // when it is parsed, not when its phase starts.
   static constexpr int64_t kDpMax = std::min<int64_t>(model::kDpSizeMax, kWorldSizeMax);
   static constexpr int64_t kStepsMax = 10000;
+  static constexpr int64_t kTpMax = 64;
+  static constexpr int64_t kPpMax = 64;
+  static constexpr int64_t kLayersMax = 256;
   static constexpr int64_t kSamplesPerStepMax = 4096;
   // Bound on total numel x total steps, so the recorded per-step states stay small.
   static constexpr int64_t kStateElementsMax = int64_t{1} << 24;
@@ -140,6 +155,12 @@ struct Scenario {
 // phase's arguments (which must equal the checkpoint's, or the load fails). What the
 // uninterrupted reference run follows, and what hyperparams_follow_schedule checks.
 std::vector<model::ScheduleConfig> intended_schedules(const Scenario& s);
+
+// What makes a scenario's TP x PP x DP worlds impossible for its params, as (field path, what):
+// a shape that does not hold numel, a row split of a 1-D param, a TP size that does not divide a
+// split dim, a PP size that does not divide the layers or leaves a stage without a param, a
+// world above kWorldSizeMax ranks. nullopt: none (parse_scenario gives the first as its error).
+std::optional<std::pair<std::string, std::string>> model_parallel_problem(const Scenario& s);
 
 // Parses and validates. `registry` resolves phase revisions (a name or a profile path); a
 // relative profile path is looked up beside the scenario file first (a bug report ships the two

@@ -1,5 +1,7 @@
 #include "model/megatron/checkpointing.h"
 
+#include <fmt/format.h>
+
 #include "model/errors.h"
 #include "model/faults.h"
 
@@ -14,6 +16,13 @@ Value generate_state_dict(DistributedDataParallel& ddp, DistributedOptimizer& op
   sd->set("model", model_sd);
   sd->set("optimizer", opt.sharded_state_dict(model_sd, is_loading, format));
   if (scheduler != nullptr) sd->set("opt_param_scheduler", scheduler->state_dict());
+  // state_dict['args'] (a Namespace upstream): the sizes load_checkpoint() compares. Saved only
+  // where they are not (1, 1): a checkpoint without them reads as (1, 1) upstream too.
+  const ModelParallelRank& mp = ddp.mp();
+  if (!is_loading && (mp.tp_size != 1 || mp.pp_size != 1)) {
+    sd->set("args", dict_value({{"tensor_model_parallel_size", Value(mp.tp_size)},
+                                {"pipeline_model_parallel_size", Value(mp.pp_size)}}));
+  }
   // Fault site save.rank_dependent_common: a common leaf that differs per rank.
   if (!is_loading && rt.fault(fault::kRankDependentCommon)) {
     sd->set("ckptsim_rank", Value(rt.rank()));
@@ -93,6 +102,27 @@ void load_scheduler(DistributedOptimizer& opt, OptimizerParamScheduler& schedule
   }
 }
 
+// load_checkpoint()'s check of the checkpoint's (TP, PP) against the run's: only the model-space
+// formats (checkpoint_fully_reshardable_formats) may load at another TP or PP.
+void check_tp_pp(const ModelParallelRank& run, const Value& common, const LoadedFormat& format) {
+  const Value* args = common.is_dict() ? common.dict()->find("args") : nullptr;
+  auto size_of = [&](const char* name) -> int64_t {
+    const Value* v = args != nullptr && args->is_dict() ? args->dict()->find(name) : nullptr;
+    return v != nullptr && v->is_int() ? v->as_int() : 1;  // "using 1 as default"
+  };
+  const int64_t tp = size_of("tensor_model_parallel_size");
+  const int64_t pp = size_of("pipeline_model_parallel_size");
+  if (tp == run.tp_size && pp == run.pp_size) return;
+  if (fully_reshardable_format(format.format->sharding_type)) return;
+  throw UpstreamError(
+      "RuntimeError",
+      fmt::format("(TP, PP) mismatch after resume (({}, {}) vs ({}, {}) from checkpoint): not "
+                  "supported for DistributedOptimizer with sharding type {}. Please use "
+                  "`--ckpt-fully-parallel-save` flag during checkpoint saving.",
+                  run.tp_size, run.pp_size, tp, pp, format.sharding_type),
+      "checkpointing.py load_checkpoint()");
+}
+
 }  // namespace
 
 int64_t load_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
@@ -107,6 +137,7 @@ int64_t load_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
     throw UpstreamError("NotImplementedError", "Unknown sharding_type: " + format.sharding_type,
                         "distrib_optimizer.py sharded_state_dict()");
   }
+  check_tp_pp(ddp.mp(), common, format);
   const Value request = generate_state_dict(ddp, opt, scheduler, /*iteration=*/0,
                                             /*is_loading=*/true, format.format, rt);
   LoadOptions options;

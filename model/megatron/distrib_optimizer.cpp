@@ -100,6 +100,8 @@ DistributedOptimizer::DistributedOptimizer(Runtime& rt, DistributedDataParallel&
                                            const OptimizerConfig& config,
                                            const RevisionSwitches& switches)
     : rt_(rt), ddp_(ddp), dp_group_(ddp.dp_group()), config_(config), switches_(switches) {
+  // The rank in the model-parallel group (spec §1).
+  data_parallel_group_idx_ = ddp.mp().data_parallel_group_idx();
   build_param_groups();
   // Model grad buffer ranges (__init__): per buffer, per bucket, this rank's shard.
   const int64_t dp = dp_group_.size();
@@ -248,7 +250,8 @@ void DistributedOptimizer::build_model_and_main_param_groups() {
     for (size_t p : group_range.params) {
       const Range& pr = range_map(p).param;
       const at::Tensor& model_param = ddp_.param(p);
-      at::Tensor shard_model_param = model_param.narrow(0, pr.start, pr.size());
+      // model_param.detach().view(-1)[param_range.start:param_range.end]
+      at::Tensor shard_model_param = model_param.view(-1).narrow(0, pr.start, pr.size());
       if (model_param.scalar_type() == at::kBFloat16) {
         at::Tensor shard_main_param;
         if (!precision_aware()) {

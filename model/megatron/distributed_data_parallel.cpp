@@ -18,10 +18,46 @@ Key ParamAndGradBuffer::dtype_key() const {
 
 at::ScalarType scalar_type(DType d) { return d == DType::kBFloat16 ? at::kBFloat16 : at::kFloat; }
 
-DistributedDataParallel::DistributedDataParallel(Runtime& rt, std::vector<ParamSpec> specs,
+namespace {
+
+void misalign_one_param(BufferLayout& layout) {
+  for (BucketLayout& bucket : layout.buckets) {
+    for (size_t local : bucket.params) {
+      ParamIndex& pi = layout.param_index_map[local];
+      int64_t next_start = bucket.offset + bucket.numel;
+      for (size_t other : bucket.params) {
+        const ParamIndex& o = layout.param_index_map[other];
+        if (o.start >= pi.end) next_start = std::min(next_start, o.start);
+      }
+      if (pi.end < next_start) {
+        ++pi.start;
+        ++pi.end;
+        return;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+DistributedDataParallel::DistributedDataParallel(Runtime& rt, const std::vector<ParamSpec>& specs,
                                                  const LayoutOptions& layout,
-                                                 ProcessGroup& dp_group)
-    : rt_(rt), dp_group_(dp_group), specs_(std::move(specs)) {
+                                                 ProcessGroup& dp_group,
+                                                 const ModelParallelRank& mp)
+    : rt_(rt), dp_group_(dp_group), mp_(mp) {
+  CKPTSIM_CHECK(mp.tp_size >= 1 && mp.pp_size >= 1 && num_layers(specs) % mp.pp_size == 0,
+                fmt::format("pp {} does not divide the {} layers", mp.pp_size, num_layers(specs)));
+  global_params_ = params_of_stage(specs, mp);
+  for (const size_t g : global_params_) {
+    const ParamSpec& spec = specs[g];
+    const int64_t axis = tp_axis(spec);
+    CKPTSIM_CHECK(
+        axis < static_cast<int64_t>(global_shape(spec).size()) &&
+            (axis < 0 || global_shape(spec)[static_cast<size_t>(axis)] % mp.tp_size == 0),
+        fmt::format("param {}: tp {} does not split dim {}", spec.name, mp.tp_size, axis));
+    global_specs_.push_back(spec);
+    specs_.push_back(local_param_spec(spec, mp));
+  }
   CKPTSIM_CHECK(!specs_.empty(), "a model needs at least one param");
   CKPTSIM_CHECK(specs_.size() <= kModelParamsMax,
                 fmt::format("more than {} params", kModelParamsMax));
@@ -50,31 +86,13 @@ DistributedDataParallel::DistributedDataParallel(Runtime& rt, std::vector<ParamS
     for (size_t i : buffer.params) numels.push_back(specs_[i].numel);
     buffer.layout = build_buffer_layout(numels, layout);
     // Fault site layout.misalign_param_start: shift one param that has room after it by one.
-    if (rt_.fault(fault::kMisalignParamStart)) {
-      for (BucketLayout& bucket : buffer.layout.buckets) {
-        bool moved = false;
-        for (size_t local : bucket.params) {
-          ParamIndex& pi = buffer.layout.param_index_map[local];
-          int64_t next_start = bucket.offset + bucket.numel;
-          for (size_t other : bucket.params) {
-            const ParamIndex& o = buffer.layout.param_index_map[other];
-            if (o.start >= pi.end) next_start = std::min(next_start, o.start);
-          }
-          if (pi.end < next_start) {
-            ++pi.start;
-            ++pi.end;
-            moved = true;
-            break;
-          }
-        }
-        if (moved) break;
-      }
-    }
+    if (rt_.fault(fault::kMisalignParamStart)) misalign_one_param(buffer.layout);
     buffer.param_data = rt_.zeros({buffer.layout.numel}, buffer.param_dtype, Device::kCuda);
     buffer.grad_data = rt_.zeros({buffer.layout.numel}, buffer.grad_dtype, Device::kCuda);
     for (size_t k = 0; k < buffer.params.size(); ++k) {
       const ParamIndex& pi = buffer.layout.param_index_map[k];
-      params_[buffer.params[k]] = buffer.param_data.narrow(0, pi.start, pi.end - pi.start);
+      params_[buffer.params[k]] = buffer.param_data.narrow(0, pi.start, pi.end - pi.start)
+                                      .view(specs_[buffer.params[k]].shape);
       main_grads_[buffer.params[k]] = buffer.grad_data.narrow(0, pi.start, pi.end - pi.start);
     }
   }
@@ -148,15 +166,20 @@ void DistributedDataParallel::start_param_sync() {
 Value DistributedDataParallel::sharded_state_dict() {
   auto sd = Dict::make();
   for (size_t i = 0; i < specs_.size(); ++i) {
+    const ParamSpec& global = global_specs_[i];
     ShardedTensor st;
     st.key = specs_[i].name;
     st.data = params_[i];
     st.dtype = scalar_type(specs_[i].dtype);
-    st.local_shape = {specs_[i].numel};
-    st.global_shape = {specs_[i].numel};
-    st.global_offset = {0};
-    st.axis_fragmentations = Shape{1};
-    st.replica_id = {0, 0, dp_group_.rank()};
+    st.local_shape = specs_[i].shape;
+    st.global_shape = global_shape(global);
+    st.global_offset = tp_global_offset(global, mp_);
+    Shape fragments;
+    for (size_t d = 0; d < st.global_shape.size(); ++d)
+      fragments.push_back(st.global_shape[d] / st.local_shape[d]);
+    st.axis_fragmentations = std::move(fragments);
+    const bool replicated = tp_axis(global) < 0;
+    st.replica_id = {0, replicated ? mp_.tp_rank : 0, dp_group_.rank()};
     sd->set(specs_[i].name, Value(ShardedTensor::make(std::move(st))));
   }
   return Value(sd);

@@ -9,8 +9,9 @@
 //      first appearance in model order; grads are fp32 (bf16 training accumulates and reduces
 //      grads in fp32), so the buffer keys are (torch.bfloat16, torch.float32) and
 //      (torch.float32, torch.float32).
-//   2. params[i] is a 1-D view of its buffer's param_data at param_index_map[i]; main_grads[i]
-//      likewise of grad_data. Both buffers live on the simulated 'cuda' device and start zeroed.
+//   2. params[i] is a view of its buffer's param_data at param_index_map[i], in the param's
+//      (local) shape; main_grads[i] a 1-D view of grad_data there. Both buffers live on the
+//      simulated 'cuda' device and start zeroed.
 //   3. After finish_grad_sync() the rank's shard [r*L, (r+1)*L) of every bucket of grad_data
 //      holds the sum of every rank's contribution, added in rank order; the rest of grad_data
 //      is left as this rank's local contribution (as reduce_scatter into a shard view does).
@@ -49,11 +50,22 @@ class DistributedDataParallel {
  public:
   static constexpr size_t kModelParamsMax = 4096;
 
-  // REQUIRES: params non-empty, names unique, numel >= 1, dtype bf16 or fp32.
-  DistributedDataParallel(Runtime& rt, std::vector<ParamSpec> specs, const LayoutOptions& layout,
-                          ProcessGroup& dp_group);
+  // `specs` are the whole model's params; this rank's model holds those of its pipeline stage
+  // (params_of_stage), each its TP piece (local_param_spec): param i of this object is
+  // specs[global_param(i)] as rank `mp` holds it.
+  // REQUIRES: the stage's params non-empty, names unique, numel >= 1, dtype bf16 or fp32, every
+  // split dim divisible by mp.tp_size, mp.pp_size dividing num_layers(specs).
+  DistributedDataParallel(Runtime& rt, const std::vector<ParamSpec>& specs,
+                          const LayoutOptions& layout, ProcessGroup& dp_group,
+                          const ModelParallelRank& mp = {});
 
+  // This rank's params, as it holds them (TP pieces; names are the whole model's).
   const std::vector<ParamSpec>& specs() const { return specs_; }
+  // The index of param i in the whole model's params.
+  size_t global_param(size_t i) const { return global_params_.at(i); }
+  // This rank's params' whole-model specs (TP splits, global shapes).
+  const ParamSpec& global_spec(size_t i) const { return global_specs_.at(i); }
+  const ModelParallelRank& mp() const { return mp_; }
   std::vector<ParamAndGradBuffer>& buffers() { return buffers_; }
   const std::vector<ParamAndGradBuffer>& buffers() const { return buffers_; }
   const at::Tensor& param(size_t i) const { return params_.at(i); }
@@ -69,14 +81,20 @@ class DistributedDataParallel {
   // All-gather every bucket's param shards.
   void start_param_sync();
 
-  // {name: ShardedTensor(key=name, data=param view, replica_id=(0, 0, dp_rank))}: every DP
-  // rank holds the whole param; DP rank 0 is the main replica that writes it.
+  // {name: ShardedTensor(key=name, data=param, the TP piece's local shape, global shape and
+  // offset)}: every DP rank holds the whole piece. A TP-split param's replica_id is
+  // (0, 0, dp_rank) (make_tp_sharded_tensor_for_checkpoint), a replicated one's
+  // (0, tp_rank, dp_rank) (make_sharded_tensor_for_checkpoint): DP rank 0 (and TP rank 0 of a
+  // replicated param) is the main replica that writes it.
   Value sharded_state_dict();
 
  private:
   Runtime& rt_;
   ProcessGroup& dp_group_;
+  ModelParallelRank mp_;
   std::vector<ParamSpec> specs_;
+  std::vector<ParamSpec> global_specs_;
+  std::vector<size_t> global_params_;
   std::vector<ParamAndGradBuffer> buffers_;
   std::vector<at::Tensor> params_;
   std::vector<at::Tensor> main_grads_;

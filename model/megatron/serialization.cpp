@@ -27,6 +27,51 @@ constexpr const char* kMetadataFile = "metadata.json";
 constexpr const char* kFormat = "ckptsim-dist-v1";
 
 std::string rank_file(int rank) { return fmt::format("shards/rank_{}.bin", rank); }
+
+// A ShardedTensor's elements as runs of its global tensor flattened row-major (the model's own
+// format stores pieces 1-D; DCP stores the N-D box, the same elements): each run is contiguous
+// in the global tensor and in the local data, runs in the local data's order. A TP piece split
+// on dim 0 is one run; one split on dim 1 is one run per row.
+struct FlatRun {
+  int64_t global_offset = 0;
+  int64_t local_offset = 0;
+  int64_t numel = 0;
+};
+std::vector<FlatRun> flat_runs(const ShardedTensor& st) {
+  const Shape& local = st.local_shape;
+  const Shape& global = st.global_shape;
+  CKPTSIM_CHECK(st.prepend_axis_num == 0 && !local.empty() && local.size() == global.size() &&
+                    st.global_offset.size() == global.size(),
+                "ShardedTensor " + st.key + ": only tensors without prepended axes are modeled");
+  const size_t n = local.size();
+  std::vector<int64_t> stride(n, 1);  // of the global tensor
+  for (size_t d = n - 1; d-- > 0;) stride[d] = stride[d + 1] * global[d + 1];
+  // The dims after `k` are whole: a run is dim k's local extent times theirs.
+  size_t k = n - 1;
+  while (k > 0 && local[k] == global[k]) --k;
+  int64_t run = 1;
+  for (size_t d = k; d < n; ++d) run *= local[d];
+  int64_t outer = 1;
+  for (size_t d = 0; d < k; ++d) outer *= local[d];
+  std::vector<FlatRun> runs;
+  runs.reserve(static_cast<size_t>(outer));
+  for (int64_t i = 0; i < outer; ++i) {
+    int64_t rest = i;
+    int64_t offset = st.global_offset[k] * stride[k];
+    for (size_t d = k; d-- > 0;) {
+      offset += (rest % local[d] + st.global_offset[d]) * stride[d];
+      rest /= local[d];
+    }
+    runs.push_back({offset, i * run, run});
+  }
+  return runs;
+}
+
+int64_t global_numel_of(const ShardedTensor& st) {
+  int64_t numel = 1;
+  for (const int64_t d : st.global_shape) numel *= d;
+  return numel;
+}
 std::string object_file(const std::string& unique_key) { return "objects/" + unique_key + ".pt"; }
 // ShardedObject("common_state", None, (1,), (0,)).unique_key: HEAD's home of the common state.
 constexpr const char* kCommonStateObjectKey = "common_state/shard_0_1";
@@ -417,21 +462,23 @@ SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup&
     CKPTSIM_CHECK(leaf.is_sharded_tensor(), "sharded part holds a non-ShardedBase leaf");
     const ShardedTensor& st = *leaf.sharded_tensor();
     if (!is_main_replica(st.replica_id)) continue;
-    CKPTSIM_CHECK(st.global_shape.size() == 1 && st.local_shape.size() == 1,
-                  "only 1-D ShardedTensors are modeled: " + st.key);
     const at::Tensor data = st.data.to(at::kCPU).contiguous();
-    SavedPiece p;
-    p.key = st.key;
-    p.dtype = torch_dtype_name(data.scalar_type());
-    p.global_numel = st.global_shape[0];
-    p.global_offset = st.global_offset[0];
-    p.numel = data.numel();
-    p.rank = rank;
-    p.file = rank_file(rank);
-    p.byte_offset = static_cast<int64_t>(blob.size());
     const auto* bytes = static_cast<const char*>(data.data_ptr());
-    blob.insert(blob.end(), bytes, bytes + data.numel() * data.element_size());
-    mine.pieces.push_back(std::move(p));
+    const int64_t elem = data.element_size();
+    for (const FlatRun& run : flat_runs(st)) {
+      SavedPiece p;
+      p.key = st.key;
+      p.dtype = torch_dtype_name(data.scalar_type());
+      p.global_numel = global_numel_of(st);
+      p.global_offset = run.global_offset;
+      p.numel = run.numel;
+      p.rank = rank;
+      p.file = rank_file(rank);
+      p.byte_offset = static_cast<int64_t>(blob.size());
+      blob.insert(blob.end(), bytes + run.local_offset * elem,
+                  bytes + (run.local_offset + run.numel) * elem);
+      mine.pieces.push_back(std::move(p));
+    }
   }
   if (options.common_state_as_sharded_object) {
     // HEAD: sharded_state_dict['common_state'] = ShardedObject(...) on every rank, rank 0's
@@ -804,6 +851,54 @@ Value load(const Value& sharded_state_dict, const Storage& storage, ProcessGroup
     }
     return it->second;
   };
+  // A damaged metadata.json: torch's reader fails the load on that rank, wrapped as a missing
+  // key is. Every piece of a key is checked against its tensor; the pieces this rank reads,
+  // against their files too (no other file is read).
+  auto fail_if = [](const SavedPiece& p, const std::string& problem) {
+    if (!problem.empty()) {
+      throw UpstreamError("CheckpointException",
+                          fmt::format("{}: key {}: {}", p.file, p.key, problem), "torch.py load()");
+    }
+  };
+  // Reads the key's elements [want_begin, want_end) (global, flattened) into `dst` from the
+  // pieces that cover them, and reports what none covered. `skipped`: fault site
+  // load.skip_piece has skipped its piece of this key (false: skip the first one met).
+  auto read_run = [&](const std::string& key, int64_t want_begin, int64_t want_end,
+                      at::Tensor dst_run, const std::vector<const SavedPiece*>& pieces,
+                      bool& skipped) {
+    std::vector<std::pair<int64_t, int64_t>> covered;
+    for (const SavedPiece* p : pieces) {
+      const int64_t begin = std::max(want_begin, p->global_offset);
+      const int64_t end = std::min(want_end, p->global_offset + p->numel);
+      if (begin >= end) continue;
+      if (!skipped) {  // fault site load.skip_piece: the first piece this rank needs
+        skipped = true;
+        continue;
+      }
+      const std::vector<char>& bytes = file_bytes(p->file);
+      fail_if(*p, piece_problem(*p, bytes.size()));
+      const at::ScalarType dtype = dtype_from_name(p->dtype);
+      const size_t elem = c10::elementSize(dtype);
+      at::Tensor src = at::empty({end - begin}, at::TensorOptions().dtype(dtype));
+      const size_t at_byte = static_cast<size_t>(p->byte_offset) +
+                             static_cast<size_t>(begin - p->global_offset) * elem;
+      std::memcpy(src.data_ptr(), bytes.data() + at_byte, src.numel() * elem);
+      dst_run.narrow(0, begin - want_begin, end - begin).copy_(src);
+      covered.emplace_back(begin, end);
+    }
+    std::sort(covered.begin(), covered.end());
+    int64_t cursor = want_begin;
+    auto gap = [&](int64_t b, int64_t e) {
+      if (report == nullptr) return;
+      report->uncovered.push_back(fmt::format("{}[{}:{}]", key, b, e));
+      report->unwritten.push_back({key, b, e - b, /*missing_key=*/false});
+    };
+    for (const auto& [b, e] : covered) {
+      if (b > cursor) gap(cursor, b);
+      cursor = std::max(cursor, e);
+    }
+    if (cursor < want_end) gap(cursor, want_end);
+  };
   dict_list_map_inplace(
       [&](const Value& leaf) -> Value {
         if (leaf.is_sharded_object()) {
@@ -827,8 +922,10 @@ Value load(const Value& sharded_state_dict, const Storage& storage, ProcessGroup
           if (options.allow_missing_keys) {
             if (report != nullptr) {
               report->uncovered.push_back(st.key + ": not in the checkpoint, skipped");
-              report->unwritten.push_back(
-                  {st.key, st.global_offset.at(0), st.local_shape.at(0), /*missing_key=*/true});
+              for (const FlatRun& run : flat_runs(st)) {
+                report->unwritten.push_back(
+                    {st.key, run.global_offset, run.numel, /*missing_key=*/true});
+              }
             }
             return Value(st.data);
           }
@@ -849,63 +946,23 @@ Value load(const Value& sharded_state_dict, const Storage& storage, ProcessGroup
               "torch.py load()");
         }
         const int64_t saved_global = it->second.front()->global_numel;
-        if (saved_global != st.global_shape.at(0)) {
+        if (saved_global != global_numel_of(st)) {
           throw CheckpointingException(
               fmt::format(
                   "Global shape mismatch for loaded ({}) and expected ({}) tensor for key {}",
                   shape_repr({saved_global}), shape_repr(st.global_shape), st.key),
               "torch.py _validate_global_shapes()");
         }
-        const int64_t want_begin = st.global_offset.at(0);
-        const int64_t want_end = want_begin + st.local_shape.at(0);
-        std::vector<std::pair<int64_t, int64_t>> covered;
-        // A damaged metadata.json: torch's reader fails the load on that rank, wrapped as
-        // the KeyError above is. Every piece of the key is checked against its tensor; the
-        // pieces this rank reads, against their files too (no other file is read).
-        auto fail_if = [](const SavedPiece& p, const std::string& problem) {
-          if (!problem.empty()) {
-            throw UpstreamError("CheckpointException",
-                                fmt::format("{}: key {}: {}", p.file, p.key, problem),
-                                "torch.py load()");
-          }
-        };
         for (const SavedPiece* p : it->second) {
           fail_if(*p, index->problems[static_cast<size_t>(p - index->pieces.data())]);
         }
         bool skipped =
             !options.skip_optimizer_piece || !std::string_view(st.key).starts_with("optimizer.");
-        for (const SavedPiece* p : it->second) {
-          const int64_t begin = std::max(want_begin, p->global_offset);
-          const int64_t end = std::min(want_end, p->global_offset + p->numel);
-          if (begin >= end) continue;
-          if (!skipped) {  // fault site load.skip_piece: the first piece this rank needs
-            skipped = true;
-            continue;
-          }
-          const std::vector<char>& bytes = file_bytes(p->file);
-          fail_if(*p, piece_problem(*p, bytes.size()));
-          const at::ScalarType dtype = dtype_from_name(p->dtype);
-          const size_t elem = c10::elementSize(dtype);
-          at::Tensor src = at::empty({end - begin}, at::TensorOptions().dtype(dtype));
-          const size_t at_byte = static_cast<size_t>(p->byte_offset) +
-                                 static_cast<size_t>(begin - p->global_offset) * elem;
-          std::memcpy(src.data_ptr(), bytes.data() + at_byte, src.numel() * elem);
-          at::Tensor dst = st.data.narrow(0, begin - want_begin, end - begin);
-          dst.copy_(src);
-          covered.emplace_back(begin, end);
+        const at::Tensor flat = st.data.view(-1);
+        for (const FlatRun& run : flat_runs(st)) {
+          read_run(st.key, run.global_offset, run.global_offset + run.numel,
+                   flat.narrow(0, run.local_offset, run.numel), it->second, skipped);
         }
-        std::sort(covered.begin(), covered.end());
-        int64_t cursor = want_begin;
-        auto gap = [&](int64_t b, int64_t e) {
-          if (report == nullptr) return;
-          report->uncovered.push_back(fmt::format("{}[{}:{}]", st.key, b, e));
-          report->unwritten.push_back({st.key, b, e - b, /*missing_key=*/false});
-        };
-        for (const auto& [b, e] : covered) {
-          if (b > cursor) gap(cursor, b);
-          cursor = std::max(cursor, e);
-        }
-        if (cursor < want_end) gap(cursor, want_end);
         return Value(st.data);
       },
       sharded);

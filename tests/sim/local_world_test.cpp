@@ -54,6 +54,10 @@
 //   LargestWorldReduces               a limit below kWorldSizeMax in the fiber scheduler (a
 //                                     fixed-size run queue), a stack pool that runs dry [not
 //                                     tried].
+//   Subgroups.*                       a group's rendezvous waiting for every world rank (hangs),
+//                                     ranks of other groups woken (fibers resumed in an
+//                                     unresolved rendezvous), a failure not reaching the
+//                                     failed rank's group; see the tests.
 //   AbortFromAnotherThread            run_fibers not looking at the abort between fibers
 //                                     [tried: caught, the test binary stops: "terminate called
 //                                     without an active exception", fibers left suspended].
@@ -818,6 +822,85 @@ TEST(ProcessGroupBase, SequenceNumbersCountCollectives) {
     EXPECT_EQ(pg.size(), 3);
   }));
   EXPECT_EQ(counts, (std::vector<uint64_t>{7, 7, 7}));
+}
+
+// ---------------------------------------------------------------------------------------
+// Subgroups (header invariant 8): a TP x PP x DP job's DP groups reduce on their own, each a
+// different number of times, while the world's collectives still meet every rank.
+
+// World 6 as 2 groups of 3 (ranks {0, 2, 4} and {1, 3, 5}, the DP groups of TP 2): group a
+// all-reduces once, group b three times, then the world gathers every rank's group sums.
+// Expected: each group's rank-order sum of its own members' inputs, computed here.
+TEST(Subgroups, GroupsReduceApartAndMeetInTheWorld) {
+  for (const Execution execution : {Execution::kFibers, Execution::kThreads}) {
+    LocalWorld world(6, execution);
+    const int a = world.new_group({0, 2, 4});
+    const int b = world.new_group({1, 3, 5});
+    std::vector<std::vector<float>> last(6);
+    const auto outcomes = run_guarded(world, [&](ProcessGroup& pg) {
+      const int r = pg.rank();
+      std::unique_ptr<LocalProcessGroup> dp = world.group(r % 2 == 0 ? a : b, r);
+      EXPECT_EQ(dp->size(), 3);
+      EXPECT_EQ(dp->rank(), r / 2);
+      EXPECT_EQ(dp->world_rank(), r);
+      std::vector<float> v = float_input(7, r, 5);
+      for (int k = 0; k < (r % 2 == 0 ? 1 : 3); ++k) dp->all_reduce_sum(v);
+      const auto gathered = pg.all_gather_object({static_cast<char>(r)});
+      EXPECT_EQ(gathered.size(), 6U);
+      last[static_cast<size_t>(r)] = v;
+    });
+    expect_all_ok(outcomes);
+    for (int r = 0; r < 6; ++r) {
+      // The group's members in rank order; group b sums three times (its sums are summed again).
+      std::vector<float> want = float_input(7, r % 2, 5);
+      for (int m = r % 2 + 2; m < 6; m += 2) {
+        const std::vector<float> in = float_input(7, m, 5);
+        for (size_t i = 0; i < 5; ++i) want[i] = want[i] + in[i];
+      }
+      for (int k = 1; k < (r % 2 == 0 ? 1 : 3); ++k) {
+        const std::vector<float> once = want;
+        for (int m = 1; m < 3; ++m) {
+          for (size_t i = 0; i < 5; ++i) want[i] = want[i] + once[i];
+        }
+      }
+      EXPECT_EQ(bits(last[static_cast<size_t>(r)]), bits(want)) << "rank " << r;
+    }
+  }
+}
+
+// A member of one group fails: its group's peers see PeerAborted naming it (by world rank),
+// the other group completes its collective, and the world's next collective fails everyone.
+TEST(Subgroups, FailureStaysInItsGroupUntilTheWorldMeets) {
+  LocalWorld world(4, Execution::kFibers);
+  const int a = world.new_group({0, 1});
+  const int b = world.new_group({2, 3});
+  std::vector<int> reduced(4, 0);
+  const auto outcomes = run_guarded(world, [&](ProcessGroup& pg) {
+    const int r = pg.rank();
+    std::unique_ptr<LocalProcessGroup> dp = world.group(r < 2 ? a : b, r);
+    if (r == 1) throw std::runtime_error("boom from rank 1");
+    std::vector<float> v(2, 1.0F);
+    dp->all_reduce_sum(v);
+    reduced[static_cast<size_t>(r)] = 1;
+    pg.barrier();
+  });
+  EXPECT_EQ(reduced, (std::vector<int>{0, 0, 1, 1}));
+  EXPECT_EQ(outcomes[1].error_message, "boom from rank 1");
+  for (const int r : {0, 2, 3}) {
+    ASSERT_TRUE(holds<PeerAborted>(outcomes[static_cast<size_t>(r)])) << r;
+    EXPECT_NE(outcomes[static_cast<size_t>(r)].error_message.find("rank 1 aborted"),
+              std::string::npos)
+        << outcomes[static_cast<size_t>(r)].error_message;
+  }
+}
+
+TEST(Subgroups, RanksOutsideTheGroupAreRefused) {
+  LocalWorld world(3);
+  const int g = world.new_group({0, 2});
+  EXPECT_THROW(world.group(g, 1), model::InvariantViolation);
+  EXPECT_THROW(world.new_group({2, 1}), model::InvariantViolation);
+  EXPECT_THROW(world.new_group({0, 3}), model::InvariantViolation);
+  EXPECT_EQ(world.group_count(), 2);
 }
 
 }  // namespace
