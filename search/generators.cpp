@@ -263,7 +263,8 @@ void draw_formats(const GeneratorConfig& config, sim::Scenario& s) {
 // with dims that TP 4 divides, a split (replicated, column or row; shrinking to replicated) and
 // a layer (param i in layer i mod L, L the largest of 1, 2, 4 that the params fill and pp_max
 // allows), then each phase a TP and a PP in {1, 2, 4}: a resume keeps the previous phase's in
-// one draw of two, else draws anew (TP, PP or both change). Shrinks toward TP = PP = 1.
+// one draw of two, else draws anew (TP, PP or both change), where the checkpoint it loads is in a
+// fully reshardable format. Shrinks toward TP = PP = 1.
 // Drawn last: a config without them draws nothing here.
 void draw_model_parallel(const GeneratorConfig& config, sim::Scenario& s) {
   if (config.tp_max == 1 && config.pp_max == 1) return;
@@ -295,6 +296,12 @@ void draw_model_parallel(const GeneratorConfig& config, sim::Scenario& s) {
     const bool keep = i > 0 && *gen::weightedElement<bool>({{1, false}, {1, true}});
     phase.tp = keep ? s.phases[i - 1].tp : *gen::elementOf(tps);
     phase.pp = keep ? s.phases[i - 1].pp : *gen::elementOf(pps);
+    // Only a model-space checkpoint loads at another TP or PP; a bucket-space one is refused by
+    // design (checkpointing.py), which the bundled dp-reshardable-refuses-tp-change shows once.
+    if (i > 0 && !model::fully_reshardable_format(s.format_of(i - 1).sharding_type)) {
+      phase.tp = s.phases[i - 1].tp;
+      phase.pp = s.phases[i - 1].pp;
+    }
     phase.dp = std::min(phase.dp, kModelParallelWorldMax / (phase.tp * phase.pp));
   }
 }

@@ -147,3 +147,41 @@ TEST(Draw, TwelveCasesDrawTheSharesOfFiveHundred) {
   const auto [ramp, _] = pooled_gap(false, search::SizeSchedule::kRamp);
   EXPECT_GT(ramp.errors, 3.0) << ramp.value;
 }
+
+// --tp-max 4 --pp-max 4: every drawn scenario keeps the TP/PP rules (sim::model_parallel_problem),
+// every param's dims are multiples of 4, a resume changes TP or PP only where the checkpoint it
+// loads is model space (a bucket-space one is refused by design), and such resumes are drawn,
+// with TP and PP of 2 and 4 both. Without the flags nothing of TP or PP is drawn.
+// Mutations caught: the model-space rule dropped (bucket-space resumes changing TP counted);
+// dims not rounded to multiples of 4 (TP 4 not dividing a split dim: a problem).
+TEST(Draw, ModelParallelKeepsTheRules) {
+  search::SearchOptions o = generate_options(false, search::SizeSchedule::kSpread, 300, 5);
+  o.generator.tp_max = 4;
+  o.generator.pp_max = 4;
+  int changes = 0, tp4 = 0, pp4 = 0;
+  for (const sim::Scenario& s : search::draw(o)) {
+    const auto problem = sim::model_parallel_problem(s);
+    EXPECT_FALSE(problem.has_value()) << (problem ? problem->first + ": " + problem->second : "");
+    for (const auto& p : s.params) {
+      ASSERT_EQ(p.shape.size(), 2u);
+      EXPECT_EQ(p.shape[0] % 4 + p.shape[1] % 4, 0) << p.name;
+    }
+    for (size_t i = 0; i < s.phases.size(); ++i) {
+      tp4 += s.phases[i].tp == 4 ? 1 : 0;
+      pp4 += s.phases[i].pp == 4 ? 1 : 0;
+      if (i == 0 || (s.phases[i].tp == s.phases[i - 1].tp && s.phases[i].pp == s.phases[i - 1].pp))
+        continue;
+      ++changes;
+      EXPECT_TRUE(model::fully_reshardable_format(s.format_of(i - 1).sharding_type))
+          << "phase " << i << " changes TP/PP loading " << sim::scenario_to_json(s).dump();
+    }
+  }
+  EXPECT_GT(changes, 10);
+  EXPECT_GT(tp4, 10);
+  EXPECT_GT(pp4, 10);
+  for (const sim::Scenario& s :
+       search::draw(generate_options(false, search::SizeSchedule::kSpread, 50, 5))) {
+    for (const auto& p : s.params) EXPECT_TRUE(p.shape.empty());
+    for (const auto& ph : s.phases) EXPECT_EQ(ph.tp * ph.pp, 1);
+  }
+}
