@@ -229,6 +229,9 @@ struct Shard {
   int64_t end = 0;
   const json* hash = nullptr;
   const json* values = nullptr;  // null where the event carries no values
+  // Where this part's floats start in `values`: a rank's parts of one param (a row-split TP
+  // piece's rows) share one blob, in part order.
+  int64_t offset = 0;
 };
 
 // Every shard of a point, per (kind, param), from every rank.
@@ -238,15 +241,18 @@ Shards shards_of(const Point& p) {
   Shards out;
   for (const json* e : p.events) {
     const json* values = e->contains("values") ? &e->at("values") : nullptr;
+    std::map<std::string, int64_t> offsets;  // param -> floats of its earlier parts
     for (const auto& part : e->at("parts")) {
       const std::string param = part.at("param").get<std::string>();
       const auto& range = part.at("range");
+      int64_t& offset = offsets[param];
       for (const char* kind : kStateKinds) {
         Shard s{range.at(0).get<int64_t>(), range.at(1).get<int64_t>(),
-                &e->at("hashes").at(kind).at(param), nullptr};
+                &e->at("hashes").at(kind).at(param), nullptr, offset};
         if (values != nullptr) s.values = &values->at(kind).at(param);
         out[{kind, param}].push_back(s);
       }
+      offset += range.at(1).get<int64_t>() - range.at(0).get<int64_t>();
     }
   }
   return out;
@@ -273,9 +279,9 @@ Whole whole(const std::vector<Shard>& shards, int64_t numel, const std::string& 
     std::vector<float> v(static_cast<size_t>(s.end - s.start), 0.0F);
     if (!s.values->is_null()) {
       auto decoded = floats_of_base64(s.values->get<std::string>());
-      if (!decoded || decoded->size() != v.size())
+      if (!decoded || decoded->size() < static_cast<size_t>(s.offset) + v.size())
         throw std::invalid_argument(where + ": values are not base64 of the shard's floats");
-      v = std::move(*decoded);
+      std::copy_n(decoded->begin() + s.offset, v.size(), v.begin());
     }
     for (size_t i = 0; i < v.size(); ++i) {
       out.values[static_cast<size_t>(s.start) + i] = v[i];
