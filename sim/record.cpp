@@ -116,6 +116,13 @@ void globalize_shard(const model::DistributedDataParallel& ddp, ShardSnapshot sh
   const size_t local = shard.model_param;
   const model::ParamSpec& spec = ddp.global_spec(local);
   const model::Range range = shard.param_range;
+  // The state vectors are sliced per run, not copied whole into every piece.
+  const std::vector<float> master = std::move(shard.master);
+  const std::vector<float> exp_avg = std::move(shard.exp_avg);
+  const std::vector<float> exp_avg_sq = std::move(shard.exp_avg_sq);
+  shard.master.clear();
+  shard.exp_avg.clear();
+  shard.exp_avg_sq.clear();
   auto part = [&](const std::vector<float>& v, int64_t from, int64_t n) {
     // A state of the wrong size stays as it is (gather_state leaves it unreported).
     if (static_cast<int64_t>(v.size()) != range.size()) return v;
@@ -129,9 +136,9 @@ void globalize_shard(const model::DistributedDataParallel& ddp, ShardSnapshot sh
       ShardSnapshot piece = shard;
       piece.model_param = ddp.global_param(local);
       piece.param_range = {global_begin + (lo - local_begin), global_begin + (hi - local_begin)};
-      piece.master = part(shard.master, lo - range.start, hi - lo);
-      piece.exp_avg = part(shard.exp_avg, lo - range.start, hi - lo);
-      piece.exp_avg_sq = part(shard.exp_avg_sq, lo - range.start, hi - lo);
+      piece.master = part(master, lo - range.start, hi - lo);
+      piece.exp_avg = part(exp_avg, lo - range.start, hi - lo);
+      piece.exp_avg_sq = part(exp_avg_sq, lo - range.start, hi - lo);
       piece.kernel_offset = lo - range.start;
       piece.kernel_numel = range.size();
       piece.replica = model::tp_axis(spec) < 0 && ddp.mp().tp_rank > 0;
