@@ -167,7 +167,7 @@ int64_t tp_global_element(const ParamSpec& spec, const ModelParallelRank& mp, in
 std::vector<std::pair<int64_t, int64_t>> tp_element_runs(const ParamSpec& spec,
                                                          const ModelParallelRank& mp) {
   const std::vector<int64_t> global = global_shape(spec);
-  if (spec.tp_split == TpSplit::kRow) {
+  if (spec.tp_split == TpSplit::kRow && mp.tp_size > 1) {
     const int64_t cols = global.at(1) / mp.tp_size;
     std::vector<std::pair<int64_t, int64_t>> runs;
     for (int64_t r = 0; r < global.at(0); ++r)

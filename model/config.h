@@ -157,6 +157,10 @@ struct ModelParallelRank {
   // data_parallel_group_idx, `dp_group_idx_<g>` in its bucket keys.
   int64_t data_parallel_group_idx() const { return pp_rank * tp_size + tp_rank; }
   bool operator==(const ModelParallelRank&) const = default;
+  // The place of global rank `rank` in a job of these sizes.
+  static ModelParallelRank of(int64_t rank, int64_t tp, int64_t pp, int64_t dp) {
+    return {tp, rank % tp, pp, rank / (tp * dp)};
+  }
 };
 
 // A param's global shape: spec.shape, or {numel}.
@@ -175,7 +179,7 @@ std::vector<int64_t> tp_global_offset(const ParamSpec& spec, const ModelParallel
 // The global (row-major, flattened) element of local element `local` of the TP rank's piece.
 int64_t tp_global_element(const ParamSpec& spec, const ModelParallelRank& mp, int64_t local);
 // The TP piece's elements as runs of the global (flattened) param, in local order: (global
-// first element, length). One run, except a row split's: one per row.
+// first element, length). One run, except a row split's at TP > 1: one per row.
 std::vector<std::pair<int64_t, int64_t>> tp_element_runs(const ParamSpec& spec,
                                                          const ModelParallelRank& mp);
 // The params rank `mp` holds (indices into `specs`, model order) and each as that rank's model

@@ -156,27 +156,49 @@ bool uninitialized(const std::vector<const Event*>& events, const std::string& p
   return false;
 }
 
-// The first param whose model-param hash differs between two states (rank 0's), or "". A param
-// that either state marks uninitialized is not compared, equal or not: `skipped` names the
-// first one.
-std::string param_hash_difference(const std::vector<const Event*>& a,
-                                  const std::vector<const Event*>& b, std::string& skipped) {
-  const Event* x = nullptr;
-  const Event* y = nullptr;
-  for (const auto* e : a) x = (x == nullptr || e->rank < x->rank) ? e : x;
-  for (const auto* e : b) y = (y == nullptr || e->rank < y->rank) ? e : y;
-  if (x == nullptr || y == nullptr) return "";
-  const auto xs = x->hashes.find("model_param");
-  const auto ys = y->hashes.find("model_param");
-  if (xs == x->hashes.end() || ys == y->hashes.end()) return "";
-  for (const auto& [param, h] : xs->second) {
-    auto it = ys->second.find(param);
-    if (it == ys->second.end()) continue;
-    if (uninitialized(a, param) || uninitialized(b, param)) {
-      if (skipped.empty()) skipped = param;
-      continue;
+// Whether rank r of run `a` holds the same pieces of the model params as rank r of run `b`
+// (their TP and PP sizes are the same): a model-param hash is over the rank's TP piece of its
+// stage's params, so across a TP/PP reshard two ranks' hashes cover other elements.
+bool same_pieces(const Run& a, const Run& b) { return a.tp == b.tp && a.pp == b.pp; }
+
+// Each model-param piece's events: at TP = PP = 1 every rank holds every param whole; else a
+// rank holds its (TP rank, PP rank)'s piece, the same on every DP rank. The lowest rank of each.
+std::map<std::pair<int64_t, int64_t>, const Event*> by_piece(const std::vector<const Event*>& evs,
+                                                             const Run& run) {
+  std::map<std::pair<int64_t, int64_t>, const Event*> out;
+  for (const Event* e : evs) {
+    const int64_t tp = std::max<int64_t>(run.tp, 1);
+    const int64_t dp = std::max<int64_t>(run.dp, 1);
+    const std::pair<int64_t, int64_t> piece{e->rank % tp, e->rank / (tp * dp)};
+    const Event*& at = out[piece];
+    at = (at == nullptr || e->rank < at->rank) ? e : at;
+  }
+  return out;
+}
+
+// The first param whose model-param hash differs between two states of runs `ra` and `rb` at
+// the same TP and PP sizes (each piece's lowest rank on each side), or "". A param that either
+// state marks uninitialized is not compared, equal or not: `skipped` names the first one.
+std::string param_hash_difference(const std::vector<const Event*>& a, const Run& ra,
+                                  const std::vector<const Event*>& b, const Run& rb,
+                                  std::string& skipped) {
+  const auto pieces_b = by_piece(b, rb);
+  for (const auto& [piece, x] : by_piece(a, ra)) {
+    const auto found = pieces_b.find(piece);
+    if (found == pieces_b.end()) continue;
+    const Event* y = found->second;
+    const auto xs = x->hashes.find("model_param");
+    const auto ys = y->hashes.find("model_param");
+    if (xs == x->hashes.end() || ys == y->hashes.end()) continue;
+    for (const auto& [param, h] : xs->second) {
+      auto it = ys->second.find(param);
+      if (it == ys->second.end()) continue;
+      if (uninitialized(a, param) || uninitialized(b, param)) {
+        if (skipped.empty()) skipped = param;
+        continue;
+      }
+      if (it->second != h) return param;
     }
-    if (it->second != h) return param;
   }
   return "";
 }
@@ -193,9 +215,15 @@ std::string shard_hash_difference(const std::vector<const Event*>& loaded,
     for (const Event* e : saved) s = e->rank == l->rank ? e : s;
     if (s == nullptr) continue;
     for (const Part& part : l->parts) {
-      const bool same_shard = std::any_of(s->parts.begin(), s->parts.end(),
-                                          [&](const Part& o) { return o.same_place(part); });
-      if (!same_shard) continue;
+      // The hash is over every part of the param the rank holds: each must be in place.
+      const auto held_there = [&](const Event* from, const Event* in) {
+        return std::all_of(from->parts.begin(), from->parts.end(), [&](const Part& p) {
+          return p.param != part.param ||
+                 std::any_of(in->parts.begin(), in->parts.end(),
+                             [&](const Part& o) { return o.same_place(p); });
+        });
+      };
+      if (!held_there(l, s) || !held_there(s, l)) continue;
       for (const char* kind : {"master", "exp_avg", "exp_avg_sq"}) {
         const auto lk = l->hashes.find(kind);
         const auto sk = s->hashes.find(kind);
@@ -230,6 +258,7 @@ TraceVerdict trace_trajectory_matches_uninterrupted(const Trace& t) {
   std::string skipped;
   std::string skipped_run;
   int64_t states = 0;
+  int64_t other_pieces = 0;  // states at another TP or PP than the reference's: not comparable
   for (const auto& run : t.runs) {
     if (run.id == "reference") continue;
     if (run.load && !load_completed(run)) {
@@ -240,12 +269,19 @@ TraceVerdict trace_trajectory_matches_uninterrupted(const Trace& t) {
     for (const auto& e : run.events) {
       if (e.at == "after_load" || e.at == "after_step") points.emplace(e.global_step, e.at);
     }
+    const Run* reference = t.find("reference");
+    if (reference == nullptr) continue;
+    if (!same_pieces(run, *reference)) {
+      other_pieces += static_cast<int64_t>(points.size());
+      continue;
+    }
     for (const auto& [g, at] : points) {
       const auto ref = reference_at(t, g);
       if (ref.empty()) continue;
       ++states;
       const std::string before = skipped;
-      const std::string p = param_hash_difference(events_at(run, at, g), ref, skipped);
+      const std::string p =
+          param_hash_difference(events_at(run, at, g), run, ref, *reference, skipped);
       if (before.empty() && !skipped.empty()) skipped_run = run.id;
       if (!p.empty()) {
         return failed("trajectory_matches_uninterrupted", run.id,
@@ -262,8 +298,15 @@ TraceVerdict trace_trajectory_matches_uninterrupted(const Trace& t) {
     return verdict("trajectory_matches_uninterrupted", Verdict::kNotEvaluated,
                    rests_on_uninitialized(skipped_run, skipped));
   }
-  return verdict("trajectory_matches_uninterrupted", Verdict::kPass,
-                 fmt::format("{} states: model params hash equal to the reference's", states));
+  std::string detail = fmt::format("{} states: model params hash equal to the reference's", states);
+  if (other_pieces > 0) {
+    detail += fmt::format(
+        "; {} states at another TP or PP size than the reference's not compared "
+        "(each rank hashes its own TP piece; the model's properties compare "
+        "whole params)",
+        other_pieces);
+  }
+  return verdict("trajectory_matches_uninterrupted", Verdict::kPass, detail);
 }
 
 TraceVerdict trace_round_trip_identity(const Trace& t) {
@@ -283,7 +326,9 @@ TraceVerdict trace_round_trip_identity(const Trace& t) {
     ++loads;
     const auto loaded = events_at(run, "after_load", run.start_step);
     const std::string before = skipped;
-    const std::string p = param_hash_difference(loaded, saved, skipped);
+    const std::string p = same_pieces(run, *prev)
+                              ? param_hash_difference(loaded, run, saved, *prev, skipped)
+                              : std::string();
     if (before.empty() && !skipped.empty()) skipped_run = run.id;
     if (!p.empty()) {
       return failed(

@@ -30,6 +30,7 @@ from . import checkouts as co
 from . import checkpoint_layout as layout
 from . import compare
 from . import plan as plan_mod
+from . import model_parallel
 from . import trace_schema as ts
 
 
@@ -269,7 +270,7 @@ def cmd_run(a: argparse.Namespace, argv: Sequence[str]) -> int:
                 for run in plan["runs"]:
                     d = found.get(run["revision"])
                     if d:
-                        need[d] = max(need.get(d, 0), int(run["dp"]))
+                        need[d] = max(need.get(d, 0), model_parallel.world_size(run))
             for d, n in sorted(need.items()):
                 coord.prestart(d, n)
         for (p, plan), (found, missing), resume in zip(plans, mappings, resumes):

@@ -28,6 +28,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import checkouts as co
+from . import model_parallel
 from . import errors as errors_mod
 from . import plan as plan_mod
 from . import trace_schema as ts
@@ -303,11 +304,13 @@ class Coordinator:
                     missing_reason: Optional[str], done: Dict[str, Dict[str, Any]], ckpt_root: str,
                     resume_from: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
         run = plan["runs"][index]
+        world = model_parallel.world_size(run)
         rec: Dict[str, Any] = {"id": run["id"], "dp": run["dp"], "revision": run["revision"],
                                "start_step": run["start_step"], "steps": run["steps"], "load": bool(run["load"]),
                                "save": bool(run["save"]), "events": []}
         if "phase" in run:
             rec["phase"] = run["phase"]
+        rec.update({k: run[k] for k in ("tp", "pp") if k in run})
 
         def skipped(reason: str) -> Dict[str, Any]:
             rec["status"] = "skipped"
@@ -335,7 +338,7 @@ class Coordinator:
         if hello is None or not hello.get("ok"):
             # The checkout does not even import: a real outcome of that revision on this machine.
             rec["status"] = "failed"
-            rec["events"] = [_import_error_event(r, hello) for r in range(run["dp"])]
+            rec["events"] = [_import_error_event(r, hello) for r in range(world)]
             return rec
         kind = plan["scenario"]["optimizer"]["kind"]
         te_mode, standin, why = te_decision(kind, plan_mod.needs_te(plan),
@@ -343,7 +346,7 @@ class Coordinator:
                                             bool(self.opts.get("emulate_te")), bool(self.opts.get("fused_adam_standin")))
         if why:
             return skipped(why)
-        backend, workaround, devices, why = backend_decision(self.opts.get("backend", "auto"), run["dp"],
+        backend, workaround, devices, why = backend_decision(self.opts.get("backend", "auto"), world,
                                                              int(hello.get("gpus", 0)),
                                                              int(self.opts.get("device_offset", 0)))
         if why:
@@ -359,13 +362,13 @@ class Coordinator:
         if save_dir and os.path.exists(save_dir):
             shutil.rmtree(save_dir)
         load_dir = external or (os.path.join(ckpt_root, src) if run["load"] else None)
-        workers = self.workers_for(checkout, run["dp"])
+        workers = self.workers_for(checkout, world)
         broken = [w for w in workers if w.state != "idle"]
         if broken:
             rec["status"] = "failed"
             rec["events"] = [_import_error_event(r, workers[r].hello) if workers[r].state != "idle"
                              else errors_mod.peer_aborted_event(r, "init", "another rank's worker could not start")
-                             for r in range(run["dp"])]
+                             for r in range(world)]
             return rec
         t0 = time.time()
         job_id = "%s#%d:%s" % (os.path.basename(plan_path), self._pg_counter, run["id"])
@@ -381,14 +384,14 @@ class Coordinator:
         per_rank: Dict[int, List[Dict[str, Any]]] = {}
         notes: List[str] = []
         first_error_at: Optional[float] = None
-        for r in range(run["dp"]):
+        for r in range(world):
             res = results[r]
             per_rank[r] = res.get("events", [])
             notes.extend(res.get("notes", []))
             if res.get("_error_at") is not None:
                 first_error_at = res["_error_at"] if first_error_at is None else min(first_error_at, res["_error_at"])
         # Errors that another rank's failure plausibly caused are secondary.
-        for r in range(run["dp"]):
+        for r in range(world):
             res = results[r]
             if first_error_at is None or res.get("_error_at") is None or res["_error_at"] <= first_error_at:
                 continue
@@ -398,7 +401,7 @@ class Coordinator:
         rec["events"] = order_events(per_rank)
         rec["status"] = "failed" if any(ev["at"] == "error" for ev in rec["events"]) else "completed"
         rec["_notes"] = sorted(set(notes))
-        rec["_timings"] = {r: results[r].get("timings", {}) for r in range(run["dp"])}
+        rec["_timings"] = {r: results[r].get("timings", {}) for r in range(world)}
         return rec
 
     def _collect(self, workers: List[Worker], run: Dict[str, Any], deadline: float) -> Dict[int, Dict[str, Any]]:
@@ -475,7 +478,8 @@ class Coordinator:
                                    resume_from)
             done[run["id"]] = rec
             runs.append(rec)
-            line = "  %-10s dp=%d %-18s %-9s" % (rec["id"], rec["dp"], rev, rec["status"])
+            sizes = "".join(" %s=%d" % (k, rec[k]) for k in ("tp", "pp") if k in rec)
+            line = "  %-10s dp=%d%s %-18s %-9s" % (rec["id"], rec["dp"], sizes, rev, rec["status"])
             if rec.get("backend"):
                 line += " backend=%s te=%s" % (rec["backend"], rec["te"])
             if rec.get("wall_s") is not None:

@@ -34,9 +34,23 @@ def _frames(tb: Optional[TracebackType]) -> List[Tuple[Any, int]]:
     return list(traceback.walk_tb(tb))
 
 
+class TrainingLoopError(RuntimeError):
+    """An error the runner raises where the training loop (megatron/training/, which the runner
+    does not import) raises it: `site` and `site_line` name the training loop's own frame, and
+    the event's py_type is the training loop's (RuntimeError)."""
+
+    py_type = "RuntimeError"
+
+    def __init__(self, message: str, site: str, site_line: Optional[str]) -> None:
+        super().__init__(message)
+        self.site, self.site_line = site, site_line
+
+
 def upstream_site(exc: BaseException) -> Tuple[str, Optional[str]]:
     """("file.py function()", "megatron/.../file.py:LINE") of the innermost Megatron frame, or
-    ("", None) when no frame of the traceback lies in Megatron."""
+    ("", None) when no frame of the traceback lies in Megatron (a TrainingLoopError: its own)."""
+    if isinstance(exc, TrainingLoopError):
+        return exc.site, exc.site_line
     best = None
     for frame, lineno in _frames(exc.__traceback__):
         rel = _package_relative(frame.f_code.co_filename)
@@ -85,7 +99,7 @@ def error_event(exc: BaseException, rank: int, stage: str, global_step: Optional
         "rank": rank,
         "at": "error",
         "stage": stage,
-        "py_type": type(exc).__name__,
+        "py_type": exc.py_type if isinstance(exc, TrainingLoopError) else type(exc).__name__,
         "message": message,
         "site": site,
         "site_line": site_line,

@@ -12,6 +12,7 @@ counters and hashes) as a trace event; an exception becomes an error event and e
 
 from __future__ import annotations
 
+import argparse
 import base64
 import datetime
 import gc
@@ -26,6 +27,7 @@ import torch.distributed as dist
 from . import checkpoint_layout as layout
 from . import errors as errors_mod
 from . import load_coverage
+from . import model_parallel
 from . import plan as plan_mod
 from . import schedule as schedule_mod
 from . import trace_schema as ts
@@ -106,6 +108,15 @@ def _training_loop_text() -> str:
     return ""
 
 
+def _training_loop_site(text: str) -> Optional[str]:
+    """'megatron/training/checkpointing.py:LINE' of the first line of the checkout's file that
+    holds `text` (None where none does)."""
+    for i, line in enumerate(_training_loop_text().splitlines(), 1):
+        if text in line:
+            return "megatron/training/checkpointing.py:%d" % i
+    return None
+
+
 def training_loop_reapplies_lr_bounds() -> bool:
     """Whether the checkout's megatron/training/checkpointing.py re-applies the lr bounds to the
     param groups under --override-opt_param-scheduler (schedule.reapplies_lr_bounds)."""
@@ -126,9 +137,14 @@ class RankRun:
         self.plan = load_plan_cached(job["plan_path"])
         self.run = self.plan["runs"][job["run_index"]]
         self.rank = int(job["rank"])
-        self.dp = int(self.run["dp"])
+        self.tp, self.pp, self.dp = model_parallel.run_sizes(self.run)
+        self.world = self.tp * self.pp * self.dp
+        self.tp_rank, self.dp_rank, self.pp_rank = model_parallel.place(self.rank, self.tp, self.dp)
         self.params = plan_mod.params(self.plan)
-        self.offsets = plan_mod.split_offsets(self.plan)
+        # The params this rank's pipeline stage holds (model order), each as its TP piece.
+        self.held = [self.params[i] for i in model_parallel.stage_params(self.params, self.pp, self.pp_rank)]
+        self.offsets = {name: (b, e) for name, b, e in plan_mod.split_offsets(self.plan)}
+        self.by_name = {p["name"]: p for p in self.params}
         self.scenario = self.plan["scenario"]
         self.samples_per_step = int(self.scenario.get("samples_per_step", 8))
         self.schedule_args: Dict[str, Any] = {}
@@ -162,41 +178,34 @@ class RankRun:
         dev = int(self.job["device"])
         torch.cuda.set_device(dev)
         dist.init_process_group(backend=self.job["backend"], init_method=self.job["init_method"],
-                                rank=self.rank, world_size=self.dp,
+                                rank=self.rank, world_size=self.world,
                                 timeout=datetime.timedelta(seconds=float(self.job["collective_timeout_s"])))
         self.dist_ready = True
-        ps.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+        ps.initialize_model_parallel(tensor_model_parallel_size=self.tp, pipeline_model_parallel_size=self.pp)
+        got = (ps.get_tensor_model_parallel_rank(), ps.get_data_parallel_rank(), ps.get_pipeline_model_parallel_rank())
+        if got != (self.tp_rank, self.dp_rank, self.pp_rank):
+            raise RuntimeError("parallel_state placed rank %d at (tp, dp, pp) ranks %r; the plan's numbering "
+                               "(replay/model_parallel.py place) gives %r" % (
+                                   self.rank, got, (self.tp_rank, self.dp_rank, self.pp_rank)))
 
     def _build(self) -> None:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.optimizer.optimizer_config import ParamKey
         from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-        from megatron.core.transformer.module import MegatronModule
         from megatron.core.transformer.transformer_config import TransformerConfig
 
         sc = self.scenario
         o = sc["optimizer"]
         # calculate_per_token_loss=True: DDP's gradient_scaling_factor is 1.0 and the
         # reduce-scatter sums (average_in_collective stays False): the plan's local gradients
-        # are already scaled by 1/samples_per_step, as ckptsim scales them.
-        tconf = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=1, bf16=True,
+        # are already scaled by 1/samples_per_step, as ckptsim scales them. One layer per
+        # pipeline stage and one attention head per TP rank: the sizes the config checks.
+        tconf = TransformerConfig(num_layers=self.pp, hidden_size=8 * self.tp, num_attention_heads=self.tp,
+                                  tensor_model_parallel_size=self.tp, pipeline_model_parallel_size=self.pp,
+                                  pipeline_dtype=torch.bfloat16 if self.pp > 1 else None, bf16=True,
                                   params_dtype=torch.bfloat16, calculate_per_token_loss=True)
-
-        class ReplayModel(MegatronModule):
-            def forward(self, x):  # never called: the replay writes gradients into main_grad
-                return x
-
-        module = ReplayModel(tconf)
-        init = self.plan["initial_params"]
-        inexact = []
-        for p in self.params:
-            vals = torch.frombuffer(bytearray(ts.decode_f32_bytes(init[p["name"]])), dtype=torch.float32)
-            dtype = torch.bfloat16 if p["dtype"] == "bf16" else torch.float32
-            t = vals.to(dtype)
-            if not torch.equal(t.float(), vals):
-                inexact.append(p["name"])
-            setattr(module, p["name"], torch.nn.Parameter(t.cuda()))
+        module, inexact = self._module(tconf)
         if inexact:
             self.notes.append("initial values not exact in bf16 (rounded): %s" % ", ".join(inexact))
         bucket_size = sc.get("bucket_size")
@@ -250,6 +259,59 @@ class RankRun:
         sched = OptimizerParamScheduler(opt, **schedule_mod.scheduler_kwargs(
             args, self.samples_per_step, schedule_mod.resume_flag(sc, phase)))
         self.module, self.ddp, self.opt, self.sched = module, ddp, opt, sched
+
+    def _module(self, tconf: Any) -> Tuple[Any, List[str]]:
+        """The model: the stage's params in model order, each its TP piece of the plan's initial
+        value (in the local shape), with the split a TP layer gives it: the TP attributes and,
+        in the sharded state dict, the TP axis (make_sharded_tensors_for_checkpoint, as a
+        ColumnParallelLinear / RowParallelLinear does). Also the params whose value bf16 rounds."""
+        from megatron.core import parallel_state as ps
+        from megatron.core.tensor_parallel import set_tensor_model_parallel_attributes
+        from megatron.core.transformer.module import MegatronModule
+        from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
+
+        axes = {p["name"]: model_parallel.tp_axis(p) for p in self.held if model_parallel.tp_axis(p) >= 0}
+
+        class ReplayModel(MegatronModule):
+            def forward(self, x):  # never called: the replay writes gradients into main_grad
+                return x
+
+            def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
+                # Every param by its dotted name (a submodule's with its path, the keys
+                # MegatronModule's recursion into plain submodules gives), the param itself.
+                sd: Dict[str, Any] = dict(self.named_parameters())
+                dp_cp = (metadata or {}).get("dp_cp_group") or ps.get_data_parallel_group(with_context_parallel=True)
+                return make_sharded_tensors_for_checkpoint(sd, prefix, axes, sharded_offsets,
+                                                           tp_group=ps.get_tensor_model_parallel_group(),
+                                                           dp_cp_group=dp_cp)
+
+        module = ReplayModel(tconf)
+        init = self.plan["initial_params"]
+        inexact = []
+        for p in self.held:
+            whole = torch.frombuffer(bytearray(ts.decode_f32_bytes(init[p["name"]])), dtype=torch.float32)
+            vals = self._piece(p, whole)
+            dtype = torch.bfloat16 if p["dtype"] == "bf16" else torch.float32
+            t = vals.to(dtype)
+            if not torch.equal(t.float(), vals):
+                inexact.append(p["name"])
+            param = torch.nn.Parameter(t.cuda())
+            if p["name"] in axes:
+                set_tensor_model_parallel_attributes(param, True, axes[p["name"]], 1)
+            owner, _, leaf = p["name"].rpartition(".")
+            holder = module
+            for c in owner.split(".") if owner else []:  # a submodule per dotted prefix (plan.module_order)
+                if c not in holder._modules:
+                    holder.add_module(c, torch.nn.Module())
+                holder = holder._modules[c]
+            holder.register_parameter(leaf, param)
+        return module, inexact
+
+    def _piece(self, p: Dict[str, Any], whole: Any) -> Any:
+        """This TP rank's piece of a param's whole (flattened) value, in its local shape."""
+        runs = model_parallel.element_runs(p, self.tp, self.tp_rank)
+        flat = torch.cat([whole[b:b + n] for b, n in runs])
+        return flat.reshape(model_parallel.local_shape(p, self.tp))
 
     # ------------------------------------------------------------------ state
     def _dist_opt(self) -> Any:
@@ -332,13 +394,16 @@ class RankRun:
             sid = id(step_t) if isinstance(step_t, torch.Tensor) else None
             if sid is not None:
                 step_ids[sid] = step_ids.get(sid, 0) + 1
-            part_step_ids.append(sid)
-            part_entry = {"part": part, "param": name, "range": [int(r.start), int(r.end)],
-                          "step": counter, "step_used": step_used}
             kernel = _kernel(sub, group, ix)
-            if kernel is not None:
-                part_entry["kernel"] = kernel
-            parts.append(part_entry)
+            # The shard's range in the whole param: one part per run of the TP piece it covers.
+            spec = self.by_name[name]
+            for b, e in model_parallel.global_ranges(model_parallel.element_runs(spec, self.tp, self.tp_rank),
+                                                     int(r.start), int(r.end)):
+                part_entry = {"part": part, "param": name, "range": [b, e], "step": counter, "step_used": step_used}
+                if kernel is not None:
+                    part_entry["kernel"] = kernel
+                parts.append(part_entry)
+                part_step_ids.append(sid)
             put("master", name, ix)
             put("exp_avg", name, state.get("exp_avg"))
             put("exp_avg_sq", name, state.get("exp_avg_sq"))
@@ -366,6 +431,7 @@ class RankRun:
         ckpt = layout.resume_dir(self.job["load_dir"])
         common = dist_checkpointing.load_common_state_dict(ckpt)
         md = dist_checkpointing.load_content_metadata(preloaded_state_dict=common) or {}
+        self._check_tp_pp(common, md)
         md = self._metadata(dict(md))
         sd: Dict[str, Any] = {"checkpoint_version": 3.0}
         sd["model"] = self.module.sharded_state_dict(metadata=md)
@@ -390,6 +456,24 @@ class RankRun:
             self.notes.append("the checkpoint holds no opt_param_scheduler")
         torch.cuda.synchronize()
         return iteration
+
+    def _check_tp_pp(self, common: Dict[str, Any], md: Dict[str, Any]) -> None:
+        """load_checkpoint()'s check of the checkpoint's (TP, PP) (from its args; (1, 1) where it
+        has none) against the run's: only the model-space formats
+        (DistributedOptimizer.checkpoint_fully_reshardable_formats) load at another TP or PP."""
+        from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+        ckpt_args = common.get("args")
+        ckpt = (getattr(ckpt_args, "tensor_model_parallel_size", 1), getattr(ckpt_args, "pipeline_model_parallel_size", 1))
+        run = (self.tp, self.pp)
+        sharding_type = md.get("distrib_optim_sharding_type")
+        if ckpt == run or sharding_type in getattr(DistributedOptimizer, "checkpoint_fully_reshardable_formats", ()):
+            return
+        raise errors_mod.TrainingLoopError(
+            "(TP, PP) mismatch after resume ({} vs {} from checkpoint): not supported for DistributedOptimizer "
+            "with sharding type {}. Please use `--ckpt-fully-parallel-save` flag during checkpoint saving.".format(
+                run, ckpt, sharding_type),
+            "checkpointing.py load_checkpoint()", _training_loop_site("mismatch_msg}: not supported"))
 
     def _override_lr_bounds(self, iteration: int) -> None:
         """The block of load_checkpoint() that follows the scheduler's load under
@@ -429,10 +513,14 @@ class RankRun:
         main_grad (here: the plan's), finalize (grad sync), optimizer.step(), scheduler.step()."""
         self.ddp.zero_grad_buffer()
         self.opt.zero_grad()
-        raw = ts.decode_f32_bytes(self.run["grads"][k][self.rank])
+        # The plan holds each DP rank's local gradient over the whole model: this rank takes
+        # its stage's params, each its TP piece (the same elements of the whole gradient that
+        # every TP rank of the DP rank sees, as a TP layer's gradient is).
+        raw = ts.decode_f32_bytes(self.run["grads"][k][self.dp_rank])
         flat = torch.frombuffer(bytearray(raw), dtype=torch.float32)
-        for (name, b, e), (_, p) in zip(self.offsets, self.module.named_parameters()):
-            p.main_grad.copy_(flat[b:e].view(p.main_grad.shape).to(p.main_grad.device))
+        for spec, (_, p) in zip(self.held, self.module.named_parameters()):
+            b, e = self.offsets[spec["name"]]
+            p.main_grad.copy_(self._piece(spec, flat[b:e]).view(p.main_grad.shape).to(p.main_grad.device))
         self.ddp.finish_grad_sync()
         standins = [o for o in self._all_inner_optimizers() if hasattr(o, "last_step_used")]
         for o in standins:
@@ -479,6 +567,10 @@ class RankRun:
         sd["model"] = self.module.sharded_state_dict(metadata=md)
         sd["optimizer"] = self.opt.sharded_state_dict(sd, metadata=md)
         sd["opt_param_scheduler"] = self.sched.state_dict()
+        if (self.tp, self.pp) != (1, 1):
+            # save_checkpoint() stores the arguments; load_checkpoint() reads the TP and PP sizes
+            # from them (a checkpoint without them reads as (1, 1), as this runner's older ones).
+            sd["args"] = argparse.Namespace(tensor_model_parallel_size=self.tp, pipeline_model_parallel_size=self.pp)
         content = {k: v for k, v in md.items() if k != "dp_cp_group"}
         dist_checkpointing.save(sd, ckpt, validate_access_integrity=True, content_metadata=content)
         torch.cuda.synchronize()

@@ -9,11 +9,11 @@ step. The runner never recomputes ckptsim's gradients; it replays these.
 from __future__ import annotations
 
 import json
-import keyword
 import os
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from . import model_parallel
 from . import schedule as schedule_mod
 from . import trace_schema as ts
 
@@ -164,7 +164,10 @@ def _validate_scenario(sc: Dict[str, Any], err) -> List[Dict[str, Any]]:
         for k in ("wd_mult", "lr_mult"):
             if k in p and (isinstance(p[k], bool) or not isinstance(p[k], (int, float)) or p[k] < 0):
                 err("%s.%s" % (path, k), "must be a number >= 0, got %r" % (p[k],))
-        if ok:
+        problem = model_parallel.param_problem(p, path) if ok else None
+        if problem:
+            err(*problem)
+        elif ok:
             names.add(name)
             good.append(p)
     o = sc.get("optimizer")
@@ -209,6 +212,9 @@ def _validate_scenario(sc: Dict[str, Any], err) -> List[Dict[str, Any]]:
             if not isinstance(ph.get("revision"), str) or not ph.get("revision"):
                 err(path + ".revision", "must be a profile name")
             _validate_format(ph, path, err)
+            problem = model_parallel.phase_problem(good, ph, path) if len(good) == len(params) else None
+            if problem:
+                err(*problem)
     schedule_mod.validate(sc, err)
     return good
 
@@ -254,13 +260,17 @@ def expected_runs(phases: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     if not phases:
         return []
     total = sum(int(p.get("steps", 0)) for p in phases)
-    out = [{"id": "reference", "dp": phases[0]["dp"], "revision": phases[0]["revision"], "start_step": 0,
-            "steps": total, "load": False, "save": False}]
+
+    def sizes(p: Dict[str, Any]) -> Dict[str, Any]:  # a run names tp and pp where they are not 1
+        return {k: p[k] for k in ("tp", "pp") if p.get(k, 1) != 1}
+
+    out = [dict({"id": "reference", "dp": phases[0]["dp"], "revision": phases[0]["revision"], "start_step": 0,
+                 "steps": total, "load": False, "save": False}, **sizes(phases[0]))]
     start = 0
     for k, p in enumerate(phases):
-        out.append({"id": "phase%d" % k, "phase": k, "dp": p["dp"], "revision": p["revision"],
-                    "start_step": start, "steps": p["steps"], "load": k > 0,
-                    "save": bool(p.get("save", True))})
+        out.append(dict({"id": "phase%d" % k, "phase": k, "dp": p["dp"], "revision": p["revision"],
+                         "start_step": start, "steps": p["steps"], "load": k > 0,
+                         "save": bool(p.get("save", True))}, **sizes(p)))
         start += p["steps"]
     return out
 
@@ -271,7 +281,8 @@ def _validate_runs(runs: List[Any], phases: List[Any], revisions: Dict[str, Any]
     want = expected_runs(good_phases) if len(good_phases) == len(phases) else []
     if want and len(runs) != len(want):
         err("runs", "must hold %d entries (reference + %d phases), got %d" % (len(want), len(phases), len(runs)))
-    allowed = {"id", "phase", "dp", "revision", "start_step", "steps", "load", "save", "load_from", "grads"}
+    allowed = {"id", "phase", "dp", "tp", "pp", "revision", "start_step", "steps", "load", "save", "load_from",
+               "grads"}
     ids = set()
     for i, run in enumerate(runs):
         path = "runs[%d]" % i
@@ -288,8 +299,9 @@ def _validate_runs(runs: List[Any], phases: List[Any], revisions: Dict[str, Any]
         if run.get("revision") not in revisions:
             err(path + ".revision", "%r is not in 'revisions'" % (run.get("revision"),))
         if i < len(want):
-            for k, v in want[i].items():
-                if run.get(k) != v:
+            for k in set(want[i]) | ({"tp", "pp"} & set(run)):
+                v = want[i].get(k, 1)
+                if run.get(k, 1) != v:
                     err("%s.%s" % (path, k), "must be %r, got %r" % (v, run.get(k)))
         lf = run.get("load_from")
         if lf is not None and (lf not in ids or lf == rid):
@@ -305,7 +317,7 @@ def _validate_runs(runs: List[Any], phases: List[Any], revisions: Dict[str, Any]
         for k, per_rank in enumerate(grads):
             gpath = "%s.grads[%d]" % (path, k)
             if not isinstance(per_rank, list) or len(per_rank) != dp:
-                err(gpath, "must hold one base64 array per rank (%d)" % dp)
+                err(gpath, "must hold one base64 array per DP rank (%d): its local gradient over the whole model" % dp)
                 continue
             for r, text in enumerate(per_rank):
                 try:
@@ -325,11 +337,14 @@ def scenario_name(plan: Dict[str, Any]) -> str:
 
 
 def params(plan: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """The params in model order: [{name, numel, dtype, wd_mult, lr_mult}] with defaults filled."""
+    """The params in model order: [{name, numel, dtype, wd_mult, lr_mult, shape, tp_split, layer}]
+    with defaults filled (shape [numel], replicated, layer 0)."""
     out = []
     for p in plan["scenario"]["params"]:
         out.append({"name": p["name"], "numel": int(p["numel"]), "dtype": p["dtype"],
-                    "wd_mult": float(p.get("wd_mult", 1.0)), "lr_mult": float(p.get("lr_mult", 1.0))})
+                    "wd_mult": float(p.get("wd_mult", 1.0)), "lr_mult": float(p.get("lr_mult", 1.0)),
+                    "shape": model_parallel.global_shape(p), "tp_split": p.get("tp_split", "replicated"),
+                    "layer": int(p.get("layer", 0))})
     return out
 
 
@@ -355,7 +370,7 @@ def load_source(plan: Dict[str, Any], run_index: int) -> Optional[str]:
 
 
 def rank_gradients(plan: Dict[str, Any], run: Dict[str, Any], rank: int) -> List[bytes]:
-    """Rank `rank`'s local gradient bytes (little-endian float32, every param concatenated in
+    """DP rank `rank`'s local gradient bytes (little-endian float32, every param concatenated in
     model order) for each step of the run."""
     return [ts.decode_f32_bytes(step[rank]) for step in run["grads"]]
 
@@ -379,13 +394,50 @@ def needs_te(plan: Dict[str, Any]) -> bool:
     return o["kind"] != "torch_adamw" and o.get("transformer_engine", "installed") == "installed"
 
 
+def module_order(names: Sequence[str]) -> Optional[List[str]]:
+    """The order in which torch.nn.Module.named_parameters() yields params registered in this
+    order by their dotted names (a submodule per dotted prefix, made when first needed): each
+    module's own params in registration order, then its submodules' in creation order. None when
+    the names do not form such a tree (an empty component, or a name that is both a param and a
+    submodule)."""
+    tree: Dict[str, Any] = {}  # component -> subtree (dict) or the full name (a param)
+    for n in names:
+        parts = n.split(".")
+        if any(not c for c in parts):
+            return None
+        node = tree
+        for c in parts[:-1]:
+            node = node.setdefault(c, {})
+            if not isinstance(node, dict):
+                return None
+        if parts[-1] in node:
+            return None
+        node[parts[-1]] = n
+
+    def walk(node: Dict[str, Any]) -> List[str]:
+        own = [v for v in node.values() if isinstance(v, str)]
+        return own + [x for v in node.values() if isinstance(v, dict) for x in walk(v)]
+
+    return walk(tree)
+
+
 def unsupported_reason(plan: Dict[str, Any]) -> Optional[str]:
-    """Why the real runner cannot replay this (valid) plan, or None."""
-    for p in params(plan):
-        n = p["name"]
-        if not n.isidentifier() or keyword.iskeyword(n):
-            return ("param name %r: the real replay registers params as module attributes, so names "
-                    "must be Python identifiers" % n)
+    """Why the real runner cannot replay this (valid) plan, or None. A dotted name is a param
+    of submodules ("layers.0.qkv": module.layers, its submodule "0", param "qkv"), so the
+    names must form a module tree whose parameter order is the scenario's (the buffers' layout
+    follows it)."""
+    names = [p["name"] for p in params(plan)]
+    order = module_order(names)
+    if order is None:
+        return ("param names %s: the real replay registers a dotted name as a param of submodules, and these "
+                "do not form a module tree (an empty component, or a name that is both a param and a "
+                "submodule)" % ", ".join(repr(n) for n in names))
+    if order != names:
+        first = next(i for i, (a, b) in enumerate(zip(order, names)) if a != b)
+        return ("param order: the real replay's module (a submodule per dotted prefix) yields %r at position %d "
+                "where the scenario has %r; the buffers' layout follows the module's order, so put a module's own "
+                "params before its submodules' and keep each submodule's params together" % (
+                    order[first], first, names[first]))
     return None
 
 

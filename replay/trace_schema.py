@@ -245,7 +245,7 @@ def _validate_setup(v: _V, s: Any) -> None:
 
 def _validate_run(v: _V, run: Any, path: str) -> None:
     if not v.obj(run, path, ["id", "dp", "revision", "status", "events"],
-                 ["phase", "start_step", "steps", "load", "save", "backend", "te", "fused_adam_standin",
+                 ["phase", "tp", "pp", "start_step", "steps", "load", "save", "backend", "te", "fused_adam_standin",
                   "coalescing_workaround", "skipped_reason", "wall_s", "load_from", "resumed_from", "devices"]):
         return
     v.string(run.get("id"), _join(path, "id"), nonempty=True)
@@ -262,6 +262,9 @@ def _validate_run(v: _V, run: Any, path: str) -> None:
     for k in ("start_step", "steps", "phase"):
         if k in run:
             v.integer(run[k], _join(path, k))
+    for k in ("tp", "pp"):
+        if k in run:
+            v.integer(run[k], _join(path, k), lo=1)
     if "resumed_from" in run:
         v.string(run["resumed_from"], _join(path, "resumed_from"), nonempty=True)
         if not run.get("load"):
@@ -273,7 +276,9 @@ def _validate_run(v: _V, run: Any, path: str) -> None:
     if not isinstance(events, list):
         v.err(_join(path, "events"), "must be an array")
         return
-    dp = run.get("dp") if _is_int(run.get("dp")) else None
+    # Events name world ranks: TP x PP x DP of them.
+    sizes = [run.get(k, 1) for k in ("tp", "pp", "dp")]
+    dp = sizes[0] * sizes[1] * sizes[2] if all(_is_int(x) for x in sizes) else None
     seen_per_rank: Dict[int, int] = {}
     last_key = (-1, -1)
     has_error = False
@@ -337,7 +342,7 @@ def _validate_event(v: _V, ev: Any, path: str, dp: Optional[int]) -> None:
             _validate_unwritten(v, ev["unwritten"], _join(path, "unwritten"), at)
     rank = ev.get("rank")
     if not _is_int(rank) or rank < 0 or (dp is not None and rank >= dp):
-        v.err(_join(path, "rank"), "must be an integer in [0, dp), got %r" % (rank,))
+        v.err(_join(path, "rank"), "must be an integer in [0, tp * pp * dp), got %r" % (rank,))
 
 
 def _validate_parts(v: _V, parts: Any, path: str) -> None:

@@ -96,16 +96,23 @@ json uninitialized_json(const sim::RunResult& run, const sim::GlobalState& st,
   return out;
 }
 
+// A shard a rank holds: its record, and the replica's own values where a TP replica's differ
+// from the main copy (GlobalState::Replica), else null (the main copy's values at its range).
+struct HeldShard {
+  const sim::ShardRecord* record;
+  const std::array<std::vector<float>, 3>* own;
+};
+
 // The parts of one rank's shards, and their states' hashes (and values) into `hashes` (`vals`).
 // A row-split TP piece's shard is one record per row: its values are hashed as the rank holds
 // them, the rows concatenated in order.
 json shard_states(const sim::RunResult& run, const sim::GlobalState& st,
-                  const std::vector<const sim::ShardRecord*>& shards, bool stepped, bool values,
-                  json& hashes, json& vals) {
+                  const std::vector<HeldShard>& held, bool stepped, bool values, json& hashes,
+                  json& vals) {
   json parts = json::array();
   std::map<std::string, std::map<std::string, std::vector<float>>> joined;  // kind -> param
   std::map<std::string, std::map<std::string, bool>> present;
-  for (const auto* s : shards) {
+  for (const auto& [s, own] : held) {
     const std::string& name = run.scenario.params[s->param].name;
     parts.push_back({{"part", part_of(*s)},
                      {"kernel", sim::kernel_name(s->kernel)},
@@ -115,15 +122,15 @@ json shard_states(const sim::RunResult& run, const sim::GlobalState& st,
                      {"step_used", stepped && s->step_used ? json(*s->step_used) : json(nullptr)},
                      {"step_aliases", s->step_aliases}});
     const bool moments = st.moments_present[s->param][static_cast<size_t>(s->range.start)] != 0;
-    auto put = [&](const char* kind, const std::vector<float>& v, bool has) {
-      const auto part = slice(v, s->range);
+    auto put = [&](const char* kind, const std::vector<float>& v, size_t field, bool has) {
+      const auto part = own != nullptr ? std::span<const float>((*own)[field]) : slice(v, s->range);
       std::vector<float>& all = joined[kind][name];
       all.insert(all.end(), part.begin(), part.end());
       present[kind].try_emplace(name, has);
     };
-    put("master", st.master[s->param], true);
-    put("exp_avg", st.exp_avg[s->param], moments);
-    put("exp_avg_sq", st.exp_avg_sq[s->param], moments);
+    put("master", st.master[s->param], 0, true);
+    put("exp_avg", st.exp_avg[s->param], 1, moments);
+    put("exp_avg_sq", st.exp_avg_sq[s->param], 2, moments);
   }
   for (const auto& [kind, by_param] : joined) {
     for (const auto& [name, v] : by_param) {
@@ -135,27 +142,55 @@ json shard_states(const sim::RunResult& run, const sim::GlobalState& st,
   return parts;
 }
 
-// One rank's state at one point, from the gathered state.
-json state_event(const sim::RunResult& run, const sim::GlobalState& st, int rank, const char* at,
-                 bool values) {
-  std::vector<const sim::ShardRecord*> shards;
-  for (const auto& s : st.shards) {
-    if (s.rank == rank) shards.push_back(&s);
+// The model params as rank `rank` of a job of `spec`'s sizes holds them, by name: every param
+// whole where TP = PP = 1; else its pipeline stage's params, each its TP piece (the elements in
+// the order the piece holds them), as the real runner hashes what its module holds.
+std::vector<std::pair<std::string, std::vector<float>>> held_params(const sim::RunResult& run,
+                                                                    const sim::PhaseSpec& spec,
+                                                                    const sim::GlobalState& st,
+                                                                    int rank) {
+  const auto& params = st.params_of(rank);
+  const auto& specs = run.scenario.params;
+  std::vector<std::pair<std::string, std::vector<float>>> out;
+  if (spec.tp == 1 && spec.pp == 1) {
+    for (size_t p = 0; p < params.size(); ++p) out.emplace_back(specs[p].name, params[p]);
+    return out;
   }
-  std::stable_sort(shards.begin(), shards.end(),
-                   [](const auto* a, const auto* b) { return a->param < b->param; });
+  const auto mp = model::ModelParallelRank::of(rank, spec.tp, spec.pp, spec.dp);
+  for (const size_t p : model::params_of_stage(specs, mp)) {
+    std::vector<float> piece;
+    for (const auto& [begin, length] : model::tp_element_runs(specs[p], mp))
+      piece.insert(piece.end(), params[p].begin() + begin, params[p].begin() + begin + length);
+    out.emplace_back(specs[p].name, std::move(piece));
+  }
+  return out;
+}
+
+// One rank's state at one point, from the gathered state.
+json state_event(const sim::RunResult& run, const sim::PhaseSpec& spec, const sim::GlobalState& st,
+                 int rank, const char* at, bool values) {
+  std::vector<const sim::ShardRecord*> shards;
+  std::vector<HeldShard> held;
+  for (const auto& s : st.shards) {
+    if (s.rank == rank) held.push_back({&s, nullptr});
+  }
+  for (const auto& r : st.replicas) {  // a TP rank > 0's copies of replicated params
+    if (r.record.rank == rank) held.push_back({&r.record, r.own ? &*r.own : nullptr});
+  }
+  std::stable_sort(held.begin(), held.end(), [](const HeldShard& a, const HeldShard& b) {
+    return a.record->param < b.record->param;
+  });
+  for (const HeldShard& h : held) shards.push_back(h.record);
   json hashes{{"master", json::object()},
               {"exp_avg", json::object()},
               {"exp_avg_sq", json::object()},
               {"model_param", json::object()}};
   json vals = hashes;
   const bool stepped = std::string(at) == "after_step";
-  json parts = shard_states(run, st, shards, stepped, values, hashes, vals);
-  const auto& params = st.params_of(rank);
-  for (size_t p = 0; p < params.size(); ++p) {
-    const std::string& name = run.scenario.params[p].name;
-    hashes["model_param"][name] = hash_f32(params[p]);
-    if (values) vals["model_param"][name] = base64_f32(params[p]);
+  json parts = shard_states(run, st, held, stepped, values, hashes, vals);
+  for (const auto& [name, v] : held_params(run, spec, st, rank)) {
+    hashes["model_param"][name] = hash_f32(v);
+    if (values) vals["model_param"][name] = base64_f32(v);
   }
   json ev{{"rank", rank},
           {"at", at},
@@ -164,11 +199,11 @@ json state_event(const sim::RunResult& run, const sim::GlobalState& st, int rank
           {"hashes", hashes}};
   if (values) ev["values"] = vals;
   if (json u = uninitialized_json(run, st, shards); !u.empty()) ev["uninitialized"] = u;
-  if (stepped && !st.hypers.empty()) {
-    // The lr and weight decay every param group held when this step ran (rank 0's: the model's
-    // groups are the same on every rank).
+  const std::vector<sim::GroupHyper>& hypers = st.hypers_of(rank);
+  if (stepped && !hypers.empty()) {
+    // The lr and weight decay every param group of the rank held when this step ran.
     json groups = json::array();
-    for (const sim::GroupHyper& h : st.hypers) {
+    for (const sim::GroupHyper& h : hypers) {
       groups.push_back({{"wd_mult", h.wd_mult},
                         {"lr_mult", h.lr_mult},
                         {"lr", h.lr},
@@ -208,18 +243,18 @@ bool reached(const sim::RankError* e, const std::string& at, int64_t step, int64
 
 // A run's events in trace order: each rank's states point by point, up to its error, then the
 // errors.
-json run_events(const sim::RunResult& run, int64_t dp,
+json run_events(const sim::RunResult& run, const sim::PhaseSpec& spec,
                 const std::vector<std::pair<const char*, const sim::GlobalState*>>& points,
                 const std::vector<sim::RankError>& errors, int64_t last_step, bool values) {
   json events = json::array();
   for (const auto& [at, st] : points) {
-    for (int rank = 0; rank < dp; ++rank) {
+    for (int rank = 0; rank < spec.world(); ++rank) {
       const sim::RankError* e = nullptr;
       for (const auto& x : errors) {
         if (x.rank == rank && e == nullptr) e = &x;
       }
       if (!reached(e, at, st->global_step, last_step)) continue;
-      events.push_back(state_event(run, *st, rank, at, values));
+      events.push_back(state_event(run, spec, *st, rank, at, values));
     }
   }
   std::vector<sim::RankError> sorted = errors;
@@ -241,16 +276,16 @@ json reference_run(const sim::RunResult& run, bool values) {
       {"init", &run.reference_initial}};
   for (const auto& st : run.reference) points.emplace_back("after_step", &st);
   const int64_t last = run.reference.empty() ? 0 : run.reference.back().global_step;
-  json out = {{"id", "reference"},
-              {"dp", s.phases.front().dp},
-              {"revision", s.phases.front().profile->name},
-              {"start_step", 0},
-              {"steps", s.total_steps()},
-              {"load", false},
-              {"save", false},
-              {"status", run.reference_errors.empty() ? "completed" : "failed"},
-              {"events", run_events(run, s.phases.front().world(), points, run.reference_errors,
-                                    last, values)}};
+  json out = {
+      {"id", "reference"},
+      {"dp", s.phases.front().dp},
+      {"revision", s.phases.front().profile->name},
+      {"start_step", 0},
+      {"steps", s.total_steps()},
+      {"load", false},
+      {"save", false},
+      {"status", run.reference_errors.empty() ? "completed" : "failed"},
+      {"events", run_events(run, s.phases.front(), points, run.reference_errors, last, values)}};
   put_model_parallel(s.phases.front(), out);
   return out;
 }
@@ -296,8 +331,8 @@ json phase_run(const sim::RunResult& run, const sim::PhaseRecord& p, bool values
   if (p.at_save) points.emplace_back("at_save", &*p.at_save);
   const sim::GlobalState* last = p.final_state();
   out["status"] = p.errors.empty() ? "completed" : "failed";
-  out["events"] = run_events(run, p.spec.world(), points, p.errors,
-                             last ? last->global_step : p.start_step, values);
+  out["events"] =
+      run_events(run, p.spec, points, p.errors, last ? last->global_step : p.start_step, values);
   for (json& ev : out["events"]) {
     const auto rank = ev["rank"].get<size_t>();
     if (ev["at"] == "after_load" && rank < p.load_unwritten.size())
@@ -335,7 +370,6 @@ json replay_plan_json(const sim::Scenario& s) {
       plan_run(s, "reference", s.phases.front().dp, *s.phases.front().profile, 0, s.total_steps());
   reference["load"] = false;
   reference["save"] = false;
-  // The runner does not set up TP or PP yet: plan.py refuses these fields by name.
   put_model_parallel(s.phases.front(), reference);
   runs.push_back(std::move(reference));
   int64_t start = 0;

@@ -264,9 +264,10 @@ void draw_formats(const GeneratorConfig& config, sim::Scenario& s) {
 // a layer (param i in layer i mod L, L the largest of 1, 2, 4 that the params fill and pp_max
 // allows), then each phase a TP and a PP in {1, 2, 4}: a resume keeps the previous phase's in
 // one draw of two, else draws anew (TP, PP or both change), where the checkpoint it loads is in a
-// fully reshardable format. Shrinks toward TP = PP = 1.
+// fully reshardable format. Shrinks toward TP = PP = 1. A phase's world stays within
+// `world_max` ranks (PP drawn among the sizes that fit next to its TP; DP cut down).
 // Drawn last: a config without them draws nothing here.
-void draw_model_parallel(const GeneratorConfig& config, sim::Scenario& s) {
+void draw_model_parallel(const GeneratorConfig& config, sim::Scenario& s, int64_t world_max) {
   if (config.tp_max == 1 && config.pp_max == 1) return;
   constexpr int64_t kDim = kModelParallelMax;
   int64_t layers = 1;
@@ -295,14 +296,18 @@ void draw_model_parallel(const GeneratorConfig& config, sim::Scenario& s) {
     sim::PhaseSpec& phase = s.phases[i];
     const bool keep = i > 0 && *gen::weightedElement<bool>({{1, false}, {1, true}});
     phase.tp = keep ? s.phases[i - 1].tp : *gen::elementOf(tps);
-    phase.pp = keep ? s.phases[i - 1].pp : *gen::elementOf(pps);
+    std::vector<int64_t> fitting;
+    for (int64_t pp : pps) {
+      if (phase.tp * pp <= world_max) fitting.push_back(pp);
+    }
+    phase.pp = keep ? s.phases[i - 1].pp : *gen::elementOf(fitting);
     // Only a model-space checkpoint loads at another TP or PP; a bucket-space one is refused by
     // design (checkpointing.py), which the bundled dp-reshardable-refuses-tp-change shows once.
     if (i > 0 && !model::fully_reshardable_format(s.format_of(i - 1).sharding_type)) {
       phase.tp = s.phases[i - 1].tp;
       phase.pp = s.phases[i - 1].pp;
     }
-    phase.dp = std::min(phase.dp, kModelParallelWorldMax / (phase.tp * phase.pp));
+    phase.dp = std::max<int64_t>(1, std::min(phase.dp, world_max / (phase.tp * phase.pp)));
   }
 }
 
@@ -504,6 +509,56 @@ void fit_layout(sim::Scenario& s) {
   }
 }
 
+// The first buffer of some (TP, PP) rank at some phase whose bucket leaves a DP rank's shard
+// without a param element, as the scenario's params (indices) it holds; empty when every
+// bucket of every buffer of every stage fits. A buffer holds the stage's params of one dtype,
+// each its TP piece (local_param_spec).
+std::vector<size_t> unfit_model_parallel_buffer(const sim::Scenario& s) {
+  for (const sim::PhaseSpec& phase : s.phases) {
+    for (int64_t stage = 0; stage < phase.pp; ++stage) {
+      const model::ModelParallelRank mp{phase.tp, 0, phase.pp, stage};
+      const std::vector<size_t> held = model::params_of_stage(s.params, mp);
+      sim::Scenario local = s;
+      local.params.clear();
+      for (size_t i : held) local.params.push_back(model::local_param_spec(s.params[i], mp));
+      for (const std::vector<size_t>& buffer : buffers_of(local)) {
+        std::vector<int64_t> numels;
+        for (size_t i : buffer) numels.push_back(local.params[i].numel);
+        const model::BufferLayout layout = model::build_buffer_layout(
+            numels,
+            model::LayoutOptions{phase.dp, s.bucket_size, s.pad_buckets_for_high_nccl_busbw});
+        for (size_t b = 0; b < layout.buckets.size(); ++b) {
+          if (bucket_fits(numels, s, b, layout.buckets[b].params, {phase.dp})) continue;
+          std::vector<size_t> out;
+          for (size_t i : buffer) out.push_back(held[i]);
+          return out;
+        }
+      }
+    }
+  }
+  return {};
+}
+
+// The campaign's fit at TP and PP (after draw_model_parallel, which reshapes the params and
+// splits them over stages and TP pieces): while some (TP, PP) rank's bucket leaves a DP rank's
+// shard empty at some phase, the params of that buffer double their rows (a multiple of 4
+// stays one, so every TP size still divides them), up to kCampaignFitNumelMax elements each.
+// What still does not fit keeps upstream's empty-bucket assertion, as with the padding option.
+void fit_model_parallel_layout(sim::Scenario& s) {
+  if (s.pad_buckets_for_high_nccl_busbw) return;
+  for (int round = 0; round < 16; ++round) {
+    bool grew = false;
+    for (size_t i : unfit_model_parallel_buffer(s)) {
+      model::ParamSpec& p = s.params[i];
+      if (p.shape.size() != 2 || 2 * p.numel > kCampaignFitNumelMax) continue;
+      p.shape[0] *= 2;
+      p.numel *= 2;
+      grew = true;
+    }
+    if (!grew) return;
+  }
+}
+
 rc::Gen<sim::Scenario> gen_campaign_scenario(const GeneratorConfig& config) {
   return gen::exec([config] {
     const int size = *gen::withSize([](int s) { return gen::just(s); });
@@ -519,7 +574,9 @@ rc::Gen<sim::Scenario> gen_campaign_scenario(const GeneratorConfig& config) {
     s.schedule = *gen_schedule(s.optimizer.adam.lr, s.optimizer.adam.weight_decay);
     for (size_t i = 1; i < s.phases.size(); ++i) draw_campaign_resume_arguments(s, i);
     draw_formats(config, s);
-    draw_model_parallel(config, s);
+    // A real replay runs the world on one GPU: TP x PP x DP processes within --dp-max.
+    draw_model_parallel(config, s, config.dp_max);
+    if (config.tp_max > 1 || config.pp_max > 1) fit_model_parallel_layout(s);
     s.faults = config.faults;
     s.name = "generated";
     return s;
@@ -596,7 +653,7 @@ rc::Gen<sim::Scenario> gen_scenario(const GeneratorConfig& config) {
     s.schedule = *gen_schedule(s.optimizer.adam.lr, s.optimizer.adam.weight_decay);
     for (size_t i = 1; i < s.phases.size(); ++i) draw_resume_arguments(s, i);
     draw_formats(config, s);
-    draw_model_parallel(config, s);
+    draw_model_parallel(config, s, kModelParallelWorldMax);
     s.faults = config.faults;
     s.name = "generated";
     return s;

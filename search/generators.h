@@ -37,6 +37,10 @@
 // layouts fit every phase's DP (each rank's shard of each bucket holds a param element, where
 // upstream asserts 'empty bucket encountered' otherwise) unless buckets are padded to 65536:
 // the param closing a bucket takes the nearest numel that fits, up to kCampaignFitNumelMax.
+// With --tp-max or --pp-max the campaign keeps every phase's world (TP x PP x DP) within
+// --dp-max ranks (one GPU runs them all), and refits after the TP/PP draw: while a (TP, PP)
+// rank's bucket leaves a DP rank's shard empty, that buffer's params double their rows (up to
+// kCampaignFitNumelMax elements).
 //
 // Invariants:
 //   1. Every generated scenario passes sim::parse_scenario's validation (a test checks that

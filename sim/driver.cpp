@@ -237,7 +237,7 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, model::ProcessGroup
     model::DistributedDataParallel ddp(rt, s.params, layout, dp_pg, mp);
     set_initial_params(ddp, *job.initial_params);
     describe_buffers(ddp, out);
-    const auto optimizer = model::get_megatron_optimizer(rt, ddp, job.optimizer, *job.switches);
+    const auto optimizer = model::get_megatron_optimizer(rt, ddp, job.optimizer, *job.switches, &pg);
     model::DistributedOptimizer& opt = *optimizer;
     std::optional<model::OptimizerParamScheduler> scheduler;
     scheduler.emplace(opt, job.schedule, s.samples_per_step, job.resume, *job.switches);
@@ -295,7 +295,7 @@ std::vector<RankRecord> run_world(const PhaseJob& job) {
   }
   world.run([&](model::ProcessGroup& pg) {
     const int64_t r = pg.rank();
-    const model::ModelParallelRank mp{job.tp, r % job.tp, job.pp, r / (job.tp * job.dp)};
+    const auto mp = model::ModelParallelRank::of(r, job.tp, job.pp, job.dp);
     std::unique_ptr<LocalProcessGroup> dp_pg;
     if (!dp_groups.empty()) {
       dp_pg = world.group(dp_groups[static_cast<size_t>(mp.data_parallel_group_idx())],

@@ -242,8 +242,9 @@ void gather_params_of_pieces(const std::vector<const RankState*>& ranks, GlobalS
   }
 }
 
-// A TP replica's shard against the main copy gathered into `st` (TP rank 0's).
-void compare_replica(const Scenario& s, size_t rank, const ShardSnapshot& shard, GlobalState& st) {
+// A TP replica's shard against the main copy gathered into `st` (TP rank 0's): the first
+// difference into st.replica_differences. Whether any value differs.
+bool compare_replica(const Scenario& s, size_t rank, const ShardSnapshot& shard, GlobalState& st) {
   const auto begin = static_cast<size_t>(shard.param_range.start);
   const std::vector<std::pair<const char*, const std::vector<float>*>> fields = {
       {"master", &shard.master}, {"exp_avg", &shard.exp_avg}, {"exp_avg_sq", &shard.exp_avg_sq}};
@@ -259,9 +260,28 @@ void compare_replica(const Scenario& s, size_t rank, const ShardSnapshot& shard,
       st.replica_differences.push_back(fmt::format(
           "rank {} holds {}[{}] = {} of replicated param {}, TP rank 0 {}", rank, fields[f].first,
           begin + i, mine[i], s.params[shard.model_param].name, main[begin + i]));
-      return;
+      return true;
     }
   }
+  return false;
+}
+
+// The record of rank `r`'s shard `shard` (the step it used from the rank's `uses`).
+ShardRecord record_of(const ShardSnapshot& shard, size_t r, const RankState& rank) {
+  ShardRecord rec;
+  rec.param = shard.model_param;
+  rec.range = shard.param_range;
+  rec.rank = static_cast<int>(r);
+  rec.step_aliases = shard.step_aliases;
+  rec.part = shard.part;
+  rec.kernel = shard.kernel;
+  rec.counter = shard.step;
+  rec.kernel_offset = shard.kernel_offset;
+  rec.kernel_numel = shard.kernel_numel;
+  for (const auto& u : rank.uses) {
+    if (u.model_param == shard.model_param) rec.step_used = u.step;
+  }
+  return rec;
 }
 
 }  // namespace
@@ -273,6 +293,10 @@ GlobalState gather_state(const Scenario& s, int64_t global_step,
     st.param = ranks.front()->params;
     st.param_groups = ranks.front()->groups;
     st.hypers = ranks.front()->hypers;
+    for (size_t r = 1; r < ranks.size(); ++r) {
+      if (ranks[r] != nullptr && ranks[r]->hypers != st.hypers)
+        st.hypers_on_rank.emplace(static_cast<int>(r), ranks[r]->hypers);
+    }
     if (!ranks.front()->params_held.empty()) {
       gather_params_of_pieces(ranks, st);
     } else {
@@ -296,26 +320,17 @@ GlobalState gather_state(const Scenario& s, int64_t global_step,
         h = static_cast<int>(r);
       }
       put_shard(st, shard);
-      ShardRecord rec;
-      rec.param = shard.model_param;
-      rec.range = shard.param_range;
-      rec.rank = static_cast<int>(r);
-      rec.step_aliases = shard.step_aliases;
-      rec.part = shard.part;
-      rec.kernel = shard.kernel;
-      rec.counter = shard.step;
-      rec.kernel_offset = shard.kernel_offset;
-      rec.kernel_numel = shard.kernel_numel;
-      for (const auto& u : ranks[r]->uses) {
-        if (u.model_param == shard.model_param) rec.step_used = u.step;
-      }
-      st.shards.push_back(rec);
+      st.shards.push_back(record_of(shard, r, *ranks[r]));
     }
   }
   for (size_t r = 0; r < ranks.size(); ++r) {
     if (ranks[r] == nullptr) continue;
     for (const auto& shard : ranks[r]->shards) {
-      if (shard.replica) compare_replica(s, r, shard, st);
+      if (!shard.replica) continue;
+      GlobalState::Replica replica{record_of(shard, r, *ranks[r]), std::nullopt};
+      if (compare_replica(s, r, shard, st))
+        replica.own = std::array{shard.master, shard.exp_avg, shard.exp_avg_sq};
+      st.replicas.push_back(std::move(replica));
     }
   }
   return st;
@@ -353,6 +368,11 @@ uint64_t GlobalState::hash() const {
 const std::vector<std::vector<float>>& GlobalState::params_of(int rank) const {
   const auto it = param_on_rank.find(rank);
   return it != param_on_rank.end() ? it->second : param;
+}
+
+const std::vector<GroupHyper>& GlobalState::hypers_of(int rank) const {
+  const auto it = hypers_on_rank.find(rank);
+  return it != hypers_on_rank.end() ? it->second : hypers;
 }
 
 const ShardRecord* GlobalState::shard_at(size_t param, int64_t element) const {

@@ -11,6 +11,7 @@
 //      values (the trace hash of a rerun is compared by a test).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -33,6 +34,7 @@ struct GroupHyper {
   double lr_mult = 1.0;
   double lr = 0.0;
   double weight_decay = 0.0;
+  bool operator==(const GroupHyper&) const = default;
 };
 
 // What one rank captured at one point of a phase.
@@ -150,11 +152,25 @@ struct GlobalState {
   std::string param_groups;
   // After a step: rank 0's param groups' lr and weight decay that the step used (not hashed).
   std::vector<GroupHyper> hypers;
+  // The ranks whose groups differ from rank 0's (a pipeline stage holds its own params' groups),
+  // with theirs (not hashed).
+  std::map<int, std::vector<GroupHyper>> hypers_on_rank;
+  // The groups rank `rank` stepped with.
+  const std::vector<GroupHyper>& hypers_of(int rank) const;
   // The values that rest on uninitialized memory (not hashed; mark_uninitialized sets it).
   Uninitialized uninitialized;
   // Where a TP rank > 0's copy of a replicated param (its optimizer shard) differs from TP rank
   // 0's, one line each (not hashed; empty without TP).
   std::vector<std::string> replica_differences;
+  // The shards of TP ranks > 0's copies of replicated params (not in `shards`, which tile each
+  // param once; not hashed): the trace shows them on their ranks, as the real runner does. Each
+  // holds the main copy's values (master, exp_avg, exp_avg_sq at its range) unless `own` has the
+  // replica's own, where they differ from the main copy (replica_differences).
+  struct Replica {
+    ShardRecord record;
+    std::optional<std::array<std::vector<float>, 3>> own;
+  };
+  std::vector<Replica> replicas;
 
   // FNV-1a over global_step, master, exp_avg, exp_avg_sq and param (in that order, every NaN as
   // one quiet NaN: fnv1a_floats) and every shard's counter and step_used (-1 for none); not over

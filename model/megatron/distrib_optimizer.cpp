@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "model/errors.h"
 #include "model/faults.h"
@@ -96,13 +97,13 @@ void py_copy_(const at::Tensor& dst, const at::Tensor& src) {
 
 // ---------------------------------------------------------------------------------------------
 
-DistributedOptimizer::DistributedOptimizer(Runtime& rt, DistributedDataParallel& ddp,
-                                           const OptimizerConfig& config,
-                                           const RevisionSwitches& switches)
+DistributedOptimizer::DistributedOptimizer(
+    Runtime& rt, DistributedDataParallel& ddp, const OptimizerConfig& config,
+    const RevisionSwitches& switches, const std::vector<std::pair<double, double>>& world_groups)
     : rt_(rt), ddp_(ddp), dp_group_(ddp.dp_group()), config_(config), switches_(switches) {
   // The rank in the model-parallel group (spec §1).
   data_parallel_group_idx_ = ddp.mp().data_parallel_group_idx();
-  build_param_groups();
+  build_param_groups(world_groups);
   // Model grad buffer ranges (__init__): per buffer, per bucket, this rank's shard.
   const int64_t dp = dp_group_.size();
   const int64_t rank = dp_group_.rank();
@@ -159,47 +160,53 @@ bool override_sorts_before(const OverrideTuple& a, const OverrideTuple& b) {
 }  // namespace
 
 // Mirrors megatron/core/optimizer/__init__.py _get_param_groups(): one group per distinct
-// (wd_mult, lr_mult) (is_expert_parallel and is_decoupled_lr are false here), sorted as every
-// revision sorts them: None first, then by the override tuple (POST/RX __init__.py:189, HEAD
-// :374). The order decides which params the HybridDeviceOptimizer's greedy offload puts on its
-// CPU part (get_sub_optimizer_param_groups walks the groups in order).
-void DistributedOptimizer::build_param_groups() {
-  std::vector<size_t> first_param;  // per distinct group, in order of first appearance
+// (wd_mult, lr_mult) (is_expert_parallel and is_decoupled_lr are false here) that a param of this
+// rank or a group of `world_groups` has (the all_gather_object that aligns the ranks' groups,
+// HEAD :361-369, every revision :177-185), sorted as every revision sorts them: None first, then
+// by the override tuple (POST/RX __init__.py:189, HEAD :374). The order decides which params the
+// HybridDeviceOptimizer's greedy offload puts on its CPU part (get_sub_optimizer_param_groups
+// walks the groups in order).
+void DistributedOptimizer::build_param_groups(
+    const std::vector<std::pair<double, double>>& world_groups) {
+  std::vector<std::pair<double, double>> mults;  // per distinct group, in order of appearance
+  const auto group_of = [&](const std::pair<double, double>& m) {
+    const auto it = std::find(mults.begin(), mults.end(), m);
+    if (it != mults.end()) return static_cast<size_t>(it - mults.begin());
+    mults.push_back(m);
+    return mults.size() - 1;
+  };
   std::vector<size_t> appearance(ddp_.num_params(), 0);
-  for (size_t i = 0; i < ddp_.num_params(); ++i) {
-    const ParamSpec& s = ddp_.specs()[i];
-    size_t g = 0;
-    for (; g < first_param.size(); ++g) {
-      const ParamSpec& f = ddp_.specs()[first_param[g]];
-      if (f.wd_mult == s.wd_mult && f.lr_mult == s.lr_mult) break;
-    }
-    if (g == first_param.size()) first_param.push_back(i);
-    appearance[i] = g;
-  }
+  for (size_t i = 0; i < ddp_.num_params(); ++i)
+    appearance[i] = group_of({ddp_.specs()[i].wd_mult, ddp_.specs()[i].lr_mult});
+  for (const auto& m : world_groups) group_of(m);
   std::vector<OverrideTuple> keys;
-  for (size_t p : first_param)
-    keys.push_back(override_tuple(ddp_.specs()[p], config_.adam.lr, config_.min_lr));
-  std::vector<size_t> order(first_param.size());
+  for (const auto& [wd_mult, lr_mult] : mults) {
+    ParamSpec s;
+    s.wd_mult = wd_mult;
+    s.lr_mult = lr_mult;
+    keys.push_back(override_tuple(s, config_.adam.lr, config_.min_lr));
+  }
+  std::vector<size_t> order(mults.size());
   for (size_t g = 0; g < order.size(); ++g) order[g] = g;
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return override_sorts_before(keys[a], keys[b]); });
   std::vector<size_t> rank_of(order.size());
   for (size_t g = 0; g < order.size(); ++g) rank_of[order[g]] = g;
   for (size_t g : order) {
-    const ParamSpec& s = ddp_.specs()[first_param[g]];
+    const auto [wd_mult, lr_mult] = mults[g];
     // The schedule's keys as _get_param_groups sets them: max_lr the config's lr and
     // min_lr its min_lr, both times lr_mult (the override that makes a group with that
     // lr_mult, config.h ParamSpec); default_config false when the override names an lr key.
     // Upstream HEAD identifies a group at load by max_lr and min_lr too (switch
     // group_identity_by_override_keys).
     param_groups_.push_back(Dict::make({{"params", Value(List::make())},
-                                        {"wd_mult", Value(s.wd_mult)},
-                                        {"lr_mult", Value(s.lr_mult)},
+                                        {"wd_mult", Value(wd_mult)},
+                                        {"lr_mult", Value(lr_mult)},
                                         {"is_expert_parallel", Value(false)},
                                         {"is_decoupled_lr", Value(false)},
-                                        {"default_config", Value(s.lr_mult == 1.0)},
-                                        {"max_lr", Value(config_.adam.lr * s.lr_mult)},
-                                        {"min_lr", Value(config_.min_lr * s.lr_mult)}}));
+                                        {"default_config", Value(lr_mult == 1.0)},
+                                        {"max_lr", Value(config_.adam.lr * lr_mult)},
+                                        {"min_lr", Value(config_.min_lr * lr_mult)}}));
   }
   world_param_group_map_.assign(ddp_.num_params(), 0);
   for (size_t i = 0; i < ddp_.num_params(); ++i) {
@@ -1068,14 +1075,48 @@ void check_optimizer_config(const OptimizerConfig& config, const RevisionSwitche
   }
 }
 
+namespace {
+
+// _get_param_groups' all_gather_object of each rank's group keys over `group`: the
+// (wd_mult, lr_mult) of every group any rank has, each rank's in rank order (computed once for
+// all ranks that share the gathered objects).
+std::vector<std::pair<double, double>> gather_group_keys(ProcessGroup& group,
+                                                         const DistributedDataParallel& ddp) {
+  using Mults = std::vector<std::pair<double, double>>;
+  constexpr size_t kEntry = 2 * sizeof(double);
+  std::vector<char> bytes;
+  for (const ParamSpec& s : ddp.specs()) {
+    const double m[2] = {s.wd_mult, s.lr_mult};
+    const char* b = reinterpret_cast<const char*>(m);
+    bytes.insert(bytes.end(), b, b + kEntry);
+  }
+  const auto gathered = group.all_gather_object_shared(bytes);
+  return *gathered->derived<Mults>([&](const std::vector<std::vector<char>>& objects) {
+    Mults out;
+    for (const auto& one : objects) {
+      for (size_t at = 0; at + kEntry <= one.size(); at += kEntry) {
+        double m[2];
+        std::memcpy(m, one.data() + at, kEntry);
+        if (std::find(out.begin(), out.end(), std::pair{m[0], m[1]}) == out.end())
+          out.emplace_back(m[0], m[1]);
+      }
+    }
+    return out;
+  });
+}
+
+}  // namespace
+
 std::unique_ptr<DistributedOptimizer> get_megatron_optimizer(Runtime& rt,
                                                              DistributedDataParallel& ddp,
                                                              const OptimizerConfig& config,
-                                                             const RevisionSwitches& switches) {
+                                                             const RevisionSwitches& switches,
+                                                             ProcessGroup* world) {
   check_optimizer_config(config, switches);
-  (void)ddp.dp_group().all_gather_object_shared({});  // _get_param_groups: dense params
-  auto opt = std::make_unique<DistributedOptimizer>(rt, ddp, config, switches);
-  (void)ddp.dp_group().all_gather_object_shared({});  // _get_param_groups: expert-parallel params
+  ProcessGroup& group = world != nullptr ? *world : ddp.dp_group();
+  const auto world_groups = gather_group_keys(group, ddp);  // _get_param_groups: dense params
+  auto opt = std::make_unique<DistributedOptimizer>(rt, ddp, config, switches, world_groups);
+  (void)group.all_gather_object_shared({});  // _get_param_groups: expert-parallel params
   return opt;
 }
 

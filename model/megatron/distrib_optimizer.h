@@ -48,8 +48,12 @@ class DistributedOptimizer {
   // Mirrors distrib_optimizer.py DistributedOptimizer.__init__ over the optimizer that
   // optimizer/__init__.py get_megatron_optimizer() builds for `config` (see
   // create_inner_optimizer). REQUIRES: every param of `ddp` is in one of its buffers.
+  // `world_groups`: the (wd_mult, lr_mult) of every group some rank of the world has
+  // (_get_param_groups' all_gather_object); a group no param of this rank is in is built empty,
+  // as upstream builds it. Empty: this rank's own groups only.
   DistributedOptimizer(Runtime& rt, DistributedDataParallel& ddp, const OptimizerConfig& config,
-                       const RevisionSwitches& switches);
+                       const RevisionSwitches& switches,
+                       const std::vector<std::pair<double, double>>& world_groups = {});
 
   // --- training ------------------------------------------------------------------------------
   // Mirrors the param_groups property: the inner optimizer's groups, whose lr and
@@ -179,7 +183,7 @@ class DistributedOptimizer {
     return dynamic_cast<HybridDeviceOptimizer*>(optimizer_.get());
   }
   // Mirrors optimizer/__init__.py _get_param_groups().
-  void build_param_groups();
+  void build_param_groups(const std::vector<std::pair<double, double>>& world_groups);
   // Mirrors _build_optimizer_group_ranges().
   void build_optimizer_group_ranges();
   // Mirrors _build_model_and_main_param_groups().
@@ -259,12 +263,15 @@ void check_optimizer_config(const OptimizerConfig& config, const RevisionSwitche
 // check_optimizer_config (building the OptimizerConfig),
 // _get_param_groups (its all_gather_object aligns every rank's group keys), the
 // DistributedOptimizer, then _get_param_groups again for the expert-parallel params (none here)
-// with a second all_gather_object. Collective over the DP group: a rank that raised while
-// building (e.g. HDO's "can't optimize a non-leaf Tensor", which only the ranks owning a shard
-// of an fp32 param raise) leaves its peers failing in that second collective.
+// with a second all_gather_object. Collective over `world` (upstream: the default group; null:
+// the DP group, the world of a job at TP = PP = 1): every rank builds the groups any rank has,
+// so the pipeline stages hold the same groups. A rank that raised while building (e.g. HDO's
+// "can't optimize a non-leaf Tensor", which only the ranks owning a shard of an fp32 param
+// raise) leaves its peers failing in that second collective.
 std::unique_ptr<DistributedOptimizer> get_megatron_optimizer(Runtime& rt,
                                                              DistributedDataParallel& ddp,
                                                              const OptimizerConfig& config,
-                                                             const RevisionSwitches& switches);
+                                                             const RevisionSwitches& switches,
+                                                             ProcessGroup* world = nullptr);
 
 }  // namespace ckptsim::model

@@ -34,6 +34,39 @@ def test_plan_structure_of_bug2():
     assert plan_mod.unsupported_reason(plan) is None
 
 
+def test_plan_of_a_tp_pp_reshard_names_the_sizes_on_its_runs():
+    plan = synthetic("fully-reshardable-reshards-tp-pp-dp-upstream-head")
+    assert [(r["id"], r.get("tp"), r.get("pp"), r["dp"]) for r in plan["runs"]] == [
+        ("reference", 2, 2, 2), ("phase0", 2, 2, 2), ("phase1", None, None, 3), ("phase2", 4, 2, 1)]
+    # One gradient per DP rank, each over the whole model (1536 * 3 + 1024 + 2048 + 1024 elements).
+    assert [len(r["grads"][0]) for r in plan["runs"]] == [2, 2, 3, 1]
+    assert all(len(b) == 8704 * 4 for b in plan_mod.rank_gradients(plan, plan["runs"][3], 0))
+    assert plan_mod.params(plan)[2]["shape"] == [32, 48] and plan_mod.params(plan)[2]["tp_split"] == "row"
+    assert plan_mod.params(plan)[3]["tp_split"] == "replicated" and plan_mod.params(plan)[4]["layer"] == 1
+
+
+def _tp_mut(fn):
+    plan = copy.deepcopy(synthetic("fully-reshardable-reshards-tp-pp-dp-upstream-head"))
+    fn(plan)
+    return plan_mod.validate_plan(plan)
+
+
+@pytest.mark.parametrize("mutation,needle", [
+    (lambda p: p["scenario"]["params"][0].update(shape=[48, 31]), "scenario.params[0].shape"),
+    (lambda p: p["scenario"]["params"][0].update(tp_split="diagonal"), "scenario.params[0].tp_split"),
+    (lambda p: p["scenario"]["params"][3].update(tp_split="row"), "scenario.params[3].tp_split"),
+    (lambda p: p["scenario"]["params"][1].update(layer="x"), "scenario.params[1].layer"),
+    (lambda p: p["scenario"]["phases"][2].update(tp=5), "scenario.phases[2].tp"),
+    (lambda p: p["scenario"]["phases"][2].update(pp=3), "scenario.phases[2].pp"),
+    (lambda p: p["runs"][3].update(tp=2), "runs[3].tp"),
+    (lambda p: p["runs"][2].update(pp=2), "runs[2].pp"),
+    (lambda p: p["runs"][0].pop("tp"), "runs[0].tp"),
+])
+def test_invalid_tp_pp_plans_are_rejected(mutation, needle):
+    errs = _tp_mut(mutation)
+    assert errs and any(needle in e for e in errs), errs
+
+
 def test_load_plan_reads_and_names_the_file(tmp_path):
     plan = synthetic("torch-adamw-resume-asserts")
     p = write_json(tmp_path, "p.json", plan)
@@ -115,12 +148,24 @@ def test_gradient_sum_check_finds_a_changed_element():
     assert probs and "global step 7 element 7" in probs[0]
 
 
+def test_module_order_is_own_params_then_submodules():
+    assert plan_mod.module_order(["embedding", "layers.0.qkv", "layers.0.norm", "layers.1.fc", "head"]) == [
+        "embedding", "head", "layers.0.qkv", "layers.0.norm", "layers.1.fc"]
+    assert plan_mod.module_order(["a.x", "b", "a.y"]) == ["b", "a.x", "a.y"]
+    assert plan_mod.module_order(["a", "a.b"]) is None  # a is a param and a submodule
+    assert plan_mod.module_order(["a..b"]) is None
+
+
 def test_unsupported_param_names():
-    plan = synthetic("torch-adamw-resume-asserts")
-    plan["scenario"]["params"][0]["name"] = "layer.weight"
-    assert "identifiers" in plan_mod.unsupported_reason(plan)
-    plan["scenario"]["params"][0]["name"] = "class"
-    assert plan_mod.unsupported_reason(plan)
+    plan = synthetic("fully-reshardable-reshards-tp-pp-dp-upstream-head")
+    assert plan_mod.unsupported_reason(plan) is None  # embedding, layers.0.*, layers.1.*: in tree order
+    names = [p["name"] for p in plan["scenario"]["params"]]
+    assert names[0] == "embedding"
+    plan["scenario"]["params"][5]["name"] = "final_norm"  # the root's own: before layers.* in the module
+    why = plan_mod.unsupported_reason(plan)
+    assert why and "yields 'final_norm' at position 1 where the scenario has 'layers.0.qkv'" in why
+    plan["scenario"]["params"][0]["name"] = "layers.0.qkv.bias"
+    assert "module tree" in plan_mod.unsupported_reason(plan)
 
 
 def test_plan_paths_expands_folders(tmp_path):

@@ -78,3 +78,55 @@ TEST(TraceJson, PlanHoldsEveryRunAndScaledGradients) {
   // A gradient is k * 2^-16 / samples_per_step (8): 1000 + 600 floats, base64 of 6400 bytes.
   EXPECT_EQ(plan["runs"][1]["grads"][0][0].get<std::string>().size(), (6400u + 2) / 3 * 4);
 }
+
+namespace {
+
+const nlohmann::json& event_of(const nlohmann::json& run, int64_t rank, const std::string& at) {
+  for (const auto& e : run["events"]) {
+    if (e["rank"] == rank && e["at"] == at) return e;
+  }
+  throw std::runtime_error("no event " + at + " of rank " + std::to_string(rank));
+}
+
+}  // namespace
+
+// At TP 2 x PP 2 a rank's model_param hashes are over what its module holds: its stage's params,
+// each its TP piece in local order, as the real runner hashes them. Worked by hand from the
+// scenario: layers 0 (stage 0) and 1 (stage 1); rank 1 is (tp 1, dp 0, pp 0), rank 4 is (tp 0,
+// dp 0, pp 1). The pieces are cut here from the whole values that phase1 (TP 1, PP 1) holds
+// right after its load of the same checkpoint (global step 3): layers.0.proj [32, 48] row split,
+// TP rank 1's piece = columns 24..47 of every row; embedding [48, 32] column split, rows 24..47.
+// (Caught: held_params hashing whole params at TP > 1; a row piece cut as one contiguous run.)
+TEST(TraceJson, TpPpRanksHashTheirStagesTpPieces) {
+  const auto run = test::run(
+      test::scenario_file("scenarios/fully-reshardable-reshards-tp-pp-dp-upstream-head.json"));
+  const nlohmann::json t = report::trace_json(run, /*values=*/true);
+  const auto& phase0 = t["runs"][1];
+  ASSERT_EQ(phase0["tp"], 2);
+  ASSERT_EQ(phase0["pp"], 2);
+  const auto names = [](const nlohmann::json& e) {
+    std::vector<std::string> out;
+    for (const auto& [name, h] : e["hashes"]["model_param"].items()) out.push_back(name);
+    return out;
+  };
+  const auto& saved1 = event_of(phase0, 1, "at_save");
+  EXPECT_EQ(names(saved1), (std::vector<std::string>{"embedding", "layers.0.norm", "layers.0.proj",
+                                                     "layers.0.qkv"}));
+  EXPECT_EQ(names(event_of(phase0, 4, "at_save")),
+            (std::vector<std::string>{"layers.1.fc", "layers.1.norm"}));
+  const auto& whole = event_of(t["runs"][2], 0, "after_load")["values"]["model_param"];
+  const std::vector<float> proj =
+      report::floats_of_base64(whole["layers.0.proj"].get<std::string>()).value();
+  ASSERT_EQ(proj.size(), 32u * 48u);
+  std::vector<float> proj_piece;
+  for (size_t r = 0; r < 32; ++r)
+    for (size_t c = 24; c < 48; ++c) proj_piece.push_back(proj[r * 48 + c]);
+  EXPECT_EQ(saved1["hashes"]["model_param"]["layers.0.proj"], report::hash_f32(proj_piece));
+  const std::vector<float> emb =
+      report::floats_of_base64(whole["embedding"].get<std::string>()).value();
+  const std::vector<float> emb_piece(emb.begin() + 24 * 32, emb.end());
+  EXPECT_EQ(saved1["hashes"]["model_param"]["embedding"], report::hash_f32(emb_piece));
+  const std::vector<float> norm =
+      report::floats_of_base64(whole["layers.0.norm"].get<std::string>()).value();
+  EXPECT_EQ(saved1["hashes"]["model_param"]["layers.0.norm"], report::hash_f32(norm));
+}
