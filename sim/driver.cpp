@@ -237,7 +237,8 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, model::ProcessGroup
     model::DistributedDataParallel ddp(rt, s.params, layout, dp_pg, mp);
     set_initial_params(ddp, *job.initial_params);
     describe_buffers(ddp, out);
-    const auto optimizer = model::get_megatron_optimizer(rt, ddp, job.optimizer, *job.switches, &pg);
+    const auto optimizer =
+        model::get_megatron_optimizer(rt, ddp, job.optimizer, *job.switches, &pg);
     model::DistributedOptimizer& opt = *optimizer;
     std::optional<model::OptimizerParamScheduler> scheduler;
     scheduler.emplace(opt, job.schedule, s.samples_per_step, job.resume, *job.switches);
