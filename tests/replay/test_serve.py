@@ -87,7 +87,8 @@ class Serve:
         return sorted(n for n in os.listdir(d) if n.startswith("worker-")) if os.path.isdir(d) else []
 
     def live_workers(self):
-        """Pids of running processes whose command line names this test's checkout (its workers)."""
+        """Pids of running Python processes whose command line names this test's checkout (its
+        workers)."""
         out = []
         for pid in os.listdir("/proc"):
             if not pid.isdigit():
@@ -97,7 +98,12 @@ class Serve:
                     argv = f.read().split(b"\0")
                 with open("/proc/%s/stat" % pid) as f:
                     state = f.read().rsplit(")", 1)[1].split()[0]
+                exe = os.path.basename(os.readlink("/proc/%s/exe" % pid))
             except OSError:
+                continue
+            # Only the interpreter itself: on the way to it (fake_python's sh, `env`, a pyenv
+            # shim's bash) other processes carry the same arguments for a moment.
+            if not exe.startswith("python"):
                 continue
             if self.meg.encode() in argv and b"--index" in argv and state != "Z":
                 out.append(int(pid))
