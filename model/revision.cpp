@@ -89,7 +89,8 @@ const std::vector<SwitchDef>& switch_defs() {
       bool_switch("common_load_allows_class_globals",
                   "the common state's load accepts the classes it holds (the HDO's param groups "
                   "in a fully reshardable format): radixark's weights_only=False; a fix of ours "
-                  "in fix-complete; NVIDIA's torch.load(weights_only=True) refuses them",
+                  "in fix-complete; NVIDIA's load_common() torch.load(weights_only=True) of a "
+                  "common.pt refuses them (HEAD's 'common_state' object loads them)",
                   &RevisionSwitches::common_load_allows_class_globals),
       bool_switch("dp_zero_load_syncs_hdo",
                   "a fix of ours: load_parameter_state_from_dp_zero calls "

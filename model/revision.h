@@ -86,9 +86,11 @@ struct RevisionSwitches {
   bool dp_zero_load_syncs_hdo = false;
   // The load of the common state accepts the classes it holds: radixark's load_common() reads
   // common.pt with torch.load(weights_only=False); in fix-complete a fix of ours (allowlisting
-  // them). Without it (NVIDIA's revisions, on torch >= 2.6) torch.load(weights_only=True)
-  // refuses them: a fully reshardable checkpoint of the HDO, whose param groups (common state
-  // in that format) hold its sub-optimizer classes, never loads.
+  // them). Without it (NVIDIA's revisions, on torch >= 2.6) load_common()'s
+  // torch.load(weights_only=True) of a common.pt refuses them: a fully reshardable checkpoint
+  // of the HDO written by a revision before HEAD, whose param groups (common state in that
+  // format) hold its sub-optimizer classes, does not load. HEAD's 'common_state' object loads
+  // them anyway (torch.distributed.checkpoint unpickles it with weights_only=False).
   bool common_load_allows_class_globals = false;
   // Upstream PR #2681 / dev #5835: the loader runs under torch.no_grad(), so its copy_ into an
   // fp32 shard (a view of a param that requires grad) is allowed. POST and HEAD have no

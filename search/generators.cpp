@@ -521,14 +521,16 @@ std::vector<size_t> unfit_model_parallel_buffer(const sim::Scenario& s) {
       sim::Scenario local = s;
       local.params.clear();
       for (size_t i : held) local.params.push_back(model::local_param_spec(s.params[i], mp));
+      // Stages after the first build one bucket per buffer (stage_layout_options).
+      local.bucket_size = model::stage_layout_options({phase.dp, s.bucket_size}, stage).bucket_size;
       for (const std::vector<size_t>& buffer : buffers_of(local)) {
         std::vector<int64_t> numels;
         for (size_t i : buffer) numels.push_back(local.params[i].numel);
         const model::BufferLayout layout = model::build_buffer_layout(
             numels,
-            model::LayoutOptions{phase.dp, s.bucket_size, s.pad_buckets_for_high_nccl_busbw});
+            model::LayoutOptions{phase.dp, local.bucket_size, s.pad_buckets_for_high_nccl_busbw});
         for (size_t b = 0; b < layout.buckets.size(); ++b) {
-          if (bucket_fits(numels, s, b, layout.buckets[b].params, {phase.dp})) continue;
+          if (bucket_fits(numels, local, b, layout.buckets[b].params, {phase.dp})) continue;
           std::vector<size_t> out;
           for (size_t i : buffer) out.push_back(held[i]);
           return out;

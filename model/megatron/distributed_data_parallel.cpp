@@ -84,7 +84,7 @@ DistributedDataParallel::DistributedDataParallel(Runtime& rt, const std::vector<
   for (auto& buffer : buffers_) {
     std::vector<int64_t> numels;
     for (size_t i : buffer.params) numels.push_back(specs_[i].numel);
-    buffer.layout = build_buffer_layout(numels, layout);
+    buffer.layout = build_buffer_layout(numels, stage_layout_options(layout, mp.pp_rank));
     // Fault site layout.misalign_param_start: shift one param that has room after it by one.
     if (rt_.fault(fault::kMisalignParamStart)) misalign_one_param(buffer.layout);
     buffer.param_data = rt_.zeros({buffer.layout.numel}, buffer.param_dtype, Device::kCuda);

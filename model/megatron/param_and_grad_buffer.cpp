@@ -37,6 +37,11 @@ int64_t bucket_size_divisor(const LayoutOptions& options) {
   return divisor;
 }
 
+LayoutOptions stage_layout_options(LayoutOptions options, int64_t pp_rank) {
+  if (pp_rank > 0) options.bucket_size.reset();
+  return options;
+}
+
 BufferLayout build_buffer_layout(std::span<const int64_t> param_numels,
                                  const LayoutOptions& options) {
   const int64_t divisor = bucket_size_divisor(options);

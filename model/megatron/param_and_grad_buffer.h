@@ -117,6 +117,11 @@ struct BufferLayout {
 BufferLayout build_buffer_layout(std::span<const int64_t> param_numels,
                                  const LayoutOptions& options);
 
+// The layout options a pipeline stage's buffers are built with: DistributedDataParallel.__init__
+// turns bucketing off (bucket_size None: one bucket per buffer) on every stage but the first
+// ("pp_rank > 0", at every revision profiled).
+LayoutOptions stage_layout_options(LayoutOptions options, int64_t pp_rank);
+
 // Mirrors distrib_optimizer.py _build_model_gbuf_param_range_map's per-param dict.
 struct ParamRangeMap {
   Range gbuf_local;            // inside this rank's shard, [0, L)

@@ -628,9 +628,13 @@ Value load_common_state_dict(const Storage& storage, bool reads_sharded_common_s
     throw PyKeyError(py_str_repr(std::string(kCommonStateObjectKey)) + " not in checkpoint",
                      "serialization.py load_common_state_dict()");
   }
-  // torch.load(weights_only=True) (torch >= 2.6's default; HEAD's load of the 'common_state'
-  // object asks for it) refuses the first class the pickle names.
-  if (!allows_class_globals && storage.exists(kCommonGlobalsFile)) {
+  // common.pt goes through load_common()'s torch.load (weights_only=True, torch >= 2.6's
+  // default), which refuses the first class the pickle names. HEAD's 'common_state' object does
+  // not: torch.distributed.checkpoint's DefaultLoadPlanner.load_bytes already unpickles it with
+  // weights_only=False, so load_common_state_dict's own torch.load(weights_only=True) branch
+  // (for a BytesIO still unread) never runs. The H200 showed it: every fully reshardable resume
+  // of the HDO at upstream-head loaded (TP/PP campaign 2026-12-04, 8 scenarios).
+  if (!allows_class_globals && storage.exists(kCommonFile) && storage.exists(kCommonGlobalsFile)) {
     const auto bytes = storage.read_file(kCommonGlobalsFile);
     std::string first = "?";
     if (bytes.is_ok()) {
@@ -643,7 +647,7 @@ Value load_common_state_dict(const Storage& storage, bool reads_sharded_common_s
         fmt::format("Weights only load failed. WeightsUnpickler error: Unsupported global: GLOBAL "
                     "{} was not an allowed global by default.",
                     first),
-        storage.exists(kCommonFile) ? kSite : "serialization.py load_common_state_dict()");
+        kSite);
   }
   auto common = read_common_state(storage);
   if (!common.is_ok()) throw CheckpointingException(common.status().to_string(), kSite);

@@ -165,9 +165,10 @@ Value load(const Value& sharded_state_dict, const Storage& storage, ProcessGroup
 // common.pt, or with `reads_sharded_common_state` (HEAD) the 'common_state' ShardedObject when
 // there is no common.pt. Before HEAD a missing common.pt raises what upstream raises there:
 // load_common's FileNotFoundError handler calls .iterdir() on the str path (AttributeError).
-// A common state that holds a class (a param group's cpu_optimizer_cls: the HDO's in a fully
+// A common.pt that holds a class (a param group's cpu_optimizer_cls: the HDO's in a fully
 // reshardable format) fails as torch.load(weights_only=True) fails on it (UnpicklingError),
-// unless `allows_class_globals` (a fix: the load allowlists them).
+// unless `allows_class_globals` (a fix: the load allowlists them). The 'common_state' object
+// loads with its classes: torch.distributed.checkpoint unpickles it with weights_only=False.
 Value load_common_state_dict(const Storage& storage, bool reads_sharded_common_state,
                              bool allows_class_globals = false);
 

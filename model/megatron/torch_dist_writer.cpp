@@ -201,7 +201,9 @@ Status add_objects(const Storage& source, const CheckpointIndex& index, SymbolRe
   }
   if (!index.common_in_common_pt) {
     Result<std::vector<char>> bytes =
-        sharded_object_bytes(common, /*weights_only=*/true, std::string(kCommonStateUniqueKey));
+        // HEAD's load_common_state_dict: torch.distributed.checkpoint unpickles the object
+        // with weights_only=False, so classes (the HDO's param groups) load.
+        sharded_object_bytes(common, /*weights_only=*/false, std::string(kCommonStateUniqueKey));
     if (!bytes.is_ok()) return bytes.status();
     ranks[0].bytes_items.push_back(
         DcpBytesToWrite{std::string(kCommonStateUniqueKey), std::move(bytes.value())});

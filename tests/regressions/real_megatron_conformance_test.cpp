@@ -28,12 +28,14 @@ namespace {
 // te-absent/ (Megatron's no-TE branches for hybrid scenarios without TE) and xload/ (phase 1
 // resumed by the real code from the model's own phase-0 checkpoint, exported as torch_dist:
 // `replay run --resume-from`), values/ (recorded with --values: every hashed array too) and
-// formats/ (scenarios/campaign-formats, 2026-12-03: the checkpoint formats), as paths relative
-// to tests/conformance/.
+// formats/ (scenarios/campaign-formats, 2026-12-03: the checkpoint formats) and tp-pp/ (the 11
+// scenarios of scenarios/campaign-tp-pp the model got wrong before 2026-12-04's fixes: the HDO's
+// 'common_state' object loads with its classes; stages after the first build one bucket), as
+// paths relative to tests/conformance/.
 std::vector<std::string> recorded() {
   std::vector<std::string> out;
   for (const std::string dir :
-       {"", "nccl-x2/", "te-absent/", "xload/", "values/", "campaign2/", "formats/"}) {
+       {"", "nccl-x2/", "te-absent/", "xload/", "values/", "campaign2/", "formats/", "tp-pp/"}) {
     for (const auto& e :
          std::filesystem::directory_iterator(test::source_path("tests/conformance/" + dir))) {
       if (report::is_trace_file(e.path().string()))
@@ -53,8 +55,9 @@ nlohmann::json read(const std::string& file) {
 // The bundled scenario a trace was recorded for.
 sim::Scenario scenario_of(const nlohmann::json& trace) {
   const std::string name = trace["scenario"];
-  for (const std::string dir : {"scenarios/", "scenarios/found/", "scenarios/campaign/",
-                                "scenarios/campaign2/", "scenarios/campaign-formats/"}) {
+  for (const std::string dir :
+       {"scenarios/", "scenarios/found/", "scenarios/campaign/", "scenarios/campaign2/",
+        "scenarios/campaign-formats/", "scenarios/campaign-tp-pp/"}) {
     if (std::filesystem::exists(test::source_path(dir + name + ".json")))
       return test::scenario_file(dir + name + ".json");
   }
@@ -106,6 +109,7 @@ INSTANTIATE_TEST_SUITE_P(Recorded, RealMegatron, ::testing::ValuesIn(recorded())
                            if (name.starts_with("xload/")) name = name.substr(6) + "_xload";
                            if (name.starts_with("values/")) name = name.substr(7) + "_values";
                            if (name.starts_with("campaign2/")) name = name.substr(10);
+                           if (name.starts_with("tp-pp/")) name = name.substr(6) + "_tp_pp";
                            for (char& c : name) {
                              if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
                            }
