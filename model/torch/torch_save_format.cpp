@@ -44,6 +44,9 @@ const std::map<std::string, at::ScalarType>& storage_types() {
   return types;
 }
 
+// The class of Megatron's saved args (state_dict['args']).
+constexpr const char* kNamespaceClass = "argparse.Namespace";
+
 const std::set<std::string>& optimizer_classes() {
   static const std::set<std::string> classes = {
       "torch.optim.adamw.AdamW",
@@ -128,7 +131,17 @@ class TreeToValue {
     }
     if (n.kind == Kind::kDict) return build_dict(n);
     if (n.text == "torch._utils._rebuild_tensor_v2") return rebuild_tensor(n);
+    if (n.text == kNamespaceClass) return namespace_value(n);
     fail("an object of class " + n.text + ", which a state dict does not hold");
+  }
+
+  // Megatron's state_dict['args']: argparse.Namespace() with its attributes as BUILD's state
+  // dict. The model holds it as that dict (checkpointing.py's checks read it by name).
+  Value namespace_value(const PickleNode& n) {
+    if (!tree_.at(n.items.at(0)).items.empty()) fail("an argparse.Namespace with arguments");
+    if (n.state == PickleNode::kNoState) return Value(Dict::make());
+    if (tree_.at(n.state).kind != Kind::kDict) fail("an argparse.Namespace whose state is no dict");
+    return convert(n.state);
   }
 
   Value build_dict(const PickleNode& n) {
@@ -274,7 +287,8 @@ std::optional<at::ScalarType> dtype_from_global(const std::string& name) {
 
 const std::set<std::string>& torch_save_globals() {
   static const std::set<std::string> globals = [] {
-    std::set<std::string> g = {"torch._utils._rebuild_tensor_v2", "collections.OrderedDict"};
+    std::set<std::string> g = {"torch._utils._rebuild_tensor_v2", "collections.OrderedDict",
+                               kNamespaceClass};
     for (const auto& [name, type] : storage_types()) g.insert(name);
     for (const char* d : {"float32", "bfloat16", "float16", "float64", "int64", "int32", "int16",
                           "int8", "uint8", "bool"}) {

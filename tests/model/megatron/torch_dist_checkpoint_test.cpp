@@ -257,5 +257,35 @@ TEST(RealCheckpointRegression, Pr2874ResumedCheckpointHoldsTheResetSteps) {
   }
 }
 
+// A fully reshardable checkpoint the real code wrote at TP 2 x DP 1 (upstream-head, the HDO):
+// the reader takes its args (an argparse.Namespace) and its common state with the HDO's classes,
+// and every param whole, in the scenario's global shape. Expected values: the scenario and the
+// real run's trace.
+TEST(RealCheckpointRegression, FullyReshardableTp2CheckpointReadsWithArgsAndWholeParams) {
+  const Fixture f{"nv-d98e8a64dd__hybrid-offload1-fr-tp2-dp1", "fx-upstream-head-fr-tp2-hybrid", 0};
+  const Expected e = expected(f);
+  const int64_t tp = e.scenario["phases"][0]["tp"].get<int64_t>();
+  ASSERT_EQ(tp, 2);
+  Result<TorchDistCheckpoint> c = read_fixture(f);
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  EXPECT_EQ(c.value().iteration, e.iteration);
+  EXPECT_EQ(c.value().sharding_type, "fully_reshardable");
+  EXPECT_TRUE(c.value().common_from_sharded_object);
+  EXPECT_EQ(c.value().writer_ranks, tp * e.dp);
+  const Value* args = c.value().common.dict()->find("args");
+  ASSERT_NE(args, nullptr);
+  EXPECT_EQ(args->dict()->at("tensor_model_parallel_size").as_int(), tp);
+  EXPECT_EQ(args->dict()->at("pipeline_model_parallel_size").as_int(), 1);
+  for (const auto& param : e.scenario["params"]) {
+    const std::string name = param["name"];
+    std::vector<int64_t> shape = {param["numel"].get<int64_t>()};
+    if (param.contains("shape")) shape = param["shape"].get<std::vector<int64_t>>();
+    const Value* v = c.value().sharded.dict()->find(name);
+    ASSERT_NE(v, nullptr) << name;
+    ASSERT_TRUE(v->is_tensor()) << name;
+    EXPECT_EQ(v->tensor().sizes().vec(), shape) << name;
+  }
+}
+
 }  // namespace
 }  // namespace ckptsim::model
