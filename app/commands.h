@@ -237,6 +237,8 @@ struct InspectCommand {
   std::string dir;
   std::vector<std::string> revisions;  // empty: every bundled profile (and --profile ones)
   int64_t dp = 0;                      // 0: the DP size at save
+  int64_t tp = 0;                      // 0: the TP size at save (its args; else 1)
+  int64_t pp = 0;                      // 0: the PP size at save (its args; else 1)
   bool json = false;
   std::string scenario;  // the scenario that saved it, instead of inferring one
   std::vector<std::string> profiles;
@@ -250,6 +252,8 @@ struct Inspection {
   std::vector<properties::CheckpointCheck> checks;
   sim::InferredScenario inferred;
   int64_t dp = 1;
+  int64_t tp = 1;  // of the simulated resume
+  int64_t pp = 1;
   double saved_step = 0;
   std::vector<properties::ResumeJudgement> judgements;
   bool ok() const;  // every check holds and every revision resumes correctly

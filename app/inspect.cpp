@@ -154,6 +154,14 @@ Result<std::vector<sim::Revision>> resolve_revisions(const InspectCommand& c,
   return revisions;
 }
 
+// A model-parallel size the checkpoint's args hold (Megatron's load_checkpoint() reads 1 when
+// there are none).
+int64_t saved_model_parallel_size(const model::TorchDistCheckpoint& ck, const char* name) {
+  const model::Value* args = ck.common.is_dict() ? ck.common.dict()->find("args") : nullptr;
+  const model::Value* v = args != nullptr && args->is_dict() ? args->dict()->find(name) : nullptr;
+  return v != nullptr && v->is_int() ? v->as_int() : 1;
+}
+
 // The run that saved the checkpoint: the user's scenario (checked to fit), or inferred.
 Status choose_scenario(const InspectCommand& c, model::RevisionRegistry& registry,
                        const sim::Revision& first, Inspection& r) {
@@ -168,7 +176,11 @@ Status choose_scenario(const InspectCommand& c, model::RevisionRegistry& registr
   auto s = sim::load_scenario_file(c.scenario, registry);
   if (!s.is_ok()) return s.status();
   r.inferred.scenario = s.value();
-  r.inferred.dp_at_save = ck.dp_size_at_save.value_or(std::max<int64_t>(ck.writer_ranks, 1));
+  // A fully reshardable checkpoint does not show its DP size (DP replicas write nothing): the
+  // scenario's first phase says it.
+  r.inferred.dp_at_save = ck.dp_size_at_save.value_or(ck.sharding_type == "fully_reshardable"
+                                                          ? r.inferred.scenario.phases.front().dp
+                                                          : std::max<int64_t>(ck.writer_ranks, 1));
   return sim::check_scenario_fits(ck, r.inferred.scenario, r.inferred.dp_at_save);
 }
 
@@ -184,10 +196,14 @@ Status resume_each(const std::vector<sim::Revision>& revisions, std::ostream& pr
   for (const auto& rev : revisions) {
     sim::PhaseSpec phase;
     phase.dp = r.dp;
+    phase.tp = r.tp;
+    phase.pp = r.pp;
     phase.steps = kStepsAfterResume;
     phase.save = false;
     phase.set_revision(rev);
-    progress << fmt::format("inspect: resuming with {} at DP {}\n", rev.name, r.dp);
+    progress << fmt::format(
+        "inspect: resuming with {} at {}DP {}\n", rev.name,
+        r.tp != 1 || r.pp != 1 ? fmt::format("TP {} x PP {} x ", r.tp, r.pp) : "", r.dp);
     const sim::PhaseRecord rec = sim::resume_from_checkpoint(r.inferred.scenario, phase, converted);
     r.judgements.push_back(
         properties::judge_resume(rec, r.inferred.scenario, r.checkpoint, r.saved_step));
@@ -232,6 +248,8 @@ Result<Inspection> inspect_checkpoint(const InspectCommand& c, std::ostream& pro
     return invalid(s);
   }
   r.dp = c.dp > 0 ? c.dp : r.inferred.dp_at_save;
+  r.tp = c.tp > 0 ? c.tp : saved_model_parallel_size(r.checkpoint, "tensor_model_parallel_size");
+  r.pp = c.pp > 0 ? c.pp : saved_model_parallel_size(r.checkpoint, "pipeline_model_parallel_size");
   r.saved_step = properties::saved_group_step(r.checkpoint)
                      .value_or(static_cast<double>(r.checkpoint.iteration));
   if (Status s = resume_each(revisions.value(), progress, r); !s.is_ok()) return invalid(s);
@@ -272,6 +290,8 @@ json inspection_json(const InspectCommand& c, const Inspection& r) {
       {"buckets", bucket_lines(ck)},
       {"checks", json::array()},
       {"resume_dp", r.dp},
+      {"resume_tp", r.tp},
+      {"resume_pp", r.pp},
       {"resumes", json::array()},
       {"guesses", r.inferred.guesses},
       {"ok", r.ok()}};
@@ -306,9 +326,10 @@ void print_verdicts(const Inspection& r, std::ostream& out) {
     for (const auto& line : k.lines) out << "         " << line << "\n";
   }
   out << fmt::format(
-      "resume from this checkpoint at DP {}, {} further steps (the model's simulation; "
+      "resume from this checkpoint at {}DP {}, {} further steps (the model's simulation; "
       "right: t continues from the saved step {})\n",
-      r.dp, kStepsAfterResume, r.saved_step);
+      r.tp != 1 || r.pp != 1 ? fmt::format("TP {} x PP {} x ", r.tp, r.pp) : "", r.dp,
+      kStepsAfterResume, r.saved_step);
   for (const auto& j : r.judgements) out << judgement_text(j);
   if (!r.inferred.guesses.empty()) {
     out << "what the model assumed (not in the checkpoint)\n";

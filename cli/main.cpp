@@ -167,9 +167,16 @@ CLI::App* add_inspect(CLI::App& app, app::InspectCommand& f) {
                 "Revisions to resume it with (default: every bundled profile)");
   i->add_option("--dp", f.dp, "DP size of the simulated resume (default: the DP size at save)")
       ->check(CLI::PositiveNumber);
+  i->add_option("--tp", f.tp,
+                "TP size of the simulated resume (default: the TP size at save, from its args)")
+      ->check(CLI::PositiveNumber);
+  i->add_option("--pp", f.pp,
+                "PP size of the simulated resume (default: the PP size at save, from its args)")
+      ->check(CLI::PositiveNumber);
   i->add_option("--scenario", f.scenario,
                 "The scenario that saved it (params, optimizer, bucket size), instead of inferring "
-                "them from the checkpoint");
+                "them from the checkpoint (needed for a fully_reshardable checkpoint: its TP "
+                "splits and layers are not inferred)");
   i->add_flag("--json", f.json, "Print one JSON object");
   i->add_option("--profile", f.profiles, "Extra revision profile JSON files");
   return i;

@@ -416,6 +416,8 @@ Status check_scenario_fits(const TorchDistCheckpoint& checkpoint, const Scenario
           mine ? mine->name : "(none)", saved ? saved->name : "(none)"));
     }
   }
+  // A model-space format (fully_reshardable) saves each param whole: no bucket to fit.
+  if (checkpoint.sharding_type == "fully_reshardable") return Status::ok();
   const std::string why =
       layout_mismatch(checkpoint, scenario.params,
                       {dp_at_save, scenario.bucket_size, scenario.pad_buckets_for_high_nccl_busbw});

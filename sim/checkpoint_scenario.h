@@ -49,8 +49,9 @@ Result<InferredScenario> infer_scenario(const model::TorchDistCheckpoint& checkp
                                         const Revision& save_revision);
 
 // Checks that `scenario` (a user's, `inspect --scenario`) describes the checkpoint: the same
-// params (names, numels, dtypes) and a layout that reproduces every bucket. Errors name the
-// param or bucket.
+// params (names, numels, dtypes) and, for dp_reshardable, a layout that reproduces every bucket
+// (a fully_reshardable checkpoint holds every param whole, in no bucket). Errors name the param
+// or bucket.
 Status check_scenario_fits(const model::TorchDistCheckpoint& checkpoint, const Scenario& scenario,
                            int64_t dp_at_save);
 

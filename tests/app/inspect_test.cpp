@@ -244,6 +244,74 @@ TEST(Inspect, ExitsZeroWhenEveryCheckHoldsAndTheRevisionResumes) {
   for (const auto& c : r.out["checks"]) EXPECT_NE(c["outcome"], "FAILS") << c.dump();
 }
 
+// A fully reshardable checkpoint the real code wrote at TP 2 x DP 1 (upstream-head, the HDO),
+// which phase 1 of the same real run resumed at TP 1 x DP 2: with the scenario (its TP splits
+// are not inferred), inspect takes the sizes at save from the checkpoint's args and resumes
+// where the real run did, with the real run's errors (none) and step counters after the load.
+TEST(Inspect, ResumesARealFullyReshardableTp2CheckpointAtAnotherTpAsTheRealCodeDid) {
+  const Resumed f{"nv-d98e8a64dd__hybrid-offload1-fr-tp2-dp1", "fx-upstream-head-fr-tp2-hybrid", 0};
+  const RealResume real = real_resume(f);
+  ASSERT_TRUE(real.errors.empty());
+  ASSERT_FALSE(real.after_load.empty());
+  const std::string scenario_file = kFixtures + "/runs/" + f.scenario + ".scenario.json";
+  const json scenario = read_json(scenario_file);
+  app::InspectCommand c;
+  c.dir = kFixtures + "/" + f.dir;
+  c.revisions = {real.revision};
+  c.scenario = scenario_file;
+  c.json = true;
+  auto run = [&](int64_t tp, int64_t dp) {
+    c.tp = tp;
+    c.dp = dp;
+    std::ostringstream out;
+    std::ostringstream err;
+    Inspected r;
+    r.code = app::inspect_command(c, out, err);
+    r.err = err.str();
+    if (!out.str().empty()) r.out = json::parse(out.str());
+    return r;
+  };
+  // Default: the sizes at save (the args say TP 2; DP from the scenario).
+  const Inspected at_save = run(0, 0);
+  ASSERT_EQ(at_save.code, app::kExitOk) << at_save.err << at_save.out.dump(1);
+  EXPECT_EQ(at_save.out["sharding_type"], "fully_reshardable");
+  EXPECT_EQ(at_save.out["resume_tp"], scenario["phases"][0]["tp"]);
+  EXPECT_EQ(at_save.out["resume_dp"], scenario["phases"][0]["dp"]);
+  // Where the real run resumed.
+  const Inspected r = run(scenario["phases"][1].value("tp", 1), real.dp);
+  ASSERT_EQ(r.code, app::kExitOk) << r.err << r.out.dump(1);
+  EXPECT_EQ(r.out["resume_tp"], 1);
+  ASSERT_EQ(r.out["resumes"].size(), 1u);
+  const RealResume model = model_resume(r.out["resumes"][0]);
+  EXPECT_EQ(model.errors, real.errors);
+  EXPECT_EQ(model.after_load, real.after_load);
+}
+
+// A dp_reshardable checkpoint (saved at TP 1) resumed at TP 2: refused as Megatron's
+// load_checkpoint() refuses a (TP, PP) change for that format, on every rank.
+TEST(Inspect, RefusesADpReshardableResumeAtAnotherTp) {
+  app::InspectCommand c;
+  c.dir = kFixtures + "/nv-d98e8a64dd__fused-adam-dp2-common-state-object";
+  c.revisions = {"upstream-head"};
+  c.tp = 2;
+  c.dp = 1;
+  c.json = true;
+  std::ostringstream out;
+  std::ostringstream err;
+  EXPECT_EQ(app::inspect_command(c, out, err), app::kExitFail) << err.str();
+  const json j = json::parse(out.str());
+  ASSERT_EQ(j["resumes"].size(), 1u);
+  const json& errors = j["resumes"][0]["errors"];
+  ASSERT_EQ(errors.size(), 2u) << j.dump(1);
+  for (const auto& e : errors) {
+    EXPECT_EQ(e["type"], "RuntimeError");
+    EXPECT_NE(e["message"].get<std::string>().find("(TP, PP) mismatch after resume ((2, 1) vs "
+                                                   "(1, 1) from checkpoint)"),
+              std::string::npos)
+        << e.dump();
+  }
+}
+
 TEST(Inspect, ExitsTwoOnADirectoryThatIsNoCheckpoint) {
   const fs::path dir = fs::temp_directory_path() / "ckptsim-inspect-empty";
   fs::remove_all(dir);
