@@ -36,6 +36,12 @@ std::optional<double> as_step(const Value& v) {
 
 const model::List* groups_of(const model::TorchDistCheckpoint& c) {
   const Value* opt = c.sharded.dict()->find(model::format_object_key(0, "optimizer"));
+  // A model-space format (fully_reshardable) keeps the optimizer's state_dict() unwrapped: the
+  // param groups are common state, at ['optimizer']['optimizer'].
+  if (opt == nullptr && c.common.is_dict()) {
+    const Value* outer = c.common.dict()->find("optimizer");
+    opt = outer != nullptr && outer->is_dict() ? outer->dict()->find("optimizer") : nullptr;
+  }
   const Value* groups =
       opt != nullptr && opt->is_dict() ? opt->dict()->find("param_groups") : nullptr;
   return groups != nullptr && groups->is_list() ? groups->list().get() : nullptr;
@@ -117,7 +123,7 @@ CheckpointCheck check_steps(const model::TorchDistCheckpoint& c) {
   const model::List* groups = groups_of(c);
   if (groups == nullptr) {
     out.outcome = CheckOutcome::kNotApplicable;
-    out.detail = "no param groups (no distributed optimizer object)";
+    out.detail = "no param groups (no distributed optimizer object, none in the common state)";
     return out;
   }
   std::set<double> steps;

@@ -277,6 +277,15 @@ TEST(Inspect, ResumesARealFullyReshardableTp2CheckpointAtAnotherTpAsTheRealCodeD
   EXPECT_EQ(at_save.out["sharding_type"], "fully_reshardable");
   EXPECT_EQ(at_save.out["resume_tp"], scenario["phases"][0]["tp"]);
   EXPECT_EQ(at_save.out["resume_dp"], scenario["phases"][0]["dp"]);
+  // The param groups are common state in this format: the step check reads them there.
+  const int64_t saved_at = scenario["phases"][0]["steps"].get<int64_t>();
+  const json* steps = check_named(at_save.out, "step_counters_agree");
+  ASSERT_NE(steps, nullptr);
+  EXPECT_EQ((*steps)["outcome"], "holds") << steps->dump();
+  EXPECT_NE((*steps)["detail"].get<std::string>().find(
+                fmt::format("say step {} at iteration {}", saved_at, saved_at)),
+            std::string::npos)
+      << steps->dump();
   // Where the real run resumed.
   const Inspected r = run(scenario["phases"][1].value("tp", 1), real.dp);
   ASSERT_EQ(r.code, app::kExitOk) << r.err << r.out.dump(1);
