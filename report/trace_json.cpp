@@ -327,6 +327,7 @@ json phase_run(const sim::RunResult& run, const sim::PhaseRecord& p, bool values
   std::vector<std::pair<const char*, const sim::GlobalState*>> points;
   if (p.index == 0 && p.initial) points.emplace_back("init", &*p.initial);
   if (p.after_load) points.emplace_back("after_load", &*p.after_load);
+  if (p.after_load_partial) points.emplace_back("after_load", &*p.after_load_partial);
   for (const auto& st : p.after_step) points.emplace_back("after_step", &st);
   if (p.at_save) points.emplace_back("at_save", &*p.at_save);
   const sim::GlobalState* last = p.final_state();

@@ -449,6 +449,12 @@ void gather_phase(const Scenario& scenario, const std::vector<RankRecord>& outs,
     rec.after_load =
         gather_state(scenario, rec.start_step,
                      states_of(outs, [](const RankRecord& o) { return &*o.after_load; }));
+  } else if (i > 0 && std::any_of(outs.begin(), outs.end(),
+                                  [](const RankRecord& o) { return o.after_load.has_value(); })) {
+    rec.after_load_partial =
+        gather_state(scenario, rec.start_step, states_of(outs, [](const RankRecord& o) {
+                       return o.after_load ? &*o.after_load : nullptr;
+                     }));
   }
   size_t steps_everywhere = std::numeric_limits<size_t>::max();
   for (const auto& o : outs) steps_everywhere = std::min(steps_everywhere, o.steps.size());

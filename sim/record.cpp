@@ -289,18 +289,21 @@ ShardRecord record_of(const ShardSnapshot& shard, size_t r, const RankState& ran
 GlobalState gather_state(const Scenario& s, int64_t global_step,
                          const std::vector<const RankState*>& ranks) {
   GlobalState st = empty_state(s, global_step);
-  if (!ranks.empty() && ranks.front() != nullptr) {
-    st.param = ranks.front()->params;
-    st.param_groups = ranks.front()->groups;
-    st.hypers = ranks.front()->hypers;
-    for (size_t r = 1; r < ranks.size(); ++r) {
+  // The first rank that has a state (rank 0 unless a partial load left it out).
+  size_t first = 0;
+  while (first < ranks.size() && ranks[first] == nullptr) ++first;
+  if (first < ranks.size()) {
+    st.param = ranks[first]->params;
+    st.param_groups = ranks[first]->groups;
+    st.hypers = ranks[first]->hypers;
+    for (size_t r = first + 1; r < ranks.size(); ++r) {
       if (ranks[r] != nullptr && ranks[r]->hypers != st.hypers)
         st.hypers_on_rank.emplace(static_cast<int>(r), ranks[r]->hypers);
     }
-    if (!ranks.front()->params_held.empty()) {
+    if (!ranks[first]->params_held.empty()) {
       gather_params_of_pieces(ranks, st);
     } else {
-      for (size_t r = 1; r < ranks.size(); ++r) {
+      for (size_t r = first + 1; r < ranks.size(); ++r) {
         if (ranks[r] != nullptr && !bitwise_equal(ranks[r]->params, st.param))
           st.param_on_rank.emplace(static_cast<int>(r), ranks[r]->params);
       }

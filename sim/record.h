@@ -202,6 +202,10 @@ struct PhaseRecord {
   int64_t start_step = 0;         // global steps done before this phase
   std::vector<RankError> errors;  // first error of each failing rank
   std::optional<GlobalState> after_load;
+  // The ranks that loaded when others raised in their load (a null rank elsewhere): what the
+  // trace's after_load events show (the real runner records each rank's as its load returns).
+  // The properties read only `after_load`, a load every rank finished.
+  std::optional<GlobalState> after_load_partial;
   std::vector<GlobalState> after_step;
   std::vector<model::SavedPiece> saved_pieces;               // when the save completed
   std::vector<std::vector<std::string>> common_differences;  // per rank, vs rank 0
