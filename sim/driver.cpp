@@ -444,17 +444,15 @@ void gather_phase(const Scenario& scenario, const std::vector<RankRecord>& outs,
     rec.initial =
         gather_state(scenario, 0, states_of(outs, [](const RankRecord& o) { return &o.initial; }));
   }
-  if (i > 0 && std::all_of(outs.begin(), outs.end(),
-                           [](const RankRecord& o) { return o.after_load.has_value(); })) {
-    rec.after_load =
-        gather_state(scenario, rec.start_step,
-                     states_of(outs, [](const RankRecord& o) { return &*o.after_load; }));
-  } else if (i > 0 && std::any_of(outs.begin(), outs.end(),
-                                  [](const RankRecord& o) { return o.after_load.has_value(); })) {
-    rec.after_load_partial =
+  // After the load: every rank's, or (trace only) those that loaded when others raised.
+  const auto loaded = [](const RankRecord& o) { return o.after_load.has_value(); };
+  if (i > 0 && std::any_of(outs.begin(), outs.end(), loaded)) {
+    GlobalState st =
         gather_state(scenario, rec.start_step, states_of(outs, [](const RankRecord& o) {
                        return o.after_load ? &*o.after_load : nullptr;
                      }));
+    (std::all_of(outs.begin(), outs.end(), loaded) ? rec.after_load : rec.after_load_partial) =
+        std::move(st);
   }
   size_t steps_everywhere = std::numeric_limits<size_t>::max();
   for (const auto& o : outs) steps_everywhere = std::min(steps_everywhere, o.steps.size());

@@ -37,11 +37,8 @@ struct Inspected {
   std::string err;
 };
 
-Inspected inspect(const std::string& dir, const std::vector<std::string>& revisions, int64_t dp) {
-  app::InspectCommand c;
-  c.dir = dir;
-  c.revisions = revisions;
-  c.dp = dp;
+// `inspect --json` as a user runs it.
+Inspected inspect(app::InspectCommand c) {
   c.json = true;
   std::ostringstream out;
   std::ostringstream err;
@@ -50,6 +47,14 @@ Inspected inspect(const std::string& dir, const std::vector<std::string>& revisi
   r.err = err.str();
   if (!out.str().empty()) r.out = json::parse(out.str());
   return r;
+}
+
+Inspected inspect(const std::string& dir, const std::vector<std::string>& revisions, int64_t dp) {
+  app::InspectCommand c;
+  c.dir = dir;
+  c.revisions = revisions;
+  c.dp = dp;
+  return inspect(c);
 }
 
 // A fixture whose checkpoint a later phase of the same real run resumed from.
@@ -259,17 +264,10 @@ TEST(Inspect, ResumesARealFullyReshardableTp2CheckpointAtAnotherTpAsTheRealCodeD
   c.dir = kFixtures + "/" + f.dir;
   c.revisions = {real.revision};
   c.scenario = scenario_file;
-  c.json = true;
   auto run = [&](int64_t tp, int64_t dp) {
     c.tp = tp;
     c.dp = dp;
-    std::ostringstream out;
-    std::ostringstream err;
-    Inspected r;
-    r.code = app::inspect_command(c, out, err);
-    r.err = err.str();
-    if (!out.str().empty()) r.out = json::parse(out.str());
-    return r;
+    return inspect(c);
   };
   // Default: the sizes at save (the args say TP 2; DP from the scenario).
   const Inspected at_save = run(0, 0);
@@ -304,11 +302,9 @@ TEST(Inspect, RefusesADpReshardableResumeAtAnotherTp) {
   c.revisions = {"upstream-head"};
   c.tp = 2;
   c.dp = 1;
-  c.json = true;
-  std::ostringstream out;
-  std::ostringstream err;
-  EXPECT_EQ(app::inspect_command(c, out, err), app::kExitFail) << err.str();
-  const json j = json::parse(out.str());
+  const Inspected r = inspect(c);
+  EXPECT_EQ(r.code, app::kExitFail) << r.err;
+  const json& j = r.out;
   ASSERT_EQ(j["resumes"].size(), 1u);
   const json& errors = j["resumes"][0]["errors"];
   ASSERT_EQ(errors.size(), 2u) << j.dump(1);
