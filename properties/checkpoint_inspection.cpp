@@ -239,53 +239,45 @@ CheckpointCheck check_rank_independent(const model::TorchDistCheckpoint& c) {
   return out;
 }
 
-// (buffer, index in it) of each scenario param, as the model's DDP groups them.
-std::vector<std::pair<size_t, size_t>> buffer_positions(const sim::Scenario& s) {
-  std::vector<model::DType> dtypes;
-  std::vector<size_t> counts;
-  std::vector<std::pair<size_t, size_t>> out;
-  for (const auto& p : s.params) {
-    auto it = std::find(dtypes.begin(), dtypes.end(), p.dtype);
-    if (it == dtypes.end()) {
-      dtypes.push_back(p.dtype);
-      counts.push_back(0);
-      it = dtypes.end() - 1;
-    }
-    const size_t g = static_cast<size_t>(it - dtypes.begin());
-    out.emplace_back(g, counts[g]++);
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+// Every optimizer tensor of the checkpoint ("optimizer." keys: dp_reshardable buckets and
+// model-space params alike), flattened to float.
+std::map<std::string, std::vector<float>> optimizer_tensors(const model::TorchDistCheckpoint& c) {
+  std::map<std::string, std::vector<float>> out;
+  const model::Dict* d = c.sharded.is_dict() ? c.sharded.dict().get() : nullptr;
+  if (d == nullptr) return out;
+  for (const auto& [key, v] : *d) {
+    if (!key.is_str() || key.str().rfind("optimizer.", 0) != 0 || !v.is_tensor()) continue;
+    const at::Tensor t = v.tensor().to(at::kFloat).contiguous().reshape({-1});
+    const float* data = t.data_ptr<float>();
+    out.emplace(key.str(), std::vector<float>(data, data + t.numel()));
   }
   return out;
 }
 
-bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
-
+// The loaded master, exp_avg and exp_avg_sq against the checkpoint's, element by element of
+// each param, in either format: the checkpoint's tensors are placed at their params by the
+// resuming run's layouts (dp_reshardable buckets) or by name (model space). An element the
+// checkpoint does not hold (NaN where no key covers it) is not compared; one it holds and the
+// load left unwritten (NaN in after_load) counts as unequal.
 void compare_tensors(const sim::PhaseRecord& rec, const sim::Scenario& s,
                      const model::TorchDistCheckpoint& c, ResumeJudgement& out) {
   if (!rec.after_load) return;
   const sim::GlobalState& st = *rec.after_load;
-  const auto positions = buffer_positions(s);
-  for (size_t i = 0; i < s.params.size(); ++i) {
-    const auto [g, local] = positions[i];
-    if (g >= rec.layouts.size()) continue;
-    const model::BufferLayout& layout = rec.layouts[g];
-    const model::ParamIndex& idx = layout.param_index_map.at(local);
-    const model::BucketLayout& bucket = layout.buckets.at(static_cast<size_t>(idx.bucket_id));
-    const std::string dtype = s.params[i].dtype == model::DType::kBFloat16
-                                  ? "(torch.bfloat16, torch.float32)"
-                                  : "(torch.float32, torch.float32)";
-    for (const auto& [state, values] : {std::pair{"param", &st.master},
-                                        {"exp_avg", &st.exp_avg},
-                                        {"exp_avg_sq", &st.exp_avg_sq}}) {
-      model::OptimizerBucketKey key{0, static_cast<int64_t>(g), dtype, idx.bucket_id, state};
-      const Value* saved = c.sharded.dict()->find(model::format_bucket_key(key));
-      if (saved == nullptr || !saved->is_tensor() || i >= values->size()) continue;
-      const at::Tensor t = saved->tensor().to(at::kFloat).contiguous();
-      const float* data = t.data_ptr<float>();
-      const int64_t start = idx.start - bucket.offset;
-      for (int64_t e = 0; e < s.params[i].numel; ++e) {
-        if (start + e >= t.numel()) break;
+  const auto saved = sim::saved_state_by_param(s, optimizer_tensors(c), rec);
+  for (const auto& [state, loaded] :
+       {std::pair{"param", &st.master}, {"exp_avg", &st.exp_avg}, {"exp_avg_sq", &st.exp_avg_sq}}) {
+    const auto it = saved.find(state);
+    if (it == saved.end()) continue;
+    for (size_t i = 0; i < it->second.size(); ++i) {
+      const std::vector<float>& want = it->second[i];
+      for (size_t e = 0; e < want.size(); ++e) {
+        if (std::isnan(want[e])) continue;
         ++out.elements_compared;
-        if (same_bits((*values)[i][static_cast<size_t>(e)], data[start + e])) ++out.elements_equal;
+        if (i < loaded->size() && e < (*loaded)[i].size() && same_bits((*loaded)[i][e], want[e])) {
+          ++out.elements_equal;
+        }
       }
     }
   }

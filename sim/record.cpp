@@ -483,6 +483,12 @@ namespace ckptsim::sim {
 
 std::map<std::string, std::vector<std::vector<float>>> saved_state_by_param(
     const Scenario& s, const PhaseRecord& phase) {
+  return saved_state_by_param(s, phase.checkpoint_values, phase);
+}
+
+std::map<std::string, std::vector<std::vector<float>>> saved_state_by_param(
+    const Scenario& s, const std::map<std::string, std::vector<float>>& checkpoint_values,
+    const PhaseRecord& phase) {
   std::map<std::string, std::vector<std::vector<float>>> out;
   const auto slot = [&](const std::string& state) -> std::vector<std::vector<float>>& {
     auto [it, fresh] = out.try_emplace(state);
@@ -493,7 +499,7 @@ std::map<std::string, std::vector<std::vector<float>>> saved_state_by_param(
     }
     return it->second;
   };
-  for (const auto& [key, values] : phase.checkpoint_values) {
+  for (const auto& [key, values] : checkpoint_values) {
     if (const auto k = model::parse_model_space_key(key)) {
       const auto param =
           std::find_if(s.params.begin(), s.params.end(),

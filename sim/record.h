@@ -275,6 +275,12 @@ void mark_uninitialized(const Scenario& s, const GlobalState* checkpoint,
 // placed at their params. A key that fits no param of the scenario is left out.
 std::map<std::string, std::vector<std::vector<float>>> saved_state_by_param(
     const Scenario& s, const PhaseRecord& phase);
+// The same for `values` (optimizer key -> the tensor's elements, as checkpoint_values holds
+// them), placed by `phase`'s buffers, layouts and groups: `inspect` reads a real checkpoint's
+// tensors this way, placed by the resuming run's layouts.
+std::map<std::string, std::vector<std::vector<float>>> saved_state_by_param(
+    const Scenario& s, const std::map<std::string, std::vector<float>>& values,
+    const PhaseRecord& phase);
 
 // FNV-1a, used for state and trace hashes.
 uint64_t fnv1a(const void* data, size_t n, uint64_t h = 0xcbf29ce484222325ULL);

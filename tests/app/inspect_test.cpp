@@ -141,6 +141,12 @@ RealResume model_resume(const json& judgement) {
   return out;
 }
 
+int64_t scenario_numel(const json& scenario) {
+  int64_t n = 0;
+  for (const auto& p : scenario["params"]) n += p["numel"].get<int64_t>();
+  return n;
+}
+
 class ModelResumesRealCheckpoint : public ::testing::TestWithParam<Resumed> {};
 
 // The model resumes from the very files the real code resumed from, and does what it did.
@@ -154,7 +160,9 @@ TEST_P(ModelResumesRealCheckpoint, AsTheRealCodeDidFromTheSameFiles) {
   EXPECT_EQ(model.errors, real.errors);
   EXPECT_EQ(model.after_load, real.after_load);
   if (judgement["loaded"].get<bool>()) {
-    EXPECT_GT(judgement["elements_compared"].get<int64_t>(), 0);
+    // Each param's master, exp_avg and exp_avg_sq, whole.
+    const json scenario = read_json(kFixtures + "/runs/" + GetParam().scenario + ".scenario.json");
+    EXPECT_EQ(judgement["elements_compared"], 3 * scenario_numel(scenario));
     EXPECT_EQ(judgement["elements_equal"], judgement["elements_compared"]);
   }
 }
@@ -292,6 +300,12 @@ TEST(Inspect, ResumesARealFullyReshardableTp2CheckpointAtAnotherTpAsTheRealCodeD
   const RealResume model = model_resume(r.out["resumes"][0]);
   EXPECT_EQ(model.errors, real.errors);
   EXPECT_EQ(model.after_load, real.after_load);
+  // Every element of every param's master, exp_avg and exp_avg_sq that the model loaded equals
+  // the checkpoint's, read by name from its model-space tensors.
+  const json& judgement = r.out["resumes"][0];
+  EXPECT_EQ(judgement["elements_compared"], 3 * scenario_numel(scenario));
+  EXPECT_EQ(judgement["elements_equal"], judgement["elements_compared"]);
+  EXPECT_EQ(judgement["correct"], true);
 }
 
 // A dp_reshardable checkpoint (saved at TP 1) resumed at TP 2: refused as Megatron's
