@@ -157,9 +157,7 @@ Result<std::vector<sim::Revision>> resolve_revisions(const InspectCommand& c,
 // A model-parallel size the checkpoint's args hold (Megatron's load_checkpoint() reads 1 when
 // there are none).
 int64_t saved_model_parallel_size(const model::TorchDistCheckpoint& ck, const char* name) {
-  const model::Value* args = ck.common.is_dict() ? ck.common.dict()->find("args") : nullptr;
-  const model::Value* v = args != nullptr && args->is_dict() ? args->dict()->find(name) : nullptr;
-  return v != nullptr && v->is_int() ? v->as_int() : 1;
+  return model::saved_arg_int(ck, name).value_or(1);
 }
 
 // The run that saved the checkpoint: the user's scenario (checked to fit), or inferred.
@@ -167,7 +165,11 @@ Status choose_scenario(const InspectCommand& c, model::RevisionRegistry& registr
                        const sim::Revision& first, Inspection& r) {
   const model::TorchDistCheckpoint& ck = r.checkpoint;
   if (c.scenario.empty()) {
-    auto s = sim::infer_scenario(ck, first);
+    const sim::SaveParallelism at_save{
+        saved_model_parallel_size(ck, "tensor_model_parallel_size"),
+        saved_model_parallel_size(ck, "pipeline_model_parallel_size"),
+        model::saved_arg_int(ck, "data_parallel_size")};
+    auto s = sim::infer_scenario(ck, first, at_save);
     if (!s.is_ok())
       return Status::invalid_input("the model cannot resume it: " + s.status().to_string());
     r.inferred = s.value();
@@ -275,7 +277,11 @@ json inspection_json(const InspectCommand& c, const Inspection& r) {
   const model::TorchDistCheckpoint& ck = r.checkpoint;
   json params = json::array();
   for (const auto& p : r.inferred.scenario.params) {
-    params.push_back(json{{"name", p.name}, {"numel", p.numel}, {"dtype", dtype_text(p.dtype)}});
+    params.push_back(json{{"name", p.name},
+                          {"numel", p.numel},
+                          {"dtype", dtype_text(p.dtype)},
+                          {"shape", p.shape.empty() ? std::vector<int64_t>{p.numel} : p.shape},
+                          {"tp_split", model::tp_split_name(p.tp_split)}});
   }
   json j{
       {"dir", c.dir},
@@ -303,16 +309,22 @@ json inspection_json(const InspectCommand& c, const Inspection& r) {
 void print_contents(const InspectCommand& c, const Inspection& r, std::ostream& out) {
   const model::TorchDistCheckpoint& ck = r.checkpoint;
   out << fmt::format("checkpoint {}/{}\n", c.dir, ck.iter_dir);
+  const int64_t tp = saved_model_parallel_size(ck, "tensor_model_parallel_size");
+  const int64_t pp = saved_model_parallel_size(ck, "pipeline_model_parallel_size");
   out << fmt::format(
-      "  iteration {}, DP {} at save ({} ranks wrote data files), sharding {}, common "
+      "  iteration {}, {}DP {} at save ({} ranks wrote data files), sharding {}, common "
       "state in {}\n",
-      ck.iteration, ck.dp_size_at_save ? std::to_string(*ck.dp_size_at_save) : "unknown",
+      ck.iteration, tp != 1 || pp != 1 ? fmt::format("TP {} x PP {} x ", tp, pp) : "",
+      ck.dp_size_at_save ? std::to_string(*ck.dp_size_at_save)
+                         : fmt::format("{} (assumed)", r.inferred.dp_at_save),
       ck.writer_ranks, ck.sharding_type,
       ck.common_from_sharded_object ? "the ShardedObject 'common_state'" : "common.pt");
   out << "  optimizer: " << optimizer_text(r.inferred.scenario, ck) << "\n";
   std::vector<std::string> params;
   for (const auto& p : r.inferred.scenario.params) {
-    params.push_back(fmt::format("{} ({}, {})", p.name, p.numel, dtype_text(p.dtype)));
+    params.push_back(fmt::format(
+        "{} ({}, {}{})", p.name, p.numel, dtype_text(p.dtype),
+        p.tp_split == model::TpSplit::kReplicated ? "" : ", " + model::tp_split_name(p.tp_split)));
   }
   out << "  params: " << fmt::format("{}", fmt::join(params, ", ")) << "\n";
   for (const auto& line : bucket_lines(ck)) out << "  bucket " << line << "\n";
@@ -390,7 +402,11 @@ Result<std::string> fixture_row(const std::string& dir, const std::string& manif
   InspectCommand c;
   c.dir = dir + "/" + name;
   c.revisions = {by["revision"].get<std::string>()};
-  if (resumed) c.dp = by["dp"].get<int64_t>();
+  if (resumed) {
+    c.dp = by["dp"].get<int64_t>();
+    c.tp = by.value("tp", int64_t{1});
+    c.pp = by.value("pp", int64_t{1});
+  }
   std::ostringstream quiet;
   auto inspected = inspect_checkpoint(c, quiet);
   if (!inspected.is_ok()) return inspected.status();
@@ -403,6 +419,9 @@ Result<std::string> fixture_row(const std::string& dir, const std::string& manif
   const properties::ResumeJudgement j =
       i.judgements.empty() ? properties::ResumeJudgement{} : i.judgements[0];
   const properties::ResumeOutcome model = properties::resume_outcome(j);
+  const std::string sizes =
+      (i.tp != 1 || i.pp != 1 ? fmt::format("TP {} x PP {} x ", i.tp, i.pp) : "") +
+      fmt::format("DP {}", i.dp);
   std::string real_text = "(no later phase resumed from it)";
   std::string verdict = "n/a";
   for (const auto& run : resumed ? trace["runs"] : json::array()) {
@@ -412,12 +431,12 @@ Result<std::string> fixture_row(const std::string& dir, const std::string& manif
     ++r.compared;
     r.agreeing += real == model ? 1 : 0;
     verdict = real == model ? "agree" : "**DISAGREE**";
-    out << fmt::format("{} {} (resumed by {} at DP {})", real == model ? "agree   " : "DISAGREE",
-                       name, c.revisions[0], i.dp)
+    out << fmt::format("{} {} (resumed by {} at {})", real == model ? "agree   " : "DISAGREE",
+                       name, c.revisions[0], sizes)
         << std::endl;
   }
-  return fmt::format("| `{}` | {} | {} at DP {} | {} | {} | {} of {} | {} |", name,
-                     failing.empty() ? "all hold" : failing, c.revisions[0], i.dp, real_text,
+  return fmt::format("| `{}` | {} | {} at {} | {} | {} | {} of {} | {} |", name,
+                     failing.empty() ? "all hold" : failing, c.revisions[0], sizes, real_text,
                      model.text(), j.elements_equal, j.elements_compared, verdict);
 }
 

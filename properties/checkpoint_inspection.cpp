@@ -35,15 +35,8 @@ std::optional<double> as_step(const Value& v) {
 }
 
 const model::List* groups_of(const model::TorchDistCheckpoint& c) {
-  const Value* opt = c.sharded.dict()->find(model::format_object_key(0, "optimizer"));
-  // A model-space format (fully_reshardable) keeps the optimizer's state_dict() unwrapped: the
-  // param groups are common state, at ['optimizer']['optimizer'].
-  if (opt == nullptr && c.common.is_dict()) {
-    const Value* outer = c.common.dict()->find("optimizer");
-    opt = outer != nullptr && outer->is_dict() ? outer->dict()->find("optimizer") : nullptr;
-  }
-  const Value* groups =
-      opt != nullptr && opt->is_dict() ? opt->dict()->find("param_groups") : nullptr;
+  const Value* opt = model::optimizer_state_object(c);
+  const Value* groups = opt != nullptr ? opt->dict()->find("param_groups") : nullptr;
   return groups != nullptr && groups->is_list() ? groups->list().get() : nullptr;
 }
 

@@ -75,6 +75,11 @@ Result<std::vector<model::ParamSpec>> read_params(const TorchDistCheckpoint& c) 
           fmt::format("param '{}': dtype {} (the model has bf16 and fp32 params)", name,
                       model::torch_dtype_name(t.scalar_type())));
     }
+    if (t.dim() > 2) {
+      return Status::invalid_input(
+          fmt::format("param '{}': {} dims (the model has 1-D and 2-D params)", name, t.dim()));
+    }
+    if (t.dim() == 2) p.shape = {t.size(0), t.size(1)};
     if (p.numel < 1 || p.numel > Scenario::kParamNumelMax) {
       return Status::invalid_input(fmt::format("param '{}': {} elements (the model takes 1 to {})",
                                                name, p.numel, Scenario::kParamNumelMax));
@@ -92,15 +97,18 @@ Result<std::vector<model::ParamSpec>> read_params(const TorchDistCheckpoint& c) 
 }
 
 Result<const model::List*> param_groups(const TorchDistCheckpoint& c) {
-  const std::string key = model::format_object_key(0, "optimizer");
-  const Value* opt = c.sharded.dict()->find(key);
-  if (opt == nullptr) return Status::invalid_input("no ShardedObject '" + key + "'");
-  const Value* groups = opt->is_dict() ? opt->dict()->find("param_groups") : nullptr;
+  const std::string where =
+      c.sharding_type == "fully_reshardable"
+          ? std::string("the common state's ['optimizer']['optimizer']")
+          : "ShardedObject '" + model::format_object_key(0, "optimizer") + "'";
+  const Value* opt = model::optimizer_state_object(c);
+  if (opt == nullptr) return Status::invalid_input("no " + where);
+  const Value* groups = opt->dict()->find("param_groups");
   if (groups == nullptr || !groups->is_list() || groups->list()->empty()) {
-    return Status::invalid_input("'" + key + "': no param_groups");
+    return Status::invalid_input(where + ": no param_groups");
   }
   for (const Value& g : *groups->list()) {
-    if (!g.is_dict()) return Status::invalid_input("'" + key + "': a param group that is no dict");
+    if (!g.is_dict()) return Status::invalid_input(where + ": a param group that is no dict");
   }
   return &*groups->list();
 }
@@ -237,6 +245,11 @@ std::string layout_mismatch(const TorchDistCheckpoint& c,
              : fmt::format("{} buckets where the layout has {}", c.buckets.size(), buckets_seen);
 }
 
+// Megatron's default rule: no weight decay for biases and norms.
+bool no_weight_decay(const std::string& name) {
+  return name.ends_with("bias") || name.find("norm") != std::string::npos;
+}
+
 // Megatron's default rule for groups (no weight decay for biases and norms), checked against the
 // checkpoint's groups and their order.
 Status assign_groups(const model::List& groups, std::vector<model::ParamSpec>& params,
@@ -249,16 +262,13 @@ Status assign_groups(const model::List& groups, std::vector<model::ParamSpec>& p
     }
     return Status::ok();
   }
-  const auto no_decay = [](const std::string& name) {
-    return name.ends_with("bias") || name.find("norm") != std::string::npos;
-  };
   std::vector<std::pair<double, double>> want;  // (wd_mult, lr_mult) per group
   for (const Value& g : groups) {
     want.emplace_back(number(*g.dict(), "wd_mult", 1.0), number(*g.dict(), "lr_mult", 1.0));
   }
   std::vector<std::pair<double, double>> got;  // in order of first appearance
   for (auto& p : params) {
-    p.wd_mult = no_decay(p.name) ? 0.0 : 1.0;
+    p.wd_mult = no_weight_decay(p.name) ? 0.0 : 1.0;
     p.lr_mult = 1.0;
     const std::pair<double, double> k{p.wd_mult, p.lr_mult};
     if (std::find(got.begin(), got.end(), k) == got.end()) got.push_back(k);
@@ -347,24 +357,122 @@ Status find_layout(const TorchDistCheckpoint& c, int64_t dp, Scenario& s,
       "); pass the scenario that saved it (--scenario)");
 }
 
+// A param's split across TP at save, from its chunks in `.metadata` (one per TP rank that saved
+// a piece): one chunk of the whole shape is a replicated param; `tp` equal pieces along dim 0
+// a column-parallel one, along dim 1 a row-parallel one.
+Result<model::TpSplit> tp_split_from_chunks(const TorchDistCheckpoint& c, const model::ParamSpec& p,
+                                            int64_t tp) {
+  const auto it = c.tensor_chunks.find(p.name);
+  if (it == c.tensor_chunks.end()) {
+    return Status::invalid_input("param '" + p.name + "': no chunks in the .metadata");
+  }
+  const std::vector<model::ChunkStorageMetadata>& chunks = it->second;
+  const std::vector<int64_t> shape = p.shape.empty() ? std::vector<int64_t>{p.numel} : p.shape;
+  if (chunks.size() == 1 && chunks[0].sizes == shape) return model::TpSplit::kReplicated;
+  for (size_t dim = 0; dim < shape.size(); ++dim) {
+    const bool split_here =
+        static_cast<int64_t>(chunks.size()) == tp && shape[dim] % tp == 0 &&
+        std::all_of(chunks.begin(), chunks.end(), [&](const model::ChunkStorageMetadata& k) {
+          for (size_t d = 0; d < shape.size(); ++d) {
+            const int64_t size = d == dim ? shape[d] / tp : shape[d];
+            if (k.sizes.size() != shape.size() || k.sizes[d] != size || k.offsets[d] % size != 0 ||
+                (d != dim && k.offsets[d] != 0)) {
+              return false;
+            }
+          }
+          return true;
+        });
+    if (split_here) return dim == 0 ? model::TpSplit::kColumn : model::TpSplit::kRow;
+  }
+  return Status::invalid_input(
+      fmt::format("param '{}': its {} chunk(s) in the .metadata are no TP {} split of shape ({}) "
+                  "along dim 0 or 1; pass the scenario that saved it (--scenario)",
+                  p.name, chunks.size(), tp, fmt::join(shape, ", ")));
+}
+
+// A fully_reshardable checkpoint: every param whole, in model space. Its shape is the tensor's,
+// its TP split what the chunks show; no bucket layout is in the checkpoint (nor needed to load
+// it), so the scenario's default layout (one bucket per buffer, names in natural order) is taken.
+Status infer_model_space(const TorchDistCheckpoint& c, const SaveParallelism& at_save,
+                         const model::List& groups, Scenario& s,
+                         std::vector<std::string>& guesses) {
+  if (at_save.pp != 1) {
+    return Status::invalid_input(fmt::format(
+        "saved at PP {}: which layer holds a param is not in a checkpoint; pass the scenario that "
+        "saved it (--scenario)",
+        at_save.pp));
+  }
+  for (auto& p : s.params) {
+    if (at_save.tp == 1) continue;
+    auto split = tp_split_from_chunks(c, p, at_save.tp);
+    if (!split.is_ok()) return split.status();
+    p.tp_split = split.value();
+  }
+  guesses.push_back(
+      at_save.tp == 1
+          ? "TP split: replicated for every param (a checkpoint saved at TP 1 does not show "
+            "how a param splits; pass --scenario for a resume at another TP)"
+          : fmt::format("TP split: read from each param's chunks at TP {} in the .metadata",
+                        at_save.tp));
+  // Megatron makes its param groups in the order of their first params: with several groups,
+  // the params of each (by the default rule; assign_groups checks it) go together, in the
+  // checkpoint's order of groups, names in natural order within one.
+  if (groups.size() > 1) {
+    std::vector<double> wd_order;
+    for (const Value& g : groups) wd_order.push_back(number(*g.dict(), "wd_mult", 1.0));
+    const auto group_of = [&](const model::ParamSpec& p) {
+      return std::find(wd_order.begin(), wd_order.end(), no_weight_decay(p.name) ? 0.0 : 1.0) -
+             wd_order.begin();
+    };
+    std::stable_sort(s.params.begin(), s.params.end(),
+                     [&](const auto& a, const auto& b) { return group_of(a) < group_of(b); });
+  }
+  guesses.push_back(
+      "bucket layout: one bucket per buffer; params in natural order of names, each param "
+      "group's together in the checkpoint's order of groups (a fully_reshardable checkpoint "
+      "holds each param whole, in no bucket; the layout does not change what loads)");
+  return Status::ok();
+}
+
 }  // namespace
 
 Result<InferredScenario> infer_scenario(const TorchDistCheckpoint& checkpoint,
-                                        const Revision& save_revision) {
+                                        const Revision& save_revision,
+                                        const SaveParallelism& at_save) {
   CKPTSIM_CHECK(save_revision.profile != nullptr, "an unresolved revision: " + save_revision.name);
-  InferredScenario out;
-  out.dp_at_save =
-      checkpoint.dp_size_at_save.value_or(std::max<int64_t>(checkpoint.writer_ranks, 1));
-  if (!checkpoint.dp_size_at_save) {
-    out.guesses.push_back(
-        fmt::format("DP size at save: {}, the number of ranks that wrote data files (the files do "
-                    "not prove it)",
-                    out.dp_at_save));
-  }
-  if (checkpoint.sharding_type != "dp_reshardable") {
+  const bool model_space = checkpoint.sharding_type == "fully_reshardable";
+  if (!model_space && checkpoint.sharding_type != "dp_reshardable") {
     return Status::invalid_input(
         "sharding type '" + checkpoint.sharding_type +
-        "': inspect infers a scenario from dp_reshardable checkpoints only");
+        "': inspect infers a scenario from dp_reshardable and fully_reshardable checkpoints only");
+  }
+  if (!model_space && (at_save.tp != 1 || at_save.pp != 1)) {
+    return Status::invalid_input(fmt::format(
+        "a dp_reshardable checkpoint saved at TP {} x PP {}: inspect infers its buckets at TP = "
+        "PP = 1 only; pass the scenario that saved it (--scenario)",
+        at_save.tp, at_save.pp));
+  }
+  InferredScenario out;
+  if (model_space) {
+    // DP replicas write nothing here: the args say the DP size, else the writers per (TP, PP).
+    const int64_t writers_per_dp =
+        std::max<int64_t>(checkpoint.writer_ranks / (at_save.tp * at_save.pp), 1);
+    out.dp_at_save = at_save.dp.value_or(writers_per_dp);
+    if (!at_save.dp) {
+      out.guesses.push_back(fmt::format(
+          "DP size at save: {}, the ranks that wrote data files per TP x PP rank (the args hold "
+          "no data_parallel_size)",
+          out.dp_at_save));
+    }
+  } else {
+    out.dp_at_save =
+        checkpoint.dp_size_at_save.value_or(std::max<int64_t>(checkpoint.writer_ranks, 1));
+    if (!checkpoint.dp_size_at_save) {
+      out.guesses.push_back(fmt::format(
+          "DP size at save: {}, the number of ranks that wrote data files (the files do "
+          "not prove it)",
+          out.dp_at_save));
+    }
   }
   Scenario& s = out.scenario;
   s.name = "checkpoint " + checkpoint.iter_dir;
@@ -385,14 +493,22 @@ Result<InferredScenario> infer_scenario(const TorchDistCheckpoint& checkpoint,
   out.guesses.push_back(fmt::format(
       "schedule: constant at lr {:g} (min_lr {:g}): the param groups' max_lr and min_lr",
       s.schedule.lr, s.schedule.min_lr));
-  if (Status st = find_layout(checkpoint, out.dp_at_save, s, out.guesses); !st.is_ok()) return st;
+  if (Status st = model_space
+                      ? infer_model_space(checkpoint, at_save, *groups.value(), s, out.guesses)
+                      : find_layout(checkpoint, out.dp_at_save, s, out.guesses);
+      !st.is_ok()) {
+    return st;
+  }
   if (Status st = assign_groups(*groups.value(), s.params, out.guesses); !st.is_ok()) return st;
   if (s.total_numel() > Scenario::kTotalNumelMax) {
     return Status::invalid_input(fmt::format("{} param elements (the model takes at most {})",
                                              s.total_numel(), Scenario::kTotalNumelMax));
   }
+  if (model_space) s.format.sharding_type = model::ShardingType::kFullyReshardable;
   PhaseSpec save;
   save.dp = out.dp_at_save;
+  save.tp = at_save.tp;
+  save.pp = at_save.pp;
   save.steps = 1;
   save.set_revision(save_revision);
   s.phases.push_back(save);

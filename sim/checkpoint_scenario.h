@@ -16,6 +16,14 @@
 //                   whose layout (model/megatron/param_and_grad_buffer.h, at the DP size at
 //                   save) reproduces every bucket's numel_unpadded and padded numel, and puts
 //                   every param's master copy where the bucket holds the saved param
+//   fully_reshardable (saved at PP 1; TP and PP from the common state's args)   each param's
+//                   shape from its tensor and TP split from its `.metadata` chunks (one chunk
+//                   of the whole shape: replicated; TP equal pieces along dim 0: column, dim 1:
+//                   row; saved at TP 1: replicated, a guess); no bucket layout is in the
+//                   checkpoint: one bucket per buffer, names in natural order, each param
+//                   group's params together in the groups' order (guesses); DP at save from
+//                   args.data_parallel_size, else the writers per TP x PP rank (a guess). The
+//                   param groups are the common state's ['optimizer']['optimizer'].
 //   param groups    which group a param is in is not in a checkpoint. One group: every param.
 //                   Two groups {wd_mult 1, wd_mult 0} of one lr_mult: Megatron's default rule,
 //                   names ending in 'bias' or holding 'norm' have no weight decay; it must
@@ -29,6 +37,7 @@
 //   2. Every guess is listed in `guesses`; every refusal is a Status naming the key.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,9 +53,18 @@ struct InferredScenario {
   std::vector<std::string> guesses;  // what was guessed rather than read, one line each
 };
 
+// The model-parallel sizes of the run that saved (Megatron's saved args, where the checkpoint
+// holds them; inspect's --tp/--pp otherwise default to 1), and its DP size where the args say.
+struct SaveParallelism {
+  int64_t tp = 1;
+  int64_t pp = 1;
+  std::optional<int64_t> dp;
+};
+
 // `save_revision` names the phase that saved (phases[0]); REQUIRES: its profile is set.
 Result<InferredScenario> infer_scenario(const model::TorchDistCheckpoint& checkpoint,
-                                        const Revision& save_revision);
+                                        const Revision& save_revision,
+                                        const SaveParallelism& at_save = {});
 
 // Checks that `scenario` (a user's, `inspect --scenario`) describes the checkpoint: the same
 // params (names, numels, dtypes) and, for dp_reshardable, a layout that reproduces every bucket

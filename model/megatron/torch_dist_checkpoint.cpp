@@ -273,7 +273,27 @@ Result<TorchDistCheckpoint> read_torch_dist_iteration(const Storage& storage,
   if (Status s = check_common(iter_dir, out); !s.is_ok()) return s;
   collect_buckets(out);
   derive_dp_size(reader.metadata(), out);
+  for (const auto& [fqn, meta] : reader.metadata().tensors)
+    out.tensor_chunks.emplace(fqn, meta.chunks);
   return out;
+}
+
+const Value* optimizer_state_object(const TorchDistCheckpoint& checkpoint) {
+  const Value* opt = checkpoint.sharded.is_dict()
+                         ? checkpoint.sharded.dict()->find(format_object_key(0, "optimizer"))
+                         : nullptr;
+  if (opt == nullptr && checkpoint.common.is_dict()) {
+    const Value* outer = checkpoint.common.dict()->find("optimizer");
+    opt = outer != nullptr && outer->is_dict() ? outer->dict()->find("optimizer") : nullptr;
+  }
+  return opt != nullptr && opt->is_dict() ? opt : nullptr;
+}
+
+std::optional<int64_t> saved_arg_int(const TorchDistCheckpoint& checkpoint, const char* name) {
+  const Value* args =
+      checkpoint.common.is_dict() ? checkpoint.common.dict()->find("args") : nullptr;
+  const Value* v = args != nullptr && args->is_dict() ? args->dict()->find(name) : nullptr;
+  return v != nullptr && v->is_int() ? std::optional<int64_t>(v->as_int()) : std::nullopt;
 }
 
 Result<TorchDistCheckpoint> read_torch_dist_checkpoint(const Storage& storage,

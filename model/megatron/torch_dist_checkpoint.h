@@ -51,6 +51,7 @@
 #include "model/py/value.h"
 #include "model/status.h"
 #include "model/storage.h"
+#include "model/torch/distributed_checkpoint.h"
 
 namespace ckptsim::model {
 
@@ -91,7 +92,20 @@ struct TorchDistCheckpoint {
   // sharded_param_state_dp_reshardable places it. (dp_reshardable asserts that no rank's
   // bucket is empty, so every DP rank writes.) With TP = PP = 1, as here, world = DP.
   std::optional<int64_t> dp_size_at_save;
+  // Each tensor's chunks as `.metadata` lists them (which offsets and sizes some rank saved):
+  // a model param saved at TP > 1 shows its split here.
+  std::map<std::string, std::vector<ChunkStorageMetadata>> tensor_chunks;
 };
+
+// The distributed optimizer's state_dict() (a dict with 'param_groups'), where its format keeps
+// it: the ShardedObject 'optimizer.distributed.dp_group_idx_0.optimizer' (dp_reshardable and the
+// other bucket formats), else the common state's ['optimizer']['optimizer'] (fully_reshardable
+// keeps it unwrapped); nullptr when neither holds a dict.
+const Value* optimizer_state_object(const TorchDistCheckpoint& checkpoint);
+
+// An integer the common state's 'args' (Megatron's saved arguments) holds; nullopt when there
+// are no args or no such integer.
+std::optional<int64_t> saved_arg_int(const TorchDistCheckpoint& checkpoint, const char* name);
 
 // Mirrors checkpointing.py read_metadata(): the iteration in `<dir>/<kTrackerFile>`.
 Result<int64_t> read_checkpoint_tracker(const Storage& storage, const std::string& dir);

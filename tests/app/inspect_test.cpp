@@ -81,6 +81,7 @@ const std::vector<Resumed>& resumed() {
       {"nv-f4502eb1c9__torch-adamw-dp2", "fx-upstream-2874-torch-adamw-dp2", 0},
       {"nv-f4502eb1c9__hybrid-offload-half-dp2", "fx-upstream-2874-hybrid-half-dp2", 0},
       {"nv-d98e8a64dd__fused-adam-dp2-common-state-object", "fx-upstream-head-fused-adam-dp2", 0},
+      {"nv-d98e8a64dd__hybrid-offload1-fr-tp2-dp1", "fx-upstream-head-fr-tp2-hybrid", 0},
   };
   return all;
 }
@@ -90,6 +91,7 @@ const std::vector<Resumed>& resumed() {
 struct RealResume {
   std::string revision;
   int64_t dp = 0;
+  int64_t tp = 1;
   std::set<std::string> errors;                        // "rank type site path"
   std::map<std::string, std::set<double>> after_load;  // part -> counters
 };
@@ -100,6 +102,7 @@ RealResume real_resume(const Resumed& r) {
   RealResume out;
   out.revision = scenario["phases"][r.saved_by + 1]["revision"];
   out.dp = scenario["phases"][r.saved_by + 1]["dp"];
+  out.tp = scenario["phases"][r.saved_by + 1].value("tp", 1);
   for (const auto& run : trace["runs"]) {
     if (run["id"] != "phase" + std::to_string(r.saved_by + 1)) continue;
     for (const auto& e : run["events"]) {
@@ -152,8 +155,27 @@ class ModelResumesRealCheckpoint : public ::testing::TestWithParam<Resumed> {};
 // The model resumes from the very files the real code resumed from, and does what it did.
 TEST_P(ModelResumesRealCheckpoint, AsTheRealCodeDidFromTheSameFiles) {
   const RealResume real = real_resume(GetParam());
-  const Inspected r = inspect(kFixtures + "/" + GetParam().dir, {real.revision}, real.dp);
+  app::InspectCommand c;
+  c.dir = kFixtures + "/" + GetParam().dir;
+  c.revisions = {real.revision};
+  c.dp = real.dp;
+  c.tp = real.tp;
+  const Inspected r = inspect(c);
   ASSERT_NE(r.code, app::kExitInvalid) << r.err;
+  // The params inspect read from the checkpoint are the run's: names, dtypes, shapes and (from
+  // the chunks of a checkpoint saved at TP > 1) TP splits.
+  const json scenario = read_json(kFixtures + "/runs/" + GetParam().scenario + ".scenario.json");
+  std::map<std::string, json> inferred;
+  for (const auto& p : r.out["params"]) inferred[p["name"]] = p;
+  ASSERT_EQ(inferred.size(), scenario["params"].size());
+  for (const auto& p : scenario["params"]) {
+    const json& mine = inferred[p["name"].get<std::string>()];
+    EXPECT_EQ(mine["dtype"], p["dtype"]) << p;
+    EXPECT_EQ(mine["shape"], p.value("shape", json::array({p["numel"]}))) << p;
+    if (scenario["phases"][GetParam().saved_by].value("tp", 1) > 1) {
+      EXPECT_EQ(mine["tp_split"], p.value("tp_split", "replicated")) << p;
+    }
+  }
   ASSERT_EQ(r.out["resumes"].size(), 1u);
   const json& judgement = r.out["resumes"][0];
   const RealResume model = model_resume(judgement);
@@ -161,7 +183,6 @@ TEST_P(ModelResumesRealCheckpoint, AsTheRealCodeDidFromTheSameFiles) {
   EXPECT_EQ(model.after_load, real.after_load);
   if (judgement["loaded"].get<bool>()) {
     // Each param's master, exp_avg and exp_avg_sq, whole.
-    const json scenario = read_json(kFixtures + "/runs/" + GetParam().scenario + ".scenario.json");
     EXPECT_EQ(judgement["elements_compared"], 3 * scenario_numel(scenario));
     EXPECT_EQ(judgement["elements_equal"], judgement["elements_compared"]);
   }
