@@ -434,6 +434,32 @@ Status infer_model_space(const TorchDistCheckpoint& c, const SaveParallelism& at
   return Status::ok();
 }
 
+// The DP size at save: proven by the files (dp_reshardable), else what the args say
+// (fully_reshardable, whose DP replicas write nothing), else a guess from the writers.
+void dp_at_save(const TorchDistCheckpoint& checkpoint, const SaveParallelism& at_save,
+                InferredScenario& out) {
+  if (checkpoint.sharding_type == "fully_reshardable") {
+    const int64_t writers_per_dp =
+        std::max<int64_t>(checkpoint.writer_ranks / (at_save.tp * at_save.pp), 1);
+    out.dp_at_save = at_save.dp.value_or(writers_per_dp);
+    if (!at_save.dp) {
+      out.guesses.push_back(fmt::format(
+          "DP size at save: {}, the ranks that wrote data files per TP x PP rank (the args hold "
+          "no data_parallel_size)",
+          out.dp_at_save));
+    }
+    return;
+  }
+  out.dp_at_save =
+      checkpoint.dp_size_at_save.value_or(std::max<int64_t>(checkpoint.writer_ranks, 1));
+  if (!checkpoint.dp_size_at_save) {
+    out.guesses.push_back(
+        fmt::format("DP size at save: {}, the number of ranks that wrote data files (the files do "
+                    "not prove it)",
+                    out.dp_at_save));
+  }
+}
+
 }  // namespace
 
 Result<InferredScenario> infer_scenario(const TorchDistCheckpoint& checkpoint,
@@ -453,27 +479,7 @@ Result<InferredScenario> infer_scenario(const TorchDistCheckpoint& checkpoint,
         at_save.tp, at_save.pp));
   }
   InferredScenario out;
-  if (model_space) {
-    // DP replicas write nothing here: the args say the DP size, else the writers per (TP, PP).
-    const int64_t writers_per_dp =
-        std::max<int64_t>(checkpoint.writer_ranks / (at_save.tp * at_save.pp), 1);
-    out.dp_at_save = at_save.dp.value_or(writers_per_dp);
-    if (!at_save.dp) {
-      out.guesses.push_back(fmt::format(
-          "DP size at save: {}, the ranks that wrote data files per TP x PP rank (the args hold "
-          "no data_parallel_size)",
-          out.dp_at_save));
-    }
-  } else {
-    out.dp_at_save =
-        checkpoint.dp_size_at_save.value_or(std::max<int64_t>(checkpoint.writer_ranks, 1));
-    if (!checkpoint.dp_size_at_save) {
-      out.guesses.push_back(fmt::format(
-          "DP size at save: {}, the number of ranks that wrote data files (the files do "
-          "not prove it)",
-          out.dp_at_save));
-    }
-  }
+  dp_at_save(checkpoint, at_save, out);
   Scenario& s = out.scenario;
   s.name = "checkpoint " + checkpoint.iter_dir;
   s.description = "inferred from the checkpoint by ckptsim inspect";
