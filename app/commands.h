@@ -245,8 +245,25 @@ struct InspectCommand {
 };
 int inspect_command(const InspectCommand& c, std::ostream& out, std::ostream& err);
 
+// Each revision's outcome, as a user must tell them apart.
+enum class ResumeClass {
+  kResumesCorrectly,        // loaded, t continues from the saved step, every loaded element is
+                            // the checkpoint's, nothing left unwritten
+  kResumeFails,             // the resume from this checkpoint fails or goes wrong (the cause)
+  kCannotRunConfiguration,  // a fresh start of this configuration at this revision fails the
+                            // same way (type and site), so no checkpoint is to blame
+  kCannotSimulate,          // the model cannot run this resume (what is missing)
+};
+std::string resume_class_text(ResumeClass c);  // "resumes correctly", ...
+struct ResumeVerdict {
+  std::string revision;
+  ResumeClass outcome = ResumeClass::kCannotSimulate;
+  std::string cause;  // empty for kResumesCorrectly
+};
+
 // What inspect found, before it is printed (conform-campaign --real-checkpoints uses it too).
 struct Inspection {
+  std::string path;  // the iteration directory read
   model::TorchDistCheckpoint checkpoint;
   std::string unreadable;  // why the model cannot read it (then only the tiling check is set)
   std::vector<properties::CheckpointCheck> checks;
@@ -255,8 +272,12 @@ struct Inspection {
   int64_t tp = 1;  // of the simulated resume
   int64_t pp = 1;
   double saved_step = 0;
-  std::vector<properties::ResumeJudgement> judgements;
-  bool ok() const;  // every check holds and every revision resumes correctly
+  std::vector<properties::ResumeJudgement> judgements;  // one per simulated revision
+  std::string cannot_simulate;          // why no revision's resume is simulated ("" when they are)
+  std::vector<ResumeVerdict> verdicts;  // one per revision, in order
+  bool ok() const;                      // every check holds and every revision resumes correctly
+  // "upstream-head, fix-complete resume it correctly; 7 fail to resume it (...)".
+  std::string answer() const;
 };
 // Status: the directory is not a checkpoint it can read, or the model cannot hold it.
 // `progress` gets one line per revision resumed.

@@ -28,6 +28,11 @@ using model::Value;
 // after a resume, spec §10.4) shows as well as one that restarted.
 constexpr int64_t kStepsAfterResume = 2;
 
+std::string to_upper(std::string s) {
+  for (char& ch : s) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  return s;
+}
+
 std::string optimizer_text(const sim::Scenario& s, const model::TorchDistCheckpoint& c) {
   const model::OptimizerConfig& o = s.optimizer;
   std::string text = model::optimizer_kind_name(o.kind);
@@ -35,8 +40,8 @@ std::string optimizer_text(const sim::Scenario& s, const model::TorchDistCheckpo
     text += fmt::format(" (HybridDeviceOptimizer), offload_fraction {}, TE {}", o.offload_fraction,
                         o.te_installed ? "installed" : "absent");
   }
-  const Value* opt = c.sharded.dict()->find(model::format_object_key(0, "optimizer"));
-  const Value* groups = opt && opt->is_dict() ? opt->dict()->find("param_groups") : nullptr;
+  const Value* opt = model::optimizer_state_object(c);
+  const Value* groups = opt != nullptr ? opt->dict()->find("param_groups") : nullptr;
   if (groups != nullptr && groups->is_list()) {
     text += fmt::format("; {} param group(s)", groups->list()->size());
     const Value& g0 = groups->list()->at(0);
@@ -67,12 +72,36 @@ struct Loaded {
   model::DcpMetadata metadata;
 };
 
-// The tracker, the iteration directory and its `.metadata` (what the tiling check needs).
-Result<Loaded> open_metadata(const model::Storage& storage) {
-  auto iteration = model::read_checkpoint_tracker(storage, "");
-  if (!iteration.is_ok()) return iteration.status();
+// Where the checkpoint is: DIR holding the tracker, as --save leaves it (iter_dir "": the
+// tracker names it), or the iteration directory itself, the one holding `.metadata` (as a bug
+// report attaches it; the storage is rooted at its parent).
+struct Source {
+  std::string root;
+  std::string iter_dir;
+};
+
+Source locate(const std::string& dir) {
+  namespace fs = std::filesystem;
+  fs::path p = fs::path(dir).lexically_normal();
+  if (!p.has_filename()) p = p.parent_path();  // "a/b/" -> "a/b"
+  std::error_code ec;
+  if (!fs::exists(p / std::string(model::kTrackerFile), ec) && fs::exists(p / ".metadata", ec)) {
+    const fs::path parent = p.has_parent_path() ? p.parent_path() : fs::path(".");
+    return {parent.string(), p.filename().string()};
+  }
+  return {dir, ""};
+}
+
+// The iteration directory (the tracker's, unless the source names it) and its `.metadata`
+// (what the tiling check needs).
+Result<Loaded> open_metadata(const model::Storage& storage, const Source& source) {
   Loaded out;
-  out.iter_dir = model::iteration_dir_name(iteration.value());
+  out.iter_dir = source.iter_dir;
+  if (out.iter_dir.empty()) {
+    auto iteration = model::read_checkpoint_tracker(storage, "");
+    if (!iteration.is_ok()) return iteration.status();
+    out.iter_dir = model::iteration_dir_name(iteration.value());
+  }
   model::DcpReader reader(storage, out.iter_dir);
   if (Status s = reader.open(); !s.is_ok()) return s;
   out.metadata = reader.metadata();
@@ -87,8 +116,10 @@ json check_json(const properties::CheckpointCheck& k) {
               {"lines", k.lines}};
 }
 
-json judgement_json(const properties::ResumeJudgement& j) {
+json judgement_json(const properties::ResumeJudgement& j, const ResumeVerdict& v) {
   json out{{"revision", j.revision},
+           {"class", resume_class_text(v.outcome)},
+           {"cause", v.cause},
            {"dp", j.dp},
            {"correct", j.correct()},
            {"loaded", j.loaded},
@@ -113,9 +144,14 @@ json judgement_json(const properties::ResumeJudgement& j) {
   return out;
 }
 
-std::string judgement_text(const properties::ResumeJudgement& j) {
+std::string judgement_text(const properties::ResumeJudgement& j, const ResumeVerdict& v) {
   std::string out = fmt::format("  {:<20} {}\n", j.revision,
-                                j.correct() ? "resumes correctly" : "DOES NOT RESUME CORRECTLY");
+                                v.outcome == ResumeClass::kResumesCorrectly
+                                    ? resume_class_text(v.outcome)
+                                    : to_upper(resume_class_text(v.outcome)));
+  if (v.outcome == ResumeClass::kCannotRunConfiguration) {
+    return out + "      " + v.cause + "\n";
+  }
   for (const auto& e : j.errors) {
     out += fmt::format("      {} {}\n", j.loaded ? "after the load:" : "fails:", e.summary());
     if (!e.merge_path.empty()) {
@@ -124,6 +160,7 @@ std::string judgement_text(const properties::ResumeJudgement& j) {
       out += fmt::format("        at key path [{}]\n", fmt::join(keys, ", "));
     }
   }
+  if (v.outcome == ResumeClass::kResumeFails && !j.error) out += "      why: " + v.cause + "\n";
   for (const auto& line : j.resumed_at) out += "      resumes at " + line + "\n";
   for (const auto& line : j.steps_used) out += "      " + line + "\n";
   if (j.loaded) {
@@ -186,14 +223,87 @@ Status choose_scenario(const InspectCommand& c, model::RevisionRegistry& registr
   return sim::check_scenario_fits(ck, r.inferred.scenario, r.inferred.dp_at_save);
 }
 
-// Each revision's resume from the checkpoint, at r.dp.
-Status resume_each(const std::vector<sim::Revision>& revisions, std::ostream& progress,
-                   Inspection& r) {
+// The first error that is a rank's own (not a peer's abort), if any.
+const sim::RankError* first_own_error(const std::vector<sim::RankError>& errors) {
+  for (const auto& e : errors) {
+    if (!e.secondary) return &e;
+  }
+  return errors.empty() ? nullptr : &errors.front();
+}
+
+// Why a resume that did not resume correctly went wrong, one line.
+std::string resume_cause(const properties::ResumeJudgement& j) {
+  if (j.error) return j.error->summary();
+  if (!j.bias_correction_right) {
+    for (const auto& line : j.steps_used) {
+      // "step 7: HDO cpu AdamW t=2 (right: t=4)": the first step whose t is not the right one.
+      const size_t right = line.find(" (right: ");
+      const size_t colon = line.find(": ");
+      if (right == std::string::npos || colon == std::string::npos) continue;
+      const std::string used = line.substr(colon + 2, right - colon - 2);
+      const std::string want = line.substr(right + 9, line.size() - right - 10);
+      if (used.substr(used.rfind(' ') + 1) != want) {
+        return fmt::format("the step count does not continue: {} where {} is right",
+                           line.substr(0, right), want);
+      }
+    }
+    return "no step was taken after the load";
+  }
+  if (j.elements_equal != j.elements_compared) {
+    return fmt::format(
+        "{} of {} loaded elements of master, exp_avg and exp_avg_sq differ from "
+        "the checkpoint's",
+        j.elements_compared - j.elements_equal, j.elements_compared);
+  }
+  if (!j.uncovered.empty()) return "the load left unwritten: " + j.uncovered.front();
+  return "not loaded";
+}
+
+// A fresh start (no checkpoint) of `phase`'s configuration: its first own error, if any.
+std::optional<sim::RankError> fresh_start_error(const sim::Scenario& inferred,
+                                                const sim::PhaseSpec& phase) {
+  sim::Scenario fresh = inferred;
+  fresh.phases = {phase};
+  fresh.phases[0].save = false;
+  auto run = sim::run_scenario(fresh);
+  if (!run.is_ok() || run.value().phases.empty()) return std::nullopt;
+  const sim::RankError* e = first_own_error(run.value().phases[0].errors);
+  return e != nullptr ? std::optional<sim::RankError>(*e) : std::nullopt;
+}
+
+// The revision's class: a resume that fails the way a fresh start of the same configuration
+// fails (the same exception type at the same site, at the same stage or before the load) is the
+// configuration's failure, not the checkpoint's; the model's own invariant failing is a resume
+// it cannot simulate.
+ResumeVerdict classify(const properties::ResumeJudgement& j, const sim::Scenario& inferred,
+                       const sim::PhaseSpec& phase) {
+  ResumeVerdict v{j.revision, ResumeClass::kResumesCorrectly, ""};
+  if (j.correct()) return v;
+  v.cause = resume_cause(j);
+  if (j.error && j.error->py_type == "InvariantViolation") {
+    v.outcome = ResumeClass::kCannotSimulate;
+    return v;
+  }
+  v.outcome = ResumeClass::kResumeFails;
+  if (!j.error) return v;
+  if (const auto fresh = fresh_start_error(inferred, phase);
+      fresh && fresh->py_type == j.error->py_type && fresh->site == j.error->site) {
+    v.outcome = ResumeClass::kCannotRunConfiguration;
+    v.cause = "a fresh start fails alike: " + fresh->summary();
+  }
+  return v;
+}
+
+// Each revision's resume from the checkpoint, at r.dp; a checkpoint the model cannot hold is a
+// resume it cannot simulate.
+void resume_each(const std::vector<sim::Revision>& revisions, std::ostream& progress,
+                 Inspection& r) {
   model::MemoryStorage converted;
   if (Status s =
           model::write_checkpoint_contents(model::checkpoint_contents(r.checkpoint), converted);
       !s.is_ok()) {
-    return Status::invalid_input("the model cannot hold it: " + s.to_string());
+    r.cannot_simulate = "the model cannot hold it: " + s.to_string();
+    return;
   }
   for (const auto& rev : revisions) {
     sim::PhaseSpec phase;
@@ -209,8 +319,8 @@ Status resume_each(const std::vector<sim::Revision>& revisions, std::ostream& pr
     const sim::PhaseRecord rec = sim::resume_from_checkpoint(r.inferred.scenario, phase, converted);
     r.judgements.push_back(
         properties::judge_resume(rec, r.inferred.scenario, r.checkpoint, r.saved_step));
+    r.verdicts.push_back(classify(r.judgements.back(), r.inferred.scenario, phase));
   }
-  return Status::ok();
 }
 
 }  // namespace
@@ -222,17 +332,20 @@ Result<Inspection> inspect_checkpoint(const InspectCommand& c, std::ostream& pro
   std::error_code ec;
   if (!std::filesystem::is_directory(c.dir, ec))
     return Status::invalid_input(c.dir + ": not a directory");
-  model::DirectoryStorage storage(c.dir);
-  auto opened = open_metadata(storage);
+  const Source source = locate(c.dir);
+  model::DirectoryStorage storage(source.root);
+  auto opened = open_metadata(storage, source);
   if (!opened.is_ok()) return invalid(opened.status());
   Inspection r;
+  r.path = (std::filesystem::path(source.root) / opened.value().iter_dir).string();
   auto registry = model::RevisionRegistry::load_embedded();
   if (!registry.is_ok()) return invalid(registry.status());
   auto revisions = resolve_revisions(c, registry.value());
   if (!revisions.is_ok()) return invalid(revisions.status());
   std::vector<std::pair<std::string, model::RevisionSwitches>> switches;
   for (const auto& rev : revisions.value()) switches.emplace_back(rev.name, rev.profile->switches);
-  auto read = model::read_torch_dist_checkpoint(storage, "");
+  auto read = source.iter_dir.empty() ? model::read_torch_dist_checkpoint(storage, "")
+                                      : model::read_torch_dist_directory(storage, source.iter_dir);
   if (!read.is_ok()) {
     // Files the reader refuses: the checks that read the metadata alone still judge them (chunks
     // that do not tile are one reason the reader refuses), the others are n/a.
@@ -247,15 +360,67 @@ Result<Inspection> inspect_checkpoint(const InspectCommand& c, std::ostream& pro
   r.checkpoint = std::move(read.value());
   r.checks = properties::check_checkpoint({opened.value().metadata, &r.checkpoint, switches});
   if (Status s = choose_scenario(c, registry.value(), revisions.value().front(), r); !s.is_ok()) {
-    return invalid(s);
+    // A scenario of the user's that does not fit is their error; one the model cannot infer
+    // leaves the checks standing and every resume not simulated.
+    if (!c.scenario.empty()) return invalid(s);
+    r.cannot_simulate = s.message();
+    for (const auto& rev : revisions.value())
+      r.verdicts.push_back({rev.name, ResumeClass::kCannotSimulate, r.cannot_simulate});
+    return r;
   }
   r.dp = c.dp > 0 ? c.dp : r.inferred.dp_at_save;
   r.tp = c.tp > 0 ? c.tp : saved_model_parallel_size(r.checkpoint, "tensor_model_parallel_size");
   r.pp = c.pp > 0 ? c.pp : saved_model_parallel_size(r.checkpoint, "pipeline_model_parallel_size");
   r.saved_step = properties::saved_group_step(r.checkpoint)
                      .value_or(static_cast<double>(r.checkpoint.iteration));
-  if (Status s = resume_each(revisions.value(), progress, r); !s.is_ok()) return invalid(s);
+  resume_each(revisions.value(), progress, r);
+  if (!r.cannot_simulate.empty()) {
+    for (const auto& rev : revisions.value())
+      r.verdicts.push_back({rev.name, ResumeClass::kCannotSimulate, r.cannot_simulate});
+  }
   return r;
+}
+
+std::string resume_class_text(ResumeClass c) {
+  switch (c) {
+    case ResumeClass::kResumesCorrectly:
+      return "resumes correctly";
+    case ResumeClass::kResumeFails:
+      return "the resume from this checkpoint fails";
+    case ResumeClass::kCannotRunConfiguration:
+      return "this revision cannot run this configuration";
+    case ResumeClass::kCannotSimulate:
+      return "cannot simulate";
+  }
+  return "?";
+}
+
+std::string Inspection::answer() const {
+  std::map<ResumeClass, std::vector<std::string>> by;
+  for (const auto& v : verdicts) by[v.outcome].push_back(v.revision);
+  const auto names = [&](ResumeClass c) { return fmt::format("{}", fmt::join(by[c], ", ")); };
+  std::vector<std::string> parts;
+  const size_t correct = by[ResumeClass::kResumesCorrectly].size();
+  parts.push_back(correct == 0
+                      ? fmt::format("none of {} revision(s) resumes it correctly", verdicts.size())
+                      : fmt::format("{} of {} revision(s) resume it correctly: {}", correct,
+                                    verdicts.size(), names(ResumeClass::kResumesCorrectly)));
+  if (!by[ResumeClass::kResumeFails].empty()) {
+    parts.push_back(
+        fmt::format("the resume from it fails at {}", names(ResumeClass::kResumeFails)));
+  }
+  if (!by[ResumeClass::kCannotRunConfiguration].empty()) {
+    parts.push_back(fmt::format("{} cannot run this configuration (a fresh start fails alike)",
+                                names(ResumeClass::kCannotRunConfiguration)));
+  }
+  if (!by[ResumeClass::kCannotSimulate].empty()) {
+    parts.push_back(fmt::format("the model cannot simulate {}{}",
+                                by[ResumeClass::kCannotSimulate].size() == verdicts.size()
+                                    ? "any resume"
+                                    : names(ResumeClass::kCannotSimulate),
+                                cannot_simulate.empty() ? "" : " (" + cannot_simulate + ")"));
+  }
+  return fmt::format("{}", fmt::join(parts, "; "));
 }
 
 bool Inspection::ok() const {
@@ -263,8 +428,8 @@ bool Inspection::ok() const {
   for (const auto& k : checks) {
     if (k.outcome == properties::CheckOutcome::kFails) return false;
   }
-  for (const auto& j : judgements) {
-    if (!j.correct()) return false;
+  for (const auto& v : verdicts) {
+    if (v.outcome != ResumeClass::kResumesCorrectly) return false;
   }
   return true;
 }
@@ -285,13 +450,18 @@ json inspection_json(const InspectCommand& c, const Inspection& r) {
   }
   json j{
       {"dir", c.dir},
+      {"path", r.path},
+      {"answer", r.answer()},
       {"iter_dir", ck.iter_dir},
       {"iteration", ck.iteration},
+      {"iteration_from", ck.iteration_from},
       {"dp_size_at_save", ck.dp_size_at_save ? json(*ck.dp_size_at_save) : json(nullptr)},
       {"writer_ranks", ck.writer_ranks},
       {"sharding_type", ck.sharding_type},
       {"common_state", ck.common_from_sharded_object ? "ShardedObject common_state" : "common.pt"},
-      {"optimizer", optimizer_text(r.inferred.scenario, ck)},
+      {"optimizer", r.inferred.scenario.params.empty()
+                        ? json(nullptr)
+                        : json(optimizer_text(r.inferred.scenario, ck))},
       {"params", params},
       {"buckets", bucket_lines(ck)},
       {"checks", json::array()},
@@ -299,26 +469,43 @@ json inspection_json(const InspectCommand& c, const Inspection& r) {
       {"resume_tp", r.tp},
       {"resume_pp", r.pp},
       {"resumes", json::array()},
+      {"cannot_simulate", r.cannot_simulate},
+      {"verdicts", json::array()},
       {"guesses", r.inferred.guesses},
       {"ok", r.ok()}};
   for (const auto& k : r.checks) j["checks"].push_back(check_json(k));
-  for (const auto& x : r.judgements) j["resumes"].push_back(judgement_json(x));
+  for (size_t i = 0; i < r.judgements.size(); ++i)
+    j["resumes"].push_back(judgement_json(r.judgements[i], r.verdicts[i]));
+  for (const auto& v : r.verdicts) {
+    j["verdicts"].push_back(json{
+        {"revision", v.revision}, {"class", resume_class_text(v.outcome)}, {"cause", v.cause}});
+  }
   return j;
 }
 
 void print_contents(const InspectCommand& c, const Inspection& r, std::ostream& out) {
   const model::TorchDistCheckpoint& ck = r.checkpoint;
-  out << fmt::format("checkpoint {}/{}\n", c.dir, ck.iter_dir);
+  out << fmt::format("checkpoint {}\n", r.path);
   const int64_t tp = saved_model_parallel_size(ck, "tensor_model_parallel_size");
   const int64_t pp = saved_model_parallel_size(ck, "pipeline_model_parallel_size");
   out << fmt::format(
       "  iteration {}, {}DP {} at save ({} ranks wrote data files), sharding {}, common "
       "state in {}\n",
-      ck.iteration, tp != 1 || pp != 1 ? fmt::format("TP {} x PP {} x ", tp, pp) : "",
+      ck.iteration_from.empty() || ck.iteration_from == "the tracker"
+          ? (ck.iteration_from.empty() ? "unknown (neither a tracker, the directory's name nor "
+                                         "the common state says it)"
+                                       : std::to_string(ck.iteration))
+          : fmt::format("{} (from {})", ck.iteration, ck.iteration_from),
+      tp != 1 || pp != 1 ? fmt::format("TP {} x PP {} x ", tp, pp) : "",
       ck.dp_size_at_save ? std::to_string(*ck.dp_size_at_save)
                          : fmt::format("{} (assumed)", r.inferred.dp_at_save),
       ck.writer_ranks, ck.sharding_type,
       ck.common_from_sharded_object ? "the ShardedObject 'common_state'" : "common.pt");
+  if (r.inferred.scenario.params.empty()) {
+    out << "  params and optimizer: not inferred (" << r.cannot_simulate << ")\n";
+    for (const auto& line : bucket_lines(ck)) out << "  bucket " << line << "\n";
+    return;
+  }
   out << "  optimizer: " << optimizer_text(r.inferred.scenario, ck) << "\n";
   std::vector<std::string> params;
   for (const auto& p : r.inferred.scenario.params) {
@@ -342,17 +529,19 @@ void print_verdicts(const Inspection& r, std::ostream& out) {
       "right: t continues from the saved step {})\n",
       r.tp != 1 || r.pp != 1 ? fmt::format("TP {} x PP {} x ", r.tp, r.pp) : "", r.dp,
       kStepsAfterResume, r.saved_step);
-  for (const auto& j : r.judgements) out << judgement_text(j);
+  for (size_t i = 0; i < r.judgements.size(); ++i)
+    out << judgement_text(r.judgements[i], r.verdicts[i]);
+  if (!r.cannot_simulate.empty()) out << "  not simulated: " << r.cannot_simulate << "\n";
   if (!r.inferred.guesses.empty()) {
     out << "what the model assumed (not in the checkpoint)\n";
     for (const auto& g : r.inferred.guesses) out << "  " << g << "\n";
   }
   size_t correct = 0;
-  for (const auto& j : r.judgements) correct += j.correct() ? 1 : 0;
+  for (const auto& v : r.verdicts) correct += v.outcome == ResumeClass::kResumesCorrectly ? 1 : 0;
   size_t failed = 0;
   for (const auto& k : r.checks) failed += k.outcome == properties::CheckOutcome::kFails ? 1 : 0;
   out << fmt::format("inspect: {} of {} checks fail; {} of {} revisions resume it correctly\n",
-                     failed, r.checks.size(), correct, r.judgements.size());
+                     failed, r.checks.size(), correct, r.verdicts.size());
 }
 
 }  // namespace
@@ -373,6 +562,7 @@ int inspect_command(const InspectCommand& c, std::ostream& out, std::ostream& er
   if (c.json) {
     out << inspection_json(c, r).dump(2) << "\n";
   } else {
+    out << "answer: " << r.answer() << "\n";
     print_contents(c, r, out);
     print_verdicts(r, out);
   }
@@ -431,8 +621,8 @@ Result<std::string> fixture_row(const std::string& dir, const std::string& manif
     ++r.compared;
     r.agreeing += real == model ? 1 : 0;
     verdict = real == model ? "agree" : "**DISAGREE**";
-    out << fmt::format("{} {} (resumed by {} at {})", real == model ? "agree   " : "DISAGREE",
-                       name, c.revisions[0], sizes)
+    out << fmt::format("{} {} (resumed by {} at {})", real == model ? "agree   " : "DISAGREE", name,
+                       c.revisions[0], sizes)
         << std::endl;
   }
   return fmt::format("| `{}` | {} | {} at {} | {} | {} | {} of {} | {} |", name,

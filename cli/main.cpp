@@ -158,10 +158,12 @@ CLI::App* add_inspect(CLI::App& app, app::InspectCommand& f) {
   auto* i = app.add_subcommand(
       "inspect",
       "Diagnose a real Megatron torch_dist checkpoint: what it holds, static checks, and each "
-      "revision's resume from it as the model simulates it (exit 1: a check fails or a revision "
-      "does not resume it correctly)");
+      "revision's resume from it as the model simulates it, classed as resumes correctly, the "
+      "resume fails, the revision cannot run this configuration, or cannot simulate (exit 1: a "
+      "check fails or a revision does not resume it correctly)");
   i->add_option("dir", f.dir,
-                "Checkpoint directory (the one holding latest_checkpointed_iteration.txt)")
+                "Checkpoint directory: the one holding latest_checkpointed_iteration.txt, or the "
+                "iteration directory itself (the one holding .metadata)")
       ->required();
   i->add_option("--revision", f.revisions,
                 "Revisions to resume it with (default: every bundled profile)");

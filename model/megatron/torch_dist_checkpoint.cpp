@@ -136,8 +136,8 @@ Status check_common(const std::string& iter_dir, TorchDistCheckpoint& out) {
   const Dict& common = *out.common.dict();
   if (const Value* it = common.find("iteration"); it != nullptr) {
     if (!it->is_int() || it->as_int() != out.iteration) {
-      return Status::corruption(fmt::format("{}: key 'iteration' is {} where the tracker says {}",
-                                            where, it->repr(), out.iteration));
+      return Status::corruption(fmt::format("{}: key 'iteration' is {} where {} says {}", where,
+                                            it->repr(), out.iteration_from, out.iteration));
     }
   }
   const auto str_at = [&](const char* outer, const char* inner) -> std::string {
@@ -256,9 +256,25 @@ Result<int64_t> read_checkpoint_tracker(const Storage& storage, const std::strin
   return iteration;
 }
 
-Result<TorchDistCheckpoint> read_torch_dist_iteration(const Storage& storage,
-                                                      const std::string& iter_dir,
-                                                      int64_t iteration) {
+namespace {
+
+// "iter_0000007" -> 7; nullopt for any other name.
+std::optional<int64_t> iteration_of_name(const std::string& iter_dir) {
+  const size_t slash = iter_dir.rfind('/');
+  const std::string name = slash == std::string::npos ? iter_dir : iter_dir.substr(slash + 1);
+  constexpr std::string_view kPrefix = "iter_";
+  if (!name.starts_with(kPrefix) || name.size() != kPrefix.size() + 7) return std::nullopt;
+  int64_t iteration = -1;
+  const char* begin = name.data() + kPrefix.size();
+  const auto [end, ec] = std::from_chars(begin, name.data() + name.size(), iteration);
+  if (ec != std::errc() || end != name.data() + name.size() || iteration < 0) return std::nullopt;
+  return iteration;
+}
+
+// `iteration`: what the tracker or the directory's name said (checked against the common
+// state's); nullopt: the common state's, if any.
+Result<TorchDistCheckpoint> read_iteration(const Storage& storage, const std::string& iter_dir,
+                                           std::optional<int64_t> iteration, const char* from) {
   if (!storage.exists(iter_dir)) {
     return Status::not_found(iter_dir + ": the iteration directory is absent");
   }
@@ -266,10 +282,17 @@ Result<TorchDistCheckpoint> read_torch_dist_iteration(const Storage& storage,
   DcpReader reader(storage, iter_dir);
   if (Status s = reader.open(); !s.is_ok()) return s;
   TorchDistCheckpoint out;
-  out.iteration = iteration;
   out.iter_dir = iter_dir;
   if (Status s = read_sharded(reader, out); !s.is_ok()) return s;
   if (Status s = read_common(storage, iter_dir, out); !s.is_ok()) return s;
+  if (iteration) {
+    out.iteration = *iteration;
+    out.iteration_from = from;
+  } else if (const Value* it = out.common.dict()->find("iteration");
+             it != nullptr && it->is_int()) {
+    out.iteration = it->as_int();
+    out.iteration_from = "the common state";
+  }
   if (Status s = check_common(iter_dir, out); !s.is_ok()) return s;
   collect_buckets(out);
   derive_dp_size(reader.metadata(), out);
@@ -277,6 +300,8 @@ Result<TorchDistCheckpoint> read_torch_dist_iteration(const Storage& storage,
     out.tensor_chunks.emplace(fqn, meta.chunks);
   return out;
 }
+
+}  // namespace
 
 const Value* optimizer_state_object(const TorchDistCheckpoint& checkpoint) {
   const Value* opt = checkpoint.sharded.is_dict()
@@ -294,6 +319,17 @@ std::optional<int64_t> saved_arg_int(const TorchDistCheckpoint& checkpoint, cons
       checkpoint.common.is_dict() ? checkpoint.common.dict()->find("args") : nullptr;
   const Value* v = args != nullptr && args->is_dict() ? args->dict()->find(name) : nullptr;
   return v != nullptr && v->is_int() ? std::optional<int64_t>(v->as_int()) : std::nullopt;
+}
+
+Result<TorchDistCheckpoint> read_torch_dist_iteration(const Storage& storage,
+                                                      const std::string& iter_dir,
+                                                      int64_t iteration) {
+  return read_iteration(storage, iter_dir, iteration, "the tracker");
+}
+
+Result<TorchDistCheckpoint> read_torch_dist_directory(const Storage& storage,
+                                                      const std::string& iter_dir) {
+  return read_iteration(storage, iter_dir, iteration_of_name(iter_dir), "the directory's name");
 }
 
 Result<TorchDistCheckpoint> read_torch_dist_checkpoint(const Storage& storage,

@@ -73,6 +73,9 @@ struct DpReshardableBucket {
 
 struct TorchDistCheckpoint {
   int64_t iteration = 0;
+  // Where `iteration` comes from: "the tracker", "the directory's name" (iter_NNNNNNN), "the
+  // common state" ('iteration'), or "" when nothing says it (then iteration is 0).
+  std::string iteration_from;
   std::string iter_dir;                     // relative to the storage, e.g. "phase1/iter_0000006"
   bool common_from_sharded_object = false;  // upstream HEAD: no common.pt
   Value common;                             // the common state dict
@@ -122,6 +125,13 @@ Result<TorchDistCheckpoint> read_torch_dist_checkpoint(const Storage& storage,
 Result<TorchDistCheckpoint> read_torch_dist_iteration(const Storage& storage,
                                                       const std::string& iter_dir,
                                                       int64_t iteration);
+
+// Reads the directory `iter_dir` itself, without a tracker: the directory that holds `.metadata`
+// (what a bug report attaches, or what a plain dist_checkpointing.save wrote). The iteration is
+// the one its name says (iter_NNNNNNN, checked against the common state's), else the common
+// state's 'iteration', else unknown (iteration_from "").
+Result<TorchDistCheckpoint> read_torch_dist_directory(const Storage& storage,
+                                                      const std::string& iter_dir);
 
 // What the checkpoint holds, for the model's own format (write_checkpoint_contents): every
 // tensor, every ShardedObject under its unique key, and the common state where it was found.

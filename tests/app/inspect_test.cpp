@@ -16,6 +16,7 @@
 #include "app/commands.h"
 #include "properties/checkpoint_inspection.h"
 #include "properties/properties.h"
+#include "tests/testing.h"
 
 namespace {
 
@@ -350,6 +351,85 @@ TEST(Inspect, RefusesADpReshardableResumeAtAnotherTp) {
               std::string::npos)
         << e.dump();
   }
+}
+
+// The directory a bug report attaches (the one holding `.metadata`) reads as the root does: the
+// iteration from its name, the same checks and the same outcome per revision.
+TEST(Inspect, ReadsTheIterationDirectoryItselfAsItsRoot) {
+  const std::string root = kFixtures + "/nv-f4502eb1c9__hybrid-offload1-dp2-resumed-steps-reset";
+  const Inspected whole = inspect(root, {"upstream-2874", "fix-complete"}, 0);
+  const Inspected iter = inspect(root + "/iter_0000006/", {"upstream-2874", "fix-complete"}, 0);
+  ASSERT_NE(iter.code, app::kExitInvalid) << iter.err;
+  EXPECT_EQ(iter.code, whole.code);
+  EXPECT_EQ(whole.out["iteration_from"], "the tracker");
+  EXPECT_EQ(iter.out["iteration_from"], "the directory's name");
+  EXPECT_EQ(iter.out["iteration"], 6);
+  EXPECT_EQ(iter.out["checks"], whole.out["checks"]);
+  EXPECT_EQ(iter.out["verdicts"], whole.out["verdicts"]);
+  EXPECT_EQ(iter.out["answer"], whole.out["answer"]);
+}
+
+// A torch_dist checkpoint the simulator writes for `scenario_json` (one phase), in a fresh
+// directory: the root holding the tracker.
+fs::path model_checkpoint(const std::string& name, const std::string& scenario_json) {
+  const fs::path dir = fs::temp_directory_path() / ("ckptsim-inspect-" + name);
+  fs::remove_all(dir);
+  sim::RunOptions options;
+  options.checkpoint_dir = dir.string();
+  options.checkpoint_format = sim::CheckpointFormat::kTorchDist;
+  test::run(test::scenario_from_json(scenario_json, name), options);
+  return dir / "phase_0";
+}
+
+const json* verdict_of(const json& out, const std::string& revision) {
+  for (const auto& v : out["verdicts"]) {
+    if (v["revision"] == revision) return &v;
+  }
+  return nullptr;
+}
+
+// Without TE, upstream-2874 cannot even build the HDO's config (TypeError in
+// is_te_min_version(), POST's utils.py): a fresh start fails the same way, so inspect says the
+// revision cannot run this configuration, not that the checkpoint does not resume; upstream
+// head, which answers False there, gets to the load.
+TEST(Inspect, TellsARevisionThatCannotRunTheConfigurationFromAFailingResume) {
+  const fs::path dir = model_checkpoint("no-te", R"({"seed": 1,
+    "params": [{"name": "w0", "numel": 96, "dtype": "bf16"}, {"name": "w1", "numel": 40, "dtype": "bf16"}],
+    "optimizer": {"kind": "hybrid", "lr": 0.01, "betas": [0.9, 0.95], "eps": 1e-8,
+                  "weight_decay": 0.1, "offload_fraction": 1.0, "transformer_engine": "absent"},
+    "phases": [{"dp": 1, "revision": "upstream-head", "steps": 3}]})");
+  const Inspected r = inspect(dir.string(), {"upstream-2874", "upstream-head"}, 0);
+  ASSERT_EQ(r.code, app::kExitFail) << r.err;
+  const json* post = verdict_of(r.out, "upstream-2874");
+  const json* head = verdict_of(r.out, "upstream-head");
+  ASSERT_TRUE(post != nullptr && head != nullptr) << r.out.dump(1);
+  EXPECT_EQ((*post)["class"], "this revision cannot run this configuration");
+  EXPECT_NE((*post)["cause"].get<std::string>().find("is_te_min_version"), std::string::npos);
+  EXPECT_NE((*head)["class"], "this revision cannot run this configuration");
+  EXPECT_NE(r.out["answer"].get<std::string>().find("upstream-2874 cannot run this configuration"),
+            std::string::npos)
+      << r.out["answer"];
+  fs::remove_all(dir.parent_path());
+}
+
+// Param groups that Megatron's default rule does not give (w0 without weight decay): the model
+// cannot infer the run, so every revision is 'cannot simulate', with the reason, and the static
+// checks still stand (exit 1, not 2: the checkpoint is readable).
+TEST(Inspect, SaysItCannotSimulateWhatItCannotInferAndStillChecks) {
+  const fs::path dir = model_checkpoint("groups", R"({"seed": 1,
+    "params": [{"name": "w0", "numel": 96, "dtype": "bf16", "wd_mult": 0.0},
+               {"name": "w1", "numel": 40, "dtype": "bf16"}],
+    "optimizer": {"kind": "fused_adam", "lr": 0.01, "betas": [0.9, 0.95], "eps": 1e-8,
+                  "weight_decay": 0.1},
+    "phases": [{"dp": 1, "revision": "upstream-head", "steps": 3}]})");
+  const Inspected r = inspect(dir.string(), {"upstream-head"}, 0);
+  ASSERT_EQ(r.code, app::kExitFail) << r.err;
+  EXPECT_EQ(r.out["checks"].size(), 4u);
+  ASSERT_EQ(r.out["verdicts"].size(), 1u);
+  EXPECT_EQ(r.out["verdicts"][0]["class"], "cannot simulate");
+  EXPECT_NE(r.out["cannot_simulate"].get<std::string>().find("--scenario"), std::string::npos)
+      << r.out["cannot_simulate"];
+  fs::remove_all(dir.parent_path());
 }
 
 TEST(Inspect, ExitsTwoOnADirectoryThatIsNoCheckpoint) {
