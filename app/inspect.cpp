@@ -101,6 +101,22 @@ Result<Loaded> open_metadata(const model::Storage& storage, const Source& source
     auto iteration = model::read_checkpoint_tracker(storage, "");
     if (!iteration.is_ok()) return iteration.status();
     out.iter_dir = model::iteration_dir_name(iteration.value());
+    if (!storage.exists(out.iter_dir)) {
+      // A save that crashed after the tracker (or a tracker copied without its data): say
+      // which iterations are there, each readable as DIR/iter_NNNNNNN.
+      std::vector<std::string> present;
+      if (auto names = storage.list(""); names.is_ok()) {
+        for (const auto& n : names.value()) {
+          if (n.starts_with("iter_")) present.push_back(n);
+        }
+      }
+      return Status::not_found(
+          fmt::format("{}: names iteration {}, but {} is absent{}", model::kTrackerFile,
+                      iteration.value(), out.iter_dir,
+                      present.empty() ? std::string(" (and no other iteration directory is there)")
+                                      : fmt::format("; present: {} (inspect DIR/{} reads one)",
+                                                    fmt::join(present, ", "), present.back())));
+    }
   }
   model::DcpReader reader(storage, out.iter_dir);
   if (Status s = reader.open(); !s.is_ok()) return s;
