@@ -239,6 +239,12 @@ Status choose_scenario(const InspectCommand& c, model::RevisionRegistry& registr
   return sim::check_scenario_fits(ck, r.inferred.scenario, r.inferred.dp_at_save);
 }
 
+// Megatron's save_checkpoint() stores the iteration in the common state; a script's plain
+// dist_checkpointing.save does not.
+bool has_training_loop_state(const model::TorchDistCheckpoint& ck) {
+  return ck.common.is_dict() && ck.common.dict()->contains("iteration");
+}
+
 // The first error that is a rank's own (not a peer's abort), if any.
 const sim::RankError* first_own_error(const std::vector<sim::RankError>& errors) {
   for (const auto& e : errors) {
@@ -332,7 +338,10 @@ void resume_each(const std::vector<sim::Revision>& revisions, std::ostream& prog
     progress << fmt::format(
         "inspect: resuming with {} at {}DP {}\n", rev.name,
         r.tp != 1 || r.pp != 1 ? fmt::format("TP {} x PP {} x ", r.tp, r.pp) : "", r.dp);
-    const sim::PhaseRecord rec = sim::resume_from_checkpoint(r.inferred.scenario, phase, converted);
+    sim::RunOptions options;
+    options.load_as_script = !has_training_loop_state(r.checkpoint);
+    const sim::PhaseRecord rec =
+        sim::resume_from_checkpoint(r.inferred.scenario, phase, converted, options);
     r.judgements.push_back(
         properties::judge_resume(rec, r.inferred.scenario, r.checkpoint, r.saved_step));
     r.verdicts.push_back(classify(r.judgements.back(), r.inferred.scenario, phase));
@@ -389,6 +398,12 @@ Result<Inspection> inspect_checkpoint(const InspectCommand& c, std::ostream& pro
   r.pp = c.pp > 0 ? c.pp : saved_model_parallel_size(r.checkpoint, "pipeline_model_parallel_size");
   r.saved_step = properties::saved_group_step(r.checkpoint)
                      .value_or(static_cast<double>(r.checkpoint.iteration));
+  if (!has_training_loop_state(r.checkpoint)) {
+    r.inferred.guesses.push_back(
+        "no training-loop state (no 'iteration' in the common state): each resume loads as a "
+        "script of its own does, dist_checkpointing.load then the model's and the optimizer's "
+        "load_state_dict (no iteration, scheduler or RNG; the steps count from 1)");
+  }
   resume_each(revisions.value(), progress, r);
   if (!r.cannot_simulate.empty()) {
     for (const auto& rev : revisions.value())

@@ -32,8 +32,10 @@ struct PhaseJob {
   int64_t steps = 0;
   const model::RevisionSwitches* switches = nullptr;
   const model::Storage* load_from = nullptr;  // null: fresh start
-  model::Storage* save_to = nullptr;          // null: no save
-  model::CheckpointFormat format;             // what the save writes (Scenario::format_of)
+  // Load as a script does (model::load_distributed_checkpoint), not as the training loop.
+  bool load_as_script = false;
+  model::Storage* save_to = nullptr;  // null: no save
+  model::CheckpointFormat format;     // what the save writes (Scenario::format_of)
   bool real_cuda = false;
   bool share_gathered_objects = true;  // RunOptions::share_gathered_objects
   bool trace_steps = true;             // RunOptions::trace_steps
@@ -247,8 +249,11 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, model::ProcessGroup
     int64_t iteration = 0;
     if (job.load_from != nullptr) {
       stage = "load";
-      iteration = model::load_checkpoint(ddp, opt, &*scheduler, *job.load_from, pg, *job.switches,
-                                         rt, &out.load);
+      iteration = job.load_as_script
+                      ? model::load_distributed_checkpoint(ddp, opt, *job.load_from, pg,
+                                                           *job.switches, rt, &out.load)
+                      : model::load_checkpoint(ddp, opt, &*scheduler, *job.load_from, pg,
+                                               *job.switches, rt, &out.load);
       out.uninitialized = uninitialized_after_load(opt, ddp, out.load);
       out.after_load = capture(opt, ddp, s.params, rank, true);
       out.trace.push_back(fmt::format("load phase={} rank={} iteration={} state={:016x}",
@@ -732,6 +737,7 @@ PhaseRecord resume_from_checkpoint(const Scenario& scenario, const PhaseSpec& ph
   job.trace_steps = options.trace_steps;
   job.set_arguments(scenario, phase);
   job.load_from = &checkpoint;
+  job.load_as_script = options.load_as_script;
   RunResult unused;
   run_phase(scenario, options, job, checkpoint, unused, rec);
   return rec;

@@ -61,6 +61,10 @@ struct RunOptions {
   // false leaves those lines out (and so gives another trace_hash): for a judge that reads only
   // the recorded states, not the trace; at 2^11 steps the hashing was about 6% of a search.
   bool trace_steps = true;
+  // resume_from_checkpoint only: load as a script of its own does (dist_checkpointing.load,
+  // then the model's and the optimizer's load_state_dict; model::load_distributed_checkpoint),
+  // for a checkpoint that holds no training-loop state.
+  bool load_as_script = false;
 };
 
 // Runs the scenario, whose phases carry their resolved revision profiles. Fails (Status) only

@@ -123,7 +123,62 @@ void check_tp_pp(const ModelParallelRank& run, const Value& common, const Loaded
       "checkpointing.py load_checkpoint()");
 }
 
+// dist_checkpointing.load(request), then model.load_state_dict() and
+// optimizer.load_state_dict(): what load_checkpoint() and a script's load share.
+Value load_model_and_optimizer(const Value& request, DistributedDataParallel& ddp,
+                               DistributedOptimizer& opt, const Storage& storage,
+                               ProcessGroup& group, const RevisionSwitches& switches, Runtime& rt,
+                               LoadReport* report) {
+  LoadOptions options;
+  options.reads_sharded_common_state = switches.common_state_as_sharded_object;
+  options.allows_class_globals = switches.common_load_allows_class_globals;
+  options.merge.truncate_optimizer_param_state_lists = switches.merge_truncates_param_state_lists;
+  options.strip_common_param_state = switches.load_strips_common_param_state;
+  options.allow_missing_keys = switches.load_allows_missing_keys;
+  options.skip_optimizer_piece = rt.rank() == 0 && rt.fault(fault::kSkipLoadPiece);
+  Value loaded = load(request, storage, group, options, report);
+  // model.load_state_dict(): the params were read in place; copy for fidelity.
+  const Dict& model_sd = *loaded.dict()->at("model").dict();
+  for (size_t i = 0; i < ddp.num_params(); ++i)
+    py_copy_(ddp.param(i), model_sd.at(ddp.specs()[i].name).tensor());
+  opt.load_state_dict(loaded.dict()->at("optimizer"));
+  return loaded;
+}
+
 }  // namespace
+
+int64_t load_distributed_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
+                                    const Storage& storage, ProcessGroup& group,
+                                    const RevisionSwitches& switches, Runtime& rt,
+                                    LoadReport* report) {
+  const Value common = load_common_state_dict(storage, switches.common_state_as_sharded_object,
+                                              switches.common_load_allows_class_globals);
+  LoadedFormat format = checkpoint_format(common);
+  const Dict* c = common.is_dict() ? common.dict().get() : nullptr;
+  if (c != nullptr && c->find("content_metadata") == nullptr) {
+    // The script passes the metadata its save had: the optimizer's own record of it.
+    const Value* o = c->find("optimizer");
+    const Value* type =
+        o != nullptr && o->is_dict() ? o->dict()->find("param_state_sharding_type") : nullptr;
+    if (type != nullptr && type->is_str()) {
+      const auto t = parse_sharding_type(type->as_str());
+      format = {t ? std::optional<CheckpointFormat>(CheckpointFormat{*t, false}) : std::nullopt,
+                type->as_str()};
+    }
+  }
+  if (!format.format.has_value()) {
+    throw UpstreamError("NotImplementedError", "Unknown sharding_type: " + format.sharding_type,
+                        "distrib_optimizer.py sharded_state_dict()");
+  }
+  const Value model_sd = ddp.sharded_state_dict();
+  const Value request = dict_value(
+      {{"model", model_sd},
+       {"optimizer", opt.sharded_state_dict(model_sd, /*is_loading=*/true, format.format)}});
+  const Value loaded =
+      load_model_and_optimizer(request, ddp, opt, storage, group, switches, rt, report);
+  const Value* it = loaded.dict()->find("iteration");
+  return it != nullptr && it->is_int() ? it->as_int() : 0;
+}
 
 int64_t load_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
                         OptimizerParamScheduler* scheduler, const Storage& storage,
@@ -140,20 +195,9 @@ int64_t load_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
   check_tp_pp(ddp.mp(), common, format);
   const Value request = generate_state_dict(ddp, opt, scheduler, /*iteration=*/0,
                                             /*is_loading=*/true, format.format, rt);
-  LoadOptions options;
-  options.reads_sharded_common_state = switches.common_state_as_sharded_object;
-  options.allows_class_globals = switches.common_load_allows_class_globals;
-  options.merge.truncate_optimizer_param_state_lists = switches.merge_truncates_param_state_lists;
-  options.strip_common_param_state = switches.load_strips_common_param_state;
-  options.allow_missing_keys = switches.load_allows_missing_keys;
-  options.skip_optimizer_piece = rt.rank() == 0 && rt.fault(fault::kSkipLoadPiece);
-  const Value loaded = load(request, storage, group, options, report);
-  // model.load_state_dict(): the params were read in place; copy for fidelity.
-  const Dict& model_sd = *loaded.dict()->at("model").dict();
-  for (size_t i = 0; i < ddp.num_params(); ++i)
-    py_copy_(ddp.param(i), model_sd.at(ddp.specs()[i].name).tensor());
   const auto runtime_bounds = lr_bounds(opt);
-  opt.load_state_dict(loaded.dict()->at("optimizer"));
+  const Value loaded =
+      load_model_and_optimizer(request, ddp, opt, storage, group, switches, rt, report);
   if (scheduler != nullptr) {
     load_scheduler(opt, *scheduler, *loaded.dict(), switches, runtime_bounds);
   }

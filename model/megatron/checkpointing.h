@@ -73,6 +73,20 @@ int64_t load_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
                         ProcessGroup& group, const RevisionSwitches& switches, Runtime& rt,
                         LoadReport* report = nullptr);
 
+// What a script of its own does with a checkpoint, outside Megatron's training loop (the
+// checkpoint holds no training-loop state: no 'iteration', 'args', scheduler or RNG):
+//   state = dist_checkpointing.load({'model': model.sharded_state_dict(),
+//       'optimizer': optimizer.sharded_state_dict(model_sd, is_loading=True, metadata=...)}, dir)
+//   model.load_state_dict(state['model']); optimizer.load_state_dict(state['optimizer'])
+// with the format the checkpoint says (content_metadata, else the optimizer's own
+// param_state_sharding_type, else dp_zero_gather_scatter). No (TP, PP) check, no scheduler.
+// Returns the common state's 'iteration' where it holds one, else 0. Collective over `group`;
+// the load's switches as load_checkpoint reads them.
+int64_t load_distributed_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
+                                    const Storage& storage, ProcessGroup& group,
+                                    const RevisionSwitches& switches, Runtime& rt,
+                                    LoadReport* report = nullptr);
+
 // Mirrors checkpointing.py save_checkpoint(): generate_state_dict(is_loading=False) then
 // dist_checkpointing.save with content_metadata(format) (where the common state goes:
 // common_state_as_sharded_object).

@@ -222,6 +222,10 @@ Result<TorchDistExportReport> export_torch_dist_checkpoint(const Storage& source
   TorchDistExportReport report;
   Result<Value> common = exported_common(source, index.value(), restorer, report.iteration);
   if (!common.is_ok()) return common.status();
+  if (options.without_training_loop_state) {
+    for (const char* k : {"iteration", "checkpoint_version", "args", "opt_param_scheduler"})
+      common.value().dict()->erase(k);
+  }
   report.iter_dir = join(dir, iteration_dir_name(report.iteration));
   report.common_pt = index.value().common_in_common_pt;
 
@@ -256,6 +260,7 @@ Result<TorchDistExportReport> export_torch_dist_checkpoint(const Storage& source
       !s.is_ok()) {
     return s;
   }
+  if (options.without_training_loop_state) return report;
   if (Status s = write_text(target, join(dir, kTrackerFile), std::to_string(report.iteration));
       !s.is_ok()) {
     return s;

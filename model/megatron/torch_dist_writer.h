@@ -70,6 +70,10 @@ struct TorchDistExportOptions {
   // "replay.emulation.StandinFusedAdam" for a load where TE is absent but the replay's
   // stand-in is importable (unpickling a param group imports its classes).
   std::map<std::string, std::string> class_renames;
+  // As a script's plain dist_checkpointing.save leaves it: the common state without the
+  // training loop's keys ('iteration', 'checkpoint_version', 'args', 'opt_param_scheduler')
+  // and no tracker; the iteration directory is still named by the run's iteration.
+  bool without_training_loop_state = false;
 };
 
 struct TorchDistExportReport {

@@ -14,6 +14,8 @@
 #include <sstream>
 
 #include "app/commands.h"
+#include "model/megatron/torch_dist_writer.h"
+#include "model/storage.h"
 #include "properties/checkpoint_inspection.h"
 #include "properties/properties.h"
 #include "tests/testing.h"
@@ -430,6 +432,50 @@ TEST(Inspect, SaysItCannotSimulateWhatItCannotInferAndStillChecks) {
   EXPECT_NE(r.out["cannot_simulate"].get<std::string>().find("--scenario"), std::string::npos)
       << r.out["cannot_simulate"];
   fs::remove_all(dir.parent_path());
+}
+
+// A checkpoint a script of its own wrote with a plain dist_checkpointing.save (no 'iteration',
+// 'args' or scheduler in the common state, no tracker; the issue-25 report attached its
+// iter_0000003 directory): it reads, and each revision resumes it as the script would load it,
+// dist_checkpointing.load then load_state_dict, instead of failing on the training loop's
+// missing keys. The saved state is the uninterrupted run's after 3 steps: upstream-head's
+// FusedAdam resumes it with t = 4, 5 and every element equal.
+TEST(Inspect, ResumesACheckpointWithoutTrainingLoopStateAsAScriptLoadsIt) {
+  const fs::path dir = fs::temp_directory_path() / "ckptsim-inspect-script-save";
+  fs::remove_all(dir);
+  const sim::Scenario s = test::scenario_from_json(R"({"seed": 1,
+    "params": [{"name": "w0", "numel": 96, "dtype": "bf16"}, {"name": "w1", "numel": 40, "dtype": "bf16"}],
+    "optimizer": {"kind": "fused_adam", "lr": 0.01, "betas": [0.9, 0.95], "eps": 1e-8,
+                  "weight_decay": 0.1},
+    "phases": [{"dp": 2, "revision": "upstream-head", "steps": 3}]})",
+                                                   "script-save");
+  sim::RunOptions options;
+  options.checkpoint_dir = (dir / "own").string();
+  test::run(s, options);
+  model::DirectoryStorage own(dir / "own" / "phase_0");
+  model::DirectoryStorage out(dir / "script");
+  model::TorchDistExportOptions plain;
+  plain.without_training_loop_state = true;
+  ASSERT_TRUE(model::export_torch_dist_checkpoint(own, out, "", plain).is_ok());
+  ASSERT_FALSE(fs::exists(dir / "script" / "latest_checkpointed_iteration.txt"));
+  app::InspectCommand c;
+  c.dir = (dir / "script" / "iter_0000003").string();
+  c.revisions = {"upstream-head"};
+  const Inspected r = inspect(c);
+  ASSERT_NE(r.code, app::kExitInvalid) << r.err;
+  EXPECT_EQ(r.out["iteration"], 3);
+  EXPECT_EQ(r.out["iteration_from"], "the directory's name");
+  ASSERT_EQ(r.out["resumes"].size(), 1u);
+  const json& j = r.out["resumes"][0];
+  EXPECT_EQ(j["class"], "resumes correctly") << j.dump(1);
+  EXPECT_EQ(j["errors"].size(), 0u) << j.dump(1);
+  EXPECT_EQ(j["elements_compared"], 3 * (96 + 40));
+  EXPECT_EQ(j["elements_equal"], j["elements_compared"]);
+  EXPECT_EQ(j["bias_correction_right"], true);
+  ASSERT_EQ(j["steps_used"].size(), 2u);
+  EXPECT_NE(j["steps_used"][0].get<std::string>().find("t=4 (right: t=4)"), std::string::npos)
+      << j["steps_used"];
+  fs::remove_all(dir);
 }
 
 TEST(Inspect, ExitsTwoOnADirectoryThatIsNoCheckpoint) {
