@@ -335,8 +335,9 @@ TEST(TraceChecks, TheStaleWeightDecayOfPR7468IsJudgedFromTheTrace) {
 
 TEST(TraceChecks, AScheduleKeptThroughAResumePassesFromTheTrace) {
   const auto run = test::run(test::scenario_file("scenarios/bug2-step-reset-dp2-to-4.json"));
-  const auto& v = trace_verdict(properties::judge_trace(report::trace_json(run), &run.scenario),
-                                "hyperparams_follow_schedule");
+  // By value: trace_verdict returns a reference into judge_trace's temporary result.
+  const auto v = trace_verdict(properties::judge_trace(report::trace_json(run), &run.scenario),
+                               "hyperparams_follow_schedule");
   EXPECT_EQ(v.verdict, properties::Verdict::kPass) << v.detail;
 }
 
@@ -381,7 +382,7 @@ TEST(TraceChecks, ALoadThatSkipsAKeyIsJudgedFromTheTrace) {
   EXPECT_EQ(v.signature, on_run.signature);
   EXPECT_EQ(v.signature, "load_writes_every_element:missing_key");
   EXPECT_NE(v.detail.find("(missing key)"), std::string::npos) << v.detail;
-  const auto& loaded = event(t, "phase1", "after_load");
+  const nlohmann::json loaded = event(t, "phase1", "after_load");
   ASSERT_TRUE(loaded.contains("unwritten"));
   EXPECT_FALSE(loaded["unwritten"].empty());
 

@@ -136,7 +136,9 @@ TEST(PartialLoadUninitializedMemory, NothingIsMarkedWithoutTorchEmptyState) {
       }
       for (const auto& st : p.after_step) EXPECT_FALSE(st.uninitialized.any()) << kind;
     }
-    for (const auto& e : report::trace_json(run)["runs"]) {
+    // Named: a range-for over a temporary's element would read it after it is destroyed.
+    const auto trace = report::trace_json(run);
+    for (const auto& e : trace["runs"]) {
       for (const auto& ev : e["events"]) EXPECT_FALSE(ev.contains("uninitialized")) << kind;
     }
   }

@@ -109,12 +109,12 @@ TEST(TraceJson, TpPpRanksHashTheirStagesTpPieces) {
     for (const auto& [name, h] : e["hashes"]["model_param"].items()) out.push_back(name);
     return out;
   };
-  const auto& saved1 = event_of(phase0, 1, "at_save");
+  const nlohmann::json saved1 = event_of(phase0, 1, "at_save");
   EXPECT_EQ(names(saved1), (std::vector<std::string>{"embedding", "layers.0.norm", "layers.0.proj",
                                                      "layers.0.qkv"}));
   EXPECT_EQ(names(event_of(phase0, 4, "at_save")),
             (std::vector<std::string>{"layers.1.fc", "layers.1.norm"}));
-  const auto& whole = event_of(t["runs"][2], 0, "after_load")["values"]["model_param"];
+  const nlohmann::json whole = event_of(t["runs"][2], 0, "after_load")["values"]["model_param"];
   const std::vector<float> proj =
       report::floats_of_base64(whole["layers.0.proj"].get<std::string>()).value();
   ASSERT_EQ(proj.size(), 32u * 48u);

@@ -47,8 +47,9 @@ TEST(InferScenario, ReadsAFullyReshardableCheckpointsSplitsFromItsChunks) {
   EXPECT_EQ(got.phases[0].dp, scenario["phases"][0]["dp"].get<int64_t>());
   ASSERT_EQ(got.params.size(), scenario["params"].size());
   for (const auto& want : scenario["params"]) {
-    const auto p = std::find_if(got.params.begin(), got.params.end(),
-                                [&](const auto& q) { return q.name == want["name"]; });
+    const auto p = std::find_if(got.params.begin(), got.params.end(), [&](const auto& q) {
+      return q.name == want["name"].get<std::string>();
+    });
     ASSERT_NE(p, got.params.end()) << want;
     EXPECT_EQ(model::tp_split_name(p->tp_split), want.value("tp_split", "replicated")) << want;
     EXPECT_EQ(p->wd_mult, want.value("wd_mult", 1.0)) << want;
