@@ -60,6 +60,7 @@
 #include <vector>
 
 #include "model/errors.h"
+#include "model/faulty_storage.h"
 #include "model/storage.h"
 
 namespace ckptsim::model {
@@ -146,6 +147,16 @@ struct PrefixedDirectoryFactory {
   std::unique_ptr<DirectoryStorage> base;
 };
 
+// A FaultyStorage without faults is its base (faulty_storage.h, invariant 1).
+struct FaultyMemoryFactory {
+  static std::string name() { return "FaultyMemory"; }
+  std::unique_ptr<Storage> make(StorageOptions options) {
+    base = std::make_unique<MemoryStorage>(options);
+    return std::make_unique<FaultyStorage>(*base, std::vector<StorageFault>{});
+  }
+  std::unique_ptr<MemoryStorage> base;
+};
+
 template <typename Factory>
 class StorageContract : public ::testing::Test {
  protected:
@@ -159,7 +170,7 @@ class StorageContract : public ::testing::Test {
 };
 
 using StorageKinds = ::testing::Types<MemoryFactory, DirectoryFactory, PrefixedMemoryFactory,
-                                      PrefixedDirectoryFactory>;
+                                      PrefixedDirectoryFactory, FaultyMemoryFactory>;
 struct StorageKindNames {
   template <typename T>
   static std::string GetName(int) {
