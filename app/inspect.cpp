@@ -257,19 +257,8 @@ const sim::RankError* first_own_error(const std::vector<sim::RankError>& errors)
 std::string resume_cause(const properties::ResumeJudgement& j) {
   if (j.error) return j.error->summary();
   if (!j.bias_correction_right) {
-    for (const auto& line : j.steps_used) {
-      // "step 7: HDO cpu AdamW t=2 (right: t=4)": the first step whose t is not the right one.
-      const size_t right = line.find(" (right: ");
-      const size_t colon = line.find(": ");
-      if (right == std::string::npos || colon == std::string::npos) continue;
-      const std::string used = line.substr(colon + 2, right - colon - 2);
-      const std::string want = line.substr(right + 9, line.size() - right - 10);
-      if (used.substr(used.rfind(' ') + 1) != want) {
-        return fmt::format("the step count does not continue: {} where {} is right",
-                           line.substr(0, right), want);
-      }
-    }
-    return "no step was taken after the load";
+    return j.first_wrong_step.empty() ? "no step was taken after the load"
+                                      : "the step count does not continue: " + j.first_wrong_step;
   }
   if (j.elements_equal != j.elements_compared) {
     return fmt::format(

@@ -443,10 +443,17 @@ ResumeJudgement judge_resume(const sim::PhaseRecord& rec, const sim::Scenario& s
   bool right = !rec.after_step.empty();
   for (size_t k = 0; k < rec.after_step.size(); ++k) {
     std::map<std::string, std::set<double>> used;
+    const double want = saved_step + static_cast<double>(k) + 1;
     for (const auto& sh : rec.after_step[k].shards) {
       if (!sh.step_used) continue;
       used[sim::part_name(sh.part)].insert(*sh.step_used);
-      if (*sh.step_used != saved_step + static_cast<double>(k) + 1) right = false;
+      if (*sh.step_used == want) continue;
+      right = false;
+      if (out.first_wrong_step.empty()) {
+        out.first_wrong_step =
+            fmt::format("step {}: {} t={} where t={} is right", rec.after_step[k].global_step,
+                        sim::part_name(sh.part), number_text(*sh.step_used), number_text(want));
+      }
     }
     std::vector<std::string> parts;
     for (const auto& [part, ts] : used) {
@@ -455,8 +462,7 @@ ResumeJudgement judge_resume(const sim::PhaseRecord& rec, const sim::Scenario& s
       parts.push_back(part + " t=" + join(t, ","));
     }
     out.steps_used.push_back(fmt::format("step {}: {} (right: t={})", rec.after_step[k].global_step,
-                                         join(parts, "; "),
-                                         number_text(saved_step + static_cast<double>(k) + 1)));
+                                         join(parts, "; "), number_text(want)));
   }
   out.bias_correction_right = right && !out.error;
   compare_tensors(rec, scenario, c, out);

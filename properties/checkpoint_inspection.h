@@ -92,9 +92,12 @@ struct ResumeJudgement {
   std::vector<std::string> steps_used;  // "step 7: HDO cpu AdamW t=2" per further step
   int64_t expected_first_t = 0;         // the saved counter + 1
   bool bias_correction_right = false;   // every part used saved + k at the k-th step
-  int64_t elements_compared = 0;        // master, exp_avg, exp_avg_sq after the load
-  int64_t elements_equal = 0;           //   that equal the checkpoint's, bit for bit
-  std::vector<std::string> uncovered;   // what the load left unwritten
+  // The first further step where a part's t is not saved + k: "step 7: HDO cpu AdamW t=2
+  // where t=4 is right"; empty when none is.
+  std::string first_wrong_step;
+  int64_t elements_compared = 0;       // master, exp_avg, exp_avg_sq after the load
+  int64_t elements_equal = 0;          //   that equal the checkpoint's, bit for bit
+  std::vector<std::string> uncovered;  // what the load left unwritten
   bool correct() const {
     return loaded && bias_correction_right && elements_equal == elements_compared &&
            uncovered.empty();

@@ -20,6 +20,7 @@
 #include "model/faulty_storage.h"
 #include "model/megatron/torch_dist_writer.h"
 #include "model/storage.h"
+#include "tests/app/inspect_testing.h"
 #include "tests/testing.h"
 
 namespace {
@@ -44,24 +45,11 @@ fs::path own_checkpoint(const fs::path& dir, int steps) {
   return dir / ("own" + std::to_string(steps)) / "phase_0";
 }
 
-struct Inspected {
-  int code = -1;
-  nlohmann::json out;
-  std::string err;
-};
-
-Inspected inspect(const fs::path& root) {
+test::Inspected inspect(const fs::path& root) {
   app::InspectCommand c;
   c.dir = root.string();
   c.revisions = {"upstream-head"};
-  c.json = true;
-  std::ostringstream out;
-  std::ostringstream err;
-  Inspected r;
-  r.code = app::inspect_command(c, out, err);
-  r.err = err.str();
-  if (!out.str().empty()) r.out = nlohmann::json::parse(out.str());
-  return r;
+  return test::inspect_json(c);
 }
 
 TEST(InspectCrashedSave, EveryFaultAtEveryWriteLeavesTheLastCompleteCheckpointOrANamedFile) {
@@ -91,7 +79,7 @@ TEST(InspectCrashedSave, EveryFaultAtEveryWriteLeavesTheLastCompleteCheckpointOr
       ASSERT_TRUE(model::export_torch_dist_checkpoint(own2, disk, "").is_ok());
       model::FaultyStorage faulty(disk, {{kind, "", static_cast<int64_t>(k)}});
       (void)model::export_torch_dist_checkpoint(own3, faulty, "");
-      const Inspected r = inspect(root);
+      const test::Inspected r = inspect(root);
       ++cases;
       const bool named_damage =
           kind == StorageFaultKind::kShort || (kind == StorageFaultKind::kTorn && k == tracker);
