@@ -255,6 +255,7 @@ std::string search_repeat_flags(const SearchCommand& c) {
     out += fmt::format(" --long-steps-max {}", c.long_steps_max);
   }
   if (c.stateful) out += " --stateful";
+  if (c.fault_space != defaults.fault_space) out += " --fault-space " + c.fault_space;
   return out;
 }
 
@@ -278,6 +279,13 @@ Result<search::SearchOptions> search_options(const SearchCommand& c) {
   g.long_steps_max = c.long_steps_max;
   g.stateful = c.stateful;
   g.faults = c.faults;
+  if (c.fault_space != "none" && c.fault_space != "storage") {
+    return Status::invalid_input("--fault-space must be none or storage, got " + c.fault_space);
+  }
+  g.storage_faults = c.fault_space == "storage";
+  if (g.storage_faults && g.stateful) {
+    return Status::invalid_input("--fault-space storage does not combine with --stateful");
+  }
   if (!c.kinds.empty()) {
     g.kinds.clear();
     for (const auto& k : c.kinds) {

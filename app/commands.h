@@ -155,6 +155,9 @@ struct SearchCommand {
   int64_t steps_max = 6;          // search::GeneratorConfig::steps_max
   int64_t long_steps_max = 4096;  // search::GeneratorConfig::long_steps_max (0: none)
   bool stateful = false;
+  // "storage": every case draws storage faults (search::GeneratorConfig::storage_faults);
+  // "none" (the default): none.
+  std::string fault_space = "none";
   bool coverage = false;  // print what the search drew (search::Coverage)
   // Threads (0: every core, std::thread::hardware_concurrency). check: threads judging cases;
   // gate: in all, the two searches at once (each with half) from 2 on. Never changes what a

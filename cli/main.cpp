@@ -63,6 +63,12 @@ void add_search_flags(CLI::App* cmd, app::SearchCommand& f) {
   cmd->add_flag("--coverage", f.coverage,
                 "Print what the search drew (optimizer kinds, DP sizes and reshards, steps per "
                 "phase, revisions, dtypes, param groups, layout), as counts and shares");
+  cmd->add_option("--fault-space", f.fault_space,
+                  "storage: every case's save meets storage faults (a crash before or after a "
+                  "file, a torn or short file, a full disk, at a shard, object, metadata.json or "
+                  "the tracker) and the next job resumes from what the tracker names; none: no "
+                  "storage faults")
+      ->capture_default_str();
   cmd->add_flag("--stateful", f.stateful,
                 "Draw the save/resume cycles as a RapidCheck command sequence (Train(k), "
                 "SaveResume(dp, revision))");

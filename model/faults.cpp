@@ -35,6 +35,16 @@ const std::vector<FaultSite>& fault_sites() {
        "global batch size, so a warmup, decay or increment given in iterations runs that many "
        "times slower. The uninterrupted run shares it, so only an absolute check sees it",
        "hyperparams_follow_schedule"},
+      {fault::kTrackerBeforeData,
+       "save_checkpoint writes the tracker (latest_checkpointed_iteration.txt) before the "
+       "checkpoint's files, so a save that stops part-way leaves the tracker naming an "
+       "iteration whose files are not all there",
+       "tracker_names_saved_state"},
+      {fault::kSkipDamagedPieces,
+       "the load skips a saved piece whose file is missing or too short (its elements keep "
+       "what the load request held) instead of failing, as a reader that tolerates a partial "
+       "checkpoint would",
+       "resume_after_crash_is_complete"},
   };
   return sites;
 }

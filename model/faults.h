@@ -29,6 +29,8 @@ inline constexpr const char* kMisalignParamStart = "layout.misalign_param_start"
 inline constexpr const char* kStepCounterBf16 = "optimizer.step_counter_bf16";
 inline constexpr const char* kSkipLoadPiece = "load.skip_piece";
 inline constexpr const char* kSchedulerPerIteration = "scheduler.increment_per_iteration";
+inline constexpr const char* kTrackerBeforeData = "save.tracker_before_data";
+inline constexpr const char* kSkipDamagedPieces = "load.skip_damaged_pieces";
 }  // namespace fault
 
 }  // namespace ckptsim::model

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <utility>
 
 namespace ckptsim::model {
@@ -35,9 +36,10 @@ std::string StorageFault::text() const {
                      path_suffix.empty() ? "any file" : "'*" + path_suffix + "'");
 }
 
-FaultyStorage::FaultyStorage(Storage& base, std::vector<StorageFault> faults)
+FaultyStorage::FaultyStorage(Storage& base, std::vector<StorageFault> faults, size_t page_bytes)
     : base_(base),
       faults_(std::move(faults)),
+      page_bytes_(std::max<size_t>(page_bytes, 1)),
       seen_(faults_.size(), 0),
       done_(faults_.size(), false) {}
 
@@ -60,19 +62,25 @@ Status FaultyStorage::write_file(const std::string& path, std::span<const char> 
   }
   if (!firing) {
     Status s = base_.write_file(path, bytes);
-    if (s.is_ok()) landed_.push_back(fmt::format("{} ({} bytes)", path, bytes.size()));
+    if (s.is_ok()) {
+      landed_.push_back(fmt::format("{} ({} bytes)", path, bytes.size()));
+      whole_[path] = true;
+    }
     return s;
   }
   const StorageFault& f = faults_[*firing];
   fired_.push_back(f.text() + ": " + path);
-  const auto half = bytes.first(bytes.size() / 2);
+  const auto half = bytes.first(bytes.size() / 2 / page_bytes_ * page_bytes_);
   switch (f.kind) {
     case StorageFaultKind::kCrashBefore:
       crashed_ = true;
       return Status::io_error(path + ": not written: the process crashed (" + fired_.back() + ")");
     case StorageFaultKind::kCrashAfter: {
       Status s = base_.write_file(path, bytes);
-      if (s.is_ok()) landed_.push_back(fmt::format("{} ({} bytes)", path, bytes.size()));
+      if (s.is_ok()) {
+        landed_.push_back(fmt::format("{} ({} bytes)", path, bytes.size()));
+        whole_[path] = true;
+      }
       crashed_ = true;
       return s.is_ok() ? Status::io_error(path + ": written, then the process crashed (" +
                                           fired_.back() + ")")
@@ -84,6 +92,7 @@ Status FaultyStorage::write_file(const std::string& path, std::span<const char> 
       if (s.is_ok()) {
         landed_.push_back(fmt::format("{} ({}: {} of {} bytes)", path,
                                       storage_fault_kind_name(f.kind), half.size(), bytes.size()));
+        whole_[path] = half.size() == bytes.size();
       }
       if (f.kind == StorageFaultKind::kShort) return s;
       crashed_ = true;
@@ -112,6 +121,17 @@ Result<std::vector<std::string>> FaultyStorage::list(const std::string& dir) con
 
 Status FaultyStorage::remove_all(const std::string& dir) { return base_.remove_all(dir); }
 
+Status FaultyStorage::rename(const std::string& from, const std::string& to) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (crashed_) {
+      return Status::io_error(from + ": not renamed: the process crashed before (" + fired_.back() +
+                              ")");
+    }
+  }
+  return base_.rename(from, to);
+}
+
 std::string FaultyStorage::describe() const { return base_.describe() + ", with faults"; }
 
 bool FaultyStorage::crashed() const {
@@ -122,6 +142,12 @@ bool FaultyStorage::crashed() const {
 std::vector<std::string> FaultyStorage::fired() const {
   std::lock_guard<std::mutex> lock(mu_);
   return fired_;
+}
+
+bool FaultyStorage::landed_whole(const std::string& path) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = whole_.find(path);
+  return it != whole_.end() && it->second;
 }
 
 std::vector<std::string> FaultyStorage::landed() const {

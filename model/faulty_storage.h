@@ -10,10 +10,14 @@
 //   torn          the first half of the bytes land, then the process stops (a torn file);
 //   short         half of the bytes land and the write reports success (a disk that lost the
 //                 tail, an unsynced file after a power loss): the process goes on;
+//                 with `page_bytes` > 1 what lands of a torn or short write is whole pages: half
+//                 the bytes rounded down to a multiple of it (a small file, one write() of less
+//                 than two pages, lands empty: open('w') truncated it, and a crash does not split
+//                 one small write, nor does a power loss keep part of one page);
 //   disk_full     ENOSPC: the write fails (io_error naming the path; nothing lands) and later
 //                 writes go on.
-// Reads, exists, list and remove_all pass through to the base (a crash stops writes only: what
-// the next process reads is what landed).
+// Reads, exists, list, remove_all and rename (until a crash) pass through to the base (a crash
+// stops writes only: what the next process reads is what landed).
 //
 // Invariants:
 //   1. Without faults it is the base: every Storage invariant of storage.h holds (the contract
@@ -27,6 +31,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -54,7 +59,7 @@ struct StorageFault {
 class FaultyStorage final : public Storage {
  public:
   // REQUIRES: base outlives this object.
-  FaultyStorage(Storage& base, std::vector<StorageFault> faults);
+  FaultyStorage(Storage& base, std::vector<StorageFault> faults, size_t page_bytes = 1);
 
   Status write_file(const std::string& path, std::span<const char> bytes) override;
   Result<std::vector<char>> read_file(const std::string& path) const override;
@@ -63,21 +68,28 @@ class FaultyStorage final : public Storage {
   bool exists(const std::string& path) const override;
   Result<std::vector<std::string>> list(const std::string& dir) const override;
   Status remove_all(const std::string& dir) override;
+  // A crashed process renames nothing (io_error); otherwise the base's rename, counted by no
+  // fault.
+  Status rename(const std::string& from, const std::string& to) override;
   std::string describe() const override;
 
   bool crashed() const;
   std::vector<std::string> fired() const;   // "torn at ...: iter_0000003/__1_0.distcp" each
   std::vector<std::string> landed() const;  // "path (n bytes)", "path (torn: n of m bytes)"
+  // Whether the last write of `path` that reached the base landed whole.
+  bool landed_whole(const std::string& path) const;
 
  private:
   Storage& base_;
   const std::vector<StorageFault> faults_;
+  const size_t page_bytes_;
   mutable std::mutex mu_;
   std::vector<int64_t> seen_;  // guarded by mu_: writes each fault has counted
   std::vector<bool> done_;     // guarded by mu_
   bool crashed_ = false;       // guarded by mu_
   std::vector<std::string> fired_;
   std::vector<std::string> landed_;
+  std::map<std::string, bool> whole_;  // guarded by mu_: path -> its last landed write was whole
 };
 
 }  // namespace ckptsim::model

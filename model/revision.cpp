@@ -182,6 +182,11 @@ const std::vector<SwitchDef>& switch_defs() {
                   "HEAD d98e8a64dd: save() stores the common state as ShardedObject "
                   "'common_state' (no common.pt); load_common_state_dict() reads either",
                   &RevisionSwitches::common_state_as_sharded_object),
+      bool_switch("save_replaces_directory_when_whole",
+                  "a fix of ours: a save into an iteration directory that exists writes a fresh "
+                  "directory and renames it over the old one once whole (upstream writes over "
+                  "it in place, so a crash mid-save mixes two checkpoints under the tracker)",
+                  &RevisionSwitches::save_replaces_directory_when_whole),
       bool_switch("scheduler_restores_wd_before_step",
                   "PR #7468: the scheduler's load_state_dict() restores the weight decay's values "
                   "before it steps (upstream: after; the first step after a resume uses the "

@@ -184,6 +184,12 @@ struct RevisionSwitches {
   // as one ShardedObject 'common_state' inside the checkpoint, with no common.pt; its loader
   // reads either. Older loaders read common.pt only, and fail on HEAD's checkpoints.
   bool common_state_as_sharded_object = false;
+  // A fix of ours (issue 25): a save into an iteration directory that already exists (upstream
+  // writes over it in place, "Overwriting old incomplete / corrupted checkpoint"; the exit save
+  // of a job resumed at train_iters, training.py:2056, writes the very checkpoint it loaded)
+  // goes to a fresh directory that replaces the old one only once whole, so a crash mid-save
+  // leaves the committed checkpoint as it was.
+  bool save_replaces_directory_when_whole = false;
   // --- optimizer_param_scheduler.py / training/checkpointing.py -------------------------------
   // PR #7468: load_state_dict() restores the weight decay's values before its step(num_steps)
   // (upstream steps first: the first step after a resume uses the config's weight decay).

@@ -268,6 +268,29 @@ Status DirectoryStorage::remove_all(const std::string& dir) {
   return Status::ok();
 }
 
+Status DirectoryStorage::rename(const std::string& from, const std::string& to) {
+  if (Status s = validate_file_path(from); !s.is_ok()) return s;
+  if (Status s = validate_file_path(to); !s.is_ok()) return s;
+  std::error_code ec;
+  const fs::path a = resolve(from);
+  const fs::path b = resolve(to);
+  if (!fs::exists(a, ec)) {
+    return Status::not_found(
+        fmt::format("rename {} in {}: no such file or directory", path_text(from), describe()));
+  }
+  if (fs::exists(b, ec)) {
+    return Status::io_error(fmt::format("rename {} to {} in {}: the target exists", path_text(from),
+                                        path_text(to), describe()));
+  }
+  fs::create_directories(b.parent_path(), ec);
+  if (!ec) fs::rename(a, b, ec);
+  if (ec) {
+    return Status::io_error(fmt::format("rename {} to {} in {}: {}", path_text(from), path_text(to),
+                                        describe(), ec.message()));
+  }
+  return Status::ok();
+}
+
 // ---------------------------------------------------------------------------------------
 // MemoryStorage
 
@@ -394,6 +417,46 @@ Status MemoryStorage::remove_all(const std::string& dir) {
   return Status::ok();
 }
 
+Status MemoryStorage::rename(const std::string& from, const std::string& to) {
+  if (Status s = validate_file_path(from); !s.is_ok()) return s;
+  if (Status s = validate_file_path(to); !s.is_ok()) return s;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (files_.count(from) == 0 && dirs_.count(from) == 0) {
+    return Status::not_found(
+        fmt::format("rename {} in memory: no such file or directory", path_text(from)));
+  }
+  if (files_.count(to) != 0 || dirs_.count(to) != 0 || is_under(to, from)) {
+    return Status::io_error(
+        fmt::format("rename {} to {} in memory: the target exists or lies "
+                    "below the source",
+                    path_text(from), path_text(to)));
+  }
+  if (std::string a = file_ancestor_locked(to); !a.empty()) {
+    return Status::io_error(fmt::format("rename to {} in memory: {} is a file, not a directory",
+                                        path_text(to), path_text(a)));
+  }
+  const auto moved = [&](const std::string& path) { return to + path.substr(from.size()); };
+  std::vector<std::pair<std::string, std::shared_ptr<const std::vector<char>>>> files;
+  for (auto it = files_.lower_bound(from + "/"); it != files_.end() && is_under(it->first, from);) {
+    files.emplace_back(moved(it->first), std::move(it->second));
+    it = files_.erase(it);
+  }
+  if (const auto it = files_.find(from); it != files_.end()) {
+    files.emplace_back(to, std::move(it->second));
+    files_.erase(it);
+  }
+  std::vector<std::string> dirs;
+  for (auto it = dirs_.lower_bound(from + "/"); it != dirs_.end() && is_under(*it, from);) {
+    dirs.push_back(moved(*it));
+    it = dirs_.erase(it);
+  }
+  if (dirs_.erase(from) != 0) dirs.push_back(to);
+  for (std::string& a : ancestors(to)) dirs_.insert(std::move(a));
+  for (auto& d : dirs) dirs_.insert(std::move(d));
+  for (auto& [path, bytes] : files) files_[path] = std::move(bytes);
+  return Status::ok();
+}
+
 // ---------------------------------------------------------------------------------------
 // PrefixedStorage
 
@@ -448,8 +511,20 @@ Status PrefixedStorage::remove_all(const std::string& dir) {
   return Status::ok();
 }
 
+Status PrefixedStorage::rename(const std::string& from, const std::string& to) {
+  if (Status s = validate_file_path(from); !s.is_ok()) return s;
+  if (Status s = validate_file_path(to); !s.is_ok()) return s;
+  return base_.rename(full(from), full(to));
+}
+
 std::unique_ptr<Storage> subdir(Storage& base, std::string prefix) {
   return std::make_unique<PrefixedStorage>(base, std::move(prefix));
+}
+
+std::unique_ptr<const Storage> subdir(const Storage& base, std::string prefix) {
+  // PrefixedStorage holds a mutable reference; the const result reaches only its const methods,
+  // which call only the base's const methods.
+  return std::make_unique<const PrefixedStorage>(const_cast<Storage&>(base), std::move(prefix));
 }
 
 }  // namespace ckptsim::model

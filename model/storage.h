@@ -86,6 +86,10 @@ class Storage {
   // Removes a file or a directory with everything below it; absent is ok (rm -rf).
   // remove_all("") empties the root but keeps it.
   virtual Status remove_all(const std::string& dir) = 0;
+  // Moves the file or directory `from` (with everything below it) to `to`, at once (rename(2)
+  // on a disk: a reader sees it at one path or the other). not_found when `from` is absent;
+  // io_error when `to` exists. Creates `to`'s missing parent directories.
+  virtual Status rename(const std::string& from, const std::string& to) = 0;
   // "directory /tmp/x", "memory", "directory /tmp/x, under phase_0": for messages.
   virtual std::string describe() const = 0;
 };
@@ -101,6 +105,7 @@ class DirectoryStorage final : public Storage {
   bool exists(const std::string& path) const override;
   Result<std::vector<std::string>> list(const std::string& dir) const override;
   Status remove_all(const std::string& dir) override;
+  Status rename(const std::string& from, const std::string& to) override;
   std::string describe() const override;
 
   const std::filesystem::path& root() const { return root_; }
@@ -126,6 +131,7 @@ class MemoryStorage final : public Storage {
   bool exists(const std::string& path) const override;
   Result<std::vector<std::string>> list(const std::string& dir) const override;
   Status remove_all(const std::string& dir) override;
+  Status rename(const std::string& from, const std::string& to) override;
   std::string describe() const override;
 
   size_t bytes_stored() const;
@@ -157,6 +163,7 @@ class PrefixedStorage final : public Storage {
   bool exists(const std::string& path) const override;
   Result<std::vector<std::string>> list(const std::string& dir) const override;
   Status remove_all(const std::string& dir) override;
+  Status rename(const std::string& from, const std::string& to) override;
   std::string describe() const override;
 
  private:
@@ -168,5 +175,7 @@ class PrefixedStorage final : public Storage {
 
 // Short-hand for a PrefixedStorage; same REQUIRES.
 std::unique_ptr<Storage> subdir(Storage& base, std::string prefix);
+// A read-only view of `base` below `prefix` (only const methods are reachable): same REQUIRES.
+std::unique_ptr<const Storage> subdir(const Storage& base, std::string prefix);
 
 }  // namespace ckptsim::model

@@ -74,5 +74,11 @@ PropertyResult reshard_round_trip_bytes(const sim::RunResult& run);          // 
 PropertyResult load_writes_every_element(const sim::RunResult& run);         // checkpoint.cpp
 PropertyResult layout_invariants(const sim::RunResult& run);                 // layout.cpp
 PropertyResult hyperparams_follow_schedule(const sim::RunResult& run);       // schedule.cpp
+PropertyResult resume_after_crash_is_complete(const sim::RunResult& run);    // crash.cpp
+PropertyResult tracker_names_saved_state(const sim::RunResult& run);         // crash.cpp
+
+// Whether `e` of phase `p` is what a storage fault made: a save that met one, or a load after
+// one. resume_after_crash_is_complete judges those; the other properties do not count them.
+bool storage_fault_error(const sim::PhaseRecord& p, const sim::RankError& e);  // crash.cpp
 
 }  // namespace ckptsim::properties

@@ -75,6 +75,15 @@ const std::vector<Property>& all_properties() {
        "every element a load requests is written from the checkpoint (absolute: no reference)",
        load_writes_every_element, trace_load_writes_every_element,
        "PropertyCanary.LoadWritesEveryElementCatchesASkippedPiece", nullptr, ""},
+      {"resume_after_crash_is_complete",
+       "after a storage fault the resume loads the newest committed checkpoint whole, or fails "
+       "loudly; never a partial or older one",
+       resume_after_crash_is_complete, nullptr,
+       "PropertyCanary.ResumeAfterCrashCatchesALoaderThatSkipsDamagedPieces", nullptr, ""},
+      {"tracker_names_saved_state",
+       "the iteration the tracker names is the iteration its directory holds, whole",
+       tracker_names_saved_state, nullptr,
+       "PropertyCanary.TrackerNamesSavedStateCatchesATrackerWrittenBeforeTheData", nullptr, ""},
   };
   return props;
 }

@@ -42,7 +42,7 @@ PropertyResult resume_completes(const sim::RunResult& run) {
   int loads = 0;
   for (const auto& p : run.phases) {
     if (!p.ran) continue;
-    if (const auto* e = first_primary(p.errors)) {
+    if (const auto* e = first_primary(p.errors); e != nullptr && !storage_fault_error(p, *e)) {
       return fail(
           std::move(r), static_cast<int>(p.index),
           "resume_completes:" + e->stage + ":" + e->py_type + "@" + e->site + ":" +

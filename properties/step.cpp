@@ -89,7 +89,7 @@ PropertyResult step_matches_uninterrupted(const sim::RunResult& run) {
   std::string signature;
   int first_phase = -1;
   for (const auto& p : run.phases) {
-    if (p.index == 0) continue;
+    if (p.index == 0 || p.started_fresh) continue;  // no resume (no tracker: from random)
     if (!p.ran) {
       // No resume to judge: the checkpoint it would load does not exist (a trace says the
       // same of its skipped run).

@@ -163,6 +163,9 @@ Result<Trace> parse(const json& j, const std::string& source) {
       run.load_from = r.value("load_from", std::string());
       if (const auto te = r.find("te"); te != r.end() && te->is_string()) run.te = *te;
       run.fused_adam_standin = r.value("fused_adam_standin", false);
+      if (const auto f = r.find("storage_faults"); f != r.end() && f->is_array()) {
+        for (const auto& x : *f) run.storage_faults.push_back(x.get<std::string>());
+      }
       for (const auto& e : r.at("events")) run.events.push_back(parse_event(e));
       t.runs.push_back(std::move(run));
     }

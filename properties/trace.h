@@ -101,6 +101,8 @@ struct Run {
   std::string load_from;
   std::string te;  // "real", "emulated", "absent", "modeled", or "" (a skipped run)
   bool fused_adam_standin = false;
+  // The storage faults its save met ("storage_faults": model::FaultyStorage::fired()).
+  std::vector<std::string> storage_faults;
   std::vector<Event> events;
 };
 

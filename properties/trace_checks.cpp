@@ -58,8 +58,13 @@ TraceVerdict trace_no_duplicate_leaves(const Trace& t) {
 }
 
 TraceVerdict trace_resume_completes(const Trace& t) {
-  for (const auto& run : t.runs) {
-    if (const Event* e = first_primary_error(run)) {
+  bool after_storage_fault = false;  // as resume_completes: what a storage fault caused is not
+  for (const auto& run : t.runs) {   // counted (runs are in phase order, the reference first)
+    const Event* e = first_primary_error(run);
+    const bool caused = e != nullptr && ((e->stage == "save" && !run.storage_faults.empty()) ||
+                                         (e->stage == "load" && after_storage_fault));
+    after_storage_fault = after_storage_fault || !run.storage_faults.empty();
+    if (e != nullptr && !caused) {
       return failed(
           "resume_completes", run.id,
           "resume_completes:" + std::string(run.id == "reference" ? "reference:" : "") + e->stage +

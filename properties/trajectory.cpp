@@ -285,7 +285,7 @@ PropertyResult trajectory_matches_uninterrupted(const sim::RunResult& run) {
   std::string not_evaluated;
   for (const auto& p : run.phases) {
     if (!p.ran) continue;
-    if (p.index > 0) {
+    if (p.index > 0 && !p.started_fresh) {  // a phase that found no tracker loaded nothing
       if (!p.after_load.has_value()) {
         if (not_evaluated.empty()) not_evaluated = phase_label(p) + ": the load did not complete";
         continue;
@@ -319,22 +319,23 @@ PropertyResult round_trip_identity(const sim::RunResult& run) {
   Resting resting;
   std::string resting_origin;
   for (const auto& p : run.phases) {
-    if (p.index == 0) continue;
-    const auto& prev = run.phases[p.index - 1];
-    const sim::GlobalState* saved = prev.at_save.has_value() ? &*prev.at_save : nullptr;
+    if (p.index == 0 || p.started_fresh) continue;
+    const sim::PhaseRecord* prev = run.loaded_from(p);
+    const sim::GlobalState* saved =
+        prev != nullptr && prev->at_save.has_value() ? &*prev->at_save : nullptr;
     if (!p.ran || !p.after_load.has_value() || saved == nullptr) {
       if (not_evaluated.empty()) not_evaluated = phase_label(p) + ": the load did not complete";
       continue;
     }
     ++loads;
     const bool same_arguments =
-        run.scenario.schedule_of(p.index) == run.scenario.schedule_of(p.index - 1);
+        run.scenario.schedule_of(p.index) == run.scenario.schedule_of(prev->index);
     const int64_t resting_before = resting.count;
     if (auto d = round_trip_difference(run, *p.after_load, *saved, same_arguments, resting)) {
       return fail(std::move(r), static_cast<int>(p.index), "round_trip_identity:" + d->first,
                   fmt::format("{}: the load did not give back what phase {} saved at global "
                               "step {}: {}",
-                              phase_label(p), p.index - 1, saved->global_step, d->second));
+                              phase_label(p), prev->index, saved->global_step, d->second));
     }
     if (resting_before == 0 && resting.count > 0) {
       resting_origin =

@@ -314,9 +314,13 @@ json phase_run(const sim::RunResult& run, const sim::PhaseRecord& p, bool values
            {"revision", p.spec.profile->name},
            {"start_step", p.start_step},
            {"steps", p.spec.steps},
-           {"load", p.index > 0},
+           {"load", p.index > 0 && !p.started_fresh},
            {"save", p.spec.save}};
-  if (p.index > 0) out["load_from"] = fmt::format("phase{}", p.index - 1);
+  // The phase whose save it loaded (after a crash, not always the one before it).
+  if (p.index > 0 && !p.started_fresh) {
+    out["load_from"] = fmt::format("phase{}", p.loaded_phase.value_or(p.index - 1));
+  }
+  if (!p.storage_faults_fired.empty()) out["storage_faults"] = p.storage_faults_fired;
   put_model_parallel(p.spec, out);
   if (!p.ran) {
     out["status"] = "skipped";

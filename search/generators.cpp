@@ -619,6 +619,52 @@ Status GeneratorConfig::validate() const {
   return Status::ok();
 }
 
+namespace {
+
+rc::Gen<sim::StorageFaultSpec> gen_storage_fault() {
+  return gen::exec([] {
+    sim::StorageFaultSpec f;
+    f.kind = *gen::element(model::StorageFaultKind::kCrashBefore,
+                           model::StorageFaultKind::kCrashAfter, model::StorageFaultKind::kTorn,
+                           model::StorageFaultKind::kShort, model::StorageFaultKind::kDiskFull);
+    f.file = *gen::weightedElement<sim::SaveFile>({{1, sim::SaveFile::kAny},
+                                                   {2, sim::SaveFile::kShard},
+                                                   {1, sim::SaveFile::kObject},
+                                                   {2, sim::SaveFile::kMetadata},
+                                                   {2, sim::SaveFile::kTracker}});
+    f.nth = *gen::weightedOneOf<int64_t>(
+        {{4, gen::just<int64_t>(0)}, {2, gen::just<int64_t>(1)}, {1, gen::inRange<int64_t>(2, 9)}});
+    return f;
+  });
+}
+
+// GeneratorConfig::storage_faults: a second phase where there is one, one fault in the save of
+// a phase before the last, now and then another in a later phase; no resume arguments.
+void draw_storage_faults(sim::Scenario& s) {
+  if (s.phases.size() < 2) {
+    sim::PhaseSpec resume = s.phases.front();
+    resume.steps = *gen::inRange<int64_t>(0, 4);
+    s.phases.push_back(resume);
+    cap_total_steps(s);
+  }
+  for (auto& p : s.phases) {
+    p.save = true;
+    p.schedule.reset();
+    p.opt_param_scheduler = model::SchedulerResume::kNeither;
+  }
+  const auto last = static_cast<int64_t>(s.phases.size()) - 1;
+  const auto first = static_cast<size_t>(*gen::inRange<int64_t>(0, last));
+  s.phases[first].storage_faults.push_back(*gen_storage_fault());
+  if (*gen::weightedElement<bool>({{3, false}, {1, true}})) {
+    const auto second =
+        static_cast<size_t>(*gen::inRange<int64_t>(static_cast<int64_t>(first), last + 1));
+    if (s.phases[second].storage_faults.size() < sim::Scenario::kStorageFaultsMax)
+      s.phases[second].storage_faults.push_back(*gen_storage_fault());
+  }
+}
+
+}  // namespace
+
 int64_t phase_dp_max(const GeneratorConfig& config, const sim::Scenario& s) {
   return s.pad_buckets_for_high_nccl_busbw ? std::min<int64_t>(config.dp_max, kPaddedDpMax)
                                            : config.dp_max;
@@ -656,6 +702,7 @@ rc::Gen<sim::Scenario> gen_scenario(const GeneratorConfig& config) {
     for (size_t i = 1; i < s.phases.size(); ++i) draw_resume_arguments(s, i);
     draw_formats(config, s);
     draw_model_parallel(config, s, kModelParallelWorldMax);
+    if (config.storage_faults) draw_storage_faults(s);
     s.faults = config.faults;
     s.name = "generated";
     return s;

@@ -98,6 +98,14 @@ struct GeneratorConfig {
   // check and gate draw them by default (app::SearchCommand::long_steps_max, 4096).
   int64_t steps_max = 6;
   int64_t long_steps_max = 0;
+  // Draw storage faults (`check --fault-space storage`; issue 25): every scenario has two
+  // phases or more and one storage fault in the save of a phase that another resumes after
+  // (sim::StorageFaultSpec: crash_before, crash_after, torn, short or disk_full, at the nth
+  // write of a shard, object, metadata.json, the tracker or any file; nth 0 mostly), and now
+  // and then a second one in another phase. No resume changes its lr or weight decay, since a
+  // resume after a crash starts at an earlier iteration than the phase boundary. Shrinks toward
+  // nth 0 and fewer faults.
+  bool storage_faults = false;
   // Draw the phases as a RapidCheck stateful command sequence (gen_scenario_stateful).
   bool stateful = false;
   // Draw from the campaign profile (above) instead of the search's. REQUIRES: !stateful.

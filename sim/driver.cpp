@@ -8,9 +8,11 @@
 
 #include <ATen/ops/empty.h>
 
+#include "model/faulty_storage.h"
 #include "model/megatron/checkpointing.h"
 #include "model/megatron/optimizer_key.h"
 #include "model/megatron/optimizer_param_scheduler.h"
+#include "model/megatron/torch_dist_checkpoint.h"
 #include "sim/gradients.h"
 #include "sim/local_world.h"
 
@@ -31,11 +33,16 @@ struct PhaseJob {
   int64_t pp = 1;
   int64_t steps = 0;
   const model::RevisionSwitches* switches = nullptr;
-  const model::Storage* load_from = nullptr;  // null: fresh start
+  // The training loop's --load directory (model::load_latest_checkpoint: the tracker, then its
+  // iter_NNNNNNN/), or a checkpoint directory itself (load_from: one saved elsewhere); both
+  // null: a fresh start.
+  const model::Storage* load_root = nullptr;
+  const model::Storage* load_from = nullptr;
   // Load as a script does (model::load_distributed_checkpoint), not as the training loop.
   bool load_as_script = false;
-  model::Storage* save_to = nullptr;  // null: no save
-  model::CheckpointFormat format;     // what the save writes (Scenario::format_of)
+  // The training loop's --save directory (model::save_checkpoint_to_root); null: no save.
+  model::Storage* save_root = nullptr;
+  model::CheckpointFormat format;  // what the save writes (Scenario::format_of)
   bool real_cuda = false;
   bool share_gathered_objects = true;  // RunOptions::share_gathered_objects
   bool trace_steps = true;             // RunOptions::trace_steps
@@ -58,6 +65,26 @@ struct PhaseJob {
   }
 };
 
+// A job of `spec`'s world, revision and arguments, as phase `phase_id` (no load, no save yet).
+PhaseJob phase_job(const Scenario& scenario, const RunOptions& options,
+                   const std::vector<at::Tensor>& init, const PhaseSpec& spec, int64_t phase_id,
+                   bool real_cuda) {
+  PhaseJob job;
+  job.scenario = &scenario;
+  job.initial_params = &init;
+  job.phase_id = phase_id;
+  job.dp = spec.dp;
+  job.tp = spec.tp;
+  job.pp = spec.pp;
+  job.steps = spec.steps;
+  job.switches = &spec.profile->switches;
+  job.real_cuda = real_cuda;
+  job.share_gathered_objects = options.share_gathered_objects;
+  job.trace_steps = options.trace_steps;
+  job.set_arguments(scenario, spec);
+  return job;
+}
+
 // What one rank recorded in one phase.
 struct RankRecord {
   std::vector<std::string> trace;
@@ -67,7 +94,9 @@ struct RankRecord {
   std::optional<RankState> after_load;
   std::vector<RankState> steps;  // after each step
   std::optional<model::SaveReport> save;
-  RankState at_save;  // right after the save (when it completed)
+  RankState at_save;           // right after the save (when it completed)
+  bool started_fresh = false;  // the load found no tracker
+  bool save_started = false;   // it reached its save
   model::LoadReport load;
   // What the load left holding torch.empty contents (sim/probe.h).
   std::vector<UninitializedSlice> uninitialized;
@@ -247,26 +276,40 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, model::ProcessGroup
     out.initial = capture(opt, ddp, s.params, rank, job.phase_id == 0);
 
     int64_t iteration = 0;
-    if (job.load_from != nullptr) {
+    if (job.load_from != nullptr || job.load_root != nullptr) {
       stage = "load";
-      iteration = job.load_as_script
-                      ? model::load_distributed_checkpoint(ddp, opt, *job.load_from, pg,
-                                                           *job.switches, rt, &out.load)
-                      : model::load_checkpoint(ddp, opt, &*scheduler, *job.load_from, pg,
+      std::optional<int64_t> loaded;
+      if (job.load_root != nullptr) {
+        loaded = model::load_latest_checkpoint(ddp, opt, &*scheduler, *job.load_root, pg,
                                                *job.switches, rt, &out.load);
-      out.uninitialized = uninitialized_after_load(opt, ddp, out.load);
-      out.after_load = capture(opt, ddp, s.params, rank, true);
-      out.trace.push_back(fmt::format("load phase={} rank={} iteration={} state={:016x}",
-                                      job.phase_id, rank, iteration,
-                                      rank_state_hash(*out.after_load, rank)));
+      } else {
+        loaded = job.load_as_script
+                     ? model::load_distributed_checkpoint(ddp, opt, *job.load_from, pg,
+                                                          *job.switches, rt, &out.load)
+                     : model::load_checkpoint(ddp, opt, &*scheduler, *job.load_from, pg,
+                                              *job.switches, rt, &out.load);
+      }
+      if (loaded.has_value()) {
+        iteration = *loaded;
+        out.uninitialized = uninitialized_after_load(opt, ddp, out.load);
+        out.after_load = capture(opt, ddp, s.params, rank, true);
+        out.trace.push_back(fmt::format("load phase={} rank={} iteration={} state={:016x}",
+                                        job.phase_id, rank, iteration,
+                                        rank_state_hash(*out.after_load, rank)));
+      } else {
+        out.started_fresh = true;
+        out.trace.push_back(fmt::format("load phase={} rank={} no tracker: starting from random",
+                                        job.phase_id, rank));
+      }
     }
     out.start_step = iteration;
     stage = "train";
     iteration = train(job, rt, ddp, opt, scheduler, iteration, out);
-    if (job.save_to != nullptr) {
+    if (job.save_root != nullptr) {
       stage = "save";
-      out.save = model::save_checkpoint(ddp, opt, &*scheduler, iteration, *job.save_to, pg,
-                                        *job.switches, job.format, rt);
+      out.save_started = true;
+      out.save = model::save_checkpoint_to_root(ddp, opt, &*scheduler, iteration, *job.save_root,
+                                                pg, *job.switches, job.format, rt);
       out.at_save = capture(opt, ddp, s.params, rank, true);
       out.trace.push_back(fmt::format("save phase={} rank={} iteration={} pieces={}", job.phase_id,
                                       rank, iteration, out.save->pieces->size()));
@@ -366,19 +409,9 @@ Result<std::unique_ptr<model::Storage>> open_storage(const RunOptions& options,
 // 1. The uninterrupted reference run: every step of every phase at phases[0]'s DP and revision.
 void run_reference(const Scenario& scenario, const RunOptions& options,
                    const std::vector<at::Tensor>& init, RunResult& result) {
-  PhaseJob job;
-  job.scenario = &scenario;
-  job.initial_params = &init;
-  job.phase_id = kReferencePhaseId;
-  job.dp = scenario.phases.front().dp;
-  job.tp = scenario.phases.front().tp;
-  job.pp = scenario.phases.front().pp;
+  PhaseJob job = phase_job(scenario, options, init, scenario.phases.front(), kReferencePhaseId,
+                           result.gpu_resident);
   job.steps = scenario.total_steps();
-  job.switches = &scenario.phases.front().profile->switches;
-  job.real_cuda = result.gpu_resident;
-  job.share_gathered_objects = options.share_gathered_objects;
-  job.trace_steps = options.trace_steps;
-  job.set_arguments(scenario, scenario.phases.front());
   const std::vector<model::ScheduleConfig> intended = intended_schedules(scenario);
   int64_t first = 1;
   for (size_t i = 0; i < scenario.phases.size(); ++i) {
@@ -527,9 +560,21 @@ std::string phase_status(const PhaseRecord& rec) {
   return "failed: " + rec.errors.front().summary();
 }
 
-// 2. One phase: a fresh world of spec.dp ranks that loads what the previous phase saved.
+// The phase whose save wrote the iteration `rec` loaded: the last earlier one that saved it
+// (a phase of no steps saves again the iteration it loaded). nullopt: it loaded none, or a
+// checkpoint saved elsewhere (resume_from_checkpoint).
+std::optional<size_t> loaded_phase(const RunResult& result, const PhaseRecord& rec) {
+  if (!rec.after_load.has_value()) return std::nullopt;
+  for (size_t j = std::min(rec.index, result.phases.size()); j-- > 0;) {
+    if (result.phases[j].save_iteration == rec.start_step) return j;
+  }
+  return std::nullopt;
+}
+
+// 2. One phase: a fresh world of spec.dp ranks that loads what the tracker in `root` names (or
+// the checkpoint `root` is, for resume_from_checkpoint) and saves into `root`.
 void run_phase(const Scenario& scenario, const RunOptions& options, const PhaseJob& job,
-               const model::Storage& store, RunResult& result, PhaseRecord& rec) {
+               const model::Storage& root, RunResult& result, PhaseRecord& rec) {
   const auto outs = run_world(job);
   check_ranks_agree(outs);
   check_shared_unchanged(outs);
@@ -539,13 +584,25 @@ void run_phase(const Scenario& scenario, const RunOptions& options, const PhaseJ
   for (const auto& o : outs) {
     for (const auto& line : o.trace) result.trace.push_back(line);
   }
-  gather_phase(scenario, outs, store, rec);
-  // The checkpoint this phase loaded: the previous phase's save (none for a checkpoint saved
-  // elsewhere, resume_from_checkpoint).
-  const GlobalState* checkpoint = rec.index > 0 && result.phases.size() >= rec.index &&
-                                          result.phases[rec.index - 1].at_save.has_value()
-                                      ? &*result.phases[rec.index - 1].at_save
-                                      : nullptr;
+  rec.started_fresh = outs.front().started_fresh;
+  // The iteration its save wrote, where every rank started it (a rank stopped by another's
+  // failure in the save has started it too).
+  const bool saved = std::all_of(outs.begin(), outs.end(), [&](const RankRecord& o) {
+    return o.save_started || (o.error.has_value() && o.error->secondary &&
+                              static_cast<int64_t>(o.steps.size()) == job.steps &&
+                              std::any_of(outs.begin(), outs.end(),
+                                          [](const RankRecord& x) { return x.save_started; }));
+  });
+  if (job.save_root != nullptr && saved) rec.save_iteration = rec.start_step + job.steps;
+  const auto saved_dir = model::subdir(
+      root, model::iteration_dir_name(rec.save_iteration >= 0 ? rec.save_iteration : 0));
+  gather_phase(scenario, outs, *saved_dir, rec);
+  rec.loaded_phase = loaded_phase(result, rec);
+  // The checkpoint this phase loaded: the save that wrote it.
+  const GlobalState* checkpoint =
+      rec.loaded_phase.has_value() && result.phases[*rec.loaded_phase].at_save.has_value()
+          ? &*result.phases[*rec.loaded_phase].at_save
+          : nullptr;
   std::vector<std::vector<UninitializedSlice>> slices;
   for (const auto& o : outs) slices.push_back(o.uninitialized);
   mark_uninitialized(scenario, checkpoint, slices, rec);
@@ -564,6 +621,85 @@ void run_phase(const Scenario& scenario, const RunOptions& options, const PhaseJ
                                  phase_status(rec)));
   }
 }
+
+// Torn and short writes land whole pages (model::FaultyStorage): a small file lands empty.
+constexpr size_t kPageBytes = 4096;
+
+// What a check reads of the checkpoint directory `root` (PhaseRecord::OnDisk).
+PhaseRecord::OnDisk observe_checkpoint_directory(const model::Storage& root) {
+  PhaseRecord::OnDisk d;
+  const auto bytes = root.read_file(std::string(model::kTrackerFile));
+  if (!bytes.is_ok()) return d;
+  d.tracker = std::string(bytes.value().begin(), bytes.value().end());
+  d.named = model::tracker_iteration(root);
+  if (!d.named.has_value()) return d;
+  const std::string dir = model::iteration_dir_name(*d.named);
+  if (!root.exists(dir)) {
+    d.problem = dir + ": no such directory";
+    return d;
+  }
+  const auto files = model::subdir(root, dir);
+  d.problem = model::checkpoint_problem(*files);
+  if (!d.problem.empty()) return d;
+  const auto common = model::read_common_state(*files);
+  const model::Value* it = common.is_ok() && common.value().is_dict()
+                               ? common.value().dict()->find("iteration")
+                               : nullptr;
+  if (it != nullptr && it->is_int()) d.files_iteration = it->as_int();
+  return d;
+}
+
+// Removes what an earlier run saved in the checkpoint directory (its iter_* directories and its
+// tracker), nothing else.
+Status clear_checkpoints(model::Storage& root) {
+  auto names = root.list("");
+  if (!names.is_ok())
+    return names.status().code() == Status::Code::kNotFound ? Status::ok() : names.status();
+  for (const auto& name : names.value()) {
+    if (name.starts_with("iter_") || name == model::kTrackerFile) {
+      if (Status s = root.remove_all(name); !s.is_ok()) return s;
+    }
+  }
+  return Status::ok();
+}
+
+// The job after `prev` runs: `prev` completed and saved, or its save met a storage fault (the
+// job stopped or raised there; the next job resumes from what the tracker names).
+bool resumes_after(const PhaseRecord& prev) {
+  if (prev.completed) return prev.spec.save;
+  if (!prev.ran || prev.storage_faults_fired.empty()) return false;
+  return std::all_of(prev.errors.begin(), prev.errors.end(),
+                     [](const RankError& e) { return e.secondary || e.stage == "save"; });
+}
+
+// What the driver knows of the checkpoint directory across phases, the judges' ground truth
+// (PhaseRecord::committed_before, after_storage_fault, on_disk): the newest save whose tracker
+// write landed whole, and whether a storage fault has fired.
+class CheckpointHistory {
+ public:
+  void before_phase(PhaseRecord& rec) const {
+    rec.committed_before = committed_;
+    rec.after_storage_fault = fault_fired_;
+  }
+  void after_phase(const model::FaultyStorage& save_root, const model::Storage& root,
+                   PhaseRecord& rec, std::vector<std::string>& trace) {
+    rec.storage_faults_fired = save_root.fired();
+    rec.crashed = save_root.crashed();
+    for (const auto& f : rec.storage_faults_fired) {
+      trace.push_back(fmt::format("storage fault phase={} {}", rec.index, f));
+      rec.short_write = rec.short_write || f.starts_with("short");
+    }
+    fault_fired_ = fault_fired_ || !rec.storage_faults_fired.empty();
+    if (rec.save_iteration < 0) return;
+    if (save_root.landed_whole(std::string(model::kTrackerFile)))
+      committed_ = {{rec.save_iteration, rec.index}};
+    rec.on_disk = observe_checkpoint_directory(root);
+  }
+
+ private:
+  std::optional<std::pair<int64_t, size_t>> committed_;
+  bool fault_fired_ = false;
+};
 
 // Where phases save: `root` (memory, or options.checkpoint_dir), and with --checkpoint-format
 // torch_dist `export_root` (the directory, which then gets the exports while the simulator's own
@@ -663,44 +799,41 @@ Result<RunResult> run_scenario(const Scenario& scenario, const RunOptions& optio
   const std::vector<at::Tensor> init = initial_params(scenario);
   run_reference(scenario, options, init, result);
 
-  std::vector<std::unique_ptr<model::Storage>> stores;
+  // One checkpoint directory for every phase, as a job's --save and --load: iter_NNNNNNN/ and
+  // the tracker. The search's checkpoints stay in memory (root), so clearing it is cheap.
+  if (Status cleared = clear_checkpoints(*root); !cleared.is_ok()) return cleared;
+  CheckpointHistory history;
   for (size_t i = 0; i < scenario.phases.size(); ++i) {
     const PhaseSpec& spec = scenario.phases[i];
     PhaseRecord rec;
     rec.index = i;
     rec.spec = spec;
-    const bool previous_ok =
-        i == 0 || (result.phases.back().completed && scenario.phases[i - 1].save);
-    if (!previous_ok) {
+    if (i > 0 && !resumes_after(result.phases.back())) {
       result.trace.push_back(fmt::format("phase={} not run: phase {} did not complete", i, i - 1));
       result.phases.push_back(std::move(rec));
       continue;
     }
-    const std::string prefix = fmt::format("phase_{}", i);
-    Status cleared = root->remove_all(prefix);
-    if (!cleared.is_ok()) return cleared;
-    stores.push_back(model::subdir(*root, prefix));
     trace_phase_start(scenario, i, result.trace);
-    PhaseJob job;
-    job.scenario = &scenario;
-    job.initial_params = &init;
-    job.phase_id = static_cast<int64_t>(i);
-    job.dp = spec.dp;
-    job.tp = spec.tp;
-    job.pp = spec.pp;
-    job.steps = spec.steps;
-    job.switches = &spec.profile->switches;
-    job.real_cuda = result.gpu_resident;
-    job.share_gathered_objects = options.share_gathered_objects;
-    job.trace_steps = options.trace_steps;
-    job.set_arguments(scenario, spec);
-    job.load_from = i > 0 ? stores[stores.size() - 2].get() : nullptr;
-    job.save_to = spec.save ? stores.back().get() : nullptr;
+    std::vector<model::StorageFault> faults;
+    for (const auto& f : spec.storage_faults) faults.push_back(f.fault());
+    model::FaultyStorage save_root(*root, std::move(faults), kPageBytes);
+    PhaseJob job =
+        phase_job(scenario, options, init, spec, static_cast<int64_t>(i), result.gpu_resident);
+    job.load_root = i > 0 ? root.get() : nullptr;
+    job.save_root = spec.save ? &save_root : nullptr;
     job.format = scenario.format_of(i);
-    run_phase(scenario, options, job, *stores.back(), result, rec);
+    history.before_phase(rec);
+    run_phase(scenario, options, job, *root, result, rec);
+    history.after_phase(save_root, *root, rec, result.trace);
+    const std::string saved_dir = model::iteration_dir_name(rec.save_iteration);
+    const bool exported = export_torch_dist && rec.save_iteration >= 0 &&
+                          rec.storage_faults_fired.empty() &&
+                          root->exists(saved_dir + "/metadata.json");
     result.phases.push_back(std::move(rec));
-    if (export_torch_dist && spec.save && stores.back()->exists("metadata.json")) {
-      if (Status st = export_phase(options, *stores.back(), *export_root, prefix, i); !st.is_ok())
+    if (exported) {
+      const auto saved = model::subdir(*root, saved_dir);
+      if (Status st = export_phase(options, *saved, *export_root, fmt::format("phase_{}", i), i);
+          !st.is_ok())
         return st;
     }
   }
@@ -709,6 +842,11 @@ Result<RunResult> run_scenario(const Scenario& scenario, const RunOptions& optio
   result.trace_hash = h;
   result.trace.push_back(fmt::format("trace_hash={:016x}", h));
   return result;
+}
+
+std::string saved_directory(const RunResult& run, size_t i) {
+  if (i >= run.phases.size() || run.phases[i].save_iteration < 0) return "";
+  return model::iteration_dir_name(run.phases[i].save_iteration);
 }
 
 PhaseRecord resume_from_checkpoint(const Scenario& scenario, const PhaseSpec& phase,
@@ -723,19 +861,8 @@ PhaseRecord resume_from_checkpoint(const Scenario& scenario, const PhaseSpec& ph
   rec.spec = phase;
   rec.spec.save = false;
   const std::vector<at::Tensor> init = initial_params(scenario);
-  PhaseJob job;
-  job.scenario = &scenario;
-  job.initial_params = &init;
-  job.phase_id = 1;
-  job.dp = phase.dp;
-  job.tp = phase.tp;
-  job.pp = phase.pp;
-  job.steps = phase.steps;
-  job.switches = &phase.profile->switches;
-  job.real_cuda = have_gpu && options.device != DeviceChoice::kCpu;
-  job.share_gathered_objects = options.share_gathered_objects;
-  job.trace_steps = options.trace_steps;
-  job.set_arguments(scenario, phase);
+  PhaseJob job = phase_job(scenario, options, init, phase, /*phase_id=*/1,
+                           have_gpu && options.device != DeviceChoice::kCpu);
   job.load_from = &checkpoint;
   job.load_as_script = options.load_as_script;
   RunResult unused;

@@ -34,7 +34,10 @@ enum class DeviceChoice { kAuto, kCpu, kCuda };
 
 // How a phase's checkpoint is written to the checkpoint directory.
 //   kCkptsim   the model's own format (model/megatron/serialization.h), what the simulator
-//              saves and loads: phase_<i>/{metadata.json, shards/, objects/, common.pt}.
+//              saves and loads, in the training loop's layout: one directory for every phase
+//              (a job's --save and --load alike), iter_NNNNNNN/{metadata.json, shards/,
+//              objects/, common.pt} per saved iteration and latest_checkpointed_iteration.txt
+//              (model::save_checkpoint_to_root); saved_directory() names a phase's.
 //   kTorchDist Megatron's torch_dist format in the training loop's layout
 //              (model/megatron/torch_dist_writer.h), for real Megatron to load:
 //              phase_<i>/{latest_checkpointed_iteration.txt, iter_NNNNNNN/}. The simulator
@@ -46,7 +49,9 @@ struct RunOptions {
   // Where 'cuda' state lives: kCpu simulates the device (CPU tensors, CPU kernels); kCuda keeps
   // it on the real GPU (CUDA FusedAdam kernel); kAuto picks kCuda when real_cuda_available().
   DeviceChoice device = DeviceChoice::kCpu;
-  // Empty: an in-memory store. Otherwise a directory; phase i saves to <dir>/phase_<i>/.
+  // Empty: an in-memory store. Otherwise a directory: the own format's checkpoints (kCkptsim;
+  // a run first removes the iter_* directories and the tracker an earlier run left there) or
+  // the exports (kTorchDist: <dir>/phase_<i>/).
   std::string checkpoint_dir;
   // Only with a checkpoint_dir.
   CheckpointFormat checkpoint_format = CheckpointFormat::kCkptsim;
@@ -72,6 +77,10 @@ struct RunOptions {
 // Upstream errors inside the run are outcomes in the result.
 // REQUIRES: every phase's profile is set (parse_scenario and the generators set it).
 Result<RunResult> run_scenario(const Scenario& scenario, const RunOptions& options = {});
+
+// Where phase `i` of `run` saved, in the checkpoint directory: "iter_NNNNNNN" ("" when it
+// saved nothing). A phase of no steps saves into the directory it loaded.
+std::string saved_directory(const RunResult& run, size_t i);
 
 // One resume from a checkpoint saved elsewhere (the real code's, through
 // model/megatron/torch_dist_checkpoint.h): a fresh world of phase.dp ranks of phase.profile

@@ -236,6 +236,39 @@ struct PhaseRecord {
   std::string checkpoint_read_error;
   std::vector<std::pair<std::string, int64_t>> fault_firings;
 
+  // Storage faults (issue 25; PhaseSpec::storage_faults): what this phase's save met
+  // (model::FaultyStorage::fired(), in order; empty: none fired), whether the job stopped
+  // there (a crash, not an error of the code), and whether a short write fired (the disk lost
+  // data it had reported written).
+  std::vector<std::string> storage_faults_fired;
+  bool crashed = false;
+  bool short_write = false;
+  // The training loop's checkpoint directory around this phase, as the driver saw it (the
+  // judges' ground truth, not the code under test's):
+  //   committed_before   the newest save whose tracker write landed whole before this phase
+  //                      started: its iteration and phase (nullopt: none);
+  //   loaded_phase       the phase whose save wrote the iteration this phase loaded (nullopt:
+  //                      it loaded none);
+  //   started_fresh      the load found no tracker and started from random;
+  //   after_storage_fault  a storage fault fired in an earlier phase's save.
+  std::optional<std::pair<int64_t, size_t>> committed_before;
+  std::optional<size_t> loaded_phase;
+  bool started_fresh = false;
+  bool after_storage_fault = false;
+  int64_t save_iteration = -1;  // the iteration this phase's save wrote (-1: it saved none)
+  // After this phase's save (or its attempt): what the tracker said and what the iteration
+  // directory it names holds. tracker: its text (nullopt: no tracker); named: the iteration it
+  // names (nullopt: none); problem: what keeps that directory from being a whole checkpoint
+  // ("" when nothing; model::checkpoint_problem); files_iteration: its common state's
+  // 'iteration'.
+  struct OnDisk {
+    std::optional<std::string> tracker;
+    std::optional<int64_t> named;
+    std::string problem;
+    std::optional<int64_t> files_iteration;
+  };
+  std::optional<OnDisk> on_disk;
+
   // The state this phase ended in (and saved): after its last step, else after its load, else
   // its initial state.
   const GlobalState* final_state() const;
@@ -253,6 +286,11 @@ struct RunResult {
   bool gpu_resident = false;        // 'cuda' state lived on a real GPU
 
   const GlobalState* reference_at(int64_t global_step) const;  // nullptr when out of range
+  // The phase whose save `p` loaded (PhaseRecord::loaded_phase); nullptr when none.
+  const PhaseRecord* loaded_from(const PhaseRecord& p) const {
+    return p.loaded_phase.has_value() && *p.loaded_phase < phases.size() ? &phases[*p.loaded_phase]
+                                                                         : nullptr;
+  }
 };
 
 // Gathers the ranks' captures (rank order; null for a rank that captured nothing) into the

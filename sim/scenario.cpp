@@ -111,6 +111,49 @@ int64_t Scenario::total_steps() const {
   return n;
 }
 
+bool Scenario::has_storage_faults() const {
+  return std::any_of(phases.begin(), phases.end(),
+                     [](const PhaseSpec& p) { return !p.storage_faults.empty(); });
+}
+
+namespace {
+constexpr std::pair<SaveFile, const char*> kSaveFiles[] = {{SaveFile::kAny, "any"},
+                                                           {SaveFile::kShard, "shard"},
+                                                           {SaveFile::kObject, "object"},
+                                                           {SaveFile::kMetadata, "metadata"},
+                                                           {SaveFile::kTracker, "tracker"}};
+}  // namespace
+
+std::string save_file_name(SaveFile f) {
+  for (const auto& [file, name] : kSaveFiles) {
+    if (file == f) return name;
+  }
+  return "?";
+}
+
+std::optional<SaveFile> parse_save_file(std::string_view name) {
+  for (const auto& [file, n] : kSaveFiles) {
+    if (n == name) return file;
+  }
+  return std::nullopt;
+}
+
+std::string save_file_suffix(SaveFile f) {
+  switch (f) {
+    case SaveFile::kAny:
+      return "";
+    case SaveFile::kShard:
+      return ".bin";
+    case SaveFile::kObject:
+      return ".pt";
+    case SaveFile::kMetadata:
+      return "metadata.json";
+    case SaveFile::kTracker:
+      return "latest_checkpointed_iteration.txt";
+  }
+  return "";
+}
+
 int64_t Scenario::total_numel() const {
   int64_t n = 0;
   for (const auto& p : params) n += p.numel;
@@ -463,15 +506,56 @@ Status parse_phase_schedule(const Reader& r, const json& p, const std::string& p
                     phase.opt_param_scheduler);
 }
 
+// phases[i].storage_faults.
+Status parse_storage_faults(const Reader& r, const json& p, const std::string& path,
+                            PhaseSpec& phase) {
+  if (!p.contains("storage_faults")) return Status::ok();
+  const json& list = p.at("storage_faults");
+  const std::string at = path + ".storage_faults";
+  if (!list.is_array() || list.size() > Scenario::kStorageFaultsMax) {
+    return r.error(at, fmt::format("must be an array of at most {} {{kind, file, nth}}, got {}",
+                                   Scenario::kStorageFaultsMax, list.dump()));
+  }
+  for (size_t k = 0; k < list.size(); ++k) {
+    const json& f = list[k];
+    const std::string fp = fmt::format("{}[{}]", at, k);
+    if (!f.is_object()) return r.error(fp, "must be an object {kind, file, nth}");
+    CKPTSIM_TRY(r.check_fields(f, fp, {"kind", "file", "nth"}));
+    StorageFaultSpec spec;
+    std::string kind;
+    CKPTSIM_TRY(r.string(f, "kind", fp + ".kind", kind));
+    const auto parsed_kind = model::parse_storage_fault_kind(kind);
+    if (!parsed_kind) {
+      return r.error(fp + ".kind",
+                     "must be one of crash_before, crash_after, torn, short, "
+                     "disk_full, got \"" +
+                         kind + "\"");
+    }
+    spec.kind = *parsed_kind;
+    std::string file;
+    CKPTSIM_TRY(r.string(f, "file", fp + ".file", file, std::string("any")));
+    const auto parsed_file = parse_save_file(file);
+    if (!parsed_file) {
+      return r.error(fp + ".file",
+                     "must be one of any, shard, object, metadata, tracker, got \"" + file + "\"");
+    }
+    spec.file = *parsed_file;
+    CKPTSIM_TRY(r.integer(f, "nth", fp + ".nth", 0, Scenario::kStorageFaultNthMax, spec.nth, 0));
+    phase.storage_faults.push_back(spec);
+  }
+  return Status::ok();
+}
+
 Status parse_phase(const Reader& r, const json& p, const std::string& path, bool last,
                    const std::string& source, model::RevisionRegistry& registry,
                    const model::ScheduleConfig& schedule, PhaseSpec& phase) {
   if (!p.is_object()) return r.error(path, "must be an object");
-  CKPTSIM_TRY(
-      r.check_fields(p, path,
-                     {"dp", "tp", "pp", "revision", "steps", "save", "schedule",
-                      "opt_param_scheduler", "sharding_type", "fully_reshardable_mem_efficient"}));
+  CKPTSIM_TRY(r.check_fields(
+      p, path,
+      {"dp", "tp", "pp", "revision", "steps", "save", "schedule", "opt_param_scheduler",
+       "sharding_type", "fully_reshardable_mem_efficient", "storage_faults"}));
   CKPTSIM_TRY(parse_phase_schedule(r, p, path, schedule, phase));
+  CKPTSIM_TRY(parse_storage_faults(r, p, path, phase));
   if (p.contains("sharding_type") || p.contains("fully_reshardable_mem_efficient")) {
     model::ShardingType type = model::ShardingType::kDpReshardable;
     bool mem_efficient = false;
@@ -492,6 +576,9 @@ Status parse_phase(const Reader& r, const json& p, const std::string& path, bool
   if (!phase.save && !last) {
     return r.error(path + ".save",
                    "must be true: the next phase resumes from this phase's checkpoint");
+  }
+  if (!phase.save && !phase.storage_faults.empty()) {
+    return r.error(path + ".storage_faults", "a phase that saves nothing has no save to fail");
   }
   return Status::ok();
 }
@@ -713,6 +800,11 @@ json scenario_to_json(const Scenario& s) {
     if (p.sharding_type.has_value())
       pj["sharding_type"] = model::sharding_type_name(*p.sharding_type);
     if (p.mem_efficient.has_value()) pj["fully_reshardable_mem_efficient"] = *p.mem_efficient;
+    for (const auto& f : p.storage_faults) {
+      pj["storage_faults"].push_back({{"kind", model::storage_fault_kind_name(f.kind)},
+                                      {"file", save_file_name(f.file)},
+                                      {"nth", f.nth}});
+    }
     j["phases"].push_back(pj);
   }
   if (!s.faults.empty()) j["faults"] = s.faults;

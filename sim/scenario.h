@@ -41,6 +41,11 @@
 //                            ("override"|"use_checkpoint"|"neither", the default: Megatron's
 //                            --override-opt_param-scheduler / --use-checkpoint-opt_param-
 //                            scheduler)}]
+//                           storage_faults: [{kind* ("crash_before"|"crash_after"|"torn"|
+//                            "short"|"disk_full"), file ("shard"|"object"|"metadata"|"tracker"|
+//                            "any", the default), nth (0-based, default 0)}]: this phase's save
+//                            fails there (model/faulty_storage.h; at most kStorageFaultsMax);
+//                            the next phase resumes from what the tracker names
 //     faults                [fault site names] — deliberately broken model variants, for
 //                            testing the checkers (see model/faults.h)
 //     expect                {"ok": bool, "properties": {name: bool | verdict name},
@@ -60,9 +65,11 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "model/config.h"
+#include "model/faulty_storage.h"
 #include "model/revision.h"
 #include "model/status.h"
 #include "sim/local_world.h"
@@ -77,6 +84,25 @@ struct Revision {
 };
 // Resolves a profile name, or a profile file path ending in ".json".
 Result<Revision> resolve_revision(model::RevisionRegistry& registry, const std::string& name);
+
+// The files of a save (the model's own format, in the training loop's layout: iter_NNNNNNN/ and
+// the tracker) that a storage fault counts.
+enum class SaveFile { kAny, kShard, kObject, kMetadata, kTracker };
+std::string save_file_name(SaveFile f);  // "any", "shard", "object", "metadata", "tracker"
+std::optional<SaveFile> parse_save_file(std::string_view name);
+// What the files of that kind end in (model::StorageFault::path_suffix): a rank's shards/*.bin,
+// an object or the common state (*.pt), metadata.json, latest_checkpointed_iteration.txt.
+std::string save_file_suffix(SaveFile f);
+
+// A storage fault in one phase's save: it fires at the `nth` write of a `file` (every rank's
+// writes counted in the order they happen).
+struct StorageFaultSpec {
+  model::StorageFaultKind kind = model::StorageFaultKind::kCrashBefore;
+  SaveFile file = SaveFile::kAny;
+  int64_t nth = 0;
+  model::StorageFault fault() const { return {kind, save_file_suffix(file), nth}; }
+  bool operator==(const StorageFaultSpec&) const = default;
+};
 
 struct PhaseSpec {
   int64_t dp = 1;
@@ -94,6 +120,8 @@ struct PhaseSpec {
   // The format this phase saves in, where the phase names one (else the scenario's).
   std::optional<model::ShardingType> sharding_type;
   std::optional<bool> mem_efficient;
+  // Where this phase's save fails (none: it does not).
+  std::vector<StorageFaultSpec> storage_faults;
 
   // The job's ranks: tp x pp x dp.
   int64_t world() const { return tp * pp * dp; }
@@ -109,6 +137,8 @@ struct Scenario {
   static constexpr int64_t kParamNumelMax = 1 << 20;
   static constexpr int64_t kTotalNumelMax = 1 << 22;
   static constexpr size_t kPhasesMax = 64;
+  static constexpr size_t kStorageFaultsMax = 4;  // a phase's
+  static constexpr int64_t kStorageFaultNthMax = 4096;
   // Production DP sizes (512-4096) are in range: the smaller of the model's limit on one DP
   // group and the world's on simulated ranks, so a scenario the world cannot run is rejected
   // when it is parsed, not when its phase starts.
@@ -140,6 +170,7 @@ struct Scenario {
   nlohmann::json expect;
 
   int64_t total_steps() const;
+  bool has_storage_faults() const;
   int64_t total_numel() const;
   // The schedule arguments phase `phase` is started with.
   const model::ScheduleConfig& schedule_of(size_t phase) const;

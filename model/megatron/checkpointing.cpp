@@ -2,8 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <charconv>
+
 #include "model/errors.h"
 #include "model/faults.h"
+#include "model/megatron/torch_dist_checkpoint.h"
 
 namespace ckptsim::model {
 
@@ -136,6 +139,7 @@ Value load_model_and_optimizer(const Value& request, DistributedDataParallel& dd
   options.strip_common_param_state = switches.load_strips_common_param_state;
   options.allow_missing_keys = switches.load_allows_missing_keys;
   options.skip_optimizer_piece = rt.rank() == 0 && rt.fault(fault::kSkipLoadPiece);
+  options.skip_damaged_pieces = rt.fault(fault::kSkipDamagedPieces);
   Value loaded = load(request, storage, group, options, report);
   // model.load_state_dict(): the params were read in place; copy for fidelity.
   const Dict& model_sd = *loaded.dict()->at("model").dict();
@@ -215,6 +219,102 @@ SaveReport save_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& o
   SaveOptions options;
   options.common_state_as_sharded_object = switches.common_state_as_sharded_object;
   return save(sd, storage, group, options);
+}
+
+namespace {
+
+// The tracker's text as read_metadata() reads it: nullopt when it is no integer.
+std::optional<int64_t> parse_tracker(const std::vector<char>& bytes) {
+  std::string text(bytes.begin(), bytes.end());
+  const auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+  while (!text.empty() && space(text.back())) text.pop_back();
+  while (!text.empty() && space(text.front())) text.erase(0, 1);
+  int64_t iteration = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), iteration);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return iteration;
+}
+
+void throw_if_error(const Status& s, const char* where) {
+  if (!s.is_ok())
+    throw UpstreamError("OSError", s.to_string(), std::string("checkpointing.py ") + where);
+}
+
+void write_tracker(Storage& root, int64_t iteration) {
+  const std::string text = std::to_string(iteration);
+  const Status s = root.write_file(std::string(kTrackerFile), {text.data(), text.size()});
+  if (!s.is_ok()) {
+    throw UpstreamError("OSError", s.to_string(), "checkpointing.py save_checkpoint() (tracker)");
+  }
+}
+
+}  // namespace
+
+std::optional<int64_t> tracker_iteration(const Storage& root) {
+  const auto bytes = root.read_file(std::string(kTrackerFile));
+  if (!bytes.is_ok()) return std::nullopt;
+  return parse_tracker(bytes.value());
+}
+
+SaveReport save_checkpoint_to_root(DistributedDataParallel& ddp, DistributedOptimizer& opt,
+                                   const OptimizerParamScheduler* scheduler, int64_t iteration,
+                                   Storage& root, ProcessGroup& group,
+                                   const RevisionSwitches& switches, const CheckpointFormat& format,
+                                   Runtime& rt) {
+  const bool rank0 = group.rank() == 0;
+  if (rank0 && rt.fault(fault::kTrackerBeforeData)) write_tracker(root, iteration);
+  const std::string name = iteration_dir_name(iteration);
+  // save_replaces_directory_when_whole. Every rank decides before the save's first collective
+  // (its broadcast), and rank 0 clears what a crashed save left before any rank writes.
+  const bool replace = switches.save_replaces_directory_when_whole && root.exists(name);
+  const std::string target = replace ? name + ".saving" : name;
+  if (replace && rank0) throw_if_error(root.remove_all(target), "save_checkpoint()");
+  const auto dir = subdir(root, target);
+  SaveReport report =
+      save_checkpoint(ddp, opt, scheduler, iteration, *dir, group, switches, format, rt);
+  group.barrier();  // "Wait so everyone is done (necessary)"
+  if (replace && rank0) {
+    const std::string old = name + ".replaced";
+    throw_if_error(root.remove_all(old), "save_checkpoint()");
+    throw_if_error(root.rename(name, old), "save_checkpoint()");
+    throw_if_error(root.rename(target, name), "save_checkpoint()");
+    throw_if_error(root.remove_all(old), "save_checkpoint()");
+  }
+  if (rank0) write_tracker(root, iteration);
+  group.barrier();
+  return report;
+}
+
+std::optional<int64_t> load_latest_checkpoint(DistributedDataParallel& ddp,
+                                              DistributedOptimizer& opt,
+                                              OptimizerParamScheduler* scheduler,
+                                              const Storage& root, ProcessGroup& group,
+                                              const RevisionSwitches& switches, Runtime& rt,
+                                              LoadReport* report) {
+  const std::string tracker(kTrackerFile);
+  const auto bytes = root.read_file(tracker);
+  if (!bytes.is_ok()) {
+    if (bytes.status().code() == Status::Code::kNotFound) return std::nullopt;
+    throw UpstreamError("OSError", bytes.status().to_string(), "checkpointing.py read_metadata()");
+  }
+  const std::optional<int64_t> iteration = parse_tracker(bytes.value());
+  if (!iteration.has_value()) {
+    throw UpstreamError("SystemExit",
+                        "ERROR: Invalid metadata file " + tracker + ". Exiting ('" +
+                            std::string(bytes.value().begin(), bytes.value().end()) + "')",
+                        "checkpointing.py read_metadata()");
+  }
+  if (*iteration < 0) {  // assert iteration > -1 or release
+    throw UpstreamError("AssertionError", "error parsing metadata file " + tracker,
+                        "checkpointing.py read_metadata()");
+  }
+  const std::string dir = iteration_dir_name(*iteration);
+  if (!root.exists(dir)) {
+    throw UpstreamError("FileNotFoundError", "[Errno 2] No such file or directory: '" + dir + "'",
+                        "checkpointing.py _get_checkpoint_format()");
+  }
+  const auto storage = subdir(root, dir);
+  return load_checkpoint(ddp, opt, scheduler, *storage, group, switches, rt, report);
 }
 
 void train_step(DistributedDataParallel& ddp, DistributedOptimizer& opt,

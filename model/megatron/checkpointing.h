@@ -96,6 +96,42 @@ SaveReport save_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& o
                            Storage& storage, ProcessGroup& group, const RevisionSwitches& switches,
                            const CheckpointFormat& format, Runtime& rt);
 
+// The training loop's checkpoint directory (--save, --load): one iter_NNNNNNN/ per saved
+// iteration (model::iteration_dir_name) and the tracker latest_checkpointed_iteration.txt,
+// written last by global rank 0 (reports/research/save-protocol-2026-12-04.md, section 1).
+//
+// Mirrors save_checkpoint()'s directory work around save_checkpoint above: the state goes to
+// `root`/iter_NNNNNNN/ (a directory that exists is written over, its other files kept, as
+// upstream only logs "Overwriting old incomplete / corrupted checkpoint"), then a barrier, then
+// rank 0 writes the iteration (no newline) to the tracker, then a barrier. A write that fails
+// raises (the job ends). Fault site save.tracker_before_data: rank 0 writes the tracker before
+// the state. Collective over `group`.
+SaveReport save_checkpoint_to_root(DistributedDataParallel& ddp, DistributedOptimizer& opt,
+                                   const OptimizerParamScheduler* scheduler, int64_t iteration,
+                                   Storage& root, ProcessGroup& group,
+                                   const RevisionSwitches& switches, const CheckpointFormat& format,
+                                   Runtime& rt);
+
+// Mirrors load_checkpoint()'s way to the iteration directory (read_metadata,
+// _load_base_checkpoint, _get_checkpoint_format), then load_checkpoint above on it:
+//   no tracker       nullopt: upstream warns "could not find the metadata file" and starts from
+//                    random (iteration 0; nothing loaded);
+//   not an integer   SystemExit: read_metadata prints "ERROR: Invalid metadata file" and calls
+//                    sys.exit() (an empty tracker too: open('w') truncated it);
+//   negative         AssertionError "error parsing metadata file";
+//   no iter_N/       FileNotFoundError (the format check lists the directory).
+// Returns the loaded iteration. Collective over `group` (every rank reads the tracker).
+std::optional<int64_t> load_latest_checkpoint(DistributedDataParallel& ddp,
+                                              DistributedOptimizer& opt,
+                                              OptimizerParamScheduler* scheduler,
+                                              const Storage& root, ProcessGroup& group,
+                                              const RevisionSwitches& switches, Runtime& rt,
+                                              LoadReport* report = nullptr);
+
+// The iteration the tracker in `root` names; nullopt when there is no tracker or it names
+// none (what the driver and the checks read, not a mirror of upstream).
+std::optional<int64_t> tracker_iteration(const Storage& root);
+
 // Mirrors training.py train_step() with overlap off and no clipping: `backward(i, main_grad)`
 // writes model param i's local gradient into its main_grad view (fp32), then the grads are
 // reduce-scattered, the optimizer stepped (with the lr and weight_decay the scheduler left in

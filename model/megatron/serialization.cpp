@@ -879,6 +879,10 @@ Value load(const Value& sharded_state_dict, const Storage& storage, ProcessGroup
         skipped = true;
         continue;
       }
+      if (options.skip_damaged_pieces &&
+          (!storage.exists(p->file) || !piece_problem(*p, file_bytes(p->file).size()).empty())) {
+        continue;  // fault site load.skip_damaged_pieces
+      }
       const std::vector<char>& bytes = file_bytes(p->file);
       fail_if(*p, piece_problem(*p, bytes.size()));
       const at::ScalarType dtype = dtype_from_name(p->dtype);
@@ -1013,6 +1017,28 @@ Result<std::map<std::string, std::vector<float>>> read_checkpoint_tensors(
               values.begin() + static_cast<std::ptrdiff_t>(p.global_offset));
   }
   return out;
+}
+
+std::string checkpoint_problem(const Storage& storage) {
+  auto index = read_checkpoint_index(storage);
+  if (!index.is_ok()) return index.status().to_string();
+  std::map<std::string, size_t> sizes;
+  for (const auto& p : index.value().pieces) {
+    auto it = sizes.find(p.file);
+    if (it == sizes.end()) {
+      auto bytes = storage.read_file_shared(p.file);
+      if (!bytes.is_ok()) return bytes.status().to_string();
+      it = sizes.emplace(p.file, bytes.value()->size()).first;
+    }
+    if (std::string problem = piece_problem(p, it->second); !problem.empty()) {
+      return fmt::format("{}: key {}: {}", p.file, p.key, problem);
+    }
+  }
+  for (const auto& o : index.value().objects) {
+    if (!storage.exists(o.file)) return o.file + ": missing";
+  }
+  auto common = read_common_state(storage);
+  return common.is_ok() ? "" : common.status().to_string();
 }
 
 }  // namespace ckptsim::model

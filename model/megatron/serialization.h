@@ -101,6 +101,10 @@ struct LoadOptions {
   // Fault site load.skip_piece (model/faults.h): skip the first saved piece this rank's request
   // of every 'optimizer.' key overlaps (reported in LoadReport::uncovered like any gap).
   bool skip_optimizer_piece = false;
+  // Fault site load.skip_damaged_pieces (model/faults.h): a piece whose file is missing or too
+  // short is skipped (its elements keep what the request held, reported as a gap) instead of
+  // failing the load, as a reader that tolerates a partial checkpoint would.
+  bool skip_damaged_pieces = false;
 };
 
 struct SaveOptions {
@@ -217,5 +221,9 @@ Result<Value> read_common_state(const Storage& storage);
 // disagree on the global size are a corruption Status naming the file and the key.
 Result<std::map<std::string, std::vector<float>>> read_checkpoint_tensors(
     const Storage& storage, const std::vector<SavedPiece>& pieces, std::string_view key_prefix);
+// What keeps the checkpoint in `storage` from being whole ("" when nothing): metadata.json
+// unreadable, a piece's file missing or shorter than the piece, an object's file missing, the
+// common state unreadable. Reads no tensor data (a check, for the simulator's judges).
+std::string checkpoint_problem(const Storage& storage);
 
 }  // namespace ckptsim::model

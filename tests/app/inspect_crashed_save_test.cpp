@@ -41,8 +41,8 @@ fs::path own_checkpoint(const fs::path& dir, int steps) {
       "crashed-save");
   sim::RunOptions options;
   options.checkpoint_dir = (dir / ("own" + std::to_string(steps))).string();
-  test::run(s, options);
-  return dir / ("own" + std::to_string(steps)) / "phase_0";
+  const auto run = test::run(s, options);
+  return dir / ("own" + std::to_string(steps)) / sim::saved_directory(run, 0);
 }
 
 test::Inspected inspect(const fs::path& root) {

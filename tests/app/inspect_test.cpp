@@ -444,8 +444,8 @@ TEST(Inspect, ResumesACheckpointWithoutTrainingLoopStateAsAScriptLoadsIt) {
                                                    "script-save");
   sim::RunOptions options;
   options.checkpoint_dir = (dir / "own").string();
-  test::run(s, options);
-  model::DirectoryStorage own(dir / "own" / "phase_0");
+  const auto run = test::run(s, options);
+  model::DirectoryStorage own(dir / "own" / sim::saved_directory(run, 0));
   model::DirectoryStorage out(dir / "script");
   model::TorchDistExportOptions plain;
   plain.without_training_loop_state = true;

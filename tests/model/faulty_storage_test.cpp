@@ -63,6 +63,22 @@ TEST(FaultyStorage, ATornFileHoldsItsFirstHalfAndTheProcessStops) {
   EXPECT_EQ(s.landed().back(), "iter_0000003/.metadata (torn: 5 of 10 bytes)");
 }
 
+// With pages: half of 10000 bytes at 4096 a page lands 4096; a file under two pages lands empty.
+// Mutation caught: the page rounding left out (5000 and 5 bytes land).
+TEST(FaultyStorage, WithPagesATornOrShortWriteLandsWholePagesOnly) {
+  MemoryStorage base;
+  FaultyStorage s(
+      base, {{StorageFaultKind::kShort, "big", 0}, {StorageFaultKind::kTorn, "small", 0}}, 4096);
+  const std::vector<char> big(10000, 'x');
+  const std::vector<char> small(10, 'y');
+  EXPECT_TRUE(s.write_file("big", big).is_ok());
+  EXPECT_FALSE(s.landed_whole("big"));
+  EXPECT_FALSE(s.write_file("small", small).is_ok());
+  EXPECT_EQ(base.read_file("big").value().size(), 4096u);
+  EXPECT_EQ(base.read_file("small").value().size(), 0u);
+  EXPECT_TRUE(s.crashed());
+}
+
 TEST(FaultyStorage, AShortWriteReportsSuccessAndTheSaveGoesOn) {
   MemoryStorage base;
   FaultyStorage s(base, {{StorageFaultKind::kShort, ".distcp", 0}});

@@ -267,6 +267,29 @@ TYPED_TEST(StorageContract, RemoveAllRemovesOnlyTheSubtree) {
   EXPECT_FALSE(s.exists("ab"));
 }
 
+// Mutation caught: a memory rename that starts its scan at `from` itself (lower_bound(from))
+// stops at "a" before "a-x" and moves nothing below "a/".
+TYPED_TEST(StorageContract, RenameMovesTheWholeSubtreeAndOnlyIt) {
+  Storage& s = this->store();
+  for (const char* p : {"a/b/c", "a/d", "a-x", "ab/y"}) ASSERT_TRUE(write_str(s, p, p).is_ok());
+  ASSERT_TRUE(s.rename("a", "n/m").is_ok());
+  EXPECT_FALSE(s.exists("a"));
+  EXPECT_EQ(read_str(s, "n/m/b/c"), "a/b/c");
+  EXPECT_EQ(read_str(s, "n/m/d"), "a/d");
+  EXPECT_EQ(read_str(s, "a-x"), "a-x");
+  EXPECT_EQ(read_str(s, "ab/y"), "ab/y");
+  Result<std::vector<std::string>> m = s.list("n/m");
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  EXPECT_EQ(m.value(), names({"b", "d"}));
+  // A file, too; an absent source and an existing target are errors that move nothing.
+  ASSERT_TRUE(s.rename("a-x", "z").is_ok());
+  EXPECT_EQ(read_str(s, "z"), "a-x");
+  EXPECT_EQ(s.rename("gone", "q").code(), Status::Code::kNotFound);
+  EXPECT_EQ(s.rename("z", "ab").code(), Status::Code::kIoError);
+  EXPECT_EQ(read_str(s, "z"), "a-x");
+  EXPECT_EQ(read_str(s, "ab/y"), "ab/y");
+}
+
 TYPED_TEST(StorageContract, RemoveAllKeepsTheEmptiedParent) {
   Storage& s = this->store();
   ASSERT_TRUE(write_str(s, "a/b/c", "x").is_ok());

@@ -28,6 +28,20 @@ void expect_only_failures(const sim::RunResult& run, const std::vector<std::stri
   }
 }
 
+// The clean scenario with `fault` (a storage fault of phase 0's save, JSON) and `extra`.
+std::string with_storage_fault(const std::string& fault, const std::string& extra = "") {
+  std::string json = clean(extra);
+  json.replace(json.find("\"steps\": 3"), 10, "\"steps\": 3, \"storage_faults\": [" + fault + "]");
+  return json;
+}
+
+// No property fails (one may be not_evaluated: a resume after a storage fault that failed
+// loudly reaches no step to judge).
+void expect_no_failures(const sim::RunResult& run) {
+  for (const auto& r : properties::check_all(run))
+    EXPECT_NE(r.verdict, properties::Verdict::kFail) << r.name << ": " << r.detail;
+}
+
 }  // namespace
 
 TEST(PropertyCanary, CleanBaselinePassesEverything) {
@@ -101,6 +115,51 @@ TEST(PropertyCanary, LoadWritesEveryElementCatchesASkippedPiece) {
   EXPECT_TRUE(
       test::verdict(test::run(test::scenario_from_json(clean())), "load_writes_every_element")
           .ok());
+}
+
+// Phase 0's first shard file lands empty though its write reported success (a short write):
+// the resume must fail loudly. A loader that skips the damaged pieces loads the rest silently.
+TEST(PropertyCanary, ResumeAfterCrashCatchesALoaderThatSkipsDamagedPieces) {
+  const std::string fault = R"({"kind": "short", "file": "shard"})";
+  const auto loud = test::run(test::scenario_from_json(with_storage_fault(fault)));
+  expect_no_failures(loud);
+  ASSERT_EQ(loud.phases.size(), 2u);
+  ASSERT_FALSE(loud.phases[1].errors.empty());
+  for (const auto& e : loud.phases[1].errors) {
+    if (!e.secondary) {
+      EXPECT_EQ(e.stage + " " + e.py_type, "load CheckpointException");
+    }
+  }
+  EXPECT_NE(test::verdict(loud, "resume_after_crash_is_complete").detail.find("1 failed loudly"),
+            std::string::npos);
+  const auto run = test::run(test::scenario_from_json(
+      with_storage_fault(fault, R"(, "faults": ["load.skip_damaged_pieces"])")));
+  const auto r = test::verdict(run, "resume_after_crash_is_complete");
+  EXPECT_EQ(r.verdict, properties::Verdict::kFail) << r.detail;
+  EXPECT_NE(r.detail.find("phase 1 (dp=4, fix-recommended): silently loaded a partial checkpoint "
+                          "of iteration 3"),
+            std::string::npos)
+      << r.detail;
+}
+
+// Phase 0's save stops at its first shard file. Written last, the tracker still names nothing
+// and phase 1 starts from random; written first, it names iteration 3, whose files are not all
+// there.
+TEST(PropertyCanary, TrackerNamesSavedStateCatchesATrackerWrittenBeforeTheData) {
+  const std::string fault = R"({"kind": "crash_before", "file": "shard"})";
+  const auto clean_run = test::run(test::scenario_from_json(with_storage_fault(fault)));
+  expect_no_failures(clean_run);
+  ASSERT_EQ(clean_run.phases.size(), 2u);
+  EXPECT_TRUE(clean_run.phases[0].crashed);
+  EXPECT_TRUE(clean_run.phases[1].started_fresh);
+  const auto run = test::run(test::scenario_from_json(
+      with_storage_fault(fault, R"(, "faults": ["save.tracker_before_data"])")));
+  const auto r = test::verdict(run, "tracker_names_saved_state");
+  EXPECT_EQ(r.verdict, properties::Verdict::kFail) << r.detail;
+  EXPECT_NE(r.detail.find("after phase 0 (dp=2, fix-recommended)'s save the tracker names "
+                          "iteration 3, whose files are not a whole checkpoint"),
+            std::string::npos)
+      << r.detail;
 }
 
 TEST(PropertyCanary, TrajectoryCatchesOneUlpInOneRestoredMoment) {
@@ -258,6 +317,13 @@ TEST(PropertyCanary, EveryFaultSiteFailsThePropertyItNames) {
     // A narrow counter goes wrong only past 256 steps.
     if (fault == model::fault::kStepCounterBf16) {
       json.replace(json.find("\"steps\": 3"), 10, "\"steps\": 258");
+    }
+    // The crash sites show only where a save meets a storage fault.
+    if (fault == model::fault::kTrackerBeforeData || fault == model::fault::kSkipDamagedPieces) {
+      const std::string kind = fault == model::fault::kTrackerBeforeData ? "crash_before" : "short";
+      json.replace(
+          json.find("\"steps\": 3"), 10,
+          "\"steps\": 3, \"storage_faults\": [{\"kind\": \"" + kind + "\", \"file\": \"shard\"}]");
     }
     return test::scenario_from_json(json);
   };

@@ -328,6 +328,7 @@ struct Control {
   // The formats drawn (empty: all). A control whose property fix-complete fails in another
   // format (a known failure, below) draws dp_reshardable alone.
   std::vector<model::ShardingType> sharding_types = {};
+  bool storage_faults = false;  // `check --fault-space storage`
 };
 
 // How ctest and gtest name a control: "<property> on <revisions> [faults]" (gtest would print
@@ -352,6 +353,7 @@ TEST_P(MutationControls, SearchFindsTheBrokenVariant) {
   if (!c.kinds.empty()) g.kinds = c.kinds;
   g.long_steps_max = c.long_steps_max;
   g.sharding_types = c.sharding_types;
+  g.storage_faults = c.storage_faults;
   const auto r = run_search(g, {c.property}, 300);
   ASSERT_EQ(r.failures.size(), 1u) << c.property << " never failed in " << r.cases_run << " cases";
   EXPECT_EQ(r.failures.front().finding.property, c.property);
@@ -397,6 +399,22 @@ INSTANTIATE_TEST_SUITE_P(
                 false,
                 4096},
         Control{"load_writes_every_element", {"fix-complete"}, {"load.skip_piece"}, {}},
+        Control{"resume_after_crash_is_complete",
+                {"fix-complete"},
+                {"load.skip_damaged_pieces"},
+                {},
+                false,
+                0,
+                {},
+                true},
+        Control{"tracker_names_saved_state",
+                {"fix-complete"},
+                {"save.tracker_before_data"},
+                {},
+                false,
+                0,
+                {},
+                true},
         Control{"hyperparams_follow_schedule",
                 {"fix-complete"},
                 {"scheduler.increment_per_iteration"},
@@ -411,7 +429,8 @@ TEST(MutationControls, CoverEveryProperty) {
       "layout_invariants",           "round_trip_identity",
       "reshard_round_trip_bytes",    "step_tensors_not_aliased",
       "step_counts_optimizer_steps", "load_writes_every_element",
-      "hyperparams_follow_schedule"};
+      "hyperparams_follow_schedule", "resume_after_crash_is_complete",
+      "tracker_names_saved_state"};
   for (const auto& p : properties::all_properties()) {
     EXPECT_NE(std::find(covered.begin(), covered.end(), p.name), covered.end())
         << p.name << " has no search control";

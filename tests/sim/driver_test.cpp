@@ -96,9 +96,12 @@ TEST(Driver, SameRunOnDiskAndInMemory) {
   const auto disk = test::run(s, options);
   EXPECT_EQ(mem.trace_hash, disk.trace_hash);
   // The checkpoint really is on disk, with a common.pt that decodes to the saved common state.
-  const auto common = dir / "phase_0" / "common.pt";
+  // In the training loop's layout: phase 0 saved iteration 5, and the tracker names phase 1's.
+  EXPECT_EQ(sim::saved_directory(disk, 0), "iter_0000005");
+  const auto common = dir / "iter_0000005" / "common.pt";
   ASSERT_TRUE(std::filesystem::exists(common));
-  model::DirectoryStorage store(dir / "phase_0");
+  ASSERT_TRUE(std::filesystem::exists(dir / "latest_checkpointed_iteration.txt"));
+  model::DirectoryStorage store(dir / "iter_0000005");
   auto decoded = model::read_common_state(store);
   ASSERT_TRUE(decoded.is_ok()) << decoded.status().to_string();
   EXPECT_EQ(decoded.value().dict()->at("iteration").as_int(), 5);
@@ -146,4 +149,31 @@ TEST(Driver, TorchErrorsAreOneLineRuntimeErrors) {
   EXPECT_NE(e.message.find("must match the size of tensor"), std::string::npos) << e.message;
   EXPECT_EQ(e.message.find('\n'), std::string::npos) << e.message;
   EXPECT_EQ(e.message.find("Exception raised from"), std::string::npos) << e.message;
+}
+
+// Issue 25: phase 1's save writes all of iteration 5's files, then the job dies before the
+// tracker: phase 2, the restarted job, resumes from iteration 3 (phase 0's save, which the
+// tracker still names) and trains on from there, as the uninterrupted run did.
+// Mutation caught: the load reading the newest iter_* directory instead of the tracker
+// (phase 2 would start at 5).
+TEST(Driver, AJobThatDiesBeforeItsTrackerWriteResumesFromTheCommittedIteration) {
+  std::string json = test::two_phase_json("fused_adam", 0, 2, 4, "fix-complete", "fix-complete");
+  json.replace(json.find("\"steps\": 2}"), 11,
+               "\"steps\": 2, \"storage_faults\": [{\"kind\": \"crash_before\", \"file\": "
+               "\"tracker\"}]}, {\"dp\": 3, \"revision\": \"fix-complete\", \"steps\": 1}");
+  const auto run = test::run(test::scenario_from_json(json));
+  ASSERT_EQ(run.phases.size(), 3u);
+  EXPECT_TRUE(run.phases[1].crashed);
+  EXPECT_EQ(run.phases[1].save_iteration, 5);
+  ASSERT_TRUE(run.phases[2].committed_before.has_value());
+  EXPECT_EQ(run.phases[2].committed_before->first, 3);
+  EXPECT_EQ(run.phases[2].start_step, 3);
+  EXPECT_EQ(run.phases[2].loaded_phase, std::optional<size_t>(0));
+  EXPECT_EQ(run.phases[2].after_step.size(), 1u);
+  EXPECT_NE(std::find(run.trace.begin(), run.trace.end(),
+                      "storage fault phase=1 crash_before at write 0 of "
+                      "'*latest_checkpointed_iteration.txt': latest_checkpointed_iteration.txt"),
+            run.trace.end());
+  for (const auto& r : properties::check_all(run))
+    EXPECT_TRUE(r.ok()) << r.name << ": " << r.detail;
 }

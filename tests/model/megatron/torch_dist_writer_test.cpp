@@ -73,8 +73,16 @@ const std::vector<Fixture>& fixtures() {
 }
 
 // The model's own checkpoints of a scenario, run once per test binary into a temp directory.
-const std::filesystem::path& own_checkpoints(const std::string& scenario) {
-  static std::map<std::string, std::filesystem::path> done;
+// The own format's checkpoint directory of the scenario's run, and each phase's iteration
+// directory in it.
+struct OwnCheckpoints {
+  std::filesystem::path dir;
+  std::vector<std::string> phases;  // sim::saved_directory of each phase
+  std::filesystem::path phase(size_t p) const { return dir / phases.at(p); }
+};
+
+const OwnCheckpoints& own_checkpoints(const std::string& scenario) {
+  static std::map<std::string, OwnCheckpoints> done;
   auto it = done.find(scenario);
   if (it != done.end()) return it->second;
   const auto dir = std::filesystem::temp_directory_path() /
@@ -82,10 +90,12 @@ const std::filesystem::path& own_checkpoints(const std::string& scenario) {
   std::filesystem::remove_all(dir);
   sim::RunOptions options;
   options.checkpoint_dir = dir.string();
-  test::run(
+  const auto run = test::run(
       test::scenario_file("tests/fixtures/real-checkpoints/runs/" + scenario + ".scenario.json"),
       options);
-  return done.emplace(scenario, dir).first->second;
+  OwnCheckpoints out{dir, {}};
+  for (size_t p = 0; p < run.phases.size(); ++p) out.phases.push_back(sim::saved_directory(run, p));
+  return done.emplace(scenario, std::move(out)).first->second;
 }
 
 // The export, as the real runs had it: TE's FusedAdam class under the replay's stand-in.
@@ -96,7 +106,7 @@ TorchDistExportOptions as_the_real_runs() {
 }
 
 std::unique_ptr<MemoryStorage> export_phase(const Fixture& f) {
-  DirectoryStorage own(own_checkpoints(f.scenario) / fmt::format("phase_{}", f.phase));
+  DirectoryStorage own(own_checkpoints(f.scenario).phase(static_cast<size_t>(f.phase)));
   auto out = std::make_unique<MemoryStorage>();
   auto report = export_torch_dist_checkpoint(own, *out, "", as_the_real_runs());
   if (!report.is_ok()) throw std::runtime_error(report.status().to_string());
@@ -595,11 +605,11 @@ class ExportRoundTrip : public ::testing::TestWithParam<Fixture> {};
 // Every phase the model saved in the fixture's scenario: the export reads back as the source.
 TEST_P(ExportRoundTrip, ReadsBackAsTheModelsOwnCheckpoint) {
   const Fixture& f = GetParam();
-  const auto root = own_checkpoints(f.scenario);
+  const auto& root = own_checkpoints(f.scenario);
   int phases = 0;
-  for (int p = 0; std::filesystem::exists(root / fmt::format("phase_{}", p) / "metadata.json");
-       ++p) {
-    DirectoryStorage own(root / fmt::format("phase_{}", p));
+  for (size_t p = 0;
+       p < root.phases.size() && std::filesystem::exists(root.phase(p) / "metadata.json"); ++p) {
+    DirectoryStorage own(root.phase(p));
     MemoryStorage out;
     auto report = export_torch_dist_checkpoint(own, out, "ckpt", as_the_real_runs());
     ASSERT_TRUE(report.is_ok()) << report.status().to_string();
@@ -623,7 +633,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ExportRoundTrip, ::testing::ValuesIn(fixtures
 // swapped in `.metadata`): the round trip sees other values.
 TEST(ExportRoundTripCanary, SwappedChunkItemsAreCaught) {
   const Fixture& f = fixture_named("nv-f4502eb1c9__torch-adamw-dp2");
-  DirectoryStorage own(own_checkpoints(f.scenario) / "phase_0");
+  DirectoryStorage own(own_checkpoints(f.scenario).phase(0));
   auto exported = export_phase(f);
   const std::string key =
       "optimizer.distributed.dp_group_idx_0.gbuf_idx_0.dtype_(torch.bfloat16, "
@@ -645,7 +655,7 @@ TEST(ExportRoundTripCanary, SwappedChunkItemsAreCaught) {
 // Canary: a chunk offset shifted by one element leaves a gap and an overlap: unreadable.
 TEST(ExportRoundTripCanary, ShiftedChunkOffsetIsCaught) {
   const Fixture& f = fixture_named("nv-f4502eb1c9__hybrid-offload-half-dp2");
-  DirectoryStorage own(own_checkpoints(f.scenario) / "phase_0");
+  DirectoryStorage own(own_checkpoints(f.scenario).phase(0));
   auto exported = export_phase(f);
   rewrite_metadata(*exported, [&](DcpMetadata& m) {
     for (auto& [fqn, t] : m.tensors) {
@@ -666,7 +676,7 @@ TEST(ExportRoundTripCanary, ShiftedChunkOffsetIsCaught) {
 // the class belongs.
 TEST(ExportRoundTripCanary, ClassLeftAsStringIsCaught) {
   const Fixture& f = fixture_named("nv-f4502eb1c9__hybrid-offload-half-dp2");
-  DirectoryStorage own(own_checkpoints(f.scenario) / "phase_0");
+  DirectoryStorage own(own_checkpoints(f.scenario).phase(0));
   MemoryStorage exported;
   ASSERT_TRUE(export_torch_dist_checkpoint(own, exported, "", as_the_real_runs()).is_ok());
   const std::string fqn = "optimizer.distributed.dp_group_idx_0.optimizer/shard_0_1";
@@ -906,7 +916,7 @@ TEST(PickleWriter, UnbalancedStackIsOurBug) {
 // checkpoint, storage_meta.checkpoint_id apart, which names the directory).
 TEST(SimulatorTorchDist, PhasesAreExportedAndTheTraceIsUnchanged) {
   const std::string scenario = "fx-upstream-head-fused-adam-dp2";
-  const auto own_root = own_checkpoints(scenario);
+  const auto& own_root = own_checkpoints(scenario);
   const auto dir =
       std::filesystem::temp_directory_path() / fmt::format("ckptsim-torch-dist-sim-{}", ::getpid());
   std::filesystem::remove_all(dir);
@@ -923,7 +933,7 @@ TEST(SimulatorTorchDist, PhasesAreExportedAndTheTraceIsUnchanged) {
     const std::string phase = fmt::format("phase_{}", p);
     ASSERT_TRUE(std::filesystem::exists(dir / phase / "latest_checkpointed_iteration.txt"));
     EXPECT_FALSE(std::filesystem::exists(dir / phase / "metadata.json"));
-    DirectoryStorage own(own_root / phase);
+    DirectoryStorage own(own_root.phase(static_cast<size_t>(p)));
     MemoryStorage mine;
     TorchDistExportOptions o;
     o.checkpoint_root = (dir / phase).string();

@@ -1,0 +1,149 @@
+// The crash properties (issue 25): a resume after a storage fault loads the newest committed
+// checkpoint or fails loudly (resume_after_crash_is_complete), and the tracker names the
+// iteration its directory holds, whole (tracker_names_saved_state). Both read what the driver
+// saw of the checkpoint directory (sim::PhaseRecord::committed_before, on_disk), not what the
+// code under test says.
+#include <fmt/format.h>
+
+#include "properties/common.h"
+
+namespace ckptsim::properties {
+
+namespace {
+
+// The first element where the loaded state differs from the saved one, bitwise (NaN equal to
+// NaN), as a detail; nullopt when none does.
+std::optional<std::string> state_difference(const sim::RunResult& run,
+                                            const sim::GlobalState& loaded,
+                                            const sim::GlobalState& saved) {
+  const ComparedFields compared(loaded, saved);
+  for (const auto& f : compared.fields()) {
+    for (size_t q = 0; q < f.a->size() && q < f.b->size(); ++q) {
+      const auto& a = (*f.a)[q];
+      const auto& b = (*f.b)[q];
+      if (a.size() != b.size()) {
+        return fmt::format("{} of {} has {} elements, the save had {}", f.name, param_name(run, q),
+                           a.size(), b.size());
+      }
+      for (size_t e = 0; e < a.size(); ++e) {
+        if (bitwise_equal(a[e], b[e])) continue;
+        return fmt::format("{} of {}[{}] is {}, the committed save holds {}", f.name,
+                           param_name(run, q), e, num(a[e]), num(b[e]));
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+// What the committed save of phase `j` holds: its state right after the save, else (the job
+// stopped right after its tracker write) the state it saved, its last step's.
+const sim::GlobalState* committed_state(const sim::RunResult& run, size_t j) {
+  const sim::PhaseRecord& saver = run.phases[j];
+  return saver.at_save.has_value() ? &*saver.at_save : saver.final_state();
+}
+
+}  // namespace
+
+bool storage_fault_error(const sim::PhaseRecord& p, const sim::RankError& e) {
+  return (e.stage == "save" && !p.storage_faults_fired.empty()) ||
+         (e.stage == "load" && p.after_storage_fault);
+}
+
+PropertyResult resume_after_crash_is_complete(const sim::RunResult& run) {
+  PropertyResult r = pass("resume_after_crash_is_complete");
+  int judged = 0;
+  int loud = 0;
+  for (const auto& p : run.phases) {
+    if (!p.ran || p.index == 0 || !p.after_storage_fault) continue;
+    ++judged;
+    const auto& want = p.committed_before;
+    const std::string newest =
+        want.has_value() ? fmt::format("iteration {} (phase {}'s save)", want->first, want->second)
+                         : std::string("none");
+    const sim::RankError* e = first_primary(p.errors);
+    if (e != nullptr && e->stage == "load" && !e->site.empty()) {
+      ++loud;  // an upstream error: the job stops and says why
+      continue;
+    }
+    if (e != nullptr && e->stage == "load") {
+      return fail(std::move(r), static_cast<int>(p.index),
+                  "resume_after_crash_is_complete:load:" + e->py_type,
+                  fmt::format("{}: the load after a storage fault failed outside the modeled "
+                              "code: {}",
+                              phase_label(p), e->summary()));
+    }
+    if (p.started_fresh) {
+      if (!want.has_value()) continue;
+      return fail(std::move(r), static_cast<int>(p.index),
+                  "resume_after_crash_is_complete:started_fresh",
+                  fmt::format("{}: started from random (no tracker), while the newest committed "
+                              "checkpoint is {}",
+                              phase_label(p), newest));
+    }
+    if (!p.after_load.has_value()) continue;
+    if (!want.has_value() || p.start_step != want->first) {
+      return fail(std::move(r), static_cast<int>(p.index),
+                  "resume_after_crash_is_complete:iteration",
+                  fmt::format("{}: silently loaded iteration {}; the newest committed checkpoint "
+                              "is {}",
+                              phase_label(p), p.start_step, newest));
+    }
+    const sim::GlobalState* saved = committed_state(run, want->second);
+    if (saved == nullptr) continue;
+    if (auto d = state_difference(run, *p.after_load, *saved)) {
+      return fail(std::move(r), static_cast<int>(p.index), "resume_after_crash_is_complete:partial",
+                  fmt::format("{}: silently loaded a partial checkpoint of iteration {}: {}",
+                              phase_label(p), p.start_step, *d));
+    }
+  }
+  if (judged == 0) {
+    r.detail = "no phase resumed after a storage fault";
+    return r;
+  }
+  r.detail = fmt::format(
+      "{} resume(s) after a storage fault: {} loaded the newest committed checkpoint or started "
+      "fresh where none was, {} failed loudly",
+      judged, judged - loud, loud);
+  return r;
+}
+
+PropertyResult tracker_names_saved_state(const sim::RunResult& run) {
+  PropertyResult r = pass("tracker_names_saved_state");
+  int judged = 0;
+  for (const auto& p : run.phases) {
+    if (!p.on_disk.has_value() || !p.on_disk->named.has_value()) continue;
+    const sim::PhaseRecord::OnDisk& d = *p.on_disk;
+    const int64_t named = *d.named;
+    // A short write is the disk losing what it reported written, not the protocol's doing:
+    // where one hit a save of this iteration, its directory is not judged.
+    bool lost_by_disk = false;
+    for (size_t j = 0; j <= p.index; ++j) {
+      const sim::PhaseRecord& saver = run.phases[j];
+      lost_by_disk = lost_by_disk || (saver.save_iteration == named && saver.short_write);
+    }
+    if (lost_by_disk) continue;
+    ++judged;
+    if (!d.problem.empty()) {
+      return fail(std::move(r), static_cast<int>(p.index), "tracker_names_saved_state:incomplete",
+                  fmt::format("after {}'s save the tracker names iteration {}, whose files are "
+                              "not a whole checkpoint: {}",
+                              phase_label(p), named, d.problem));
+    }
+    if (d.files_iteration != named) {
+      return fail(std::move(r), static_cast<int>(p.index), "tracker_names_saved_state:iteration",
+                  fmt::format("after {}'s save the tracker names iteration {}, but its files "
+                              "hold iteration {}",
+                              phase_label(p), named,
+                              d.files_iteration ? std::to_string(*d.files_iteration) : "none"));
+    }
+  }
+  if (judged == 0) {
+    r.detail = "no save left a tracker that names an iteration";
+    return r;
+  }
+  r.detail = fmt::format(
+      "{} save(s): the tracker named an iteration whose directory holds it whole", judged);
+  return r;
+}
+
+}  // namespace ckptsim::properties
