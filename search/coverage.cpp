@@ -142,6 +142,10 @@ void Coverage::add(const sim::Scenario& s) {
     bump("phases: DP", std::to_string(p.dp));
     bump("phases: TP x PP", fmt::format("{} x {}", p.tp, p.pp));
     bump("phases: saves in", format_label(s.format_of(i)));
+    for (const auto& f : p.storage_faults) {  // only where drawn (--fault-space storage)
+      bump("phases: storage fault", fmt::format("{} at {}", model::storage_fault_kind_name(f.kind),
+                                                sim::save_file_name(f.file)));
+    }
     if (i == 0) continue;
     const sim::PhaseSpec& prev = s.phases[i - 1];
     bump("resumes: DP", fmt::format("{} -> {}", prev.dp, p.dp));

@@ -1,5 +1,6 @@
 // What a search drew, as Hypothesis's statistics show it: per feature of the drawn scenarios
 // (optimizer kind, DP sizes and reshards, DP 1 throughout, steps per phase, revisions, dtypes,
+// the storage faults of a phase's save (`--fault-space storage`),
 // the hybrid's fp32 params, param-group hyper-parameters, layout, the scheduler arguments a
 // resume changes and under which flag and revision), how many cases, phases or resumes had
 // each value. `check --coverage` and `generate --coverage` print it, so that a user sees what

@@ -89,6 +89,26 @@ TEST(Coverage, ADefaultSizeSearchDrawsLongPhases) {
   }
 }
 
+// --fault-space storage: every kind of fault at every kind of file is drawn; a search without
+// it draws none (the feature is absent). Mutation caught: the faults not counted.
+TEST(Coverage, TheStorageFaultSpaceDrawsEveryKindAtEveryFile) {
+  search::SearchOptions o;
+  o.generator.revisions = test::revisions({"fix-complete"});
+  const search::Judge nothing = [](const sim::Scenario&) {
+    return std::optional<search::Finding>();
+  };
+  EXPECT_EQ(search::search(o, nothing).coverage.counts().count("phases: storage fault"), 0u);
+  o.generator.storage_faults = true;
+  const search::SearchResult with = search::search(o, nothing);
+  for (const char* kind : {"crash_before", "crash_after", "torn", "short", "disk_full"}) {
+    for (const char* file : {"any", "shard", "object", "metadata", "tracker"}) {
+      EXPECT_GT(with.coverage.count("phases: storage fault", fmt::format("{} at {}", kind, file)),
+                0)
+          << kind << " at " << file;
+    }
+  }
+}
+
 // The features a campaign on the real code is judged by: DP 1 throughout or not, the hybrid's
 // fp32 params and offload, and per resume that changes its arguments, which ones (--lr, --min-lr,
 // weight decay) and under which flag and revision. (Caught: a changed min_lr counted as lr; a
