@@ -585,14 +585,12 @@ void run_phase(const Scenario& scenario, const RunOptions& options, const PhaseJ
     for (const auto& line : o.trace) result.trace.push_back(line);
   }
   rec.started_fresh = outs.front().started_fresh;
-  // The iteration its save wrote, where every rank started it (a rank stopped by another's
-  // failure in the save has started it too).
-  const bool saved = std::all_of(outs.begin(), outs.end(), [&](const RankRecord& o) {
-    return o.save_started || (o.error.has_value() && o.error->secondary &&
-                              static_cast<int64_t>(o.steps.size()) == job.steps &&
-                              std::any_of(outs.begin(), outs.end(),
-                                          [](const RankRecord& x) { return x.save_started; }));
-  });
+  // The iteration its save wrote, where the save started and no rank failed before it.
+  const bool saved =
+      std::any_of(outs.begin(), outs.end(), [](const RankRecord& o) { return o.save_started; }) &&
+      std::none_of(outs.begin(), outs.end(), [](const RankRecord& o) {
+        return o.error.has_value() && !o.error->secondary && o.error->stage != "save";
+      });
   if (job.save_root != nullptr && saved) rec.save_iteration = rec.start_step + job.steps;
   const auto saved_dir = model::subdir(
       root, model::iteration_dir_name(rec.save_iteration >= 0 ? rec.save_iteration : 0));
@@ -631,7 +629,7 @@ PhaseRecord::OnDisk observe_checkpoint_directory(const model::Storage& root) {
   const auto bytes = root.read_file(std::string(model::kTrackerFile));
   if (!bytes.is_ok()) return d;
   d.tracker = std::string(bytes.value().begin(), bytes.value().end());
-  d.named = model::tracker_iteration(root);
+  d.named = model::parse_tracker(bytes.value());
   if (!d.named.has_value()) return d;
   const std::string dir = model::iteration_dir_name(*d.named);
   if (!root.exists(dir)) {

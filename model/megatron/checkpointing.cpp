@@ -221,9 +221,6 @@ SaveReport save_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& o
   return save(sd, storage, group, options);
 }
 
-namespace {
-
-// The tracker's text as read_metadata() reads it: nullopt when it is no integer.
 std::optional<int64_t> parse_tracker(const std::vector<char>& bytes) {
   std::string text(bytes.begin(), bytes.end());
   const auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
@@ -234,6 +231,8 @@ std::optional<int64_t> parse_tracker(const std::vector<char>& bytes) {
   if (text.empty() || ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
   return iteration;
 }
+
+namespace {
 
 void throw_if_error(const Status& s, const char* where) {
   if (!s.is_ok())

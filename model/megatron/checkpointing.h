@@ -128,6 +128,9 @@ std::optional<int64_t> load_latest_checkpoint(DistributedDataParallel& ddp,
                                               const RevisionSwitches& switches, Runtime& rt,
                                               LoadReport* report = nullptr);
 
+// The tracker's bytes as read_metadata() reads them (int() of the stripped text): nullopt when
+// they are no integer.
+std::optional<int64_t> parse_tracker(const std::vector<char>& bytes);
 // The iteration the tracker in `root` names; nullopt when there is no tracker or it names
 // none (what the driver and the checks read, not a mirror of upstream).
 std::optional<int64_t> tracker_iteration(const Storage& root);
