@@ -45,6 +45,17 @@ const std::vector<FaultSite>& fault_sites() {
        "what the load request held) instead of failing, as a reader that tolerates a partial "
        "checkpoint would",
        "resume_after_crash_is_complete"},
+      {fault::kAsyncFinalizeReadsLiveIteration,
+       "an async save's finalize writes the tracker with the iteration the training loop is at "
+       "when it runs, not the save's (Megatron-Bridge #3267): after a slow write the tracker "
+       "names a later iteration than the one saved",
+       "tracker_names_saved_state"},
+      {fault::kAsyncReusesCachedHandles,
+       "the persistent async checkpoint worker writes the optimizer state of every async save "
+       "after the job's first (of the same structure) from the tensors it staged for the first "
+       "(NVRx's cached handles after the optimizer state was reallocated, NVIDIA-NeMo/RL PR "
+       "#4183): later checkpoints hold the first one's moments",
+       "tracker_names_saved_state"},
   };
   return sites;
 }

@@ -31,6 +31,9 @@ inline constexpr const char* kSkipLoadPiece = "load.skip_piece";
 inline constexpr const char* kSchedulerPerIteration = "scheduler.increment_per_iteration";
 inline constexpr const char* kTrackerBeforeData = "save.tracker_before_data";
 inline constexpr const char* kSkipDamagedPieces = "load.skip_damaged_pieces";
+inline constexpr const char* kAsyncFinalizeReadsLiveIteration =
+    "save.async_finalize_reads_live_iteration";
+inline constexpr const char* kAsyncReusesCachedHandles = "save.async_writer_reuses_cached_handles";
 }  // namespace fault
 
 }  // namespace ckptsim::model

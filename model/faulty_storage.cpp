@@ -62,10 +62,7 @@ Status FaultyStorage::write_file(const std::string& path, std::span<const char> 
   }
   if (!firing) {
     Status s = base_.write_file(path, bytes);
-    if (s.is_ok()) {
-      landed_.push_back(fmt::format("{} ({} bytes)", path, bytes.size()));
-      whole_[path] = true;
-    }
+    if (s.is_ok()) land(path, fmt::format("{} ({} bytes)", path, bytes.size()), true);
     return s;
   }
   const StorageFault& f = faults_[*firing];
@@ -77,10 +74,7 @@ Status FaultyStorage::write_file(const std::string& path, std::span<const char> 
       return Status::io_error(path + ": not written: the process crashed (" + fired_.back() + ")");
     case StorageFaultKind::kCrashAfter: {
       Status s = base_.write_file(path, bytes);
-      if (s.is_ok()) {
-        landed_.push_back(fmt::format("{} ({} bytes)", path, bytes.size()));
-        whole_[path] = true;
-      }
+      if (s.is_ok()) land(path, fmt::format("{} ({} bytes)", path, bytes.size()), true);
       crashed_ = true;
       return s.is_ok() ? Status::io_error(path + ": written, then the process crashed (" +
                                           fired_.back() + ")")
@@ -90,9 +84,10 @@ Status FaultyStorage::write_file(const std::string& path, std::span<const char> 
     case StorageFaultKind::kShort: {
       Status s = base_.write_file(path, half);
       if (s.is_ok()) {
-        landed_.push_back(fmt::format("{} ({}: {} of {} bytes)", path,
-                                      storage_fault_kind_name(f.kind), half.size(), bytes.size()));
-        whole_[path] = half.size() == bytes.size();
+        land(path,
+             fmt::format("{} ({}: {} of {} bytes)", path, storage_fault_kind_name(f.kind),
+                         half.size(), bytes.size()),
+             half.size() == bytes.size());
       }
       if (f.kind == StorageFaultKind::kShort) return s;
       crashed_ = true;
@@ -102,6 +97,18 @@ Status FaultyStorage::write_file(const std::string& path, std::span<const char> 
       return Status::io_error(path + ": No space left on device (" + fired_.back() + ")");
   }
   return Status::io_error(path + ": unknown fault");
+}
+
+void FaultyStorage::land(const std::string& path, std::string text, bool whole) {
+  landed_.push_back(std::move(text));
+  whole_[path] = whole;
+  ++landed_count_[path];
+}
+
+int64_t FaultyStorage::writes_landed(const std::string& path) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = landed_count_.find(path);
+  return it == landed_count_.end() ? 0 : it->second;
 }
 
 Result<std::vector<char>> FaultyStorage::read_file(const std::string& path) const {

@@ -78,6 +78,8 @@ class FaultyStorage final : public Storage {
   std::vector<std::string> landed() const;  // "path (n bytes)", "path (torn: n of m bytes)"
   // Whether the last write of `path` that reached the base landed whole.
   bool landed_whole(const std::string& path) const;
+  // How many writes of `path` reached the base (whole or not).
+  int64_t writes_landed(const std::string& path) const;
 
  private:
   Storage& base_;
@@ -89,6 +91,9 @@ class FaultyStorage final : public Storage {
   bool crashed_ = false;       // guarded by mu_
   std::vector<std::string> fired_;
   std::vector<std::string> landed_;
+  // REQUIRES: mu_ held. Records a write of `path` that reached the base.
+  void land(const std::string& path, std::string text, bool whole);
+  std::map<std::string, int64_t> landed_count_;  // guarded by mu_
   std::map<std::string, bool> whole_;  // guarded by mu_: path -> its last landed write was whole
 };
 

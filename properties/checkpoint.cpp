@@ -208,7 +208,9 @@ PropertyResult reshard_round_trip_bytes(const sim::RunResult& run) {
   for (const auto& p : run.phases) {
     if (!p.ran || p.index == 0 || p.spec.steps != 0 || p.saved_state.empty()) continue;
     const sim::PhaseRecord* loaded = run.loaded_from(p);
-    if (loaded == nullptr || loaded->saved_state.empty()) continue;
+    // The files of the phase's last save are kept (saved_state), not of an earlier one's.
+    if (loaded == nullptr || loaded->saved_state.empty() || loaded->save_iteration != p.start_step)
+      continue;
     const auto& before = loaded->saved_state;
     ++compared;
     for (const auto& [state, old_values] : before) {

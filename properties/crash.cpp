@@ -5,6 +5,9 @@
 // code under test says.
 #include <fmt/format.h>
 
+#include <cmath>
+
+#include "model/megatron/torch_dist_checkpoint.h"
 #include "properties/common.h"
 
 namespace ckptsim::properties {
@@ -15,7 +18,8 @@ namespace {
 // NaN), as a detail; nullopt when none does.
 std::optional<std::string> state_difference(const sim::RunResult& run,
                                             const sim::GlobalState& loaded,
-                                            const sim::GlobalState& saved) {
+                                            const sim::GlobalState& saved,
+                                            const char* saved_holds = "the committed save holds") {
   const ComparedFields compared(loaded, saved);
   for (const auto& f : compared.fields()) {
     for (size_t q = 0; q < f.a->size() && q < f.b->size(); ++q) {
@@ -27,19 +31,46 @@ std::optional<std::string> state_difference(const sim::RunResult& run,
       }
       for (size_t e = 0; e < a.size(); ++e) {
         if (bitwise_equal(a[e], b[e])) continue;
-        return fmt::format("{} of {}[{}] is {}, the committed save holds {}", f.name,
-                           param_name(run, q), e, num(a[e]), num(b[e]));
+        return fmt::format("{} of {}[{}] is {}, {} {}", f.name, param_name(run, q), e, num(a[e]),
+                           saved_holds, num(b[e]));
       }
     }
   }
   return std::nullopt;
 }
 
-// What the committed save of phase `j` holds: its state right after the save, else (the job
-// stopped right after its tracker write) the state it saved, its last step's.
-const sim::GlobalState* committed_state(const sim::RunResult& run, size_t j) {
+// What the committed save of `iteration` by phase `j` holds: its state right after the save,
+// else (the job stopped right after its last save's tracker write) the state it saved, its
+// last step's.
+const sim::GlobalState* committed_state(const sim::RunResult& run, size_t j, int64_t iteration) {
   const sim::PhaseRecord& saver = run.phases[j];
-  return saver.at_save.has_value() ? &*saver.at_save : saver.final_state();
+  if (const sim::GlobalState* s = saver.saved_at(iteration)) return s;
+  return saver.save_iteration == iteration ? saver.final_state() : nullptr;
+}
+
+// The optimizer state phase `p`'s save left in its files (PhaseRecord::saved_state read back
+// from them), over the state it held when it saved: where the files hold an element, theirs.
+sim::GlobalState state_in_files(const sim::PhaseRecord& p) {
+  sim::GlobalState files = *p.at_save;
+  const auto overlay = [&](const char* key, std::vector<std::vector<float>>& field, bool moment) {
+    const auto it = p.saved_state.find(key);
+    if (it == p.saved_state.end()) return;
+    for (size_t q = 0; q < field.size() && q < it->second.size(); ++q) {
+      for (size_t e = 0; e < field[q].size() && e < it->second[q].size(); ++e) {
+        const float v = it->second[q][e];
+        if (std::isnan(v)) continue;
+        field[q][e] = v;
+        // Adam's lazily created state reads as zero: a saved zero is no state.
+        if (moment && q < files.moments_present.size() && e < files.moments_present[q].size() &&
+            !bitwise_equal(v, 0.0F))
+          files.moments_present[q][e] = 1;
+      }
+    }
+  };
+  overlay("param", files.master, false);
+  overlay("exp_avg", files.exp_avg, true);
+  overlay("exp_avg_sq", files.exp_avg_sq, true);
+  return files;
 }
 
 }  // namespace
@@ -88,7 +119,7 @@ PropertyResult resume_after_crash_is_complete(const sim::RunResult& run) {
                               "is {}",
                               phase_label(p), p.start_step, newest));
     }
-    const sim::GlobalState* saved = committed_state(run, want->second);
+    const sim::GlobalState* saved = committed_state(run, want->second, want->first);
     if (saved == nullptr) continue;
     if (auto d = state_difference(run, *p.after_load, *saved)) {
       return fail(std::move(r), static_cast<int>(p.index), "resume_after_crash_is_complete:partial",
@@ -117,9 +148,13 @@ PropertyResult tracker_names_saved_state(const sim::RunResult& run) {
     // A short write is the disk losing what it reported written, not the protocol's doing:
     // where one hit a save of this iteration, its directory is not judged.
     bool lost_by_disk = false;
+    const std::string dir = model::iteration_dir_name(named);
     for (size_t j = 0; j <= p.index; ++j) {
-      const sim::PhaseRecord& saver = run.phases[j];
-      lost_by_disk = lost_by_disk || (saver.save_iteration == named && saver.short_write);
+      for (const std::string& f : run.phases[j].storage_faults_fired) {
+        lost_by_disk = lost_by_disk ||
+                       (f.starts_with("short") && (f.find(dir + "/") != std::string::npos ||
+                                                   f.find(dir + ".saving/") != std::string::npos));
+      }
     }
     if (lost_by_disk) continue;
     ++judged;
@@ -135,6 +170,14 @@ PropertyResult tracker_names_saved_state(const sim::RunResult& run) {
                               "hold iteration {}",
                               phase_label(p), named,
                               d.files_iteration ? std::to_string(*d.files_iteration) : "none"));
+    }
+    // The state in the files is the state the job held when it saved that iteration.
+    if (named != p.save_iteration || !p.at_save.has_value() || p.saved_state.empty()) continue;
+    if (auto diff = state_difference(run, state_in_files(p), *p.at_save, "where the job held")) {
+      return fail(std::move(r), static_cast<int>(p.index), "tracker_names_saved_state:state",
+                  fmt::format("after {}'s save the tracker names iteration {}, but its files do "
+                              "not hold the state the job saved there: {}",
+                              phase_label(p), named, *diff));
     }
   }
   if (judged == 0) {

@@ -321,8 +321,7 @@ PropertyResult round_trip_identity(const sim::RunResult& run) {
   for (const auto& p : run.phases) {
     if (p.index == 0 || p.started_fresh) continue;
     const sim::PhaseRecord* prev = run.loaded_from(p);
-    const sim::GlobalState* saved =
-        prev != nullptr && prev->at_save.has_value() ? &*prev->at_save : nullptr;
+    const sim::GlobalState* saved = run.loaded_state(p);
     if (!p.ran || !p.after_load.has_value() || saved == nullptr) {
       if (not_evaluated.empty()) not_evaluated = phase_label(p) + ": the load did not complete";
       continue;

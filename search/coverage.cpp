@@ -146,6 +146,13 @@ void Coverage::add(const sim::Scenario& s) {
       bump("phases: storage fault", fmt::format("{} at {}", model::storage_fault_kind_name(f.kind),
                                                 sim::save_file_name(f.file)));
     }
+    if (p.save_interval > 0 || p.async_save) {  // only where drawn (--fault-space storage)
+      bump("phases: saves",
+           fmt::format("{}{}", p.save_interval > 0 ? "every few iterations" : "at the end",
+                       p.async_save ? fmt::format(", async (writes take {} steps)",
+                                                  std::min<int64_t>(p.async_write_steps, 3))
+                                    : std::string()));
+    }
     if (i == 0) continue;
     const sim::PhaseSpec& prev = s.phases[i - 1];
     bump("resumes: DP", fmt::format("{} -> {}", prev.dp, p.dp));

@@ -639,7 +639,8 @@ rc::Gen<sim::StorageFaultSpec> gen_storage_fault() {
 }
 
 // GeneratorConfig::storage_faults: a second phase where there is one, one fault in the save of
-// a phase before the last, now and then another in a later phase; no resume arguments.
+// a phase before the last, now and then another in a later phase; interval and async saves;
+// no resume arguments.
 void draw_storage_faults(sim::Scenario& s) {
   if (s.phases.size() < 2) {
     sim::PhaseSpec resume = s.phases.front();
@@ -651,6 +652,11 @@ void draw_storage_faults(sim::Scenario& s) {
     p.save = true;
     p.schedule.reset();
     p.opt_param_scheduler = model::SchedulerResume::kNeither;
+    // The training loop's --save-interval and --async-save, with a slow disk now and then.
+    p.save_interval = *gen::weightedElement<int64_t>({{4, 0}, {1, 1}, {2, 2}, {1, 3}});
+    p.async_save = *gen::weightedElement<bool>({{2, false}, {1, true}});
+    if (p.async_save)
+      p.async_write_steps = *gen::weightedElement<int64_t>({{2, 0}, {2, 1}, {1, 2}});
   }
   const auto last = static_cast<int64_t>(s.phases.size()) - 1;
   const auto first = static_cast<size_t>(*gen::inRange<int64_t>(0, last));

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <deque>
 #include <limits>
 #include <map>
 #include <memory>
@@ -9,6 +10,7 @@
 #include <ATen/ops/empty.h>
 
 #include "model/faulty_storage.h"
+#include "model/megatron/async_save.h"
 #include "model/megatron/checkpointing.h"
 #include "model/megatron/optimizer_key.h"
 #include "model/megatron/optimizer_param_scheduler.h"
@@ -42,6 +44,12 @@ struct PhaseJob {
   bool load_as_script = false;
   // The training loop's --save directory (model::save_checkpoint_to_root); null: no save.
   model::Storage* save_root = nullptr;
+  // Where the job saves into save_root (PhaseSpec): every save_interval-th iteration (0: none),
+  // at its end (exit_save), synchronously or as async saves finalized after async_write_steps.
+  int64_t save_interval = 0;
+  bool exit_save = true;
+  bool async_save = false;
+  int64_t async_write_steps = 0;
   model::CheckpointFormat format;  // what the save writes (Scenario::format_of)
   bool real_cuda = false;
   bool share_gathered_objects = true;  // RunOptions::share_gathered_objects
@@ -82,6 +90,10 @@ PhaseJob phase_job(const Scenario& scenario, const RunOptions& options,
   job.share_gathered_objects = options.share_gathered_objects;
   job.trace_steps = options.trace_steps;
   job.set_arguments(scenario, spec);
+  job.save_interval = spec.save_interval;
+  job.exit_save = spec.save;
+  job.async_save = spec.async_save;
+  job.async_write_steps = spec.async_write_steps;
   return job;
 }
 
@@ -94,9 +106,14 @@ struct RankRecord {
   std::optional<RankState> after_load;
   std::vector<RankState> steps;  // after each step
   std::optional<model::SaveReport> save;
-  RankState at_save;           // right after the save (when it completed)
-  bool started_fresh = false;  // the load found no tracker
-  bool save_started = false;   // it reached its save
+  RankState at_save;  // right after the (last) save (when it completed)
+  // Right after each earlier save of the job, with its iteration.
+  std::vector<std::pair<int64_t, RankState>> earlier_saves;
+  bool started_fresh = false;   // the load found no tracker
+  bool save_started = false;    // it reached its save
+  int64_t save_iteration = -1;  // its last save's iteration (-1: none started)
+  // Rank 0: the iterations of the saves whose tracker write it went on to, in order.
+  std::vector<int64_t> tracker_saves;
   model::LoadReport load;
   // What the load left holding torch.empty contents (sim/probe.h).
   std::vector<UninitializedSlice> uninitialized;
@@ -219,15 +236,105 @@ void change_schedule(const PhaseJob& job, model::DistributedOptimizer& opt,
   scheduler->step(steps_done * job.scenario->samples_per_step);
 }
 
-// The phase's training steps on one rank; returns the iteration reached.
+// The job's saves on one rank (PhaseJob's save fields), as train() makes them: at the end of
+// every save_interval-th iteration and at the job's end (unless the interval just saved that
+// iteration), each synchronous or scheduled; scheduled ones are finalized in FIFO order at the
+// top of the first iteration `async_write_steps` iterations after theirs
+// (maybe_finalize_async_save(blocking=False)), and every one left at the end (blocking).
+// RankRecord::save and at_save are the last save's; an error is recorded at stage "save".
+class JobSaves {
+ public:
+  JobSaves(const PhaseJob& job, model::DistributedDataParallel& ddp,
+           model::DistributedOptimizer& opt,
+           std::optional<model::OptimizerParamScheduler>& scheduler, model::ProcessGroup& pg,
+           model::Runtime& rt, RankRecord& out, std::string& stage)
+      : job_(job),
+        ddp_(ddp),
+        opt_(opt),
+        scheduler_(scheduler),
+        pg_(pg),
+        rt_(rt),
+        out_(out),
+        stage_(stage) {}
+
+  void before_step(int64_t iteration) { finalize(iteration, false); }
+  void after_step(int64_t iteration) {
+    if (job_.save_interval > 0 && iteration % job_.save_interval == 0) save(iteration);
+  }
+  void at_exit(int64_t iteration) {
+    if (job_.exit_save && last_saved_ != iteration) save(iteration);
+    finalize(iteration, true);
+  }
+
+ private:
+  void save(int64_t iteration) {
+    if (last_saved_ >= 0) out_.earlier_saves.emplace_back(last_saved_, std::move(out_.at_save));
+    out_.save.reset();  // until this save returns, the job's last save did not complete
+    stage_ = "save";
+    out_.save_started = true;
+    out_.save_iteration = iteration;
+    const int rank = pg_.rank();
+    if (job_.async_save) {
+      pending_.emplace_back();
+      out_.save =
+          model::schedule_async_save(ddp_, opt_, &*scheduler_, iteration, *job_.save_root, pg_,
+                                     *job_.switches, job_.format, rt_, cache_, pending_.back());
+    } else {
+      if (rank == 0) out_.tracker_saves.push_back(iteration);
+      out_.save =
+          model::save_checkpoint_to_root(ddp_, opt_, &*scheduler_, iteration, *job_.save_root, pg_,
+                                         *job_.switches, job_.format, rt_);
+    }
+    out_.at_save = capture(opt_, ddp_, job_.scenario->params, rank, true);
+    out_.trace.push_back(fmt::format("save phase={} rank={} iteration={} pieces={}{}",
+                                     job_.phase_id, rank, iteration, out_.save->pieces->size(),
+                                     job_.async_save ? " scheduled" : ""));
+    last_saved_ = iteration;
+    stage_ = "train";
+  }
+  void finalize(int64_t iteration, bool blocking) {
+    while (!pending_.empty() &&
+           (blocking || iteration - pending_.front().iteration >= job_.async_write_steps)) {
+      stage_ = "save";
+      const model::AsyncSaveRequest& request = pending_.front();
+      if (pg_.rank() == 0) out_.tracker_saves.push_back(request.iteration);
+      try {
+        model::finalize_async_save(request, *job_.save_root, pg_, iteration, rt_);
+      } catch (...) {
+        out_.save.reset();  // the last save's files were not all written
+        throw;
+      }
+      out_.trace.push_back(fmt::format("finalize phase={} rank={} iteration={} at={}",
+                                       job_.phase_id, pg_.rank(), request.iteration, iteration));
+      pending_.pop_front();
+      stage_ = "train";
+    }
+  }
+
+  const PhaseJob& job_;
+  model::DistributedDataParallel& ddp_;
+  model::DistributedOptimizer& opt_;
+  std::optional<model::OptimizerParamScheduler>& scheduler_;
+  model::ProcessGroup& pg_;
+  model::Runtime& rt_;
+  RankRecord& out_;
+  std::string& stage_;
+  std::deque<model::AsyncSaveRequest> pending_;
+  model::AsyncWriterCache cache_;
+  int64_t last_saved_ = -1;
+};
+
+// The phase's training steps on one rank; returns the iteration reached. `saves` (null: none)
+// makes the saves the loop makes between its steps.
 int64_t train(const PhaseJob& job, model::Runtime& rt, model::DistributedDataParallel& ddp,
               model::DistributedOptimizer& opt,
               std::optional<model::OptimizerParamScheduler>& scheduler, int64_t iteration,
-              RankRecord& out) {
+              RankRecord& out, JobSaves* saves) {
   const Scenario& s = *job.scenario;
   const int rank = rt.rank();
   const int dp_rank = ddp.dp_group().rank();
   for (int64_t k = 0; k < job.steps; ++k) {
+    if (saves != nullptr) saves->before_step(iteration);
     const int64_t global_step = iteration + 1;
     for (const auto& [first, schedule] : job.schedule_changes) {
       if (first == global_step) change_schedule(job, opt, scheduler, schedule, iteration);
@@ -250,6 +357,7 @@ int64_t train(const PhaseJob& job, model::Runtime& rt, model::DistributedDataPar
                                       global_step, rank, rank_state_hash(state, rank)));
     }
     out.steps.push_back(std::move(state));
+    if (saves != nullptr) saves->after_step(iteration);
   }
   return iteration;
 }
@@ -304,16 +412,10 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, model::ProcessGroup
     }
     out.start_step = iteration;
     stage = "train";
-    iteration = train(job, rt, ddp, opt, scheduler, iteration, out);
-    if (job.save_root != nullptr) {
-      stage = "save";
-      out.save_started = true;
-      out.save = model::save_checkpoint_to_root(ddp, opt, &*scheduler, iteration, *job.save_root,
-                                                pg, *job.switches, job.format, rt);
-      out.at_save = capture(opt, ddp, s.params, rank, true);
-      out.trace.push_back(fmt::format("save phase={} rank={} iteration={} pieces={}", job.phase_id,
-                                      rank, iteration, out.save->pieces->size()));
-    }
+    std::optional<JobSaves> saves;
+    if (job.save_root != nullptr) saves.emplace(job, ddp, opt, scheduler, pg, rt, out, stage);
+    iteration = train(job, rt, ddp, opt, scheduler, iteration, out, saves ? &*saves : nullptr);
+    if (saves) saves->at_exit(iteration);
     out.firings = rt.fault_firings();
   } catch (const std::exception& e) {
     out.error = rank_error(e, rank, stage);
@@ -514,9 +616,19 @@ void gather_phase(const Scenario& scenario, const std::vector<RankRecord>& outs,
       rec.checkpoint_read_error = values.status().message();
     }
     rec.saved_state = saved_state_by_param(scenario, rec);
+    const int64_t at = rec.save_iteration >= 0
+                           ? rec.save_iteration
+                           : rec.start_step + static_cast<int64_t>(rec.after_step.size());
     rec.at_save =
-        gather_state(scenario, rec.start_step + static_cast<int64_t>(rec.after_step.size()),
-                     states_of(outs, [](const RankRecord& o) { return &o.at_save; }));
+        gather_state(scenario, at, states_of(outs, [](const RankRecord& o) { return &o.at_save; }));
+  }
+  // The job's earlier saves, whether or not its last one completed.
+  size_t earlier = std::numeric_limits<size_t>::max();
+  for (const auto& o : outs) earlier = std::min(earlier, o.earlier_saves.size());
+  for (size_t k = 0; k < earlier; ++k) {
+    rec.earlier_saves.push_back(gather_state(
+        scenario, outs.front().earlier_saves[k].first,
+        states_of(outs, [k](const RankRecord& o) { return &o.earlier_saves[k].second; })));
   }
 }
 
@@ -566,7 +678,9 @@ std::string phase_status(const PhaseRecord& rec) {
 std::optional<size_t> loaded_phase(const RunResult& result, const PhaseRecord& rec) {
   if (!rec.after_load.has_value()) return std::nullopt;
   for (size_t j = std::min(rec.index, result.phases.size()); j-- > 0;) {
-    if (result.phases[j].save_iteration == rec.start_step) return j;
+    const PhaseRecord& saver = result.phases[j];
+    if (saver.save_iteration == rec.start_step || saver.saved_at(rec.start_step) != nullptr)
+      return j;
   }
   return std::nullopt;
 }
@@ -591,16 +705,22 @@ void run_phase(const Scenario& scenario, const RunOptions& options, const PhaseJ
       std::none_of(outs.begin(), outs.end(), [](const RankRecord& o) {
         return o.error.has_value() && !o.error->secondary && o.error->stage != "save";
       });
-  if (job.save_root != nullptr && saved) rec.save_iteration = rec.start_step + job.steps;
+  if (job.save_root != nullptr && saved) {
+    for (const auto& o : outs) rec.save_iteration = std::max(rec.save_iteration, o.save_iteration);
+  }
+  rec.tracker_saves = outs.front().tracker_saves;
   const auto saved_dir = model::subdir(
       root, model::iteration_dir_name(rec.save_iteration >= 0 ? rec.save_iteration : 0));
   gather_phase(scenario, outs, *saved_dir, rec);
   rec.loaded_phase = loaded_phase(result, rec);
   // The checkpoint this phase loaded: the save that wrote it.
-  const GlobalState* checkpoint =
-      rec.loaded_phase.has_value() && result.phases[*rec.loaded_phase].at_save.has_value()
-          ? &*result.phases[*rec.loaded_phase].at_save
-          : nullptr;
+  const PhaseRecord* from = rec.loaded_phase ? &result.phases[*rec.loaded_phase] : nullptr;
+  const GlobalState* checkpoint = nullptr;
+  if (from != nullptr && from->save_iteration != rec.start_step) {
+    checkpoint = from->saved_at(rec.start_step);  // an earlier save of its job
+  } else if (from != nullptr && from->at_save.has_value()) {
+    checkpoint = &*from->at_save;
+  }
   std::vector<std::vector<UninitializedSlice>> slices;
   for (const auto& o : outs) slices.push_back(o.uninitialized);
   mark_uninitialized(scenario, checkpoint, slices, rec);
@@ -664,7 +784,7 @@ Status clear_checkpoints(model::Storage& root) {
 // The job after `prev` runs: `prev` completed and saved, or its save met a storage fault (the
 // job stopped or raised there; the next job resumes from what the tracker names).
 bool resumes_after(const PhaseRecord& prev) {
-  if (prev.completed) return prev.spec.save;
+  if (prev.completed) return prev.spec.saves();
   if (!prev.ran || prev.storage_faults_fired.empty()) return false;
   return std::all_of(prev.errors.begin(), prev.errors.end(),
                      [](const RankError& e) { return e.secondary || e.stage == "save"; });
@@ -689,8 +809,12 @@ class CheckpointHistory {
     }
     fault_fired_ = fault_fired_ || !rec.storage_faults_fired.empty();
     if (rec.save_iteration < 0) return;
-    if (save_root.landed_whole(std::string(model::kTrackerFile)))
-      committed_ = {{rec.save_iteration, rec.index}};
+    // The k-th tracker write that reached the disk is the k-th save rank 0 wrote it for (after
+    // a failed write nothing lands, the job ends).
+    const std::string tracker(model::kTrackerFile);
+    const auto landed = static_cast<size_t>(save_root.writes_landed(tracker));
+    if (landed > 0 && landed <= rec.tracker_saves.size() && save_root.landed_whole(tracker))
+      committed_ = {{rec.tracker_saves[landed - 1], rec.index}};
     rec.on_disk = observe_checkpoint_directory(root);
   }
 
@@ -818,7 +942,7 @@ Result<RunResult> run_scenario(const Scenario& scenario, const RunOptions& optio
     PhaseJob job =
         phase_job(scenario, options, init, spec, static_cast<int64_t>(i), result.gpu_resident);
     job.load_root = i > 0 ? root.get() : nullptr;
-    job.save_root = spec.save ? &save_root : nullptr;
+    job.save_root = spec.saves() ? &save_root : nullptr;
     job.format = scenario.format_of(i);
     history.before_phase(rec);
     run_phase(scenario, options, job, *root, result, rec);

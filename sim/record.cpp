@@ -391,6 +391,14 @@ std::string RankError::summary() const {
   return out;
 }
 
+const GlobalState* PhaseRecord::saved_at(int64_t iteration) const {
+  if (save_iteration == iteration && at_save.has_value()) return &*at_save;
+  for (const GlobalState& g : earlier_saves) {
+    if (g.global_step == iteration) return &g;
+  }
+  return nullptr;
+}
+
 const GlobalState* PhaseRecord::final_state() const {
   if (!after_step.empty()) return &after_step.back();
   if (after_load.has_value()) return &*after_load;

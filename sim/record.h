@@ -223,6 +223,12 @@ struct PhaseRecord {
   // Right after the save (a save may initialize state, e.g. init_empty_state_before_save):
   // what the checkpoint holds, as the optimizer sees it.
   std::optional<GlobalState> at_save;
+  // The job's earlier saves (PhaseSpec::save_interval), each its state right after that save
+  // (global_step: the iteration it saved), in order; at_save is the last save's.
+  std::vector<GlobalState> earlier_saves;
+  // The state right after the save of `iteration` (at_save or an earlier save); null: none (a
+  // save that did not return).
+  const GlobalState* saved_at(int64_t iteration) const;
   // The saved checkpoint, assembled: optimizer key -> global tensor as floats (NaN where no
   // piece was saved). Empty when the save did not complete.
   std::map<std::string, std::vector<float>> checkpoint_values;
@@ -255,7 +261,11 @@ struct PhaseRecord {
   std::optional<size_t> loaded_phase;
   bool started_fresh = false;
   bool after_storage_fault = false;
-  int64_t save_iteration = -1;  // the iteration this phase's save wrote (-1: it saved none)
+  // The iteration this phase's (last) save wrote (-1: it saved none).
+  int64_t save_iteration = -1;
+  // Rank 0's: the iteration of each save whose tracker write it went on to, in order (the
+  // driver's record of which save the tracker on disk came from).
+  std::vector<int64_t> tracker_saves;
   // After this phase's save (or its attempt): what the tracker said and what the iteration
   // directory it names holds. tracker: its text (nullopt: no tracker); named: the iteration it
   // names (nullopt: none); problem: what keeps that directory from being a whole checkpoint
@@ -290,6 +300,11 @@ struct RunResult {
   const PhaseRecord* loaded_from(const PhaseRecord& p) const {
     return p.loaded_phase.has_value() && *p.loaded_phase < phases.size() ? &phases[*p.loaded_phase]
                                                                          : nullptr;
+  }
+  // The state the save that `p` loaded held right after it; nullptr when none.
+  const GlobalState* loaded_state(const PhaseRecord& p) const {
+    const PhaseRecord* from = loaded_from(p);
+    return from != nullptr ? from->saved_at(p.start_step) : nullptr;
   }
 };
 

@@ -550,10 +550,11 @@ Status parse_phase(const Reader& r, const json& p, const std::string& path, bool
                    const std::string& source, model::RevisionRegistry& registry,
                    const model::ScheduleConfig& schedule, PhaseSpec& phase) {
   if (!p.is_object()) return r.error(path, "must be an object");
-  CKPTSIM_TRY(r.check_fields(
-      p, path,
-      {"dp", "tp", "pp", "revision", "steps", "save", "schedule", "opt_param_scheduler",
-       "sharding_type", "fully_reshardable_mem_efficient", "storage_faults"}));
+  CKPTSIM_TRY(
+      r.check_fields(p, path,
+                     {"dp", "tp", "pp", "revision", "steps", "save", "schedule",
+                      "opt_param_scheduler", "sharding_type", "fully_reshardable_mem_efficient",
+                      "storage_faults", "save_interval", "async_save", "async_write_steps"}));
   CKPTSIM_TRY(parse_phase_schedule(r, p, path, schedule, phase));
   CKPTSIM_TRY(parse_storage_faults(r, p, path, phase));
   if (p.contains("sharding_type") || p.contains("fully_reshardable_mem_efficient")) {
@@ -573,11 +574,20 @@ Status parse_phase(const Reader& r, const json& p, const std::string& path, bool
   phase.set_revision(resolved.value());
   CKPTSIM_TRY(r.integer(p, "steps", path + ".steps", 0, Scenario::kStepsMax, phase.steps));
   CKPTSIM_TRY(r.boolean(p, "save", path + ".save", phase.save, true));
-  if (!phase.save && !last) {
-    return r.error(path + ".save",
-                   "must be true: the next phase resumes from this phase's checkpoint");
+  CKPTSIM_TRY(r.integer(p, "save_interval", path + ".save_interval", 0, Scenario::kStepsMax,
+                        phase.save_interval, 0));
+  CKPTSIM_TRY(r.boolean(p, "async_save", path + ".async_save", phase.async_save, false));
+  CKPTSIM_TRY(r.integer(p, "async_write_steps", path + ".async_write_steps", 0, Scenario::kStepsMax,
+                        phase.async_write_steps, 0));
+  if (phase.async_write_steps > 0 && !phase.async_save) {
+    return r.error(path + ".async_write_steps", "needs \"async_save\": true");
   }
-  if (!phase.save && !phase.storage_faults.empty()) {
+  if (!phase.saves() && !last) {
+    return r.error(path + ".save",
+                   "must be true (or save_interval set): the next phase resumes from this "
+                   "phase's checkpoint");
+  }
+  if (!phase.saves() && !phase.storage_faults.empty()) {
     return r.error(path + ".storage_faults", "a phase that saves nothing has no save to fail");
   }
   return Status::ok();
@@ -793,6 +803,9 @@ json scenario_to_json(const Scenario& s) {
     if (p.tp != 1) pj["tp"] = p.tp;
     if (p.pp != 1) pj["pp"] = p.pp;
     if (!p.save) pj["save"] = false;
+    if (p.save_interval != 0) pj["save_interval"] = p.save_interval;
+    if (p.async_save) pj["async_save"] = true;
+    if (p.async_write_steps != 0) pj["async_write_steps"] = p.async_write_steps;
     // Written as given, even when equal to the scenario's (a round trip keeps it).
     if (p.schedule.has_value()) pj["schedule"] = schedule_json(*p.schedule, s.schedule, true);
     if (p.opt_param_scheduler != model::SchedulerResume::kNeither)

@@ -122,9 +122,21 @@ struct PhaseSpec {
   std::optional<bool> mem_efficient;
   // Where this phase's save fails (none: it does not).
   std::vector<StorageFaultSpec> storage_faults;
+  // The training loop's --save-interval (0: none): the job also saves at every iteration that
+  // is a multiple of it, as train() does; its exit save (`save`) is skipped where the interval
+  // just saved that iteration. A phase whose last save is an interval save leaves the next one
+  // resuming from it.
+  int64_t save_interval = 0;
+  // --async-save (model/megatron/async_save.h): the saves are scheduled and finalized later,
+  // at the top of the first iteration after `async_write_steps` further steps (a slow disk:
+  // the worker's writes take that long), or at the end of the job.
+  bool async_save = false;
+  int64_t async_write_steps = 0;
 
   // The job's ranks: tp x pp x dp.
   int64_t world() const { return tp * pp * dp; }
+  // Whether the job saves at all (at its end or at an interval).
+  bool saves() const { return save || save_interval > 0; }
 
   void set_revision(const Revision& r) {
     revision = r.name;

@@ -325,6 +325,17 @@ TEST(PropertyCanary, EveryFaultSiteFailsThePropertyItNames) {
           json.find("\"steps\": 3"), 10,
           "\"steps\": 3, \"storage_faults\": [{\"kind\": \"" + kind + "\", \"file\": \"shard\"}]");
     }
+    // The async save's sites: saves at iterations 2 and 4 of one job; a slow disk and a crash
+    // in the second save leave the tracker the first save's finalize wrote.
+    if (fault == model::fault::kAsyncFinalizeReadsLiveIteration ||
+        fault == model::fault::kAsyncReusesCachedHandles) {
+      const bool live = fault == model::fault::kAsyncFinalizeReadsLiveIteration;
+      json.replace(json.find("\"steps\": 3"), 10,
+                   std::string("\"steps\": 4, \"save_interval\": 2, \"async_save\": true") +
+                       (live ? ", \"async_write_steps\": 1, \"storage_faults\": [{\"kind\": "
+                               "\"crash_before\", \"file\": \"shard\", \"nth\": 2}]"
+                             : ""));
+    }
     return test::scenario_from_json(json);
   };
   ASSERT_FALSE(model::fault_sites().empty());

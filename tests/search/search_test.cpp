@@ -8,7 +8,9 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+
 #include <rapidcheck/gtest.h>
+#include <cctype>
 
 #include "tests/testing.h"
 
@@ -418,8 +420,33 @@ INSTANTIATE_TEST_SUITE_P(
         Control{"hyperparams_follow_schedule",
                 {"fix-complete"},
                 {"scheduler.increment_per_iteration"},
-                {}}),
-    [](const ::testing::TestParamInfo<Control>& info) { return info.param.property; });
+                {}},
+        // The async save's fault switches, drawn where --fault-space storage draws async saves.
+        Control{"tracker_names_saved_state",
+                {"fix-complete"},
+                {"save.async_finalize_reads_live_iteration"},
+                {},
+                false,
+                0,
+                {},
+                true},
+        Control{"tracker_names_saved_state",
+                {"fix-complete"},
+                {"save.async_writer_reuses_cached_handles"},
+                {},
+                false,
+                0,
+                {model::ShardingType::kDpReshardable},
+                true}),
+    [](const ::testing::TestParamInfo<Control>& info) {
+      // The property, and the fault where one property has several controls.
+      std::string name = info.param.property;
+      if (!info.param.faults.empty() && info.param.faults.front().starts_with("save.async")) {
+        name += "_";
+        for (const char c : info.param.faults.front().substr(5)) name += std::isalnum(c) ? c : '_';
+      }
+      return name;
+    });
 
 TEST(MutationControls, CoverEveryProperty) {
   std::vector<std::string> covered = {

@@ -4,9 +4,13 @@
 // model/ or sim/ (RerunGivesTheSameTraceHash would differ), reduction in arrival order
 // (DeterministicAcrossRepeats with dp 5), different bytes in the two stores
 // (SameRunOnDiskAndInMemory).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
 
 #include "model/py/pickle_codec.h"
 #include "tests/testing.h"
@@ -176,4 +180,90 @@ TEST(Driver, AJobThatDiesBeforeItsTrackerWriteResumesFromTheCommittedIteration) 
             run.trace.end());
   for (const auto& r : properties::check_all(run))
     EXPECT_TRUE(r.ok()) << r.name << ": " << r.detail;
+}
+
+namespace {
+
+// Phase 0 of two_phase_json trained for `steps` with `saves` (the phase's save fields), then
+// phase 1 (dp 4, 2 steps).
+sim::Scenario with_saves(int steps, const std::string& saves, const std::string& extra = "") {
+  std::string json =
+      test::two_phase_json("hybrid", 1.0, 2, 4, "fix-complete", "fix-complete", extra);
+  json.replace(json.find("\"steps\": 3"), 10, fmt::format("\"steps\": {}, {}", steps, saves));
+  return test::scenario_from_json(json);
+}
+
+// Every file under `dir`, relative path -> bytes.
+std::map<std::string, std::string> files_under(const std::filesystem::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    std::ifstream in(e.path(), std::ios::binary);
+    out[std::filesystem::relative(e.path(), dir).string()] =
+        std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  return out;
+}
+
+}  // namespace
+
+// --async-save (model/megatron/async_save.h, invariant 1): the files an async save leaves once
+// finalized are byte for byte the synchronous save's, interval saves and the exit save alike,
+// and every phase resumes from the same iteration. Mutations caught: the recording view
+// dropping the worker's writes of one rank, or applying the finalize before the writes of a
+// later-scheduled save (the tracker would name another iteration).
+TEST(Driver, AnAsyncSaveLeavesTheFilesOfTheSynchronousSave) {
+  const auto base =
+      std::filesystem::temp_directory_path() / ("ckptsim-async-test-" + std::to_string(::getpid()));
+  std::map<std::string, std::string> files[2];
+  for (int async = 0; async < 2; ++async) {
+    const auto s =
+        with_saves(5, async ? R"("save_interval": 2, "async_save": true, "async_write_steps": 1)"
+                            : R"("save_interval": 2)");
+    sim::RunOptions options;
+    options.checkpoint_dir = (base / std::to_string(async)).string();
+    const auto run = test::run(s, options);
+    EXPECT_EQ(run.phases[1].start_step, 5) << "async=" << async;
+    EXPECT_EQ(run.phases[0].earlier_saves.size(), 2u) << "async=" << async;
+    for (const auto& r : properties::check_all(run))
+      EXPECT_TRUE(r.ok()) << "async=" << async << " " << r.name << ": " << r.detail;
+    files[async] = files_under(options.checkpoint_dir);
+  }
+  std::filesystem::remove_all(base);
+  // iterations 2, 4 and 5 of phase 0, 7 of phase 1, and the tracker.
+  EXPECT_TRUE(files[0].contains("iter_0000002/metadata.json"));
+  EXPECT_TRUE(files[0].contains("iter_0000004/shards/rank_1.bin"));
+  EXPECT_EQ(files[0].at("latest_checkpointed_iteration.txt"), "7");
+  ASSERT_EQ(files[0].size(), files[1].size());
+  for (const auto& [path, bytes] : files[0]) {
+    ASSERT_TRUE(files[1].contains(path)) << path;
+    EXPECT_TRUE(files[1].at(path) == bytes) << path << " differs";
+  }
+}
+
+// When an async save is finalized: at the top of the first iteration `async_write_steps` after
+// its own (maybe_finalize_async_save(blocking=False) once every rank's worker is done). Seen
+// through the fault site that writes the live iteration into the tracker: saves at 3 and 6,
+// the second crashing at its first shard, so the tracker left is the first save's finalize's,
+// written at iteration 3 + w. Without the fault it names 3, which the next job resumes from.
+// Mutations caught: finalizing one iteration late (`>` for `>=`), or at the end of the job only.
+TEST(Driver, AnAsyncSaveIsFinalizedAsManyIterationsLaterAsItsWritesTake) {
+  for (int w = 0; w <= 2; ++w) {
+    const std::string saves = fmt::format(
+        R"("save_interval": 3, "async_save": true, "async_write_steps": {}, "storage_faults": )"
+        R"([{{"kind": "crash_before", "file": "shard", "nth": 2}}])",
+        w);
+    const auto faulty = test::run(
+        with_saves(6, saves, R"(, "faults": ["save.async_finalize_reads_live_iteration"])"));
+    ASSERT_TRUE(faulty.phases[0].on_disk.has_value());
+    EXPECT_EQ(faulty.phases[0].on_disk->tracker, std::optional<std::string>(std::to_string(3 + w)))
+        << "w=" << w;
+    const auto clean = test::run(with_saves(6, saves));
+    ASSERT_TRUE(clean.phases[0].on_disk.has_value());
+    EXPECT_EQ(clean.phases[0].on_disk->tracker, std::optional<std::string>("3")) << "w=" << w;
+    EXPECT_EQ(clean.phases[1].start_step, 3) << "w=" << w;
+    EXPECT_EQ(clean.phases[1].loaded_phase, std::optional<size_t>(0)) << "w=" << w;
+    for (const auto& r : properties::check_all(clean))
+      EXPECT_TRUE(r.ok()) << "w=" << w << " " << r.name << ": " << r.detail;
+  }
 }
