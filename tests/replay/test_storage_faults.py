@@ -236,3 +236,45 @@ def test_torch_save_to_a_checkpoint_path_goes_through_the_hook(tmp_path):
     buf = io.BytesIO()
     save([2], buf)  # a stream (a tensor inside a .distcp): not a file of its own
     assert buf.getvalue() == b"[2]"
+
+
+def test_a_phase_resumes_after_a_completed_save_or_a_save_that_met_a_fault():
+    from replay import coordinator as c
+    err = lambda stage, secondary=False: {"at": "error", "stage": stage, "secondary": secondary}  # noqa: E731
+    assert c.resumes_after({"status": "completed", "save": True, "events": []})
+    assert not c.resumes_after({"status": "completed", "save": False, "events": []})
+    crashed = {"status": "failed", "storage_faults": ["crash_before ..."], "events": [err("save"), err("train", True)]}
+    assert c.resumes_after(crashed)
+    assert not c.resumes_after(dict(crashed, storage_faults=None))  # a failure of the code, not a fault
+    assert not c.resumes_after(dict(crashed, events=[err("train")]))
+
+
+def test_the_loaded_iteration_names_the_last_run_that_saved_it():
+    from replay import coordinator as c
+    done = {"reference": {}, "phase0": {"_save_iteration": 2}, "phase1": {"_save_iteration": 3},
+            "phase2": {"_save_iteration": 3}}
+    assert c.saved_by(done, 3) == "phase2" and c.saved_by(done, 2) == "phase0" and c.saved_by(done, 9) is None
+    run = {"save": True, "steps": 1}
+    assert c.save_iteration({"status": "failed", "storage_faults": ["x"], "start_step": 2,
+                             "events": [{"at": "error", "stage": "save"}]}, run) == 3
+    assert c.save_iteration({"status": "failed", "start_step": 2, "events": [{"at": "error", "stage": "load"}]},
+                            run) is None
+    assert c.crash_rank(["short at write 0 of shard files: iter_0000003/__0_0.distcp (rank 0)",
+                         "crash_after at write 0 of shard files: iter_0000003/__1_0.distcp (rank 1)"]) == 1
+
+
+def test_tracker_state_reads_what_the_training_loop_would(tmp_path):
+    from replay import coordinator as c
+    assert c.tracker_state(str(tmp_path)) is None
+    (tmp_path / sf.TRACKER).write_text("")
+    assert c.tracker_state(str(tmp_path)) == -1
+    (tmp_path / sf.TRACKER).write_text("7")
+    assert c.tracker_state(str(tmp_path)) == 7
+
+
+def test_gradients_before_the_planned_start_come_from_grads_before():
+    from replay import plan as plan_mod
+    run = {"id": "phase2", "start_step": 3, "grads": [["g4"]], "grads_before": [["g1"], ["g2"], ["g3"]]}
+    assert [plan_mod.step_gradients(run, g) for g in (1, 2, 3, 4)] == [["g1"], ["g2"], ["g3"], ["g4"]]
+    with pytest.raises(KeyError):
+        plan_mod.step_gradients(run, 5)
