@@ -40,10 +40,66 @@ std::vector<TraceVerdict> judge(const Trace& t) {
 // pair the model does not claim, or uninitialized memory), with the first reason for each.
 using Taint = std::map<std::string, std::string>;
 
+// A fired storage fault as both sides can name it: "<kind> <file kind>[ rank R]". The model
+// names its own files (shards/rank_R.bin, *.pt, metadata.json: its piece index), the runner the
+// real ones (__R_0.distcp, common.pt, .metadata: DCP's piece index); replay/storage_faults.py
+// maps one onto the other.
+std::string fault_key(const std::string& fired, const std::string& source) {
+  const std::string kind = fired.substr(0, fired.find(' '));
+  std::string path =
+      fired.substr(fired.rfind(": ") == std::string::npos ? 0 : fired.rfind(": ") + 2);
+  if (const auto paren = path.find(" ("); paren != std::string::npos) path.resize(paren);
+  const std::string base =
+      path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1);
+  const auto rank_of = [&](const std::string& prefix) {
+    return base.starts_with(prefix)
+               ? base.substr(prefix.size(),
+                             base.find_first_not_of("0123456789", prefix.size()) - prefix.size())
+               : std::string("?");
+  };
+  std::string file = "other";
+  if (base == "latest_checkpointed_iteration.txt")
+    file = "tracker";
+  else if (source == "model" && base.ends_with(".bin"))
+    file = "shard rank " + rank_of("rank_");
+  else if (source != "model" && base.ends_with(".distcp"))
+    file = "shard rank " + rank_of("__");
+  else if (base.ends_with(".pt"))
+    file = "object";
+  else if (source == "model" ? base == "metadata.json" : base.starts_with(".metadata"))
+    file = "metadata";
+  return kind + " " + file;
+}
+
+std::string fault_keys(const Run& run, const std::string& source) {
+  std::string out;
+  for (const auto& f : run.storage_faults) out += (out.empty() ? "" : "; ") + fault_key(f, source);
+  return out.empty() ? "none" : out;
+}
+
 class RunComparison {
  public:
   RunComparison(const Run& model, const Run& real, Taint inherited, Conformance& out)
       : m_(model), r_(real), taint_(std::move(inherited)), out_(out) {}
+
+  // Where the scenario has storage faults: the crash and the resume after it.
+  void compare_crash_and_resume() {
+    if (!m_.storage_faults.empty() || !r_.storage_faults.empty() || m_.crashed || r_.crashed) {
+      const std::string mk = fault_keys(m_, "model");
+      const std::string rk = fault_keys(r_, "real");
+      out_.crashes.add(m_.crashed == r_.crashed && mk == rk);
+      if (m_.crashed != r_.crashed)
+        run_divergence("crashed", m_.crashed ? "true" : "false", r_.crashed ? "true" : "false");
+      if (mk != rk) run_divergence("storage faults fired", mk, rk);
+    }
+    if (m_.phase <= 0 || m_.status == "skipped" || r_.status == "skipped") return;
+    const auto resume = [](const Run& r) {
+      return r.load ? fmt::format("loaded iteration {} (saved by {})", r.start_step, r.load_from)
+                    : fmt::format("started at iteration {} without a load", r.start_step);
+    };
+    out_.resumes.add(resume(m_) == resume(r_));
+    if (resume(m_) != resume(r_)) run_divergence("resumed", resume(m_), resume(r_));
+  }
 
   void compare() {
     compare_status_and_error();
@@ -78,10 +134,14 @@ class RunComparison {
     out_.divergences.push_back({m_.id, e.global_step, e.rank, e.at, field, mv, rv});
   }
 
+  void run_divergence(const std::string& field, const std::string& mv, const std::string& rv) {
+    out_.divergences.push_back({m_.id, -1, -1, "", field, mv, rv});
+  }
+
   void compare_status_and_error() {
     out_.statuses.add(m_.status == r_.status);
-    if (m_.status != r_.status)
-      out_.divergences.push_back({m_.id, -1, -1, "", "status", m_.status, r_.status});
+    if (m_.status != r_.status) run_divergence("status", m_.status, r_.status);
+    if (m_.crashed && r_.crashed) return;  // an exception at the crashed write vs a killed job
     const Event* me = first_primary_error(m_);
     const Event* re = first_primary_error(r_);
     ++out_.errors_compared;
@@ -344,6 +404,11 @@ namespace {
 
 // Compares the runs in trace order; a run that loads starts from the taint its source run had.
 void compare_all_runs(const Trace& m, const Trace& r, Conformance& out) {
+  const auto faulted = [](const Trace& t) {
+    return std::any_of(t.runs.begin(), t.runs.end(),
+                       [](const Run& run) { return !run.storage_faults.empty() || run.crashed; });
+  };
+  const bool storage_faults = faulted(m) || faulted(r);
   std::map<std::string, Taint> taint_at_end;
   for (const auto& run : m.runs) {
     const Run* real = r.find(run.id);
@@ -354,6 +419,7 @@ void compare_all_runs(const Trace& m, const Trace& r, Conformance& out) {
     }
     RunComparison c(run, *real, std::move(inherited), out);
     c.compare();
+    if (storage_faults) c.compare_crash_and_resume();
     taint_at_end[run.id] = c.taint();
   }
 }

@@ -114,6 +114,13 @@ struct Conformance {
   Tally step_aliases;  // where both sides record it
   Tally groups;        // param groups' lr and weight decay per step, where both sides record them
   Tally unwritten;     // per load probed on both sides: its unwritten ranges (none: one equal)
+  // Scenarios with storage faults (issue 25): per run whose save met one on either side, whether
+  // the job died and which faults fired (kind, file kind, a shard's rank); per phase after the
+  // first, where it resumed (loaded or started from random, the iteration, the saving run). The
+  // first error of a run that crashed on both sides is not compared: the model raises at the
+  // crashed write, the real job is killed.
+  Tally crashes;
+  Tally resumes;
   Tally hashes_required;
   std::vector<KernelPairHashes> hash_pairs;  // in order of first appearance
   bool verdicts_agree() const;
@@ -123,7 +130,7 @@ struct Conformance {
   bool agrees() const {
     return verdicts_agree() && counters_agree() && errors_agree() && statuses.agree() &&
            events.agree() && parts.agree() && step_aliases.agree() && groups.agree() &&
-           unwritten.agree() && hashes_required.agree();
+           unwritten.agree() && hashes_required.agree() && crashes.agree() && resumes.agree();
   }
 };
 

@@ -166,6 +166,7 @@ Result<Trace> parse(const json& j, const std::string& source) {
       if (const auto f = r.find("storage_faults"); f != r.end() && f->is_array()) {
         for (const auto& x : *f) run.storage_faults.push_back(x.get<std::string>());
       }
+      run.crashed = r.value("crashed", false);
       for (const auto& e : r.at("events")) run.events.push_back(parse_event(e));
       t.runs.push_back(std::move(run));
     }

@@ -103,6 +103,7 @@ struct Run {
   bool fused_adam_standin = false;
   // The storage faults its save met ("storage_faults": model::FaultyStorage::fired()).
   std::vector<std::string> storage_faults;
+  bool crashed = false;  // "crashed": the job died in its save at a storage fault
   std::vector<Event> events;
 };
 

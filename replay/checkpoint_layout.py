@@ -29,10 +29,10 @@ def iteration_dir(root: str, iteration: int) -> str:
 
 
 def write_tracker(root: str, iteration: int) -> None:
-    tmp = os.path.join(root, TRACKER + ".tmp")
-    with open(tmp, "w") as f:
+    """As save_checkpoint() writes it (iter_finalize_fn): open('w') in place, no newline, no
+    rename, no fsync, so that a crash there leaves what the training loop's would."""
+    with open(os.path.join(root, TRACKER), "w") as f:
         f.write(str(int(iteration)))
-    os.replace(tmp, os.path.join(root, TRACKER))
 
 
 def read_tracker(root: str) -> int:

@@ -28,9 +28,11 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import checkouts as co
+from . import checkpoint_layout as layout
 from . import model_parallel
 from . import errors as errors_mod
 from . import plan as plan_mod
+from . import storage_faults as sf_mod
 from . import trace_schema as ts
 
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -317,9 +319,23 @@ class Coordinator:
             rec["skipped_reason"] = reason
             return rec
 
+        crash_mode = plan_mod.has_storage_faults(plan)
         src = plan_mod.load_source(plan, index)
         external = (resume_from or {}).get(run["id"]) if run["load"] else None
-        if run["load"]:
+        if crash_mode and run["load"]:
+            # One checkpoint root for every phase: the job after the previous phase resumes from
+            # what the tracker names, or starts from random (crash_resume_source).
+            prev = done.get(plan["runs"][index - 1]["id"])
+            if prev is None or not resumes_after(prev):
+                return skipped("%s did not complete, so there is no checkpoint to resume from"
+                               % plan["runs"][index - 1]["id"])
+            tracker = tracker_state(ckpt_root)
+            rec["load"] = tracker is not None
+            if tracker is None:
+                rec.pop("load_from", None)
+            else:
+                rec["load_from"] = saved_by(done, tracker) or plan["runs"][index - 1]["id"]
+        elif run["load"]:
             rec["load_from"] = src
             if external:
                 # --resume-from: the given checkpoint, whatever became of the plan's source run.
@@ -358,10 +374,17 @@ class Coordinator:
         os.makedirs(os.path.dirname(pg_file), exist_ok=True)
         if os.path.exists(pg_file):
             os.remove(pg_file)
-        save_dir = os.path.join(ckpt_root, run["id"]) if run["save"] else None
-        if save_dir and os.path.exists(save_dir):
-            shutil.rmtree(save_dir)
-        load_dir = external or (os.path.join(ckpt_root, src) if run["load"] else None)
+        if crash_mode and run["id"] != "reference":
+            save_dir = ckpt_root if run["save"] else None
+            load_dir = ckpt_root if run["load"] else None
+        else:
+            save_dir = os.path.join(ckpt_root, run["id"]) if run["save"] else None
+            if save_dir and os.path.exists(save_dir):
+                shutil.rmtree(save_dir)
+            load_dir = external or (os.path.join(ckpt_root, src) if run["load"] else None)
+        fault_files = {k: os.path.join(self.work, "pg", "%s-%d-%d" % (k, os.getpid(), self._pg_counter))
+                       for k in ("crash_marker", "fault_record", "fault_counts")}
+        faults = plan_mod.storage_faults(plan, run) if crash_mode else []
         workers = self.workers_for(checkout, world)
         broken = [w for w in workers if w.state != "idle"]
         if broken:
@@ -377,9 +400,11 @@ class Coordinator:
                     "rank": r, "device": devices[r], "backend": backend, "init_method": "file://" + pg_file,
                     "collective_timeout_s": float(self.opts.get("collective_timeout_s", 120)),
                     "te": te_mode, "standin": standin, "coalescing_workaround": workaround,
-                    "save_dir": save_dir, "load_dir": load_dir, "values": bool(self.opts.get("values"))})
+                    "save_dir": save_dir, "load_dir": load_dir, "values": bool(self.opts.get("values")),
+                    "crash_mode": crash_mode, "storage_faults": faults, **fault_files})
             w.state = "busy"
-        results = self._collect(workers, run, time.time() + float(self.opts.get("run_timeout_s", 900)))
+        results = self._collect(workers, run, time.time() + float(self.opts.get("run_timeout_s", 900)),
+                                fault_files["crash_marker"])
         rec["wall_s"] = round(time.time() - t0, 2)
         per_rank: Dict[int, List[Dict[str, Any]]] = {}
         notes: List[str] = []
@@ -398,13 +423,48 @@ class Coordinator:
             for ev in per_rank[r]:
                 if ev["at"] == "error" and looks_like_peer_failure(ev):
                     ev["secondary"] = True
+        if crash_mode:
+            self._crash_record(rec, run, results, per_rank, fault_files)
         rec["events"] = order_events(per_rank)
         rec["status"] = "failed" if any(ev["at"] == "error" for ev in rec["events"]) else "completed"
+        if crash_mode and run["id"] != "reference":
+            rec["_save_iteration"] = save_iteration(rec, run)
         rec["_notes"] = sorted(set(notes))
         rec["_timings"] = {r: results[r].get("timings", {}) for r in range(world)}
         return rec
 
-    def _collect(self, workers: List[Worker], run: Dict[str, Any], deadline: float) -> Dict[int, Dict[str, Any]]:
+    def _crash_record(self, rec: Dict[str, Any], run: Dict[str, Any], results: Dict[int, Dict[str, Any]],
+                      per_rank: Dict[int, List[Dict[str, Any]]], files: Dict[str, str]) -> None:
+        """A run of a plan with storage faults: the faults that fired, whether the job died, where
+        it started (the ranks' own account: a fresh start, or the iteration loaded), and the
+        ranks that the crash (not an error of theirs) stopped."""
+        fired = sf_mod.read_lines(files["fault_record"])
+        crashed = os.path.exists(files["crash_marker"])
+        if fired:
+            rec["storage_faults"] = fired
+        if crashed:
+            rec["crashed"] = True
+            killer = crash_rank(fired)
+            for r, evs in per_rank.items():
+                if evs and evs[-1]["at"] == "error" and evs[-1]["py_type"] in ("WorkerCrash", "PeerAborted",
+                                                                                  "ReplayTimeout"):
+                    evs[-1].update({"py_type": "JobCrashed", "secondary": r != killer, "site": "",
+                                    "message": "the job died at a storage fault (%s)" % "; ".join(fired)})
+        fresh = [bool(res.get("started_fresh")) for res in results.values() if "started_fresh" in res]
+        if run["load"] and fresh and all(fresh):
+            rec["load"] = False
+            rec.pop("load_from", None)
+            rec["start_step"] = 0
+        elif run["load"]:
+            loaded = [ev["global_step"] for evs in per_rank.values() for ev in evs if ev["at"] == "after_load"]
+            rec["start_step"] = loaded[0] if loaded else 0
+        for k in files.values():
+            for path in [k] + [k + ".rank%d" % r for r in range(len(per_rank))]:
+                if os.path.exists(path):
+                    os.remove(path)
+
+    def _collect(self, workers: List[Worker], run: Dict[str, Any], deadline: float,
+                 crash_marker: Optional[str] = None) -> Dict[int, Dict[str, Any]]:
         results: Dict[int, Dict[str, Any]] = {}
         streamed: Dict[int, List[Dict[str, Any]]] = {r: [] for r in range(len(workers))}
         stage_of: Dict[int, str] = {r: "init" for r in range(len(workers))}
@@ -440,6 +500,9 @@ class Coordinator:
                 if msg is not None and msg.get("type") == "stage":
                     stage_of[r] = msg["stage"]
                     continue
+                if msg is None and crash_marker and os.path.exists(crash_marker) and first_error is None:
+                    # The job died at a storage fault: a scheduler stops every rank at once.
+                    first_error = time.time() - grace
                 if msg is None:
                     ev = {"rank": r, "at": "error", "stage": stage_of[r], "py_type": "WorkerCrash",
                           "message": "the worker process %s (log %s)" % (w.death(), w.log_path), "site": "",
@@ -508,6 +571,7 @@ class Coordinator:
         for r in runs:
             notes.extend(r.pop("_notes", []))
             r.pop("_timings", None)
+            r.pop("_save_iteration", None)
         if self.threads_note and ran:
             notes.append(self.threads_note)
         te_env = "real" if (hello.get("transformer_engine") or hello.get("apex")) else "absent"
@@ -537,6 +601,58 @@ class Coordinator:
                 "tool": {"name": "replay", "argv": self.opts.get("argv", [])},
                 "plan": {"path": os.path.abspath(plan_path), "synthetic": bool(gen.get("synthetic", False)),
                          "generator": gen.get("tool")}}
+
+
+def resumes_after(prev: Dict[str, Any]) -> bool:
+    """sim/driver.cpp resumes_after(): the job after `prev` runs where `prev` completed and saved,
+    or its save met a storage fault (every primary error of it in the save, or the job died)."""
+    if prev["status"] == "completed":
+        return bool(prev.get("save"))
+    if prev["status"] == "skipped" or not prev.get("storage_faults"):
+        return False
+    return all(ev.get("secondary") or ev.get("stage") == "save"
+               for ev in prev["events"] if ev["at"] == "error")
+
+
+def tracker_state(root: str) -> Optional[int]:
+    """The iteration the tracker in `root` names (-1: a tracker that names none), None: none."""
+    path = os.path.join(root, layout.TRACKER)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return -1
+
+
+def saved_by(done: Dict[str, Dict[str, Any]], iteration: int) -> Optional[str]:
+    """The last run whose save wrote `iteration` (model: PhaseRecord::loaded_phase)."""
+    found = None
+    for rid, rec in done.items():
+        if rec.get("_save_iteration") == iteration:
+            found = rid
+    return found
+
+
+def save_iteration(rec: Dict[str, Any], run: Dict[str, Any]) -> Optional[int]:
+    """The iteration the run's save wrote (or began to): its start plus its steps, where it saved,
+    or its save met a storage fault, and no rank failed before the save."""
+    if not run.get("save") or rec["status"] == "skipped":
+        return None
+    early = [ev for ev in rec["events"] if ev["at"] == "error" and not ev.get("secondary") and ev["stage"] != "save"]
+    if early or (rec["status"] != "completed" and not rec.get("storage_faults")):
+        return None
+    return int(rec.get("start_step", 0)) + int(run["steps"])
+
+
+def crash_rank(fired: List[str]) -> Optional[int]:
+    """The rank whose write a crash fired at ("... (rank R)"), or None."""
+    for line in fired:
+        m = re.search(r"\(rank (\d+)\)$", line)
+        if m and line.split(" ", 1)[0] in sf_mod.CRASH_KINDS:
+            return int(m.group(1))
+    return None
 
 
 def _import_error_event(rank: int, hello: Optional[Dict[str, Any]]) -> Dict[str, Any]:

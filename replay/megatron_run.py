@@ -30,6 +30,7 @@ from . import load_coverage
 from . import model_parallel
 from . import plan as plan_mod
 from . import schedule as schedule_mod
+from . import storage_faults as sf_mod
 from . import trace_schema as ts
 from .emulation import STEP_RECORDER, Patches, apply_coalescing_workaround, apply_te_emulation
 
@@ -128,6 +129,14 @@ def training_loop_resets_num_steps() -> bool:
     (schedule.resets_num_steps)."""
     return schedule_mod.resets_num_steps(_training_loop_text())
 
+class _TrackerError(errors_mod.TrainingLoopError):
+    """read_metadata() / _get_checkpoint_format()'s errors, with their own Python type."""
+
+    def __init__(self, py_type: str, message: str, site: str) -> None:
+        super().__init__(message, site, None)
+        self.py_type = py_type
+
+
 class RankRun:
     """Executes job["run_index"] of job["plan_path"] as rank job["rank"]."""
 
@@ -156,6 +165,8 @@ class RankRun:
         self.module = self.ddp = self.opt = self.sched = None
         self.dist_ready = False
         self.unwritten: Optional[List[Dict[str, Any]]] = None  # the load's, where probed
+        self.started_fresh = False  # a load that found no tracker (plans with storage faults)
+        self.global_step = int(self.run.get("start_step", 0))
         # Set by the worker: each event and each stage change is also sent as it happens, so a
         # rank that is stopped later still has its events up to there in the trace.
         self.on_event: Optional[Any] = None
@@ -424,11 +435,14 @@ class RankRun:
         md["dp_cp_group"] = ps.get_data_parallel_group(with_context_parallel=True)
         return md
 
-    def _load(self) -> int:
-        """megatron/training/checkpointing.py load_checkpoint(), torch_dist format."""
+    def _load(self) -> Optional[int]:
+        """megatron/training/checkpointing.py load_checkpoint(), torch_dist format (None: a plan
+        with storage faults found no tracker, and the job starts from random)."""
         from megatron.core import dist_checkpointing
 
-        ckpt = layout.resume_dir(self.job["load_dir"])
+        ckpt = self._tracker_dir() if self.job.get("crash_mode") else layout.resume_dir(self.job["load_dir"])
+        if ckpt is None:
+            return None
         common = dist_checkpointing.load_common_state_dict(ckpt)
         md = dist_checkpointing.load_content_metadata(preloaded_state_dict=common) or {}
         self._check_tp_pp(common, md)
@@ -456,6 +470,30 @@ class RankRun:
             self.notes.append("the checkpoint holds no opt_param_scheduler")
         torch.cuda.synchronize()
         return iteration
+
+    def _tracker_dir(self) -> Optional[str]:
+        """load_checkpoint()'s way to the iteration folder in a plan with storage faults (one
+        checkpoint root for every phase, as the training loop's --save/--load): read_metadata()
+        and _get_checkpoint_format()'s listing, raised with the training loop's sites (the
+        runner does not import megatron/training): no tracker -> None (a fresh start, "could not
+        find the metadata file"); not an integer -> SystemExit; a folder that is not there ->
+        FileNotFoundError."""
+        root = self.job["load_dir"]
+        path = os.path.join(root, layout.TRACKER)
+        if not os.path.exists(path):
+            return None
+        with open(path) as f:
+            text = f.read()
+        try:
+            iteration = int(text.strip())
+        except ValueError:
+            raise _TrackerError("SystemExit", "ERROR: Invalid metadata file %s. Exiting (%r)" % (layout.TRACKER, text),
+                                "checkpointing.py read_metadata()") from None
+        d = layout.iteration_dir(root, iteration)
+        if not os.path.isdir(d):
+            raise _TrackerError("FileNotFoundError", "[Errno 2] No such file or directory: '%s'" % os.path.basename(d),
+                                "checkpointing.py _get_checkpoint_format()")
+        return d
 
     def _check_tp_pp(self, common: Dict[str, Any], md: Dict[str, Any]) -> None:
         """load_checkpoint()'s check of the checkpoint's (TP, PP) (from its args; (1, 1) where it
@@ -516,7 +554,7 @@ class RankRun:
         # The plan holds each DP rank's local gradient over the whole model: this rank takes
         # its stage's params, each its TP piece (the same elements of the whole gradient that
         # every TP rank of the DP rank sees, as a TP layer's gradient is).
-        raw = ts.decode_f32_bytes(self.run["grads"][k][self.dp_rank])
+        raw = ts.decode_f32_bytes(plan_mod.step_gradients(self.run, self.global_step + 1)[self.dp_rank])
         flat = torch.frombuffer(bytearray(raw), dtype=torch.float32)
         for spec, (_, p) in zip(self.held, self.module.named_parameters()):
             b, e = self.offsets[spec["name"]]
@@ -572,15 +610,28 @@ class RankRun:
             # from them (a checkpoint without them reads as (1, 1), as this runner's older ones).
             sd["args"] = argparse.Namespace(tensor_model_parallel_size=self.tp, pipeline_model_parallel_size=self.pp)
         content = {k: v for k, v in md.items() if k != "dp_cp_group"}
+        faults = self.job.get("storage_faults") or []
+        if faults:
+            # From here on the save's writes meet the phase's storage faults (replay/storage_faults.py).
+            plan = sf_mod.FaultPlan(root, [sf_mod.Fault(**f) for f in faults], self.rank, self.world,
+                                    sf_mod.Counters(self.job["fault_counts"] + ".rank%d" % self.rank, len(faults)))
+            hook = sf_mod.Interposer(plan, self.job["crash_marker"],
+                                     lambda line: sf_mod.append_line(self.job["fault_record"], line))
+            hook.install(self.patches, torch)
+            self.notes.append("storage faults: open(), io.open(), os.rename(), os.replace() and torch.save() "
+                              "wrapped during the save (torch.save to a checkpoint path serializes to memory and "
+                              "writes the same bytes through open())")
         dist_checkpointing.save(sd, ckpt, validate_access_integrity=True, content_metadata=content)
         torch.cuda.synchronize()
-        dist.barrier()
+        dist.barrier()  # "Wait so everyone is done (necessary)"
         if self.rank == 0:
             layout.write_tracker(root, iteration)
+        dist.barrier()  # save_checkpoint()'s last barrier
 
     # ------------------------------------------------------------------ driver
     def execute(self) -> Dict[str, Any]:
         stage, gs = self._stage("init"), int(self.run.get("start_step", 0))
+        start = gs
         status = "completed"
         t0 = time.time()
         try:
@@ -596,13 +647,20 @@ class RankRun:
                 t = time.time()
                 it = self._load()
                 self.timings["load_s"] = round(time.time() - t, 3)
-                if it != gs:
+                if it is None:
+                    # No tracker: the training loop starts from random at iteration 0. The
+                    # model's trace records no init event for such a phase, nor does this.
+                    self.started_fresh = True
+                    it = 0
+                elif it != gs:
                     self.notes.append("the checkpoint's iteration is %d, the plan's start_step %d" % (it, gs))
                 gs = it
-                ev = self._event("after_load", gs)
-                if self.unwritten is not None:
-                    ev["unwritten"] = self.unwritten
-                self._add(ev)
+                start = gs
+                if not self.started_fresh:
+                    ev = self._event("after_load", gs)
+                    if self.unwritten is not None:
+                        ev["unwritten"] = self.unwritten
+                    self._add(ev)
             else:
                 self._add(self._event("init", gs))
             stage = self._stage("train")
@@ -612,6 +670,7 @@ class RankRun:
                 if gs + 1 in changes:
                     self._change_schedule(changes[gs + 1], gs)
                 groups = self._groups()
+                self.global_step = gs
                 used = self._step(k)
                 gs += 1
                 ev = self._event("after_step", gs, used)
@@ -631,7 +690,7 @@ class RankRun:
             self._add(errors_mod.error_event(e, self.rank, stage, gs))
         self.timings["run_s"] = round(time.time() - t0, 3)
         return {"status": status, "events": self.events, "notes": self.notes + self.patches.notes,
-                "timings": self.timings}
+                "timings": self.timings, "started_fresh": self.started_fresh, "start_step": start}
 
     def cleanup(self) -> None:
         self.patches.restore()

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import model_parallel
 from . import schedule as schedule_mod
+from . import storage_faults as sf_mod
 from . import trace_schema as ts
 
 FORMAT = "ckptsim-replay-plan"
@@ -212,6 +213,11 @@ def _validate_scenario(sc: Dict[str, Any], err) -> List[Dict[str, Any]]:
             if not isinstance(ph.get("revision"), str) or not ph.get("revision"):
                 err(path + ".revision", "must be a profile name")
             _validate_format(ph, path, err)
+            try:
+                sf_mod.parse_faults(ph, path)
+            except sf_mod.StorageFaultSpecError as e:
+                where, _, what = str(e).partition(": ")
+                err(where, what)
             problem = model_parallel.phase_problem(good, ph, path) if len(good) == len(params) else None
             if problem:
                 err(*problem)
@@ -282,7 +288,7 @@ def _validate_runs(runs: List[Any], phases: List[Any], revisions: Dict[str, Any]
     if want and len(runs) != len(want):
         err("runs", "must hold %d entries (reference + %d phases), got %d" % (len(want), len(phases), len(runs)))
     allowed = {"id", "phase", "dp", "tp", "pp", "revision", "start_step", "steps", "load", "save", "load_from",
-               "grads"}
+               "grads", "grads_before"}
     ids = set()
     for i, run in enumerate(runs):
         path = "runs[%d]" % i
@@ -314,8 +320,15 @@ def _validate_runs(runs: List[Any], phases: List[Any], revisions: Dict[str, Any]
             err(path + ".grads", "must hold one entry per step (%d), got %s"
                 % (steps, len(grads) if isinstance(grads, list) else type(grads).__name__))
             continue
+        before = run.get("grads_before")
+        if before is not None:
+            if not isinstance(before, list) or len(before) != run.get("start_step"):
+                err(path + ".grads_before", "must hold one entry per global step before start_step (%r), got %s"
+                    % (run.get("start_step"), len(before) if isinstance(before, list) else type(before).__name__))
+                before = []
+            grads = list(grads) + list(before)
         for k, per_rank in enumerate(grads):
-            gpath = "%s.grads[%d]" % (path, k)
+            gpath = "%s.grads[%d]" % (path, k) if k < steps else "%s.grads_before[%d]" % (path, k - steps)
             if not isinstance(per_rank, list) or len(per_rank) != dp:
                 err(gpath, "must hold one base64 array per DP rank (%d): its local gradient over the whole model" % dp)
                 continue
@@ -367,6 +380,36 @@ def load_source(plan: Dict[str, Any], run_index: int) -> Optional[str]:
         if prev["id"] != "reference" and prev.get("save"):
             return prev["id"]
     return None
+
+
+def step_gradients(run: Dict[str, Any], global_step: int) -> List[str]:
+    """Every DP rank's local gradient (base64) at `global_step`: from the run's `grads` where the
+    step is one of its planned steps, else from `grads_before` (global steps 1..start_step, in a
+    plan with storage faults, where a phase may resume from an earlier iteration or from
+    scratch). KeyError naming the step where the plan holds none."""
+    start = int(run.get("start_step", 0))
+    k = global_step - start - 1
+    if 0 <= k < len(run["grads"]):
+        return run["grads"][k]
+    before = run.get("grads_before") or []
+    if 1 <= global_step <= len(before):
+        return before[global_step - 1]
+    raise KeyError("run %s holds no gradient for global step %d (grads from %d, grads_before %d)"
+                   % (run.get("id"), global_step, start + 1, len(before)))
+
+
+def storage_faults(plan: Dict[str, Any], run: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The storage faults of the run's save: its phase's `storage_faults` (none for the reference)."""
+    if "phase" not in run:
+        return []
+    phase = plan["scenario"]["phases"][int(run["phase"])]
+    return [{"kind": f.kind, "file": f.file, "nth": f.nth}
+            for f in sf_mod.parse_faults(phase, "scenario.phases[%d]" % int(run["phase"]))]
+
+
+def has_storage_faults(plan: Dict[str, Any]) -> bool:
+    """A plan in crash mode: every phase saves into and resumes from one checkpoint root."""
+    return any(p.get("storage_faults") for p in plan["scenario"].get("phases", []) if isinstance(p, dict))
 
 
 def rank_gradients(plan: Dict[str, Any], run: Dict[str, Any], rank: int) -> List[bytes]:

@@ -246,7 +246,8 @@ def _validate_setup(v: _V, s: Any) -> None:
 def _validate_run(v: _V, run: Any, path: str) -> None:
     if not v.obj(run, path, ["id", "dp", "revision", "status", "events"],
                  ["phase", "tp", "pp", "start_step", "steps", "load", "save", "backend", "te", "fused_adam_standin",
-                  "coalescing_workaround", "skipped_reason", "wall_s", "load_from", "resumed_from", "devices"]):
+                  "coalescing_workaround", "skipped_reason", "wall_s", "load_from", "resumed_from", "devices",
+                  "storage_faults", "crashed"]):
         return
     v.string(run.get("id"), _join(path, "id"), nonempty=True)
     v.integer(run.get("dp"), _join(path, "dp"), lo=1)
@@ -269,6 +270,16 @@ def _validate_run(v: _V, run: Any, path: str) -> None:
         v.string(run["resumed_from"], _join(path, "resumed_from"), nonempty=True)
         if not run.get("load"):
             v.err(_join(path, "resumed_from"), "only a run that loads resumes from a checkpoint")
+    if "storage_faults" in run:
+        sf = run["storage_faults"]
+        if not isinstance(sf, list) or not sf or not all(isinstance(x, str) and x for x in sf):
+            v.err(_join(path, "storage_faults"), "must be a non-empty array of the faults that fired (strings)")
+    if "crashed" in run:
+        v.boolean(run["crashed"], _join(path, "crashed"))
+        if run["crashed"] and not run.get("storage_faults"):
+            v.err(_join(path, "crashed"), "only a run whose save met a storage fault crashes")
+        if run["crashed"] and run.get("status") != "failed":
+            v.err(_join(path, "status"), "a crashed run is failed (its ranks stopped in the save)")
     if run.get("status") == "skipped":
         if not isinstance(run.get("skipped_reason"), str) or not run.get("skipped_reason"):
             v.err(_join(path, "skipped_reason"), "a skipped run must say why")

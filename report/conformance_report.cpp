@@ -282,7 +282,13 @@ std::vector<std::pair<std::string, properties::Tally>> fields_of(const propertie
 
 std::string conformance_fields(const properties::Conformance& c) {
   std::string out;
-  for (const auto& [name, t] : fields_of(c))
+  auto fields = fields_of(c);
+  // Only where the scenario has storage faults, so that other scenarios' lines stay as they were.
+  if (c.crashes.compared + c.resumes.compared > 0) {
+    fields.emplace_back("crashes", c.crashes);
+    fields.emplace_back("resumes", c.resumes);
+  }
+  for (const auto& [name, t] : fields)
     out += fmt::format("{}{} {}/{}", out.empty() ? "" : ", ", name, t.equal, t.compared);
   return out;
 }

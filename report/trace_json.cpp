@@ -28,15 +28,9 @@ json switches_json(const model::RevisionSwitches& switches) {
   return out;
 }
 
-// One run of the plan: its identity and every rank's local gradient at every step.
-json plan_run(const sim::Scenario& s, const std::string& id, int64_t dp,
-              const model::RevisionProfile& profile, int64_t start_step, int64_t steps) {
-  json run{{"id", id},
-           {"dp", dp},
-           {"revision", profile.name},
-           {"start_step", start_step},
-           {"steps", steps},
-           {"grads", json::array()}};
+// Every DP rank's local gradient at global steps first + 1 .. first + steps, one entry per step.
+json plan_grads(const sim::Scenario& s, int64_t dp, int64_t first, int64_t steps) {
+  json grads = json::array();
   const sim::GradientSpec spec{s.seed, s.samples_per_step};
   const float scale = 1.0F / static_cast<float>(s.samples_per_step);
   std::vector<float> local(static_cast<size_t>(s.total_numel()));
@@ -47,15 +41,26 @@ json plan_run(const sim::Scenario& s, const std::string& id, int64_t dp,
       for (size_t p = 0; p < s.params.size(); ++p) {
         const auto n = static_cast<size_t>(s.params[p].numel);
         std::span<float> out(local.data() + at, n);
-        sim::local_gradient(spec, start_step + k + 1, static_cast<int64_t>(p), 0, rank, dp, out);
+        sim::local_gradient(spec, first + k + 1, static_cast<int64_t>(p), 0, rank, dp, out);
         for (float& x : out) x *= scale;  // as the simulator does: a power of two, exact
         at += n;
       }
       ranks.push_back(base64_f32(local));
     }
-    run["grads"].push_back(std::move(ranks));
+    grads.push_back(std::move(ranks));
   }
-  return run;
+  return grads;
+}
+
+// One run of the plan: its identity and every rank's local gradient at every step.
+json plan_run(const sim::Scenario& s, const std::string& id, int64_t dp,
+              const model::RevisionProfile& profile, int64_t start_step, int64_t steps) {
+  return {{"id", id},
+          {"dp", dp},
+          {"revision", profile.name},
+          {"start_step", start_step},
+          {"steps", steps},
+          {"grads", plan_grads(s, dp, start_step, steps)}};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -321,6 +326,7 @@ json phase_run(const sim::RunResult& run, const sim::PhaseRecord& p, bool values
     out["load_from"] = fmt::format("phase{}", p.loaded_phase.value_or(p.index - 1));
   }
   if (!p.storage_faults_fired.empty()) out["storage_faults"] = p.storage_faults_fired;
+  if (p.crashed) out["crashed"] = true;
   put_model_parallel(p.spec, out);
   if (!p.ran) {
     out["status"] = "skipped";
@@ -385,6 +391,9 @@ json replay_plan_json(const sim::Scenario& s) {
     run["load"] = i > 0;
     run["save"] = ph.save;
     put_model_parallel(ph, run);
+    // After a storage fault a phase may resume from an earlier iteration or start from random:
+    // its gradients at every global step before its planned start too.
+    if (s.has_storage_faults() && start > 0) run["grads_before"] = plan_grads(s, ph.dp, 0, start);
     runs.push_back(std::move(run));
     start += ph.steps;
   }
