@@ -48,17 +48,19 @@ endfunction()
 set(M ${CMAKE_SOURCE_DIR}/model)
 # What every fuzzer needs, and the pickle reader (no libtorch but c10, for errors.cpp).
 ckptsim_fuzz_library(ckptsim_fuzz_base SOURCES
-  ${M}/py/pickle_tree.cpp ${M}/errors.cpp ${M}/py/key.cpp ${M}/json_depth.cpp ${M}/status.cpp)
+  ${M}/py/pickle_tree.cpp ${M}/errors.cpp ${M}/py/key.cpp ${M}/json_depth.cpp ${M}/status.cpp
+  ${M}/storage.cpp)
 # The checkpoint readers: torch.save blobs, torch.distributed.checkpoint, Megatron's torch_dist.
 ckptsim_fuzz_library(ckptsim_fuzz_readers TORCH SOURCES
   ${M}/torch/torch_save_format.cpp ${M}/torch/distributed_checkpoint.cpp
   ${M}/megatron/torch_dist_checkpoint.cpp ${M}/megatron/optimizer_key.cpp
-  ${M}/megatron/mapping.cpp ${M}/py/value.cpp ${M}/py/pickle_writer.cpp ${M}/storage.cpp)
+  ${M}/megatron/mapping.cpp ${M}/py/value.cpp ${M}/py/pickle_writer.cpp)
 target_link_libraries(ckptsim_fuzz_readers PUBLIC ckptsim_fuzz_base)
-# The JSON readers: scenarios and revision profiles.
+# The JSON readers: scenarios and revision profiles (a scenario's storage faults name their
+# kinds through faulty_storage.cpp).
 ckptsim_fuzz_library(ckptsim_fuzz_json SOURCES
   ${CMAKE_SOURCE_DIR}/sim/scenario.cpp ${M}/revision.cpp ${M}/config.cpp ${M}/faults.cpp
-  ${CKPTSIM_EMBEDDED})
+  ${M}/faulty_storage.cpp ${CKPTSIM_EMBEDDED})
 target_link_libraries(ckptsim_fuzz_json PUBLIC ckptsim_fuzz_base)
 
 # ckptsim_fuzzer(<name> <library>): fuzz/<name>.cpp, an LLVMFuzzerTestOneInput. A fuzzer of
