@@ -13,12 +13,16 @@
 
 #include <c10/util/Logging.h>
 
+#include <functional>
 #include <string>
 
 namespace ckptsim::fuzz {
 
+// The std::function<std::string()> overload: libtorch 1.13 has only it, libtorch 2.x also
+// one of a lazy c10::Backtrace.
 inline void skip_libtorch_backtraces() {
-  c10::SetStackTraceFetcher([] { return std::string("(backtrace not taken: fuzzing)\n"); });
+  c10::SetStackTraceFetcher(
+      std::function<std::string()>([] { return std::string("(backtrace not taken: fuzzing)\n"); }));
 }
 
 }  // namespace ckptsim::fuzz
