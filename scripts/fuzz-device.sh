@@ -128,7 +128,8 @@ done
 wait
 seconds=$((SECONDS - fuzz_start))
 
-status=0
+status=0  # 1 when any fuzzer left an artifact (a crash, a leak, a timeout)
+[[ -z "$(find "$work/artifacts" -type f)" ]] || status=1
 {
   echo "fuzz-device: $(nproc) cores, fuzzing ${seconds} s (build and setup: $fuzz_start s)"
   printf '%-30s %7s %8s %12s %9s %s\n' fuzzer workers runs execs exec/s artifacts
@@ -138,7 +139,6 @@ status=0
             awk '{s += $2} END {print s + 0}')
     runs=$(ls "$work/logs/$f".*.log | wc -l)
     arts=$(ls "$work/artifacts/$f" | wc -l)
-    [[ $arts -eq 0 ]] || status=1
     printf '%-30s %7s %8s %12s %9s %s\n' "$f" "$n" "$runs" "$execs" \
       "$((execs / (seconds > 0 ? seconds : 1)))" "$arts $(ls "$work/artifacts/$f" | head -3 | tr '\n' ' ')"
   done
