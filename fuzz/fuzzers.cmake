@@ -12,15 +12,32 @@
 # scenarios/ and revisions/; the committed crash reproducers of tests/fixtures/fuzz-regressions/
 # are one more corpus folder of each run (read, never written).
 
-if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
-  message(FATAL_ERROR "CKPTSIM_FUZZ needs clang (libFuzzer); configure with the `fuzz` preset "
-                      "(CMAKE_CXX_COMPILER=clang++-14), got ${CMAKE_CXX_COMPILER_ID}")
+# Two ways to build them:
+# - clang (the `fuzz` preset): -fsanitize=fuzzer, per-edge coverage counters.
+# - GCC with libFuzzer's archive from clang, CKPTSIM_LIBFUZZER=<libclang_rt.fuzzer-x86_64.a>
+#   (scripts/fuzz-device.sh, on the GPU machine, which has GCC but no clang): GCC's
+#   -fsanitize-coverage=trace-pc,trace-cmp calls __sanitizer_cov_trace_pc and the comparison
+#   hooks, which libFuzzer implements (its "best-effort" trace-pc coverage: caller PCs hashed
+#   into a table, coarser than clang's counters). Same sources, same ASan and UBSan.
+set(CKPTSIM_LIBFUZZER "" CACHE FILEPATH
+    "GCC only: libFuzzer's static library (clang's libclang_rt.fuzzer-x86_64.a)")
+set(CKPTSIM_FUZZ_SANITIZERS -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
+if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+  set(CKPTSIM_FUZZ_FLAGS -fsanitize=fuzzer-no-link,address,undefined ${CKPTSIM_FUZZ_SANITIZERS})
+  set(CKPTSIM_FUZZ_LINK_FLAGS -fsanitize=fuzzer,address,undefined)
+  set(CKPTSIM_FUZZ_ENGINE "")
+elseif(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND EXISTS "${CKPTSIM_LIBFUZZER}")
+  set(CKPTSIM_FUZZ_FLAGS -fsanitize=address,undefined -fsanitize-coverage=trace-pc,trace-cmp
+                         ${CKPTSIM_FUZZ_SANITIZERS})
+  set(CKPTSIM_FUZZ_LINK_FLAGS -fsanitize=address,undefined)
+  set(CKPTSIM_FUZZ_ENGINE ${CKPTSIM_LIBFUZZER})
+else()
+  message(FATAL_ERROR "CKPTSIM_FUZZ needs clang (the `fuzz` preset, CMAKE_CXX_COMPILER="
+                      "clang++-14) or GCC with CKPTSIM_LIBFUZZER naming libFuzzer's archive; "
+                      "got ${CMAKE_CXX_COMPILER_ID}, CKPTSIM_LIBFUZZER='${CKPTSIM_LIBFUZZER}'")
 endif()
 
 set(CKPTSIM_FUZZ_SECONDS 20 CACHE STRING "Seconds of each fuzzer's ctest run (label fuzz)")
-set(CKPTSIM_FUZZ_FLAGS -fsanitize=fuzzer-no-link,address,undefined
-                       -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
-set(CKPTSIM_FUZZ_LINK_FLAGS -fsanitize=fuzzer,address,undefined)
 set(CKPTSIM_FUZZ_DIR ${CMAKE_SOURCE_DIR}/fuzz)
 
 # ckptsim_fuzz_library(<name> [TORCH] SOURCES ...): the units one group of fuzzers needs.
@@ -48,17 +65,19 @@ endfunction()
 set(M ${CMAKE_SOURCE_DIR}/model)
 # What every fuzzer needs, and the pickle reader (no libtorch but c10, for errors.cpp).
 ckptsim_fuzz_library(ckptsim_fuzz_base SOURCES
-  ${M}/py/pickle_tree.cpp ${M}/errors.cpp ${M}/py/key.cpp ${M}/json_depth.cpp ${M}/status.cpp)
+  ${M}/py/pickle_tree.cpp ${M}/errors.cpp ${M}/py/key.cpp ${M}/json_depth.cpp ${M}/status.cpp
+  ${M}/storage.cpp)
 # The checkpoint readers: torch.save blobs, torch.distributed.checkpoint, Megatron's torch_dist.
 ckptsim_fuzz_library(ckptsim_fuzz_readers TORCH SOURCES
   ${M}/torch/torch_save_format.cpp ${M}/torch/distributed_checkpoint.cpp
   ${M}/megatron/torch_dist_checkpoint.cpp ${M}/megatron/optimizer_key.cpp
-  ${M}/megatron/mapping.cpp ${M}/py/value.cpp ${M}/py/pickle_writer.cpp ${M}/storage.cpp)
+  ${M}/megatron/mapping.cpp ${M}/py/value.cpp ${M}/py/pickle_writer.cpp)
 target_link_libraries(ckptsim_fuzz_readers PUBLIC ckptsim_fuzz_base)
-# The JSON readers: scenarios and revision profiles.
+# The JSON readers: scenarios and revision profiles (a scenario's storage faults name their
+# kinds through faulty_storage.cpp).
 ckptsim_fuzz_library(ckptsim_fuzz_json SOURCES
   ${CMAKE_SOURCE_DIR}/sim/scenario.cpp ${M}/revision.cpp ${M}/config.cpp ${M}/faults.cpp
-  ${CKPTSIM_EMBEDDED})
+  ${M}/faulty_storage.cpp ${CKPTSIM_EMBEDDED})
 target_link_libraries(ckptsim_fuzz_json PUBLIC ckptsim_fuzz_base)
 
 # ckptsim_fuzzer(<name> <library>): fuzz/<name>.cpp, an LLVMFuzzerTestOneInput. A fuzzer of
@@ -68,6 +87,7 @@ function(ckptsim_fuzzer name library)
   add_executable(${name} ${CKPTSIM_FUZZ_DIR}/${name}.cpp)
   ckptsim_fuzz_executable(${name} ${library})
   target_link_options(${name} PRIVATE ${CKPTSIM_FUZZ_LINK_FLAGS})
+  target_link_libraries(${name} PRIVATE ${CKPTSIM_FUZZ_ENGINE})  # GCC: libFuzzer and its main
   set(CKPTSIM_FUZZERS ${CKPTSIM_FUZZERS} ${name} PARENT_SCOPE)
 endfunction()
 function(ckptsim_fuzz_executable name library)
@@ -78,6 +98,9 @@ function(ckptsim_fuzz_executable name library)
   target_compile_definitions(${name} PRIVATE CKPTSIM_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
   if(library STREQUAL "ckptsim_fuzz_readers")
     target_precompile_headers(${name} REUSE_FROM ckptsim_fuzz_readers)
+  endif()
+  if(CKPTSIM_FUZZ_ENGINE)
+    target_sources(${name} PRIVATE ${CKPTSIM_FUZZ_DIR}/gcc_coverage.cpp)
   endif()
 endfunction()
 

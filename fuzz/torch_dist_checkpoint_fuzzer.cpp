@@ -10,6 +10,7 @@
 #include <string>
 
 #include "fuzz/fuzz_targets.h"
+#include "fuzz/libtorch_backtraces.h"
 #include "fuzz/value_walk.h"
 #include "model/megatron/torch_dist_checkpoint.h"
 #include "model/storage.h"
@@ -56,6 +57,11 @@ void fuzz_torch_dist_checkpoint(std::span<const char> input) {
 }  // namespace ckptsim::fuzz
 
 #ifndef CKPTSIM_FUZZ_IN_TESTS
+extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
+  ckptsim::fuzz::skip_libtorch_backtraces();
+  return 0;
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ckptsim::fuzz::fuzz_torch_dist_checkpoint(ckptsim::fuzz::as_chars(data, size));
   return 0;

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "fuzz/fuzz_targets.h"
+#include "fuzz/libtorch_backtraces.h"
 #include "fuzz/value_walk.h"
 #include "model/torch/torch_save_format.h"
 
@@ -23,6 +24,11 @@ void fuzz_torch_save(std::span<const char> input) {
 }  // namespace ckptsim::fuzz
 
 #ifndef CKPTSIM_FUZZ_IN_TESTS
+extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
+  ckptsim::fuzz::skip_libtorch_backtraces();
+  return 0;
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ckptsim::fuzz::fuzz_torch_save(ckptsim::fuzz::as_chars(data, size));
   return 0;

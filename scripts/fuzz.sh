@@ -14,6 +14,8 @@
 #                                        build-fuzz/fuzz-artifacts/<fuzzer>/; the last lines of
 #                                        each run go to build-fuzz/fuzz-logs/<fuzzer>.log and a
 #                                        summary (executions, exec/s, cov, ft, corpus) to stdout
+#   CKPTSIM_FUZZ_ARGS="..."              more libFuzzer flags for `long` (e.g. -detect_leaks=0:
+#                                        reports/fuzzing.md says what the leak checks cost)
 #
 # Exit 0 when no fuzzer found anything; 1 otherwise. A reproducer worth keeping goes to
 # tests/fixtures/fuzz-regressions/<fuzzer>/ (replayed by the normal tests, tests/fuzz/), with a
@@ -49,7 +51,8 @@ for f in "${fuzzers[@]}"; do
   regressions=()
   [ -d "tests/fixtures/fuzz-regressions/$f" ] && regressions=("tests/fixtures/fuzz-regressions/$f")
   rc=0
-  "$build/$f" -max_total_time="$seconds" -timeout=30 -print_final_stats=1 \
+  # shellcheck disable=SC2086
+  "$build/$f" ${CKPTSIM_FUZZ_ARGS:-} -max_total_time="$seconds" -timeout=30 -print_final_stats=1 \
     -artifact_prefix="$artifacts/" "$corpus" "$build/fuzz-seeds/$f" "${regressions[@]}" \
     >"$log" 2>&1 || rc=$?
   done_line=$(grep -a -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -1 || true)
