@@ -7,10 +7,13 @@
 
 #include <ATen/ops/empty.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
+#include <span>
 #include <utility>
 
 #include <fmt/format.h>
@@ -270,6 +273,61 @@ Value TreeToValue::rebuild_tensor(const PickleNode& call) {
   return Value(base.as_strided(size, stride, offset));
 }
 
+// libtorch's reader allocates a record's size as the zip's central directory declares it before
+// reading it (PyTorchStreamReader::getRecord, from its constructor on), so a forged size in a
+// 2 KB file was a 4 GiB allocation (found by torch_save_fuzzer on the GPU machine). torch.save
+// stores its records uncompressed: none can be larger than the archive. What is not a readable
+// central directory is left to libtorch to refuse.
+std::optional<std::string> record_size_problem(std::span<const char> bytes) {
+  const auto at = [&](size_t off, size_t n) -> std::optional<uint64_t> {
+    if (off > bytes.size() || n > bytes.size() - off) return std::nullopt;
+    uint64_t v = 0;
+    for (size_t i = n; i-- > 0;) v = (v << 8) | static_cast<unsigned char>(bytes[off + i]);
+    return v;
+  };
+  const size_t n = bytes.size();
+  if (n < 22) return std::nullopt;
+  size_t eocd = n - 22;  // the end of central directory record, behind at most a 64 KiB comment
+  while (at(eocd, 4) != 0x06054b50u) {
+    if (eocd == 0 || n - eocd > 22 + 0xffff) return std::nullopt;
+    --eocd;
+  }
+  uint64_t entries = *at(eocd + 10, 2);
+  uint64_t offset = *at(eocd + 16, 4);
+  if (eocd >= 20 && at(eocd - 20, 4) == 0x07064b50u) {  // zip64
+    const auto z = at(eocd - 12, 8);
+    if (!z || at(*z, 4) != 0x06064b50u) return std::nullopt;
+    entries = at(*z + 32, 8).value_or(0);
+    offset = at(*z + 48, 8).value_or(n);
+  }
+  for (uint64_t e = 0; e < entries && e <= kTorchSaveRecordsMax; ++e) {
+    if (at(offset, 4) != 0x02014b50u) return std::nullopt;
+    uint64_t compressed = *at(offset + 20, 4);
+    uint64_t size = *at(offset + 24, 4);
+    const auto name_len = at(offset + 28, 2), extra_len = at(offset + 30, 2),
+               comment_len = at(offset + 32, 2);
+    if (!name_len || !extra_len || !comment_len) return std::nullopt;
+    // Zip64 sizes: in the extra field 0x0001, uncompressed size first, where 0xffffffff says so.
+    for (uint64_t x = offset + 46 + *name_len; x + 4 <= offset + 46 + *name_len + *extra_len;) {
+      const uint64_t id = at(x, 2).value_or(0), len = at(x + 2, 2).value_or(0);
+      if (id == 1) {
+        uint64_t y = x + 4;
+        if (size == 0xffffffffu) size = at(y, 8).value_or(size), y += 8;
+        if (compressed == 0xffffffffu) compressed = at(y, 8).value_or(compressed);
+      }
+      x += 4 + len;
+    }
+    if (std::max(size, compressed) > n) {
+      const std::string name(bytes.data() + std::min<uint64_t>(offset + 46, n),
+                             std::min<uint64_t>(*name_len, n - std::min<uint64_t>(offset + 46, n)));
+      return fmt::format("record {} declares {} bytes, more than the whole archive ({} bytes)",
+                         py_str_repr(name), std::max(size, compressed), n);
+    }
+    offset += 46 + *name_len + *extra_len + *comment_len;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<at::ScalarType> dtype_from_global(const std::string& name) {
@@ -301,6 +359,9 @@ const std::set<std::string>& torch_save_globals() {
 }
 
 Result<Value> load_torch_save(std::span<const char> bytes) {
+  if (auto problem = record_size_problem(bytes)) {
+    return Status::corruption("torch.save blob holds " + *problem);
+  }
   try {
     caffe2::serialize::PyTorchStreamReader archive(std::make_shared<SpanReadAdapter>(bytes));
     if (archive.getAllRecords().size() > kTorchSaveRecordsMax) {

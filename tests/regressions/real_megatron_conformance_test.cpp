@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <tuple>
 
 #include "properties/conformance.h"
@@ -30,16 +31,35 @@ namespace {
 // `replay run --resume-from`), values/ (recorded with --values: every hashed array too) and
 // formats/ (scenarios/campaign-formats, 2026-12-03: the checkpoint formats) and tp-pp/ (the 11
 // scenarios of scenarios/campaign-tp-pp the model got wrong before 2026-12-04's fixes: the HDO's
-// 'common_state' object loads with its classes; stages after the first build one bucket), as
-// paths relative to tests/conformance/.
+// 'common_state' object loads with its classes; stages after the first build one bucket) and
+// crash/ (2026-12-04: the crash scenarios of scenarios/crash-replay/ and the bundled
+// crash-overwrites one, storage faults acted out on the real save by replay/storage_faults.py),
+// as paths relative to tests/conformance/.
+//
+// The crash traces where the model does not agree with the real code yet (kKnownDivergent,
+// reports/crash-replay-2026-12-04.md): KnownDivergencesStillDiverge keeps them visible.
+const std::set<std::string> kKnownDivergent = {
+    // The real DCP reader unpickles each item (a torch.save archive), so the overwritten
+    // directory fails loudly (CheckpointException); the model's pieces are raw bytes and load.
+    "crash/crash-overwrites-committed-checkpoint-upstream-head__nv-d98e8a64dd__h200x1-te-emulated__"
+    "2026-12-04.trace.json",
+    // HEAD has no file of the model's 'object' kind (its ShardedObjects are items of rank 0's
+    // .distcp): the fault fires in the model only.
+    "crash/crash-replay-crash-after-object-upstream-head__nv-d98e8a64dd__h200x1-te-emulated__"
+    "2026-12-04.trace.json",
+    "crash/crash-replay-crash-before-object-upstream-head__nv-d98e8a64dd__h200x1-te-emulated__"
+    "2026-12-04.trace.json",
+};
+
 std::vector<std::string> recorded() {
   std::vector<std::string> out;
-  for (const std::string dir :
-       {"", "nccl-x2/", "te-absent/", "xload/", "values/", "campaign2/", "formats/", "tp-pp/"}) {
+  for (const std::string dir : {"", "nccl-x2/", "te-absent/", "xload/", "values/", "campaign2/",
+                                "formats/", "tp-pp/", "crash/"}) {
     for (const auto& e :
          std::filesystem::directory_iterator(test::source_path("tests/conformance/" + dir))) {
-      if (report::is_trace_file(e.path().string()))
-        out.push_back(dir + e.path().filename().string());
+      const std::string file = dir + e.path().filename().string();
+      if (report::is_trace_file(e.path().string()) && !kKnownDivergent.contains(file))
+        out.push_back(file);
     }
   }
   std::sort(out.begin(), out.end());
@@ -57,7 +77,7 @@ sim::Scenario scenario_of(const nlohmann::json& trace) {
   const std::string name = trace["scenario"];
   for (const std::string dir :
        {"scenarios/", "scenarios/found/", "scenarios/campaign/", "scenarios/campaign2/",
-        "scenarios/campaign-formats/", "scenarios/campaign-tp-pp/"}) {
+        "scenarios/campaign-formats/", "scenarios/campaign-tp-pp/", "scenarios/crash-replay/"}) {
     if (std::filesystem::exists(test::source_path(dir + name + ".json")))
       return test::scenario_file(dir + name + ".json");
   }
@@ -110,11 +130,22 @@ INSTANTIATE_TEST_SUITE_P(Recorded, RealMegatron, ::testing::ValuesIn(recorded())
                            if (name.starts_with("values/")) name = name.substr(7) + "_values";
                            if (name.starts_with("campaign2/")) name = name.substr(10);
                            if (name.starts_with("tp-pp/")) name = name.substr(6) + "_tp_pp";
+                           if (name.starts_with("crash/")) name = name.substr(6);
                            for (char& c : name) {
                              if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
                            }
                            return name;
                          });
+
+// The known divergences of the crash traces still diverge (when one agrees, the model was
+// fixed: move it to the agreeing ones). Mutation caught: a divergent trace listed as agreeing
+// (TheModelAgreesWithTheRecordedTrace fails on it).
+TEST(RealMegatron, KnownCrashDivergencesStillDiverge) {
+  for (const std::string& file : kKnownDivergent) {
+    const auto c = conform_with(read(file));
+    EXPECT_FALSE(c.agrees()) << file << " agrees now";
+  }
+}
 
 // The phase-1 after_load state hashes of one trace: (rank, state, param) -> hash.
 std::map<std::tuple<int, std::string, std::string>, std::string> after_load_hashes(

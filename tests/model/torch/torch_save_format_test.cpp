@@ -64,5 +64,21 @@ TEST(TorchSave, ControlCharacterInAStorageKeyStaysOnOneLine) {
   EXPECT_NE(m.find("a storage key '\\n'"), std::string::npos) << m;
 }
 
+// A zip record whose central directory declares 4 GiB (0xffffffff, no zip64 field) in a 2.4 KB
+// blob: libtorch's reader allocated the declared size before reading (torch_save_fuzzer, GPU
+// machine, 2026-12-04). Now an error naming the record, before libtorch sees the bytes.
+// Mutation caught: the size check taken out (libtorch's own message, after the allocation).
+TEST(TorchSave, ARecordSizeLargerThanTheArchiveIsAnErrorNotAnAllocation) {
+  std::ifstream in(std::string(CKPTSIM_SOURCE_DIR) +
+                       "/tests/fixtures/fuzz-regressions/torch_save_fuzzer/record-size-forged-4gib",
+                   std::ios::binary);
+  ASSERT_TRUE(in);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string m = error(ss.str());
+  EXPECT_NE(m.find("declares 4294967295 bytes, more than the whole archive"), std::string::npos)
+      << m;
+}
+
 }  // namespace
 }  // namespace ckptsim::model
