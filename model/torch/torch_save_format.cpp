@@ -294,11 +294,14 @@ std::optional<std::string> record_size_problem(std::span<const char> bytes) {
   }
   uint64_t entries = *at(eocd + 10, 2);
   uint64_t offset = *at(eocd + 16, 4);
-  if (eocd >= 20 && at(eocd - 20, 4) == 0x07064b50u) {  // zip64
+  // Zip64: its record where the locator points at one (else the plain record's values, as a
+  // reader that falls back to them takes them).
+  if (eocd >= 20 && at(eocd - 20, 4) == 0x07064b50u) {
     const auto z = at(eocd - 12, 8);
-    if (!z || at(*z, 4) != 0x06064b50u) return std::nullopt;
-    entries = at(*z + 32, 8).value_or(0);
-    offset = at(*z + 48, 8).value_or(n);
+    if (z && at(*z, 4) == 0x06064b50u && at(*z + 32, 8) && at(*z + 48, 8)) {
+      entries = *at(*z + 32, 8);
+      offset = *at(*z + 48, 8);
+    }
   }
   for (uint64_t e = 0; e < entries && e <= kTorchSaveRecordsMax; ++e) {
     if (at(offset, 4) != 0x02014b50u) return std::nullopt;
