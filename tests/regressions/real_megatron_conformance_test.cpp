@@ -147,6 +147,35 @@ TEST(RealMegatron, KnownCrashDivergencesStillDiverge) {
   }
 }
 
+// conform's crash counts can fail (issue 25, item 3): the recorded real trace of a crash after
+// the tracker write, changed as a runner that misreported the crash or the resume would: the
+// crashed phase said not crashed (crashes 0/1), or the restarted job said to have loaded phase
+// 0's save instead of phase 1's (resumes). Mutations caught: conform not comparing `crashed`, or
+// not comparing where a phase resumed from.
+TEST(RealMegatron, ConformCatchesAMisreportedCrashOrResume) {
+  const std::string file =
+      "crash/crash-replay-crash-after-tracker-upstream-head__nv-d98e8a64dd__h200x1-te-emulated__"
+      "2026-12-04.trace.json";
+  const nlohmann::json real = read(file);
+  ASSERT_TRUE(conform_with(real).agrees());
+  nlohmann::json not_crashed = real;
+  nlohmann::json wrong_source = real;
+  for (auto& run : not_crashed["runs"]) {
+    if (run["id"] == "phase1") run["crashed"] = false;
+  }
+  for (auto& run : wrong_source["runs"]) {
+    if (run["id"] == "phase2") run["load_from"] = "phase0";
+  }
+  const auto c1 = conform_with(not_crashed);
+  EXPECT_FALSE(c1.crashes.agree())
+      << "a crash reported as none: crashes " << c1.crashes.equal << "/" << c1.crashes.compared;
+  EXPECT_FALSE(c1.agrees());
+  const auto c2 = conform_with(wrong_source);
+  EXPECT_FALSE(c2.resumes.agree())
+      << "a resume from the wrong save: resumes " << c2.resumes.equal << "/" << c2.resumes.compared;
+  EXPECT_FALSE(c2.agrees());
+}
+
 // The phase-1 after_load state hashes of one trace: (rank, state, param) -> hash.
 std::map<std::tuple<int, std::string, std::string>, std::string> after_load_hashes(
     const nlohmann::json& trace) {
