@@ -149,7 +149,7 @@ void Coverage::add(const sim::Scenario& s) {
     if (p.save_interval > 0 || p.async_save) {  // only where drawn (--fault-space storage)
       bump("phases: saves",
            fmt::format("{}{}", p.save_interval > 0 ? "every few iterations" : "at the end",
-                       p.async_save ? fmt::format(", async (writes take {} steps)",
+                       p.async_save ? fmt::format(", async (writes take {} step(s))",
                                                   std::min<int64_t>(p.async_write_steps, 3))
                                     : std::string()));
     }
