@@ -9,6 +9,7 @@
 #include "model/errors.h"
 #include "model/faults.h"
 #include "model/megatron/torch_dist_checkpoint.h"
+#include "model/torch/torch_save_format.h"
 
 namespace ckptsim::model {
 
@@ -86,11 +87,11 @@ class RecordingStorage final : public Storage {
   std::vector<Op> finalize_;
 };
 
+// A saved piece's element size, from its torch dtype name (the save wrote only dtypes it names).
 int64_t element_bytes(const std::string& dtype) {
-  if (dtype == "torch.float64" || dtype == "torch.int64") return 8;
-  if (dtype == "torch.float32" || dtype == "torch.int32") return 4;
-  if (dtype == "torch.bfloat16" || dtype == "torch.float16" || dtype == "torch.int16") return 2;
-  return 1;
+  const auto type = dtype_from_global(dtype);
+  CKPTSIM_CHECK(type.has_value(), "a saved piece of dtype " + dtype);
+  return static_cast<int64_t>(c10::elementSize(*type));
 }
 
 bool same_structure(const std::vector<SavedPiece>& a, const std::vector<SavedPiece>& b) {
