@@ -221,8 +221,30 @@ def _validate_scenario(sc: Dict[str, Any], err) -> List[Dict[str, Any]]:
             problem = model_parallel.phase_problem(good, ph, path) if len(good) == len(params) else None
             if problem:
                 err(*problem)
+            _validate_no_load_optim(phases, i, path, err)
     schedule_mod.validate(sc, err)
     return good
+
+
+def _validate_no_load_optim(phases: List[Any], i: int, path: str, err) -> None:
+    """A phase's no_load_optim (--no-load-optim), with ckptsim's scenario parser's rules
+    (sim/scenario.cpp): a boolean; never in the first phase (it loads nothing); never in a
+    scenario with storage_faults (the reference run restarts its optimizer where the phase's
+    first step is planned, and after a storage fault the phase may resume elsewhere)."""
+    ph = phases[i]
+    if "no_load_optim" not in ph:
+        return
+    value, path = ph["no_load_optim"], path + ".no_load_optim"
+    if not isinstance(value, bool):
+        err(path, "must be true or false, got %r" % (value,))
+        return
+    if not value:
+        return
+    if i == 0:
+        err(path, "the first phase loads no checkpoint")
+    elif any(isinstance(p, dict) and p.get("storage_faults") for p in phases):
+        err(path, "not modeled together with storage_faults (the fresh optimizer's reference needs the "
+                  "phase to resume where the previous one ended)")
 
 
 SHARDING_TYPES = ("dp_reshardable", "fully_reshardable", "dp_zero_gather_scatter", "fully_sharded_model_space")

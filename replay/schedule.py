@@ -7,7 +7,8 @@ as megatron/training/training.py get_optimizer_param_scheduler does), each param
 config override (a group with lr_mult m is {lr_mult: m, max_lr: lr*m, min_lr: min_lr*m},
 as ckptsim builds it), and the schedule changes the uninterrupted reference run makes where a
 later phase resumes with other arguments (the schedule Megatron's flags say should be in
-force: ckptsim's sim::intended_schedules()).
+force: ckptsim's sim::intended_schedules()), and where it restarts its optimizer and scheduler
+(where a --no-load-optim phase resumes: reference_restarts).
 """
 
 from __future__ import annotations
@@ -47,14 +48,20 @@ def resume_flag(scenario: Dict[str, Any], phase: int) -> str:
     return scenario["phases"][phase].get("opt_param_scheduler", "neither")
 
 
+def no_load_optim(scenario: Dict[str, Any], phase: int) -> bool:
+    """Whether phase `phase` resumes with --no-load-optim (the model's params only)."""
+    return bool(scenario["phases"][phase].get("no_load_optim", False))
+
+
 def intended_schedules(scenario: Dict[str, Any]) -> List[Dict[str, Any]]:
     """Per phase, the schedule that should be in force (the flags as Megatron documents them):
     the phase's own arguments, except after a --use-checkpoint-opt_param-scheduler resume,
-    which keeps the schedule before it (all but lr_warmup_init, which no checkpoint holds)."""
+    which keeps the schedule before it (all but lr_warmup_init, which no checkpoint holds).
+    A --no-load-optim phase loads no scheduler: its own arguments, whatever its flag."""
     out: List[Dict[str, Any]] = []
     for i in range(len(scenario["phases"])):
         args = phase_arguments(scenario, i)
-        if i == 0 or resume_flag(scenario, i) != "use_checkpoint":
+        if i == 0 or no_load_optim(scenario, i) or resume_flag(scenario, i) != "use_checkpoint":
             out.append(args)
         else:
             kept = dict(out[-1])
@@ -70,6 +77,19 @@ def reference_changes(scenario: Dict[str, Any]) -> List[Tuple[int, Dict[str, Any
     for i, ph in enumerate(scenario["phases"]):
         if i > 0 and intended[i] != intended[i - 1]:
             out.append((first, intended[i]))
+        first += int(ph["steps"])
+    return out
+
+
+def reference_restarts(scenario: Dict[str, Any]) -> List[int]:
+    """The first global steps before which the uninterrupted run builds a new optimizer and
+    scheduler: where each --no-load-optim phase resumes (1 + the steps of the phases before it),
+    as ckptsim's reference run does (sim/driver.cpp run_reference). A scheduler built there
+    counts from 0, so a later schedule change steps it by the steps done since."""
+    out, first = [], 1
+    for i, ph in enumerate(scenario["phases"]):
+        if i > 0 and no_load_optim(scenario, i):
+            out.append(first)
         first += int(ph["steps"])
     return out
 

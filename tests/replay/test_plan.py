@@ -180,3 +180,37 @@ def test_plan_json_round_trips_through_json():
     again = json.loads(json.dumps(plan))
     assert plan_mod.validate_plan(again) == []
     assert set(again["revisions"]) == {"miles-main", "upstream-2874"}
+
+
+# --no-load-optim (a phase's "no_load_optim"): ckptsim's scenario parser's rules (sim/scenario.cpp).
+def _no_load_optim_errors(fn):
+    return [e for e in _mut(fn) if "no_load_optim" in e]
+
+
+def test_no_load_optim_on_a_resumed_phase_is_valid():
+    assert _mut(lambda p: p["scenario"]["phases"][1].update(no_load_optim=True)) == []
+    assert _mut(lambda p: p["scenario"]["phases"][0].update(no_load_optim=False)) == []  # the default, spelled
+
+
+def test_no_load_optim_must_be_a_boolean():
+    errs = _no_load_optim_errors(lambda p: p["scenario"]["phases"][1].update(no_load_optim="yes"))
+    assert errs == ["scenario.phases[1].no_load_optim: must be true or false, got 'yes'"]
+
+
+def test_no_load_optim_in_the_first_phase_is_rejected():
+    errs = _no_load_optim_errors(lambda p: p["scenario"]["phases"][0].update(no_load_optim=True))
+    assert errs == ["scenario.phases[0].no_load_optim: the first phase loads no checkpoint"]
+
+
+@pytest.mark.parametrize("faulty_phase", [1, 0])  # its own phase's faults, and another phase's
+def test_no_load_optim_with_storage_faults_is_rejected(faulty_phase):
+    def mutate(p):
+        p["scenario"]["phases"][faulty_phase]["storage_faults"] = [{"kind": "crash_before", "file": "shard"}]
+        p["scenario"]["phases"][1]["no_load_optim"] = True
+
+    errs = _no_load_optim_errors(mutate)
+    assert len(errs) == 1 and errs[0].startswith("scenario.phases[1].no_load_optim: not modeled together with "
+                                                 "storage_faults"), errs
+    # The faults alone are a valid plan: the error is no_load_optim's.
+    assert _mut(lambda p: p["scenario"]["phases"][faulty_phase].update(
+        storage_faults=[{"kind": "crash_before", "file": "shard"}])) == []

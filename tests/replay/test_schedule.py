@@ -51,6 +51,31 @@ def test_the_reference_run_changes_schedule_where_the_intended_schedule_changes(
     assert schedule.reference_changes(scenario()) == []
 
 
+def test_a_no_load_optim_phase_follows_its_own_arguments_whatever_its_flag():
+    new = {"schedule": {"lr": 0.02}, "opt_param_scheduler": "use_checkpoint"}
+    kept = schedule.intended_schedules(scenario(p1=new))
+    fresh = schedule.intended_schedules(scenario(p1=dict(new, no_load_optim=True)))
+    assert kept[1]["lr"] == 0.01  # the checkpoint's scheduler, loaded
+    assert fresh[1]["lr"] == 0.02  # no scheduler loaded: the phase's own arguments
+    assert [i["lr"] for i in fresh] == [0.01, 0.02, 0.01]
+    # The reference run changes its schedule there too (and restarts its optimizer: below).
+    assert [(first, args["lr"]) for first, args in schedule.reference_changes(
+        scenario(p1=dict(new, no_load_optim=True)))] == [(4, 0.02), (6, 0.01)]
+
+
+@pytest.mark.parametrize("phases, restarts", [
+    ((), []),
+    ((1,), [4]),       # steps 3, 2, 1: phase 1 resumes before global step 4
+    ((2,), [6]),
+    ((1, 2), [4, 6]),
+])
+def test_the_reference_run_restarts_where_a_no_load_optim_phase_resumes(phases, restarts):
+    sc = scenario(**{"p%d" % i: {"no_load_optim": True} for i in phases})
+    assert schedule.reference_restarts(sc) == restarts
+    sc["phases"][1]["no_load_optim"] = False  # spelled false: no restart
+    assert schedule.reference_restarts(sc) == [r for r in restarts if r != 4]
+
+
 def test_scheduler_kwargs_count_samples_and_carry_the_flag():
     kw = schedule.scheduler_kwargs(schedule.phase_arguments(scenario(), 0), 8, "use_checkpoint")
     assert (kw["lr_warmup_steps"], kw["lr_decay_steps"], kw["wd_incr_steps"]) == (16, 80, 8)
