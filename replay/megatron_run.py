@@ -201,13 +201,9 @@ class RankRun:
 
     def _build(self) -> None:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-        from megatron.core.optimizer.optimizer_config import ParamKey
-        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
         from megatron.core.transformer.transformer_config import TransformerConfig
 
         sc = self.scenario
-        o = sc["optimizer"]
         # calculate_per_token_loss=True: DDP's gradient_scaling_factor is 1.0 and the
         # reduce-scatter sums (average_in_collective stays False): the plan's local gradients
         # are already scaled by 1/samples_per_step, as ckptsim scales them. One layer per
@@ -236,10 +232,21 @@ class RankRun:
             ddp.ddp_config.overlap_grad_reduce = False
             self.notes.append("bucket_size %d: DDP built with overlap_grad_reduce=True (keeps the bucket size), "
                               "then grad sync made synchronous" % bucket_size)
+        self.module, self.ddp = module, ddp
+        self.schedule_args = schedule_mod.phase_arguments(sc, int(self.run.get("phase", 0)))
+        self._build_optimizer(self.schedule_args)
+
+    def _build_optimizer(self, args: Dict[str, Any]) -> None:
+        """get_megatron_optimizer() over self.ddp and an OptimizerParamScheduler, both for the
+        schedule arguments `args` (the run's phase's at first; the reference run builds them
+        again where a --no-load-optim phase resumes, from the weights it then holds)."""
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer.optimizer_config import ParamKey
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+        sc = self.scenario
+        o = sc["optimizer"]
         hybrid = o["kind"] == "hybrid"
-        phase = int(self.run.get("phase", 0))
-        args = schedule_mod.phase_arguments(sc, phase)
-        self.schedule_args = args
         oconf = OptimizerConfig(
             optimizer="adam", lr=float(args["lr"]), min_lr=float(args["min_lr"]),
             weight_decay=float(o["weight_decay"]),
@@ -254,7 +261,7 @@ class RankRun:
         # Param groups: exactly the scenario's wd_mult / lr_mult. An explicit (possibly empty)
         # override dict replaces Megatron's standard one (which sets wd_mult=0 for 1-D params
         # and biases). The scheduler never reads lr_mult; a group's lr comes from its own
-        # max_lr/min_lr, which the override sets to the phase's lr/min_lr times lr_mult.
+        # max_lr/min_lr, which the override sets to the schedule's lr/min_lr times lr_mult.
         by_mults: Dict[Tuple[float, float], List[str]] = {}
         for p in self.params:
             if (p["wd_mult"], p["lr_mult"]) != (1.0, 1.0):
@@ -265,11 +272,11 @@ class RankRun:
             # named_parameters(), which prefixes every name with "module.".
             overrides[ParamKey(name=tuple("module." + n for n in names))] = schedule_mod.group_override(
                 wd_mult, lr_mult, args)
-        opt = get_megatron_optimizer(oconf, [ddp], config_overrides=overrides)
+        self.sched = self.opt = None  # the reference run's restart: the old ones go first
+        self.opt = get_megatron_optimizer(oconf, [self.ddp], config_overrides=overrides)
         self.scheduler_cls = OptimizerParamScheduler
-        sched = OptimizerParamScheduler(opt, **schedule_mod.scheduler_kwargs(
-            args, self.samples_per_step, schedule_mod.resume_flag(sc, phase)))
-        self.module, self.ddp, self.opt, self.sched = module, ddp, opt, sched
+        self.sched = OptimizerParamScheduler(self.opt, **schedule_mod.scheduler_kwargs(
+            args, self.samples_per_step, schedule_mod.resume_flag(sc, int(self.run.get("phase", 0)))))
 
     def _module(self, tconf: Any) -> Tuple[Any, List[str]]:
         """The model: the stage's params in model order, each its TP piece of the plan's initial
@@ -443,13 +450,19 @@ class RankRun:
         ckpt = self._tracker_dir() if self.job.get("crash_mode") else layout.resume_dir(self.job["load_dir"])
         if ckpt is None:
             return None
+        # --no-load-optim: load_checkpoint() requests the model only (no optimizer, so no
+        # sharded_state_dict(is_loading=True), and no scheduler), and skips the optimizer's
+        # (TP, PP) and sharding-type checks.
+        load_optim = not schedule_mod.no_load_optim(self.scenario, int(self.run.get("phase", 0)))
         common = dist_checkpointing.load_common_state_dict(ckpt)
         md = dist_checkpointing.load_content_metadata(preloaded_state_dict=common) or {}
-        self._check_tp_pp(common, md)
+        if load_optim:
+            self._check_tp_pp(common, md)
         md = self._metadata(dict(md))
         sd: Dict[str, Any] = {"checkpoint_version": 3.0}
         sd["model"] = self.module.sharded_state_dict(metadata=md)
-        sd["optimizer"] = self.opt.sharded_state_dict(sd, is_loading=True, metadata=md)
+        if load_optim:
+            sd["optimizer"] = self.opt.sharded_state_dict(sd, is_loading=True, metadata=md)
         # Which requested elements the load leaves unwritten (replay/load_coverage.py): probed
         # without changing what the load gives (every probed element is restored after it).
         probe = load_coverage.Probe(sd)
@@ -460,6 +473,15 @@ class RankRun:
                               "a factory's)" % probe.unchecked)
         iteration = int(loaded.get("iteration", common.get("iteration", 0)))
         self.ddp.load_state_dict(loaded["model"], strict=True)
+        if not load_optim:
+            # load_checkpoint()'s branch without the optimizer, for bf16: the main params from
+            # the loaded model params; the optimizer and the scheduler stay as built (HEAD's
+            # --override-opt_param-scheduler block is inside the optimizer's branch: not run).
+            self.opt.reload_model_params()
+            self.notes.append("--no-load-optim: the load requested the model only; optimizer.reload_model_params(), "
+                              "no optimizer or scheduler state loaded")
+            torch.cuda.synchronize()
+            return iteration
         self.opt.load_state_dict(loaded["optimizer"])
         # The scheduler, as load_checkpoint() does after the optimizer (a checkpoint of this
         # runner from before it saved one has none: the scheduler stays as built).
@@ -576,17 +598,28 @@ class RankRun:
         torch.cuda.synchronize()
         return used
 
-    def _change_schedule(self, args: Dict[str, Any], steps_done: int) -> None:
+    def _change_schedule(self, args: Dict[str, Any], steps_counted: int) -> None:
         """The uninterrupted run where a later phase resumes with other arguments: the schedule
         that should then be in force (ckptsim's reference run does the same), each group's bounds
-        from it, stepped to where the run is."""
+        from it, stepped to where the run's scheduler is: `steps_counted`, the steps done since
+        the run's last optimizer restart (all of them where there was none)."""
         for group in self.opt.param_groups:
             lr_mult = float(group.get("lr_mult", 1.0))
             group["max_lr"] = float(args["lr"]) * lr_mult
             group["min_lr"] = float(args["min_lr"]) * lr_mult
+        self.schedule_args = args
         self.sched = self.scheduler_cls(self.opt, **schedule_mod.scheduler_kwargs(
             args, self.samples_per_step, "neither"))
-        self.sched.step(increment=steps_done * self.samples_per_step)
+        self.sched.step(increment=steps_counted * self.samples_per_step)
+
+    def _restart_optimizer(self, global_step: int) -> None:
+        """The uninterrupted run where a --no-load-optim phase resumes (before `global_step`): a
+        new optimizer over the weights the run holds and a new scheduler that has counted
+        nothing, both for the schedule then in force, as a job started from these weights
+        builds them (ckptsim's reference run does the same: sim/driver.cpp restart_optimizer)."""
+        self._build_optimizer(self.schedule_args)
+        self.notes.append("reference: optimizer and scheduler built again before global step %d, where a "
+                          "--no-load-optim phase resumes" % global_step)
 
     def _all_inner_optimizers(self) -> List[Any]:
         inner = self._dist_opt().optimizer
@@ -665,10 +698,18 @@ class RankRun:
                 self._add(self._event("init", gs))
             stage = self._stage("train")
             t = time.time()
-            changes = dict(schedule_mod.reference_changes(self.scenario)) if self.run["id"] == "reference" else {}
+            reference = self.run["id"] == "reference"
+            changes = dict(schedule_mod.reference_changes(self.scenario)) if reference else {}
+            restarts = set(schedule_mod.reference_restarts(self.scenario)) if reference else set()
+            origin = 0  # the steps done before the optimizer and scheduler were last built
             for k in range(int(self.run["steps"])):
+                # ckptsim's order (sim/driver.cpp train): the change, then the restart, which
+                # builds its scheduler from the schedule the change put in force.
                 if gs + 1 in changes:
-                    self._change_schedule(changes[gs + 1], gs)
+                    self._change_schedule(changes[gs + 1], gs - origin)
+                if gs + 1 in restarts:
+                    self._restart_optimizer(gs + 1)
+                    origin = gs
                 groups = self._groups()
                 self.global_step = gs
                 used = self._step(k)
