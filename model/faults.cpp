@@ -56,6 +56,11 @@ const std::vector<FaultSite>& fault_sites() {
        "(NVRx's cached handles after the optimizer state was reallocated, NVIDIA-NeMo/RL PR "
        "#4183): later checkpoints hold the first one's moments",
        "tracker_names_saved_state"},
+      {fault::kReloadSkipsModelParams,
+       "a resume that loads no optimizer state (--no-load-optim) does not copy the loaded "
+       "model params into the optimizer's main params (reload_model_params() does nothing): "
+       "the first step updates the weights the job was built with",
+       "first_step_continues_from_loaded_weights"},
   };
   return sites;
 }

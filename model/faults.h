@@ -34,6 +34,7 @@ inline constexpr const char* kSkipDamagedPieces = "load.skip_damaged_pieces";
 inline constexpr const char* kAsyncFinalizeReadsLiveIteration =
     "save.async_finalize_reads_live_iteration";
 inline constexpr const char* kAsyncReusesCachedHandles = "save.async_writer_reuses_cached_handles";
+inline constexpr const char* kReloadSkipsModelParams = "load.reload_skips_model_params";
 }  // namespace fault
 
 }  // namespace ckptsim::model

@@ -96,6 +96,12 @@ const std::vector<SwitchDef>& switch_defs() {
                   "a fix of ours: load_parameter_state_from_dp_zero calls "
                   "HDO._sync_hdo_state_to_sub_optimizers() as the model-space loaders do",
                   &RevisionSwitches::dp_zero_load_syncs_hdo),
+      bool_switch("hdo_reload_refreshes_cpu_copies",
+                  "a fix of ours: the HDO's update_fp32_param_by_new_param() (a --no-load-optim "
+                  "resume's reload_model_params()) also refreshes the CPU copies of offloaded "
+                  "params that have no fp32 copy (fp32 params); upstream leaves them holding the "
+                  "weights the job was built with",
+                  &RevisionSwitches::hdo_reload_refreshes_cpu_copies),
       bool_switch(
           "dp_reshardable_load_no_grad",
           "PR #2681 / dev #5835: the dp_reshardable loader runs under torch.no_grad() (POST "

@@ -206,7 +206,10 @@ PropertyResult reshard_round_trip_bytes(const sim::RunResult& run) {
   PropertyResult r = pass("reshard_round_trip_bytes");
   int compared = 0;
   for (const auto& p : run.phases) {
-    if (!p.ran || p.index == 0 || p.spec.steps != 0 || p.saved_state.empty()) continue;
+    // A --no-load-optim resume loads no optimizer state: it saves a fresh one.
+    if (!p.ran || p.index == 0 || p.spec.steps != 0 || p.saved_state.empty() ||
+        p.spec.no_load_optim)
+      continue;
     const sim::PhaseRecord* loaded = run.loaded_from(p);
     // The files of the phase's last save are kept (saved_state), not of an earlier one's.
     if (loaded == nullptr || loaded->saved_state.empty() || loaded->save_iteration != p.start_step)

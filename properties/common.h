@@ -76,6 +76,7 @@ PropertyResult layout_invariants(const sim::RunResult& run);                 // 
 PropertyResult hyperparams_follow_schedule(const sim::RunResult& run);       // schedule.cpp
 PropertyResult resume_after_crash_is_complete(const sim::RunResult& run);    // crash.cpp
 PropertyResult tracker_names_saved_state(const sim::RunResult& run);         // crash.cpp
+PropertyResult first_step_continues_from_loaded_weights(const sim::RunResult& run);  // resume.cpp
 
 // Whether `e` of phase `p` is what a storage fault made: a save that met one, or a load after
 // one. resume_after_crash_is_complete judges those; the other properties do not count them.

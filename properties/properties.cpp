@@ -84,6 +84,11 @@ const std::vector<Property>& all_properties() {
        "the iteration the tracker names is the iteration its directory holds, whole",
        tracker_names_saved_state, nullptr,
        "PropertyCanary.TrackerNamesSavedStateCatchesATrackerWrittenBeforeTheData", nullptr, ""},
+      {"first_step_continues_from_loaded_weights",
+       "after a --no-load-optim resume the optimizer starts afresh from the loaded weights, and "
+       "the first step moves each weight no further than Adam's first step can",
+       first_step_continues_from_loaded_weights, nullptr,
+       "PropertyCanary.FirstStepContinuesFromLoadedWeightsCatchesASkippedReload", nullptr, ""},
   };
   return props;
 }

@@ -1,6 +1,10 @@
 // Resume family: the load itself. no_duplicate_leaves (merge() never collides: I7, I10; B2,
-// B3) and resume_completes (every save and load runs to the end on every rank).
+// B3), resume_completes (every save and load runs to the end on every rank) and
+// first_step_continues_from_loaded_weights (a --no-load-optim resume trains on from the weights
+// it loaded, with an optimizer that starts afresh from them).
 #include <fmt/format.h>
+
+#include <cmath>
 
 #include "properties/common.h"
 #include "properties/trace.h"
@@ -79,6 +83,120 @@ std::string stopped_before(const sim::RunResult& baseline, const sim::RunResult&
       "the all-baseline run's {} stopped at its {} ({}), before the {} where the "
       "candidate's fails",
       run, b->stage, b->py_type, c->stage);
+}
+
+namespace {
+
+// One unit in the last place of `x` as a value of `dtype` holds it (bf16: 8 significant bits,
+// fp32: 24).
+double ulp(double x, model::DType dtype) {
+  int exponent = 0;
+  std::frexp(x == 0.0 ? std::numeric_limits<float>::min() : x, &exponent);
+  return std::ldexp(1.0, exponent - (dtype == model::DType::kBFloat16 ? 8 : 24));
+}
+
+// The first place where phase `p`'s state right after its --no-load-optim load is not the
+// fresh start from the weights it loaded (`saved`: the checkpoint's state): model params other
+// than the saved ones, a main param other than its model param, Adam state already there.
+std::optional<std::pair<std::string, std::string>> fresh_start_difference(
+    const sim::RunResult& run, const sim::GlobalState& loaded, const sim::GlobalState& saved) {
+  for (size_t q = 0; q < loaded.param.size() && q < saved.param.size(); ++q) {
+    for (size_t e = 0; e < loaded.param[q].size() && e < saved.param[q].size(); ++e) {
+      if (bitwise_equal(loaded.param[q][e], saved.param[q][e])) continue;
+      return std::pair{
+          "model_param",
+          fmt::format("after the load, model param {}[{}] is {}; the checkpoint "
+                      "holds {}",
+                      param_name(run, q), e, num(loaded.param[q][e]), num(saved.param[q][e]))};
+    }
+  }
+  for (size_t q = 0; q < loaded.master.size() && q < loaded.param.size(); ++q) {
+    for (size_t e = 0; e < loaded.master[q].size() && e < loaded.param[q].size(); ++e) {
+      const float m = loaded.master[q][e];
+      if (std::isnan(m) || std::isnan(loaded.param[q][e]) || bitwise_equal(m, loaded.param[q][e]))
+        continue;
+      return std::pair{"main_param",
+                       fmt::format("after the load, the optimizer's main param of {}[{}] is {}, "
+                                   "but the loaded weight is {}: the first step would update "
+                                   "other weights than the ones loaded",
+                                   param_name(run, q), e, num(m), num(loaded.param[q][e]))};
+    }
+  }
+  for (size_t q = 0; q < loaded.moments_present.size(); ++q) {
+    for (size_t e = 0; e < loaded.moments_present[q].size(); ++e) {
+      if (loaded.moments_present[q][e] == 0) continue;
+      return std::pair{"moments", fmt::format("after the load, {}[{}] already has Adam moments "
+                                              "(exp_avg {}): the optimizer did not start afresh",
+                                              param_name(run, q), e, num(loaded.exp_avg[q][e]))};
+    }
+  }
+  return std::nullopt;
+}
+
+// The first element of the first step after a --no-load-optim load that moved further from
+// its loaded value than Adam's first step can: |update| = lr |g| / (|g| + eps) < lr, plus the
+// decoupled weight decay lr wd |p| (AdamW), plus the rounding to the param's dtype.
+std::optional<std::string> first_step_beyond_adam(const sim::RunResult& run,
+                                                  const sim::GlobalState& loaded,
+                                                  const sim::GlobalState& first) {
+  const auto& params = run.scenario.params;
+  for (size_t q = 0; q < params.size() && q < loaded.param.size() && q < first.param.size(); ++q) {
+    const sim::GroupHyper* h = nullptr;
+    for (const sim::GroupHyper& g : first.hypers) {
+      if (g.wd_mult == params[q].wd_mult && g.lr_mult == params[q].lr_mult) h = &g;
+    }
+    if (h == nullptr) continue;  // a pipeline stage's group: rank 0 does not hold it
+    for (size_t e = 0; e < loaded.param[q].size() && e < first.param[q].size(); ++e) {
+      const double p0 = loaded.param[q][e];
+      const double p1 = first.param[q][e];
+      if (std::isnan(p0) || std::isnan(p1)) continue;
+      const double bound =
+          h->lr * (1.0 + h->weight_decay * std::abs(p0)) * (1.0 + 1e-3) + ulp(p1, params[q].dtype);
+      if (std::abs(p1 - p0) <= bound) continue;
+      return fmt::format(
+          "the first step moved {}[{}] from the loaded {} to {}, by more than "
+          "Adam's first step with lr {} and weight decay {} can ({}): it did not "
+          "start from the loaded weights",
+          param_name(run, q), e, num(p0), num(p1), num(h->lr), num(h->weight_decay), num(bound));
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+PropertyResult first_step_continues_from_loaded_weights(const sim::RunResult& run) {
+  PropertyResult r = pass("first_step_continues_from_loaded_weights");
+  int judged = 0;
+  std::string not_evaluated;
+  for (const auto& p : run.phases) {
+    if (!p.ran || p.index == 0 || !p.spec.no_load_optim || p.started_fresh) continue;
+    const sim::GlobalState* saved = run.loaded_state(p);
+    if (!p.after_load.has_value() || saved == nullptr) {
+      if (not_evaluated.empty()) not_evaluated = phase_label(p) + ": the load did not complete";
+      continue;
+    }
+    ++judged;
+    if (auto d = fresh_start_difference(run, *p.after_load, *saved)) {
+      return fail(std::move(r), static_cast<int>(p.index),
+                  "first_step_continues_from_loaded_weights:" + d->first,
+                  fmt::format("{} (--no-load-optim): {}", phase_label(p), d->second));
+    }
+    if (p.after_step.empty()) continue;
+    if (auto d = first_step_beyond_adam(run, *p.after_load, p.after_step.front())) {
+      return fail(std::move(r), static_cast<int>(p.index),
+                  "first_step_continues_from_loaded_weights:first_step",
+                  fmt::format("{} (--no-load-optim): {}", phase_label(p), *d));
+    }
+  }
+  if (judged == 0 && !not_evaluated.empty()) return mark_not_evaluated(std::move(r), not_evaluated);
+  r.detail = judged == 0 ? "no phase resumed with --no-load-optim"
+                         : fmt::format(
+                               "{} --no-load-optim resume(s) loaded the saved weights, "
+                               "started the optimizer afresh from them, and took a first "
+                               "step from them",
+                               judged);
+  return r;
 }
 
 }  // namespace ckptsim::properties

@@ -89,8 +89,9 @@ struct ScheduleInForce {
   std::vector<model::ScheduleConfig> intended;
   std::vector<int64_t> first_step;  // per phase: its first global step
 
+  std::vector<int64_t> origins;  // per phase: the steps before its scheduler began counting
   explicit ScheduleInForce(const sim::Scenario& s)
-      : scenario(s), intended(sim::intended_schedules(s)) {
+      : scenario(s), intended(sim::intended_schedules(s)), origins(sim::optimizer_origins(s)) {
     int64_t g = 1;
     for (const auto& p : s.phases) {
       first_step.push_back(g);
@@ -107,14 +108,17 @@ struct ScheduleInForce {
 
   // The lr and weight decay the schedule says a group with these multipliers uses at step `g`.
   std::pair<double, double> expected(int64_t g, double wd_mult, double lr_mult) const {
-    const GroupSchedule gs =
-        group_schedule(intended[phase_of(g)], lr_mult, scenario.samples_per_step);
-    const double n = static_cast<double>((g - 1) * scenario.samples_per_step);
+    const size_t phase = phase_of(g);
+    const GroupSchedule gs = group_schedule(intended[phase], lr_mult, scenario.samples_per_step);
+    const double n = static_cast<double>((g - 1 - origins[phase]) * scenario.samples_per_step);
     return {scheduled_lr(gs, n), scheduled_wd(gs, n) * wd_mult};
   }
 
   std::string how(size_t phase) const {
     if (phase == 0) return "the first phase's arguments";
+    if (scenario.phases[phase].no_load_optim)
+      return fmt::format("--no-load-optim: the phase's arguments from global step {}",
+                         origins[phase] + 1);
     const auto flag = scenario.phases[phase].opt_param_scheduler;
     return flag == model::SchedulerResume::kOverride ? "--override-opt_param-scheduler"
            : flag == model::SchedulerResume::kUseCheckpoint

@@ -18,7 +18,9 @@ namespace {
 void add_comparisons(const sim::RunResult& run, const sim::PhaseRecord& phase,
                      const sim::GlobalState& st, StepComparison::Moment moment,
                      std::vector<StepComparison>& out) {
-  const sim::GlobalState* ref = run.reference_at(st.global_step);
+  const sim::GlobalState* ref = moment == StepComparison::Moment::kAfterLoad
+                                    ? run.reference_after_load(phase)
+                                    : run.reference_at(st.global_step);
   for (const auto& s : st.shards) {
     StepComparison c;
     c.phase = phase.index;
@@ -106,7 +108,7 @@ PropertyResult step_matches_uninterrupted(const sim::RunResult& run) {
       continue;
     }
     ++resumes;
-    if (run.reference_at(p.start_step) == nullptr) {
+    if (run.reference_after_load(p) == nullptr) {
       failures.push_back(fmt::format("{}: resumed at global step {}, beyond the reference run",
                                      phase_label(p), p.start_step));
       continue;
@@ -138,11 +140,13 @@ namespace {
 
 // The absolute check of one recorded state: after global step g (`after_step`) every shard
 // that took the step used t = g and advances from g next; right after a load at global step g
-// every shard advances from g (no counter counts as 0: a fresh Adam starts there).
+// every shard advances from g (no counter counts as 0: a fresh Adam starts there). Steps are
+// counted from `origin`, the global steps done before the optimizer started (a --no-load-optim
+// resume starts one afresh: sim::optimizer_origins).
 void count_mismatches(const sim::RunResult& run, const sim::GlobalState& st, bool after_step,
-                      const std::string& where, std::vector<std::string>& failures,
+                      int64_t origin, const std::string& where, std::vector<std::string>& failures,
                       std::string& signature, int64_t& checks) {
-  const auto g = static_cast<double>(st.global_step);
+  const auto g = static_cast<double>(st.global_step - origin);
   for (const sim::ShardRecord& s : st.shards) {
     if (after_step && !s.step_used.has_value()) continue;  // this part took no step
     ++checks;
@@ -154,11 +158,14 @@ void count_mismatches(const sim::RunResult& run, const sim::GlobalState& st, boo
                               after_step ? "training:" : "after_load:", sim::part_name(s.part));
     }
     failures.push_back(
-        used ? fmt::format("{}, after global step {}: {} used t={} and holds step {} (right: {})",
-                           where, st.global_step, shard_label(run, s), num(*used), num(counter),
-                           num(g))
-             : fmt::format("{}, after the load at global step {}: {} holds step {} (right: {})",
-                           where, st.global_step, shard_label(run, s), num(counter), num(g)));
+        used
+            ? fmt::format("{}, after global step {}: {} used t={} and holds step {} (right: {})",
+                          where, st.global_step, shard_label(run, s), num(*used), num(counter),
+                          num(g)) +
+                  (origin > 0 ? fmt::format(" (the optimizer started after global step {})", origin)
+                              : "")
+            : fmt::format("{}, after the load at global step {}: {} holds step {} (right: {})",
+                          where, st.global_step, shard_label(run, s), num(counter), num(g)));
   }
 }
 
@@ -170,16 +177,27 @@ PropertyResult step_counts_optimizer_steps(const sim::RunResult& run) {
   std::string signature;
   int64_t checks = 0;
   int first_phase = -1;
+  const std::vector<int64_t> origins = sim::optimizer_origins(run.scenario);
+  // The uninterrupted run's optimizer restarts where each --no-load-optim phase resumes.
+  const auto reference_origin = [&](int64_t global_step) {
+    int64_t origin = 0;
+    for (const auto& [at, state] : run.reference_restarts) origin = at < global_step ? at : origin;
+    return origin;
+  };
   for (const sim::GlobalState& st : run.reference) {
-    count_mismatches(run, st, true, "the uninterrupted run", failures, signature, checks);
+    count_mismatches(run, st, true, reference_origin(st.global_step), "the uninterrupted run",
+                     failures, signature, checks);
   }
   for (const auto& p : run.phases) {
     if (!p.ran) continue;
     const size_t before = failures.size();
-    if (p.after_load)
-      count_mismatches(run, *p.after_load, false, phase_label(p), failures, signature, checks);
+    const int64_t origin = p.index < origins.size() ? origins[p.index] : 0;
+    if (p.after_load) {
+      count_mismatches(run, *p.after_load, false, origin, phase_label(p), failures, signature,
+                       checks);
+    }
     for (const auto& st : p.after_step) {
-      count_mismatches(run, st, true, phase_label(p), failures, signature, checks);
+      count_mismatches(run, st, true, origin, phase_label(p), failures, signature, checks);
     }
     if (before == 0 && failures.size() > before) {  // the first failure (-1: reference run)
       first_phase = static_cast<int>(p.index);

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <tuple>
 
+#include "sim/scenario.h"
+
 namespace ckptsim::properties::trace {
 
 using nlohmann::json;
@@ -196,6 +198,23 @@ std::vector<const Event*> reference_at(const Trace& t, int64_t global_step) {
   const Run* ref = t.find("reference");
   if (ref == nullptr) return {};
   return events_at(*ref, global_step == 0 ? "init" : "after_step", global_step);
+}
+
+int64_t optimizer_origin(const Trace& t, const Run& run, int64_t global_step) {
+  if (t.spec == nullptr) return 0;
+  const std::vector<int64_t> origins = sim::optimizer_origins(*t.spec);
+  if (run.phase >= 0)
+    return static_cast<size_t>(run.phase) < origins.size() ? origins[run.phase] : 0;
+  int64_t origin = 0;
+  for (size_t i = 0; i < origins.size(); ++i) {
+    if (t.spec->phases[i].no_load_optim && origins[i] < global_step) origin = origins[i];
+  }
+  return origin;
+}
+
+bool starts_optimizer_afresh(const Trace& t, const Run& run) {
+  const int64_t origin = optimizer_origin(t, run, run.start_step);
+  return run.phase > 0 && origin > 0 && origin == run.start_step;
 }
 
 const Part* part_at(const std::vector<const Event*>& events, const std::string& param,

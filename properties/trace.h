@@ -125,6 +125,14 @@ std::string num(const std::optional<double>& x);
 std::vector<const Event*> events_at(const Run& run, const std::string& at, int64_t global_step);
 // The reference run's state at a global step: init at 0, else after that step.
 std::vector<const Event*> reference_at(const Trace& t, int64_t global_step);
+// The global steps `run` took before its optimizer began counting (sim::optimizer_origins: a
+// --no-load-optim resume starts one afresh; the reference run restarts its own there): 0
+// where the trace's scenario is unknown or has no such resume. For the reference run, at
+// global step `global_step` (its last restart before it).
+int64_t optimizer_origin(const Trace& t, const Run& run, int64_t global_step);
+// Whether `run`'s optimizer began at its start step (a --no-load-optim resume, or a resume of
+// what one saved without a step): its load restores no optimizer state to compare.
+bool starts_optimizer_afresh(const Trace& t, const Run& run);
 // The part of `events` that holds element `element` of `param`, or null.
 const Part* part_at(const std::vector<const Event*>& events, const std::string& param,
                     int64_t element);

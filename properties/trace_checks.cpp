@@ -93,11 +93,14 @@ void step_mismatches(const Trace& t, const Run& run, std::vector<Mismatch>& out,
                                run.start_step)});
     return;
   }
+  // An optimizer that starts afresh at the load holds no step: the uninterrupted run's restarts
+  // there too.
+  const bool fresh = starts_optimizer_afresh(t, run);
   for (const auto* e : loaded) {
     for (const auto& p : e->parts) {
       const Part* r = part_at(ref, p.param, p.begin);
       ++checks;
-      const double expected = r != nullptr ? r->step.value_or(0.0) : 0.0;
+      const double expected = fresh || r == nullptr ? 0.0 : r->step.value_or(0.0);
       if (p.step.value_or(0.0) == expected) continue;
       out.push_back(
           {run.id, "step_matches_uninterrupted:after_load:" + p.part,
@@ -320,7 +323,11 @@ TraceVerdict trace_round_trip_identity(const Trace& t) {
   std::string skipped;
   std::string skipped_run;
   for (const auto& run : t.runs) {
-    if (!run.load) continue;
+    // A --no-load-optim resume gives back the model params only (the run check leaves it out).
+    if (!run.load || (t.spec != nullptr && run.phase > 0 &&
+                      static_cast<size_t>(run.phase) < t.spec->phases.size() &&
+                      t.spec->phases[static_cast<size_t>(run.phase)].no_load_optim))
+      continue;
     const Run* prev = t.find(run.load_from);
     const auto saved =
         prev != nullptr ? events_at(*prev, "at_save", run.start_step) : std::vector<const Event*>{};
@@ -396,9 +403,9 @@ namespace {
 
 // Every part of `e` whose counter (none counts as 0, as a fresh Adam starts from 0) or step used
 // is not `g`, the number of optimizer steps taken.
-void count_mismatches(const Run& run, const Event& e, int64_t g, bool after_step,
+void count_mismatches(const Run& run, const Event& e, int64_t g, int64_t origin, bool after_step,
                       std::vector<Mismatch>& out, int64_t& checks) {
-  const auto want = static_cast<double>(g);
+  const auto want = static_cast<double>(g - origin);
   for (const auto& p : e.parts) {
     ++checks;
     const double counter = p.step.value_or(0.0);
@@ -410,10 +417,10 @@ void count_mismatches(const Run& run, const Event& e, int64_t g, bool after_step
                      after_step ? "training:" : "after_load:", p.part),
          used ? fmt::format("{} after global step {}: {} (rank {}) used t={} and holds step {} "
                             "(right: {})",
-                            run.id, g, p.label(), e.rank, num(used), num(p.step), g)
+                            run.id, g, p.label(), e.rank, num(used), num(p.step), want)
               : fmt::format("{} after the load at global step {}: {} (rank {}) holds step {} "
                             "(right: {})",
-                            run.id, g, p.label(), e.rank, num(p.step), g)});
+                            run.id, g, p.label(), e.rank, num(p.step), want)});
   }
 }
 
@@ -425,9 +432,11 @@ TraceVerdict trace_step_counts_optimizer_steps(const Trace& t) {
   for (const auto& run : t.runs) {
     if (run.status == "skipped") continue;
     for (const auto& e : run.events) {
+      const int64_t origin = optimizer_origin(t, run, e.global_step);
       if (e.at == "after_load" && run.load)
-        count_mismatches(run, e, e.global_step, false, mismatches, checks);
-      if (e.at == "after_step") count_mismatches(run, e, e.global_step, true, mismatches, checks);
+        count_mismatches(run, e, e.global_step, origin, false, mismatches, checks);
+      if (e.at == "after_step")
+        count_mismatches(run, e, e.global_step, origin, true, mismatches, checks);
     }
   }
   if (!mismatches.empty()) {

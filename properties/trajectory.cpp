@@ -292,7 +292,7 @@ PropertyResult trajectory_matches_uninterrupted(const sim::RunResult& run) {
       }
       if (auto f = replicas_differ(r, p, *p.after_load, "after the load at")) return *f;
       // A restored state holds no kernel decision yet: compare with the history so far.
-      if (const sim::GlobalState* ref = run.reference_at(p.after_load->global_step)) {
+      if (const sim::GlobalState* ref = run.reference_after_load(p)) {
         if (auto f = comparison.compare(r, p, *p.after_load, *ref, "after the load at")) return *f;
       }
     }
@@ -319,7 +319,9 @@ PropertyResult round_trip_identity(const sim::RunResult& run) {
   Resting resting;
   std::string resting_origin;
   for (const auto& p : run.phases) {
-    if (p.index == 0 || p.started_fresh) continue;
+    // A --no-load-optim resume gives back the model params only, and its optimizer starts
+    // from them: first_step_continues_from_loaded_weights judges it.
+    if (p.index == 0 || p.started_fresh || p.spec.no_load_optim) continue;
     const sim::PhaseRecord* prev = run.loaded_from(p);
     const sim::GlobalState* saved = run.loaded_state(p);
     if (!p.ran || !p.after_load.has_value() || saved == nullptr) {

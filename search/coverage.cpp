@@ -157,6 +157,7 @@ void Coverage::add(const sim::Scenario& s) {
     const sim::PhaseSpec& prev = s.phases[i - 1];
     bump("resumes: DP", fmt::format("{} -> {}", prev.dp, p.dp));
     bump("resumes: reshard", reshard_label(prev.dp, p.dp));
+    bump("resumes: optimizer state", p.no_load_optim ? "not loaded (--no-load-optim)" : "loaded");
     bump("resumes: revision", prev.revision == p.revision ? "same revision" : "revision changes");
     bump("resumes: loads", format_label(s.format_of(i - 1)));
     if (prev.tp * prev.pp * p.tp * p.pp != 1) {

@@ -164,6 +164,13 @@ void draw_resume_arguments(sim::Scenario& s, size_t i) {
   p.schedule = c;
 }
 
+// --no-load-optim in one resume of eight (drawn last, so the rest of a case is what it was
+// before this was drawn; not with storage faults, which the scenario refuses it with).
+void draw_no_load_optim(sim::Scenario& s) {
+  for (size_t i = 1; i < s.phases.size(); ++i)
+    s.phases[i].no_load_optim = *gen::weightedElement<bool>({{7, false}, {1, true}});
+}
+
 // Long phases may add up past what a scenario file allows: the later phases give up steps.
 void cap_total_steps(sim::Scenario& s) {
   int64_t left = sim::Scenario::kStepsMax;
@@ -708,7 +715,11 @@ rc::Gen<sim::Scenario> gen_scenario(const GeneratorConfig& config) {
     for (size_t i = 1; i < s.phases.size(); ++i) draw_resume_arguments(s, i);
     draw_formats(config, s);
     draw_model_parallel(config, s, kModelParallelWorldMax);
-    if (config.storage_faults) draw_storage_faults(s);
+    if (config.storage_faults) {
+      draw_storage_faults(s);
+    } else {
+      draw_no_load_optim(s);
+    }
     s.faults = config.faults;
     s.name = "generated";
     return s;

@@ -43,14 +43,16 @@ bool out_of_time(const SearchOptions& options, const Clock& clock) {
 class Candidates {
  public:
   explicit Candidates(const sim::Scenario& from) : from_(key(from)) {}
-  void add(const sim::Scenario& c) {
+  void add(sim::Scenario c) {
     // A shrink that breaks the TP/PP rules (fewer elements than a shape, a stage left empty) is
     // not a scenario.
     if (sim::model_parallel_problem(c)) return;
+    // The first phase loads nothing: a --no-load-optim resume that became it is a plain start.
+    if (!c.phases.empty()) c.phases.front().no_load_optim = false;
     std::string k = key(c);
     if (k == from_ || std::find(keys_.begin(), keys_.end(), k) != keys_.end()) return;
     keys_.push_back(std::move(k));
-    out_.push_back(c);
+    out_.push_back(std::move(c));
   }
   std::vector<sim::Scenario> take() { return std::move(out_); }
 
@@ -210,6 +212,8 @@ void add_simpler(const sim::Scenario& s, Candidates& out) {
         c.phases[i].opt_param_scheduler = model::SchedulerResume::kNeither;
       });
     }
+    if (s.phases[i].no_load_optim)
+      variant([i](sim::Scenario& c) { c.phases[i].no_load_optim = false; });
   }
   if (s.seed != 0) variant([](sim::Scenario& c) { c.seed = 0; });
 }

@@ -62,6 +62,12 @@ struct PhaseJob {
   // The reference run only: at global step `first` (after `first - 1` steps), the schedule of
   // a later phase takes over, as intended_schedules() says it should.
   std::vector<std::pair<int64_t, model::ScheduleConfig>> schedule_changes;
+  // The reference run only: before global step `first`, the optimizer and the scheduler start
+  // afresh from the weights the run holds, with the schedule then in force (where a
+  // --no-load-optim phase resumes: the fresh-start contract).
+  std::vector<int64_t> optimizer_restarts;
+  // --no-load-optim (PhaseSpec::no_load_optim).
+  bool no_load_optim = false;
 
   // The optimizer and schedule arguments `phase` starts its job with.
   void set_arguments(const Scenario& s, const PhaseSpec& phase) {
@@ -94,6 +100,7 @@ PhaseJob phase_job(const Scenario& scenario, const RunOptions& options,
   job.exit_save = spec.save;
   job.async_save = spec.async_save;
   job.async_write_steps = spec.async_write_steps;
+  job.no_load_optim = spec.no_load_optim;
   return job;
 }
 
@@ -109,6 +116,8 @@ struct RankRecord {
   RankState at_save;  // right after the (last) save (when it completed)
   // Right after each earlier save of the job, with its iteration.
   std::vector<std::pair<int64_t, RankState>> earlier_saves;
+  // The reference run: right after each optimizer restart, with the steps done before it.
+  std::vector<std::pair<int64_t, RankState>> restarts;
   bool started_fresh = false;   // the load found no tracker
   bool save_started = false;    // it reached its save
   int64_t save_iteration = -1;  // its last save's iteration (-1: none started)
@@ -225,7 +234,7 @@ std::vector<GroupHyper> group_hypers(model::DistributedOptimizer& opt) {
 // those arguments builds them), stepped to where the run is.
 void change_schedule(const PhaseJob& job, model::DistributedOptimizer& opt,
                      std::optional<model::OptimizerParamScheduler>& scheduler,
-                     const model::ScheduleConfig& schedule, int64_t steps_done) {
+                     const model::ScheduleConfig& schedule, int64_t steps_counted) {
   for (model::Value& g : opt.param_groups()) {
     model::Dict& group = *g.dict();
     const double lr_mult = group.get("lr_mult", model::Value(1.0)).as_float();
@@ -233,7 +242,25 @@ void change_schedule(const PhaseJob& job, model::DistributedOptimizer& opt,
     group.set("min_lr", model::Value(schedule.min_lr * lr_mult));
   }
   scheduler.emplace(opt, schedule, job.scenario->samples_per_step, job.resume, *job.switches);
-  scheduler->step(steps_done * job.scenario->samples_per_step);
+  scheduler->step(steps_counted * job.scenario->samples_per_step);
+}
+
+// The reference run where a --no-load-optim phase resumes: a new optimizer over the weights
+// the run holds (the job's arguments with `schedule`'s lr), and a new scheduler of `schedule`
+// that has counted nothing, as a job started from these weights builds them.
+void restart_optimizer(const PhaseJob& job, model::Runtime& rt, model::DistributedDataParallel& ddp,
+                       model::ProcessGroup& pg,
+                       std::unique_ptr<model::DistributedOptimizer>& optimizer,
+                       std::optional<model::OptimizerParamScheduler>& scheduler,
+                       const model::ScheduleConfig& schedule) {
+  model::OptimizerConfig config = job.optimizer;
+  config.adam.lr = schedule.lr;
+  config.min_lr = schedule.min_lr;
+  scheduler.reset();
+  optimizer.reset();
+  optimizer = model::get_megatron_optimizer(rt, ddp, config, *job.switches, &pg);
+  scheduler.emplace(*optimizer, schedule, job.scenario->samples_per_step, job.resume,
+                    *job.switches);
 }
 
 // The job's saves on one rank (PhaseJob's save fields), as train() makes them: at the end of
@@ -327,18 +354,39 @@ class JobSaves {
 // The phase's training steps on one rank; returns the iteration reached. `saves` (null: none)
 // makes the saves the loop makes between its steps.
 int64_t train(const PhaseJob& job, model::Runtime& rt, model::DistributedDataParallel& ddp,
-              model::DistributedOptimizer& opt,
+              model::ProcessGroup& pg, std::unique_ptr<model::DistributedOptimizer>& optimizer,
               std::optional<model::OptimizerParamScheduler>& scheduler, int64_t iteration,
               RankRecord& out, JobSaves* saves) {
   const Scenario& s = *job.scenario;
   const int rank = rt.rank();
   const int dp_rank = ddp.dp_group().rank();
+  int64_t origin = 0;  // the reference run's last optimizer restart
+  // The reference run's restarts before `global_step` (the one after the last step too: a
+  // --no-load-optim phase of no steps at the end is compared with what it would start from).
+  const auto restart = [&](int64_t global_step) {
+    for (const int64_t first : job.optimizer_restarts) {
+      if (first != global_step) continue;
+      const auto it = std::find_if(job.schedule_changes.rbegin(), job.schedule_changes.rend(),
+                                   [&](const auto& c) { return c.first <= global_step; });
+      restart_optimizer(job, rt, ddp, pg, optimizer, scheduler,
+                        it != job.schedule_changes.rend() ? it->second : job.schedule);
+      origin = global_step - 1;
+      out.restarts.emplace_back(origin, capture(*optimizer, ddp, s.params, rank, false));
+      if (job.trace_steps) {
+        out.trace.push_back(
+            fmt::format("restart phase={} global={} rank={}", job.phase_id, global_step, rank));
+      }
+    }
+  };
   for (int64_t k = 0; k < job.steps; ++k) {
     if (saves != nullptr) saves->before_step(iteration);
     const int64_t global_step = iteration + 1;
     for (const auto& [first, schedule] : job.schedule_changes) {
-      if (first == global_step) change_schedule(job, opt, scheduler, schedule, iteration);
+      if (first == global_step)
+        change_schedule(job, *optimizer, scheduler, schedule, iteration - origin);
     }
+    restart(global_step);
+    model::DistributedOptimizer& opt = *optimizer;
     std::vector<GroupHyper> hypers = group_hypers(opt);
     model::train_step(ddp, opt, *scheduler, s.samples_per_step, rt,
                       [&](size_t i, at::Tensor& grad) {
@@ -359,6 +407,7 @@ int64_t train(const PhaseJob& job, model::Runtime& rt, model::DistributedDataPar
     out.steps.push_back(std::move(state));
     if (saves != nullptr) saves->after_step(iteration);
   }
+  restart(iteration + 1);
   return iteration;
 }
 
@@ -376,9 +425,9 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, model::ProcessGroup
     model::DistributedDataParallel ddp(rt, s.params, layout, dp_pg, mp);
     set_initial_params(ddp, *job.initial_params);
     describe_buffers(ddp, out);
-    const auto optimizer =
+    std::unique_ptr<model::DistributedOptimizer> optimizer =
         model::get_megatron_optimizer(rt, ddp, job.optimizer, *job.switches, &pg);
-    model::DistributedOptimizer& opt = *optimizer;
+    model::DistributedOptimizer& opt = *optimizer;  // replaced only in the reference run's train
     std::optional<model::OptimizerParamScheduler> scheduler;
     scheduler.emplace(opt, job.schedule, s.samples_per_step, job.resume, *job.switches);
     out.initial = capture(opt, ddp, s.params, rank, job.phase_id == 0);
@@ -388,14 +437,16 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, model::ProcessGroup
       stage = "load";
       std::optional<int64_t> loaded;
       if (job.load_root != nullptr) {
-        loaded = model::load_latest_checkpoint(ddp, opt, &*scheduler, *job.load_root, pg,
-                                               *job.switches, rt, &out.load);
+        loaded =
+            model::load_latest_checkpoint(ddp, opt, &*scheduler, *job.load_root, pg, *job.switches,
+                                          rt, &out.load, {.no_load_optim = job.no_load_optim});
       } else {
-        loaded = job.load_as_script
-                     ? model::load_distributed_checkpoint(ddp, opt, *job.load_from, pg,
-                                                          *job.switches, rt, &out.load)
-                     : model::load_checkpoint(ddp, opt, &*scheduler, *job.load_from, pg,
-                                              *job.switches, rt, &out.load);
+        loaded =
+            job.load_as_script
+                ? model::load_distributed_checkpoint(ddp, opt, *job.load_from, pg, *job.switches,
+                                                     rt, &out.load)
+                : model::load_checkpoint(ddp, opt, &*scheduler, *job.load_from, pg, *job.switches,
+                                         rt, &out.load, {.no_load_optim = job.no_load_optim});
       }
       if (loaded.has_value()) {
         iteration = *loaded;
@@ -414,7 +465,8 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, model::ProcessGroup
     stage = "train";
     std::optional<JobSaves> saves;
     if (job.save_root != nullptr) saves.emplace(job, ddp, opt, scheduler, pg, rt, out, stage);
-    iteration = train(job, rt, ddp, opt, scheduler, iteration, out, saves ? &*saves : nullptr);
+    iteration =
+        train(job, rt, ddp, pg, optimizer, scheduler, iteration, out, saves ? &*saves : nullptr);
     if (saves) saves->at_exit(iteration);
     out.firings = rt.fault_firings();
   } catch (const std::exception& e) {
@@ -519,6 +571,7 @@ void run_reference(const Scenario& scenario, const RunOptions& options,
   for (size_t i = 0; i < scenario.phases.size(); ++i) {
     if (i > 0 && intended[i] != intended[i - 1])
       job.schedule_changes.emplace_back(first, intended[i]);
+    if (scenario.phases[i].no_load_optim) job.optimizer_restarts.push_back(first);
     first += scenario.phases[i].steps;
   }
   const auto outs = run_world(job);
@@ -530,6 +583,13 @@ void run_reference(const Scenario& scenario, const RunOptions& options,
     result.reference.push_back(
         gather_state(scenario, static_cast<int64_t>(k) + 1,
                      states_of(outs, [k](const RankRecord& o) { return &o.steps.at(k); })));
+  }
+  const size_t restarts = result.reference_errors.empty() ? outs.front().restarts.size() : 0;
+  for (size_t k = 0; k < restarts; ++k) {
+    const int64_t at = outs.front().restarts[k].first;
+    result.reference_restarts[at] = gather_state(
+        scenario, at,
+        states_of(outs, [k](const RankRecord& o) { return &o.restarts.at(k).second; }));
   }
   for (const auto& e : result.reference_errors)
     result.trace.push_back("reference error " + e.summary());

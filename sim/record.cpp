@@ -479,6 +479,17 @@ void mark_uninitialized(const Scenario& s, const GlobalState* checkpoint,
   if (phase.at_save.has_value()) phase.at_save->uninitialized = *last;
 }
 
+const GlobalState* RunResult::reference_after_load(const PhaseRecord& p) const {
+  // A phase whose optimizer began at its start step: a --no-load-optim resume, or a resume of
+  // the save such a phase made without a step.
+  const std::vector<int64_t> origins = optimizer_origins(scenario);
+  const bool fresh =
+      p.index < origins.size() && origins[p.index] > 0 && origins[p.index] == p.start_step;
+  if (!fresh) return reference_at(p.start_step);
+  const auto it = reference_restarts.find(p.start_step);
+  return it != reference_restarts.end() ? &it->second : nullptr;
+}
+
 const GlobalState* RunResult::reference_at(int64_t global_step) const {
   if (global_step == 0) return &reference_initial;
   if (global_step < 1 || global_step > static_cast<int64_t>(reference.size())) return nullptr;

@@ -288,6 +288,9 @@ struct RunResult {
   Scenario scenario;
   GlobalState reference_initial;
   std::vector<GlobalState> reference;  // reference[k] = after global step k+1
+  // Right after each of its optimizer restarts (where a --no-load-optim phase resumes), by the
+  // global steps done before it.
+  std::map<int64_t, GlobalState> reference_restarts;
   std::vector<RankError> reference_errors;
   std::vector<PhaseRecord> phases;
   std::vector<std::string> trace;
@@ -296,6 +299,10 @@ struct RunResult {
   bool gpu_resident = false;        // 'cuda' state lived on a real GPU
 
   const GlobalState* reference_at(int64_t global_step) const;  // nullptr when out of range
+  // What phase `p`'s state right after its load is compared with: the reference run at its
+  // start step; right after the restart there where p's optimizer began at its start step (a
+  // --no-load-optim phase, or a resume of what such a phase saved without a step).
+  const GlobalState* reference_after_load(const PhaseRecord& p) const;
   // The phase whose save `p` loaded (PhaseRecord::loaded_phase); nullptr when none.
   const PhaseRecord* loaded_from(const PhaseRecord& p) const {
     return p.loaded_phase.has_value() && *p.loaded_phase < phases.size() ? &phases[*p.loaded_phase]

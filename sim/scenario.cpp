@@ -226,13 +226,25 @@ std::vector<model::ScheduleConfig> intended_schedules(const Scenario& s) {
   std::vector<model::ScheduleConfig> out;
   for (size_t i = 0; i < s.phases.size(); ++i) {
     const model::ScheduleConfig& args = s.schedule_of(i);
-    if (i == 0 || s.phases[i].opt_param_scheduler != model::SchedulerResume::kUseCheckpoint) {
+    // --no-load-optim: the scheduler is not loaded, it starts from the phase's arguments.
+    if (i == 0 || s.phases[i].no_load_optim ||
+        s.phases[i].opt_param_scheduler != model::SchedulerResume::kUseCheckpoint) {
       out.push_back(args);
       continue;
     }
     model::ScheduleConfig kept = out.back();
     kept.lr_warmup_init = args.lr_warmup_init;
     out.push_back(kept);
+  }
+  return out;
+}
+
+std::vector<int64_t> optimizer_origins(const Scenario& s) {
+  std::vector<int64_t> out;
+  int64_t done = 0;
+  for (size_t i = 0; i < s.phases.size(); ++i) {
+    out.push_back(i == 0 ? 0 : s.phases[i].no_load_optim ? done : out.back());
+    done += s.phases[i].steps;
   }
   return out;
 }
@@ -550,11 +562,11 @@ Status parse_phase(const Reader& r, const json& p, const std::string& path, bool
                    const std::string& source, model::RevisionRegistry& registry,
                    const model::ScheduleConfig& schedule, PhaseSpec& phase) {
   if (!p.is_object()) return r.error(path, "must be an object");
-  CKPTSIM_TRY(
-      r.check_fields(p, path,
-                     {"dp", "tp", "pp", "revision", "steps", "save", "schedule",
-                      "opt_param_scheduler", "sharding_type", "fully_reshardable_mem_efficient",
-                      "storage_faults", "save_interval", "async_save", "async_write_steps"}));
+  CKPTSIM_TRY(r.check_fields(
+      p, path,
+      {"dp", "tp", "pp", "revision", "steps", "save", "schedule", "opt_param_scheduler",
+       "sharding_type", "fully_reshardable_mem_efficient", "storage_faults", "save_interval",
+       "async_save", "async_write_steps", "no_load_optim"}));
   CKPTSIM_TRY(parse_phase_schedule(r, p, path, schedule, phase));
   CKPTSIM_TRY(parse_storage_faults(r, p, path, phase));
   if (p.contains("sharding_type") || p.contains("fully_reshardable_mem_efficient")) {
@@ -579,6 +591,7 @@ Status parse_phase(const Reader& r, const json& p, const std::string& path, bool
   CKPTSIM_TRY(r.boolean(p, "async_save", path + ".async_save", phase.async_save, false));
   CKPTSIM_TRY(r.integer(p, "async_write_steps", path + ".async_write_steps", 0, Scenario::kStepsMax,
                         phase.async_write_steps, 0));
+  CKPTSIM_TRY(r.boolean(p, "no_load_optim", path + ".no_load_optim", phase.no_load_optim, false));
   if (phase.async_write_steps > 0 && !phase.async_save) {
     return r.error(path + ".async_write_steps", "needs \"async_save\": true");
   }
@@ -607,6 +620,18 @@ Status parse_phases(const Reader& r, const json& j, const std::string& source,
     CKPTSIM_TRY(parse_phase(r, j["phases"][i], fmt::format("phases[{}]", i), i + 1 == n, source,
                             registry, s.schedule, phase));
     s.phases.push_back(std::move(phase));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (!s.phases[i].no_load_optim) continue;
+    const std::string path = fmt::format("phases[{}].no_load_optim", i);
+    if (i == 0) return r.error(path, "the first phase loads no checkpoint");
+    // The reference run starts its optimizer afresh where the phase's first step is planned;
+    // after a storage fault the phase may resume elsewhere (not modeled).
+    if (s.has_storage_faults()) {
+      return r.error(path,
+                     "not modeled together with storage_faults (the fresh optimizer's "
+                     "reference needs the phase to resume where the previous one ended)");
+    }
   }
   if (s.total_steps() > Scenario::kStepsMax) {
     return r.error("phases",
@@ -806,6 +831,7 @@ json scenario_to_json(const Scenario& s) {
     if (p.save_interval != 0) pj["save_interval"] = p.save_interval;
     if (p.async_save) pj["async_save"] = true;
     if (p.async_write_steps != 0) pj["async_write_steps"] = p.async_write_steps;
+    if (p.no_load_optim) pj["no_load_optim"] = true;
     // Written as given, even when equal to the scenario's (a round trip keeps it).
     if (p.schedule.has_value()) pj["schedule"] = schedule_json(*p.schedule, s.schedule, true);
     if (p.opt_param_scheduler != model::SchedulerResume::kNeither)

@@ -41,6 +41,9 @@
 //                            ("override"|"use_checkpoint"|"neither", the default: Megatron's
 //                            --override-opt_param-scheduler / --use-checkpoint-opt_param-
 //                            scheduler)}]
+//                           no_load_optim: bool, default false (--no-load-optim: the resume
+//                            loads the model params only; the optimizer and scheduler start
+//                            afresh from them; not in the first phase, nor with storage_faults)
 //                           storage_faults: [{kind* ("crash_before"|"crash_after"|"torn"|
 //                            "short"|"disk_full"), file ("shard"|"object"|"metadata"|"tracker"|
 //                            "any", the default), nth (0-based, default 0)}]: this phase's save
@@ -132,6 +135,11 @@ struct PhaseSpec {
   // the worker's writes take that long), or at the end of the job.
   bool async_save = false;
   int64_t async_write_steps = 0;
+  // --no-load-optim: the resume loads the model params only (model::ResumeArgs); the optimizer
+  // and its scheduler start afresh from the loaded weights, at the checkpoint's iteration. The
+  // uninterrupted reference run starts its optimizer and scheduler afresh there too (the
+  // fresh-start contract), and first_step_continues_from_loaded_weights judges the phase.
+  bool no_load_optim = false;
 
   // The job's ranks: tp x pp x dp.
   int64_t world() const { return tp * pp * dp; }
@@ -197,7 +205,13 @@ struct Scenario {
 // checkpoint's), except lr_warmup_init, which the checkpoint does not hold; with neither the
 // phase's arguments (which must equal the checkpoint's, or the load fails). What the
 // uninterrupted reference run follows, and what hyperparams_follow_schedule checks.
+// (A --no-load-optim phase loads no scheduler: its own arguments, counted from its resume.)
 std::vector<model::ScheduleConfig> intended_schedules(const Scenario& s);
+// Per phase: the global steps taken before its optimizer and scheduler began counting: 0, or
+// where the latest --no-load-optim phase up to it resumed (phases resume where the previous
+// one ended; --no-load-optim is refused with storage faults). Adam's step counter after global
+// step g of that phase is g minus it, and so is the scheduler's count of iterations.
+std::vector<int64_t> optimizer_origins(const Scenario& s);
 
 // What makes a scenario's TP x PP x DP worlds impossible for its params, as (field path, what):
 // a shape that does not hold numel, a row split of a 1-D param, a TP size that does not divide a

@@ -10,14 +10,14 @@
 
 namespace ckptsim::model {
 
-Value generate_state_dict(DistributedDataParallel& ddp, DistributedOptimizer& opt,
+Value generate_state_dict(DistributedDataParallel& ddp, DistributedOptimizer* opt,
                           const OptimizerParamScheduler* scheduler, int64_t iteration,
                           bool is_loading, const std::optional<CheckpointFormat>& format,
                           Runtime& rt) {
   auto sd = Dict::make({{"checkpoint_version", Value(3.0)}, {"iteration", Value(iteration)}});
   const Value model_sd = ddp.sharded_state_dict();
   sd->set("model", model_sd);
-  sd->set("optimizer", opt.sharded_state_dict(model_sd, is_loading, format));
+  if (opt != nullptr) sd->set("optimizer", opt->sharded_state_dict(model_sd, is_loading, format));
   if (scheduler != nullptr) sd->set("opt_param_scheduler", scheduler->state_dict());
   // state_dict['args'] (a Namespace upstream): the sizes load_checkpoint() compares. Saved only
   // where they are not (1, 1): a checkpoint without them reads as (1, 1) upstream too.
@@ -128,6 +128,8 @@ void check_tp_pp(const ModelParallelRank& run, const Value& common, const Loaded
 
 // dist_checkpointing.load(request), then model.load_state_dict() and
 // optimizer.load_state_dict(): what load_checkpoint() and a script's load share.
+// A request without 'optimizer' (--no-load-optim) loads no optimizer state: the main params
+// are reloaded from the model params instead.
 Value load_model_and_optimizer(const Value& request, DistributedDataParallel& ddp,
                                DistributedOptimizer& opt, const Storage& storage,
                                ProcessGroup& group, const RevisionSwitches& switches, Runtime& rt,
@@ -145,7 +147,11 @@ Value load_model_and_optimizer(const Value& request, DistributedDataParallel& dd
   const Dict& model_sd = *loaded.dict()->at("model").dict();
   for (size_t i = 0; i < ddp.num_params(); ++i)
     py_copy_(ddp.param(i), model_sd.at(ddp.specs()[i].name).tensor());
-  opt.load_state_dict(loaded.dict()->at("optimizer"));
+  if (request.dict()->find("optimizer") != nullptr) {
+    opt.load_state_dict(loaded.dict()->at("optimizer"));
+  } else {
+    opt.reload_model_params();
+  }
   return loaded;
 }
 
@@ -187,22 +193,26 @@ int64_t load_distributed_checkpoint(DistributedDataParallel& ddp, DistributedOpt
 int64_t load_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
                         OptimizerParamScheduler* scheduler, const Storage& storage,
                         ProcessGroup& group, const RevisionSwitches& switches, Runtime& rt,
-                        LoadReport* report) {
+                        LoadReport* report, const ResumeArgs& args) {
   const Value common = load_common_state_dict(storage, switches.common_state_as_sharded_object,
                                               switches.common_load_allows_class_globals);
   const LoadedFormat format = checkpoint_format(common);
-  if (!format.format.has_value()) {
+  // gen_sd_optim and gen_sd_opt_param_scheduler are None under --no-load-optim; the format's
+  // checks belong to the optimizer's load.
+  const bool load_optim = !args.no_load_optim;
+  if (load_optim && !format.format.has_value()) {
     // The optimizer's dispatch raises for a sharding type it does not know.
     throw UpstreamError("NotImplementedError", "Unknown sharding_type: " + format.sharding_type,
                         "distrib_optimizer.py sharded_state_dict()");
   }
-  check_tp_pp(ddp.mp(), common, format);
-  const Value request = generate_state_dict(ddp, opt, scheduler, /*iteration=*/0,
-                                            /*is_loading=*/true, format.format, rt);
+  if (load_optim) check_tp_pp(ddp.mp(), common, format);
+  const Value request =
+      generate_state_dict(ddp, load_optim ? &opt : nullptr, load_optim ? scheduler : nullptr,
+                          /*iteration=*/0, /*is_loading=*/true, format.format, rt);
   const auto runtime_bounds = lr_bounds(opt);
   const Value loaded =
       load_model_and_optimizer(request, ddp, opt, storage, group, switches, rt, report);
-  if (scheduler != nullptr) {
+  if (scheduler != nullptr && load_optim) {
     load_scheduler(opt, *scheduler, *loaded.dict(), switches, runtime_bounds);
   }
   return loaded.dict()->at("iteration").as_int();
@@ -213,7 +223,7 @@ SaveReport save_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& o
                            Storage& storage, ProcessGroup& group, const RevisionSwitches& switches,
                            const CheckpointFormat& format, Runtime& rt) {
   const Value sd =
-      generate_state_dict(ddp, opt, scheduler, iteration, /*is_loading=*/false, format, rt);
+      generate_state_dict(ddp, &opt, scheduler, iteration, /*is_loading=*/false, format, rt);
   // dist_checkpointing.save(content_metadata=...) puts it into the common state.
   sd.dict()->set("content_metadata", content_metadata(format));
   SaveOptions options;
@@ -289,7 +299,7 @@ std::optional<int64_t> load_latest_checkpoint(DistributedDataParallel& ddp,
                                               OptimizerParamScheduler* scheduler,
                                               const Storage& root, ProcessGroup& group,
                                               const RevisionSwitches& switches, Runtime& rt,
-                                              LoadReport* report) {
+                                              LoadReport* report, const ResumeArgs& args) {
   const std::string tracker(kTrackerFile);
   const auto bytes = root.read_file(tracker);
   if (!bytes.is_ok()) {
@@ -313,7 +323,7 @@ std::optional<int64_t> load_latest_checkpoint(DistributedDataParallel& ddp,
                         "checkpointing.py _get_checkpoint_format()");
   }
   const auto storage = subdir(root, dir);
-  return load_checkpoint(ddp, opt, scheduler, *storage, group, switches, rt, report);
+  return load_checkpoint(ddp, opt, scheduler, *storage, group, switches, rt, report, args);
 }
 
 void train_step(DistributedDataParallel& ddp, DistributedOptimizer& opt,

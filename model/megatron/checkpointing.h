@@ -34,7 +34,9 @@ namespace ckptsim::model {
 // state when `scheduler` is given), the optimizer's with `format` as its metadata (nullopt: a
 // caller that passes none). The fault site save.rank_dependent_common adds a common leaf that
 // differs per rank (saving only).
-Value generate_state_dict(DistributedDataParallel& ddp, DistributedOptimizer& opt,
+// `opt` null: the request has no 'optimizer' (load_checkpoint() passes None where it loads no
+// optimizer state).
+Value generate_state_dict(DistributedDataParallel& ddp, DistributedOptimizer* opt,
                           const OptimizerParamScheduler* scheduler, int64_t iteration,
                           bool is_loading, const std::optional<CheckpointFormat>& format,
                           Runtime& rt);
@@ -68,10 +70,19 @@ LoadedFormat checkpoint_format(const Value& common_state);
 // iteration times the scheduler's samples per iteration, where they differ).
 // A checkpoint without 'opt_param_scheduler' (the replay runner's, which saves none) leaves
 // the scheduler as it was built; upstream raises KeyError there.
+//
+// With args.no_load_optim (--no-load-optim) the request holds neither 'optimizer' nor
+// 'opt_param_scheduler' (load_checkpoint() passes None for both: no dummy_step, no optimizer
+// load_state_dict), the optimizer's main params are reloaded from the loaded model params
+// (DistributedOptimizer::reload_model_params) and the scheduler keeps the state it was built
+// with; the iteration is the checkpoint's (research/save-protocol-2026-12-04.md section 5).
+struct ResumeArgs {
+  bool no_load_optim = false;
+};
 int64_t load_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
                         OptimizerParamScheduler* scheduler, const Storage& storage,
                         ProcessGroup& group, const RevisionSwitches& switches, Runtime& rt,
-                        LoadReport* report = nullptr);
+                        LoadReport* report = nullptr, const ResumeArgs& args = {});
 
 // What a script of its own does with a checkpoint, outside Megatron's training loop (the
 // checkpoint holds no training-loop state: no 'iteration', 'args', scheduler or RNG):
@@ -121,12 +132,10 @@ SaveReport save_checkpoint_to_root(DistributedDataParallel& ddp, DistributedOpti
 //   negative         AssertionError "error parsing metadata file";
 //   no iter_N/       FileNotFoundError (the format check lists the directory).
 // Returns the loaded iteration. Collective over `group` (every rank reads the tracker).
-std::optional<int64_t> load_latest_checkpoint(DistributedDataParallel& ddp,
-                                              DistributedOptimizer& opt,
-                                              OptimizerParamScheduler* scheduler,
-                                              const Storage& root, ProcessGroup& group,
-                                              const RevisionSwitches& switches, Runtime& rt,
-                                              LoadReport* report = nullptr);
+std::optional<int64_t> load_latest_checkpoint(
+    DistributedDataParallel& ddp, DistributedOptimizer& opt, OptimizerParamScheduler* scheduler,
+    const Storage& root, ProcessGroup& group, const RevisionSwitches& switches, Runtime& rt,
+    LoadReport* report = nullptr, const ResumeArgs& args = {});
 
 // The tracker's bytes as read_metadata() reads them (int() of the stripped text): nullopt when
 // they are no integer.

@@ -629,6 +629,28 @@ void DistributedOptimizer::restore_step(const Dict& sd, Value& state_dict_state)
   }
 }
 
+void DistributedOptimizer::reload_model_params() {
+  if (optimizer_->param_groups->empty() || rt_.fault(fault::kReloadSkipsModelParams)) return;
+  if (HybridDeviceOptimizer* h = mutable_hdo()) {
+    h->update_fp32_param_by_new_param();
+    return;
+  }
+  const auto copy_group_params = [&](const std::vector<std::vector<size_t>>& model_groups,
+                                     const std::vector<std::vector<at::Tensor>>& main_groups) {
+    for (size_t g = 0; g < model_groups.size(); ++g) {
+      for (size_t i = 0; i < model_groups[g].size(); ++i) {
+        const size_t p = model_groups[g][i];
+        const Range& pr = range_map(p).param;
+        const at::Tensor& shard_main_param = main_groups[g][i];
+        CKPTSIM_CHECK(pr.size() == shard_main_param.numel(), "param range size != shard size");
+        shard_main_param.copy_(ddp_.param(p).view(-1).narrow(0, pr.start, pr.size()));
+      }
+    }
+  };
+  copy_group_params(model_float16_groups_, shard_fp32_from_float16_groups_);
+  copy_group_params(model_fp32_groups_, shard_fp32_groups_);
+}
+
 void DistributedOptimizer::load_state_dict(const Value& state_dict) {
   const Dict& sd = *state_dict.dict();
   if (optimizer_->state.empty()) {

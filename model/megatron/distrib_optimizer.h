@@ -80,6 +80,13 @@ class DistributedOptimizer {
   // SIDE EFFECT: when the inner state is empty, runs HDO.dummy_step() first (HDO only), which
   // creates CPU AdamW states whose 'step' is 1 — the value captured later by _get.
   void load_state_dict(const Value& state_dict);
+  // Mirrors reload_model_params() -> _copy_model_params_to_main_params() without a state dict:
+  // what load_checkpoint() calls where it loads no optimizer state (--no-load-optim,
+  // --finetune). HDO: update_fp32_param_by_new_param(); otherwise each main param of the bf16
+  // groups copies its model param's shard (the fp32 groups' main params are views of their
+  // model params, copied onto themselves). The optimizer state stays as it was (empty, on a
+  // job that just started). Fault site load.reload_skips_model_params: nothing is copied.
+  void reload_model_params();
   // Mirrors sharded_state_dict(model_sharded_state_dict, is_loading, metadata): state_dict()
   // (every top-level value a ShardedObject unless the format is a fully reshardable one, whose
   // param groups stay common state), plus 'param_state' from the format's

@@ -336,6 +336,10 @@ TEST(PropertyCanary, EveryFaultSiteFailsThePropertyItNames) {
                                "\"crash_before\", \"file\": \"shard\", \"nth\": 2}]"
                              : ""));
     }
+    // The reload runs only where a resume loads no optimizer state.
+    if (fault == model::fault::kReloadSkipsModelParams) {
+      json.replace(json.find("\"steps\": 2}"), 11, "\"steps\": 2, \"no_load_optim\": true}");
+    }
     return test::scenario_from_json(json);
   };
   ASSERT_FALSE(model::fault_sites().empty());
@@ -408,4 +412,51 @@ TEST(PropertyTolerance, MovedElementsUseTheDocumentedToleranceAndStillCatchAStep
       test::two_phase_json("hybrid", 0.5, 2, 4, "upstream-2874", "upstream-2874")));
   EXPECT_EQ(test::verdict(bad, "trajectory_matches_uninterrupted").verdict,
             properties::Verdict::kFail);
+}
+
+// Phase 1 resumes with --no-load-optim: the model params are loaded, the optimizer starts afresh
+// from them (reload_model_params) and the uninterrupted run restarts its optimizer there too.
+// With the reload skipped, the main params keep the weights the job was built with: the first
+// step trains those, not the loaded ones.
+TEST(PropertyCanary, FirstStepContinuesFromLoadedWeightsCatchesASkippedReload) {
+  for (const std::string kind : {"fused_adam", "hybrid"}) {
+    auto scenario = [&](const std::string& extra) {
+      std::string json =
+          test::two_phase_json(kind, 1.0, 2, 4, "fix-complete", "fix-complete", extra);
+      json.replace(json.find("\"steps\": 2}"), 11, "\"steps\": 2, \"no_load_optim\": true}");
+      return test::scenario_from_json(json);
+    };
+    const auto clean_run = test::run(scenario(""));
+    for (const auto& r : properties::check_all(clean_run))
+      EXPECT_TRUE(r.ok()) << kind << ": " << r.name << ": " << r.detail;
+    EXPECT_NE(test::verdict(clean_run, "first_step_continues_from_loaded_weights")
+                  .detail.find("1 --no-load-optim resume(s)"),
+              std::string::npos)
+        << kind;
+    const auto run = test::run(scenario(R"(, "faults": ["load.reload_skips_model_params"])"));
+    const auto r = test::verdict(run, "first_step_continues_from_loaded_weights");
+    EXPECT_EQ(r.verdict, properties::Verdict::kFail) << kind << ": " << r.detail;
+    EXPECT_EQ(r.signature, "first_step_continues_from_loaded_weights:main_param") << kind;
+    EXPECT_NE(r.detail.find("phase 1 (dp=4, fix-complete) (--no-load-optim): after the load, the "
+                            "optimizer's main param of w0[0]"),
+              std::string::npos)
+        << kind << ": " << r.detail;
+  }
+}
+
+// The first step's bound on its own (the main params right, the step wrong): a recorded run
+// whose first step after a --no-load-optim load moved one weight by 0.5, far beyond what
+// Adam's first step with lr 0.01 can.
+TEST(PropertyCanary, FirstStepContinuesFromLoadedWeightsBoundsTheFirstStep) {
+  std::string json = test::two_phase_json("fused_adam", 1.0, 2, 4, "fix-complete", "fix-complete");
+  json.replace(json.find("\"steps\": 2}"), 11, "\"steps\": 2, \"no_load_optim\": true}");
+  auto run = test::run(test::scenario_from_json(json));
+  ASSERT_TRUE(test::verdict(run, "first_step_continues_from_loaded_weights").ok());
+  ASSERT_FALSE(run.phases[1].after_step.empty());
+  run.phases[1].after_step.front().param[1][7] += 0.5F;
+  const auto r = test::verdict(run, "first_step_continues_from_loaded_weights");
+  EXPECT_EQ(r.verdict, properties::Verdict::kFail) << r.detail;
+  EXPECT_EQ(r.signature, "first_step_continues_from_loaded_weights:first_step");
+  EXPECT_NE(r.detail.find("the first step moved w1[7] from the loaded"), std::string::npos)
+      << r.detail;
 }

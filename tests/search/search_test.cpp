@@ -421,6 +421,11 @@ INSTANTIATE_TEST_SUITE_P(
                 {"fix-complete"},
                 {"scheduler.increment_per_iteration"},
                 {}},
+        // Drawn where a resume draws --no-load-optim (one in eight).
+        Control{"first_step_continues_from_loaded_weights",
+                {"fix-complete"},
+                {"load.reload_skips_model_params"},
+                {}},
         // The async save's fault switches, drawn where --fault-space storage draws async saves.
         Control{"tracker_names_saved_state",
                 {"fix-complete"},
@@ -457,7 +462,7 @@ TEST(MutationControls, CoverEveryProperty) {
       "reshard_round_trip_bytes",    "step_tensors_not_aliased",
       "step_counts_optimizer_steps", "load_writes_every_element",
       "hyperparams_follow_schedule", "resume_after_crash_is_complete",
-      "tracker_names_saved_state"};
+      "tracker_names_saved_state",   "first_step_continues_from_loaded_weights"};
   for (const auto& p : properties::all_properties()) {
     EXPECT_NE(std::find(covered.begin(), covered.end(), p.name), covered.end())
         << p.name << " has no search control";
