@@ -23,9 +23,9 @@ set(CKPTSIM_LIBFUZZER "" CACHE FILEPATH
     "GCC only: libFuzzer's static library (clang's libclang_rt.fuzzer-x86_64.a)")
 set(CKPTSIM_FUZZ_SANITIZERS -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
 if(CKPTSIM_SANITIZE_READERS)
-  # The sanitizer subset of CI (preset `sanitize-readers`, scripts/test.sh): the same reader
-  # libraries with ASan and UBSan and no libFuzzer, and one replay program (below) instead of
-  # the fuzzers.
+  # The readers' sanitizer subset (preset `sanitize-readers`, scripts/sanitize-readers.sh): the
+  # same reader libraries with ASan and UBSan and no libFuzzer, and one replay program (below)
+  # instead of the fuzzers.
   set(CKPTSIM_FUZZ_FLAGS -fsanitize=address,undefined ${CKPTSIM_FUZZ_SANITIZERS})
   set(CKPTSIM_FUZZ_LINK_FLAGS -fsanitize=address,undefined)
   set(CKPTSIM_FUZZ_ENGINE "")

@@ -1,13 +1,13 @@
-// The sanitizer subset of CI: every fuzz target of fuzz/ (fuzz/fuzz_targets.h), built with GCC,
-// AddressSanitizer and UndefinedBehaviorSanitizer (preset `sanitize-readers`, run by
-// scripts/test.sh), on
+// The readers' sanitizer subset: every fuzz target of fuzz/ (fuzz/fuzz_targets.h), built with
+// GCC, AddressSanitizer and UndefinedBehaviorSanitizer (preset `sanitize-readers`, run by
+// scripts/sanitize-readers.sh; not in CI, reports/sanitizers.md says why), on
 //   1. the committed reproducers of tests/fixtures/fuzz-regressions/<fuzzer>/,
 //   2. its seeds (fuzz/seeds.h: the real fixtures, scenarios/, revisions/),
 //   3. deterministic mutants of the seeds (fuzz/mutator.h), --mutants N per target (default
 //      kMutants below), the same ones on every machine.
 // A sanitizer report aborts the process (ASan) or stops it (UBSan, -fno-sanitize-recover); a
 // broken promise of a reader (fuzz/fuzz_support.h) or an exception that leaves it is printed
-// with the input's origin and the program exits 1 after the target's inputs. The full
+// with the input's origin, the run goes on, and the program exits 1 at its end. The full
 // sanitizer run of the whole test suite is scripts/sanitize.sh; the coverage-guided search is
 // scripts/fuzz.sh.
 //
