@@ -22,7 +22,14 @@
 set(CKPTSIM_LIBFUZZER "" CACHE FILEPATH
     "GCC only: libFuzzer's static library (clang's libclang_rt.fuzzer-x86_64.a)")
 set(CKPTSIM_FUZZ_SANITIZERS -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
-if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+if(CKPTSIM_SANITIZE_READERS)
+  # The readers' sanitizer subset (preset `sanitize-readers`, scripts/sanitize-readers.sh): the
+  # same reader libraries with ASan and UBSan and no libFuzzer, and one replay program (below)
+  # instead of the fuzzers.
+  set(CKPTSIM_FUZZ_FLAGS -fsanitize=address,undefined ${CKPTSIM_FUZZ_SANITIZERS})
+  set(CKPTSIM_FUZZ_LINK_FLAGS -fsanitize=address,undefined)
+  set(CKPTSIM_FUZZ_ENGINE "")
+elseif(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
   set(CKPTSIM_FUZZ_FLAGS -fsanitize=fuzzer-no-link,address,undefined ${CKPTSIM_FUZZ_SANITIZERS})
   set(CKPTSIM_FUZZ_LINK_FLAGS -fsanitize=fuzzer,address,undefined)
   set(CKPTSIM_FUZZ_ENGINE "")
@@ -103,6 +110,20 @@ function(ckptsim_fuzz_executable name library)
     target_sources(${name} PRIVATE ${CKPTSIM_FUZZ_DIR}/gcc_coverage.cpp)
   endif()
 endfunction()
+
+if(CKPTSIM_SANITIZE_READERS)
+  # fuzz/sanitized_replay.cpp runs every fuzz target (fuzz/*_fuzzer.cpp without their libFuzzer
+  # entry points, as in the tests) on its seeds, its committed reproducers and a few
+  # deterministic mutants, in one process; a sanitizer report or a broken promise fails it.
+  file(GLOB CKPTSIM_FUZZ_TARGET_SOURCES CONFIGURE_DEPENDS ${CKPTSIM_FUZZ_DIR}/*_fuzzer.cpp)
+  add_executable(ckptsim_sanitized_replay ${CKPTSIM_FUZZ_DIR}/sanitized_replay.cpp
+                 ${CKPTSIM_FUZZ_DIR}/seeds.cpp ${CKPTSIM_FUZZ_TARGET_SOURCES})
+  ckptsim_fuzz_executable(ckptsim_sanitized_replay ckptsim_fuzz_readers)
+  target_link_libraries(ckptsim_sanitized_replay PRIVATE ckptsim_fuzz_json)
+  target_compile_definitions(ckptsim_sanitized_replay PRIVATE CKPTSIM_FUZZ_IN_TESTS)
+  target_link_options(ckptsim_sanitized_replay PRIVATE ${CKPTSIM_FUZZ_LINK_FLAGS})
+  return()
+endif()
 
 ckptsim_fuzzer(pickle_tree_fuzzer ckptsim_fuzz_base)
 ckptsim_fuzzer(torch_save_fuzzer ckptsim_fuzz_readers)
