@@ -95,17 +95,18 @@ bool bitwise_equal(float a, float b) {
   return x == y;
 }
 
+double ulp_of(double x, model::DType dtype) {
+  int exp = 0;
+  std::frexp(x, &exp);
+  return std::ldexp(1.0, exp - (dtype == model::DType::kBFloat16 ? 8 : 24));
+}
+
 bool within_tolerance(float observed, float expected, bool bf16, double drift) {
   if (std::isnan(observed) || std::isnan(expected))
     return std::isnan(observed) && std::isnan(expected);
   const double x = static_cast<double>(expected);
   const double d = std::fabs(static_cast<double>(observed) - x);
-  if (bf16) {
-    // One bf16 ulp at the expected value's magnitude (8 significand bits).
-    int exp = 0;
-    std::frexp(x, &exp);
-    return d <= std::ldexp(1.0, exp - 8) + kTrajectoryAtol + drift;
-  }
+  if (bf16) return d <= ulp_of(x, model::DType::kBFloat16) + kTrajectoryAtol + drift;
   return d <= kTrajectoryAtol + kTrajectoryRtol * std::fabs(x) + drift;
 }
 

@@ -37,6 +37,8 @@ std::string message_shape(const std::string& m);
 const sim::RankError* first_primary(const std::vector<sim::RankError>& errors);
 
 bool bitwise_equal(float a, float b);
+// One unit in the last place at `x`'s magnitude in `dtype` (bf16: 8 significant bits, fp32: 24).
+double ulp_of(double x, model::DType dtype);
 // Within kTrajectoryRtol/kTrajectoryAtol, or one bf16 ulp (plus atol) for bf16 values, plus
 // `drift` (>= 0): what the steps since the element moved between kernel kinds allow
 // (kTrajectoryRtolPerStep; trajectory.cpp adds it up).

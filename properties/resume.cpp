@@ -87,14 +87,6 @@ std::string stopped_before(const sim::RunResult& baseline, const sim::RunResult&
 
 namespace {
 
-// One unit in the last place of `x` as a value of `dtype` holds it (bf16: 8 significant bits,
-// fp32: 24).
-double ulp(double x, model::DType dtype) {
-  int exponent = 0;
-  std::frexp(x == 0.0 ? std::numeric_limits<float>::min() : x, &exponent);
-  return std::ldexp(1.0, exponent - (dtype == model::DType::kBFloat16 ? 8 : 24));
-}
-
 // The first place where phase `p`'s state right after its --no-load-optim load is not the
 // fresh start from the weights it loaded (`saved`: the checkpoint's state): model params other
 // than the saved ones, a main param other than its model param, Adam state already there.
@@ -150,8 +142,8 @@ std::optional<std::string> first_step_beyond_adam(const sim::RunResult& run,
       const double p0 = loaded.param[q][e];
       const double p1 = first.param[q][e];
       if (std::isnan(p0) || std::isnan(p1)) continue;
-      const double bound =
-          h->lr * (1.0 + h->weight_decay * std::abs(p0)) * (1.0 + 1e-3) + ulp(p1, params[q].dtype);
+      const double bound = h->lr * (1.0 + h->weight_decay * std::abs(p0)) * (1.0 + 1e-3) +
+                           ulp_of(p1, params[q].dtype);
       if (std::abs(p1 - p0) <= bound) continue;
       return fmt::format(
           "the first step moved {}[{}] from the loaded {} to {}, by more than "
