@@ -18,6 +18,7 @@ void fuzz_dcp_reader(std::span<const char> input);
 void fuzz_torch_dist_checkpoint(std::span<const char> input);
 void fuzz_scenario(std::span<const char> input);
 void fuzz_revision_profile(std::span<const char> input);
+void fuzz_trace(std::span<const char> input);
 
 struct FuzzTarget {
   std::string_view name;  // the fuzzer's binary, and its folder of reproducers
@@ -32,6 +33,7 @@ inline constexpr FuzzTarget kFuzzTargets[] = {
     {"torch_dist_checkpoint_fuzzer", &fuzz_torch_dist_checkpoint},
     {"scenario_fuzzer", &fuzz_scenario},
     {"revision_profile_fuzzer", &fuzz_revision_profile},
+    {"trace_fuzzer", &fuzz_trace},
 };
 
 }  // namespace ckptsim::fuzz

@@ -86,6 +86,16 @@ ckptsim_fuzz_library(ckptsim_fuzz_json SOURCES
   ${CMAKE_SOURCE_DIR}/sim/scenario.cpp ${M}/revision.cpp ${M}/config.cpp ${M}/faults.cpp
   ${M}/faulty_storage.cpp ${CKPTSIM_EMBEDDED})
 target_link_libraries(ckptsim_fuzz_json PUBLIC ckptsim_fuzz_base)
+# The trace readers: properties/trace.cpp's parse() and the conformance judge, whose checks are
+# the property registry's, which reaches the simulator and the whole model: every unit of the
+# model, sim/ and properties/, on its own (the libraries above would define their units twice).
+file(GLOB CKPTSIM_FUZZ_TRACE_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/sim/*.cpp
+     ${CMAKE_SOURCE_DIR}/properties/*.cpp)
+ckptsim_fuzz_library(ckptsim_fuzz_trace TORCH SOURCES ${CKPTSIM_MODEL_SOURCES}
+  ${CKPTSIM_FUZZ_TRACE_SOURCES} ${CKPTSIM_EMBEDDED})
+ckptsim_layer_includes(ckptsim_fuzz_trace properties)
+target_link_libraries(ckptsim_fuzz_trace PUBLIC ckptsim_adam ckptsim_cuda Eigen3::Eigen
+                      Threads::Threads)
 
 # ckptsim_fuzzer(<name> <library>): fuzz/<name>.cpp, an LLVMFuzzerTestOneInput. A fuzzer of
 # the libtorch readers reuses their precompiled header (and with it torch_prelude.h).
@@ -132,6 +142,7 @@ ckptsim_fuzzer(dcp_reader_fuzzer ckptsim_fuzz_readers)
 ckptsim_fuzzer(torch_dist_checkpoint_fuzzer ckptsim_fuzz_readers)
 ckptsim_fuzzer(scenario_fuzzer ckptsim_fuzz_json)
 ckptsim_fuzzer(revision_profile_fuzzer ckptsim_fuzz_json)
+ckptsim_fuzzer(trace_fuzzer ckptsim_fuzz_trace)
 
 # The seed corpora, from the repository's real files (fuzz/make_seeds.cpp, fuzz/seeds.h). Rewritten when a
 # fixture, scenario or profile changes.
@@ -140,7 +151,9 @@ ckptsim_fuzz_executable(ckptsim_fuzz_seeds ckptsim_fuzz_readers)
 target_link_options(ckptsim_fuzz_seeds PRIVATE -fsanitize=address,undefined)
 file(GLOB_RECURSE CKPTSIM_FUZZ_SEED_INPUTS CONFIGURE_DEPENDS
      ${CMAKE_SOURCE_DIR}/tests/fixtures/real-checkpoints/*
-     ${CMAKE_SOURCE_DIR}/scenarios/*.json ${CMAKE_SOURCE_DIR}/revisions/*.json)
+     ${CMAKE_SOURCE_DIR}/scenarios/*.json ${CMAKE_SOURCE_DIR}/revisions/*.json
+     ${CMAKE_SOURCE_DIR}/tests/fixtures/model-traces/*.trace.json
+     ${CMAKE_SOURCE_DIR}/tests/conformance/crash/*.trace.json)
 set(CKPTSIM_FUZZ_SEEDS ${CMAKE_BINARY_DIR}/fuzz-seeds)
 add_custom_command(
   OUTPUT ${CKPTSIM_FUZZ_SEEDS}/stamp

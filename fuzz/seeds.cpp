@@ -136,12 +136,29 @@ void add_json(Corpora& c, const fs::path& source) {
   }
 }
 
+// Trace files: the model's (tests/fixtures/model-traces/) and the real runner's (the recorded
+// runs of the real fixtures and of the crash replays), each under 64 KiB: larger ones add
+// nothing a mutation of a smaller one does not reach, and slow every input down.
+void add_traces(Corpora& c, const fs::path& source) {
+  constexpr uintmax_t kMaxBytes = 64 * 1024;
+  for (const char* dir : {"tests/fixtures/model-traces", "tests/fixtures/real-checkpoints/runs",
+                          "tests/conformance/crash"}) {
+    for (const fs::path& f : sorted_entries(source / dir)) {
+      if (fs::is_regular_file(f) && f.string().ends_with(".trace.json") &&
+          fs::file_size(f) <= kMaxBytes) {
+        c.add("trace_fuzzer", read(f));
+      }
+    }
+  }
+}
+
 }  // namespace
 
 SeedCorpora seed_corpora(const fs::path& source) {
   Corpora c;
   add_checkpoints(c, source);
   add_json(c, source);
+  add_traces(c, source);
   return std::move(c).take();
 }
 

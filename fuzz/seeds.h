@@ -7,6 +7,9 @@
 //   torch_dist_checkpoint_fuzzer  every checkpoint directory, packed (fuzz/fuzz_support.h)
 //   scenario_fuzzer               scenarios/**/*.json
 //   revision_profile_fuzzer       revisions/*.json
+//   trace_fuzzer                  the trace files of tests/fixtures/model-traces/,
+//                                 tests/fixtures/real-checkpoints/runs/ and
+//                                 tests/conformance/crash/, each under 64 KiB
 // The real checkpoints are tests/fixtures/real-checkpoints/*/ (the folder `runs/` aside).
 // Used by ckptsim_fuzz_seeds (fuzz/make_seeds.cpp, the libFuzzer corpora) and by the short
 // fuzz run of the test suite (tests/fuzz/fuzz_short_run_test.cpp).

@@ -82,11 +82,13 @@ class RunComparison {
   RunComparison(const Run& model, const Run& real, Taint inherited, Conformance& out)
       : m_(model), r_(real), taint_(std::move(inherited)), out_(out) {}
 
-  // Where the scenario has storage faults: the crash and the resume after it.
-  void compare_crash_and_resume() {
+  // Where the scenario has storage faults: the crash and the resume after it. The fired faults'
+  // files are named as the trace that recorded them names its files: `model_names` and
+  // `real_names` are the two traces' sources ("model": the model's files, else DCP's).
+  void compare_crash_and_resume(const std::string& model_names, const std::string& real_names) {
     if (!m_.storage_faults.empty() || !r_.storage_faults.empty() || m_.crashed || r_.crashed) {
-      const std::string mk = fault_keys(m_, "model");
-      const std::string rk = fault_keys(r_, "real");
+      const std::string mk = fault_keys(m_, model_names);
+      const std::string rk = fault_keys(r_, real_names);
       out_.crashes.add(m_.crashed == r_.crashed && mk == rk);
       if (m_.crashed != r_.crashed)
         run_divergence("crashed", m_.crashed ? "true" : "false", r_.crashed ? "true" : "false");
@@ -419,7 +421,10 @@ void compare_all_runs(const Trace& m, const Trace& r, Conformance& out) {
     }
     RunComparison c(run, *real, std::move(inherited), out);
     c.compare();
-    if (storage_faults) c.compare_crash_and_resume();
+    if (storage_faults) {
+      c.compare_crash_and_resume(m.source.empty() ? "model" : m.source,
+                                 r.source.empty() ? "real" : r.source);
+    }
     taint_at_end[run.id] = c.taint();
   }
 }

@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
+#include <stdexcept>
 #include <tuple>
+#include <utility>
 
 #include "sim/scenario.h"
 
@@ -48,17 +51,49 @@ const Run* Trace::find(const std::string& id) const {
 
 namespace {
 
+// A trace the format cannot hold (a field out of its range, two records of one event): thrown
+// inside parse(), which turns it into its Status, as it does json's own exceptions.
+struct Malformed : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// The limits of the integers a trace holds, far above any real run's and far below where
+// arithmetic on them overflows (a rank's world is dp * tp * pp).
+constexpr int64_t kSizeMax = int64_t{1} << 20;     // dp, tp, pp; a phase's index
+constexpr int64_t kStepMax = int64_t{1} << 40;     // iterations, step aliases
+constexpr int64_t kElementMax = int64_t{1} << 53;  // a range's ends
+
+// `v`, a JSON integer within [lo, hi] (a float, a string or an integer out of range is refused:
+// the checks index and count with these).
+int64_t integer_in(const json& v, const std::string& what, int64_t lo, int64_t hi) {
+  if (!v.is_number_integer()) throw Malformed(what + " is not an integer");
+  if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(hi)
+                             : v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
+    throw Malformed(fmt::format("{} is {}, outside [{}, {}]", what, v.dump(), lo, hi));
+  }
+  return v.get<int64_t>();
+}
+
+// A [begin, end) range of elements: two integers, 0 <= begin <= end.
+std::pair<int64_t, int64_t> range_at(const json& owner, const std::string& what) {
+  const json& r = owner.at("range");
+  const int64_t begin = integer_in(r.at(0), what + " range[0]", 0, kElementMax);
+  const int64_t end = integer_in(r.at(1), what + " range[1]", begin, kElementMax);
+  return {begin, end};
+}
+
 std::optional<double> number_or_null(const json& j, const char* key) {
   if (!j.contains(key) || j[key].is_null()) return std::nullopt;
   return j[key].get<double>();
 }
 
-Event parse_event(const json& e) {
+// One event of a run whose ranks are [0, world); `what` names it in errors.
+Event parse_event(const json& e, int64_t world, const std::string& what) {
   Event ev;
-  ev.rank = e.at("rank").get<int>();
+  ev.rank = static_cast<int>(integer_in(e.at("rank"), what + " rank", 0, world - 1));
   ev.at = e.at("at").get<std::string>();
   if (e.contains("global_step") && !e["global_step"].is_null())
-    ev.global_step = e["global_step"].get<int64_t>();
+    ev.global_step = integer_in(e["global_step"], what + " global_step", 0, kStepMax);
   if (ev.at == "error") {
     ev.stage = e.at("stage").get<std::string>();
     ev.py_type = e.at("py_type").get<std::string>();
@@ -71,15 +106,11 @@ Event parse_event(const json& e) {
     return ev;
   }
   for (const auto& p : e.at("parts")) {
-    Part part{p.at("part").get<std::string>(),
-              p.at("param").get<std::string>(),
-              p.at("range").at(0).get<int64_t>(),
-              p.at("range").at(1).get<int64_t>(),
-              number_or_null(p, "step"),
-              number_or_null(p, "step_used"),
-              std::nullopt,
-              ""};
-    if (p.contains("step_aliases")) part.aliases = p["step_aliases"].get<int64_t>();
+    const auto [begin, end] = range_at(p, what + " part");
+    Part part{p.at("part").get<std::string>(), p.at("param").get<std::string>(), begin,        end,
+              number_or_null(p, "step"),       number_or_null(p, "step_used"),   std::nullopt, ""};
+    if (p.contains("step_aliases"))
+      part.aliases = integer_in(p["step_aliases"], what + " step_aliases", 0, kStepMax);
     if (p.contains("kernel")) part.kernel = p["kernel"].get<std::string>();
     ev.parts.push_back(std::move(part));
   }
@@ -104,8 +135,9 @@ Event parse_event(const json& e) {
   if (const auto us = e.find("unwritten"); us != e.end() && us->is_array()) {
     std::vector<Unwritten> ranges;
     for (const auto& u : *us) {
-      ranges.push_back({u.at("key").get<std::string>(), u.at("range").at(0).get<int64_t>(),
-                        u.at("range").at(1).get<int64_t>(), u.at("missing_key").get<bool>()});
+      const auto [begin, end] = range_at(u, what + " unwritten");
+      ranges.push_back(
+          {u.at("key").get<std::string>(), begin, end, u.at("missing_key").get<bool>()});
     }
     ev.unwritten = std::move(ranges);
   }
@@ -141,6 +173,54 @@ void infer_kernels(Trace& t) {
   }
 }
 
+// An optional integer field of `j`, `fallback` where absent.
+int64_t optional_integer(const json& j, const char* key, int64_t fallback, const std::string& what,
+                         int64_t lo, int64_t hi) {
+  const auto it = j.find(key);
+  return it == j.end() ? fallback : integer_in(*it, what + " " + key, lo, hi);
+}
+
+// Two events of one rank, kind and global step (error events aside) would be judged as one:
+// the checks and the conformance judge find an event by those three.
+void refuse_repeated_events(const Run& run) {
+  std::set<std::tuple<int, std::string, int64_t>> seen;
+  for (const Event& e : run.events) {
+    if (e.at != "error" && !seen.emplace(e.rank, e.at, e.global_step).second) {
+      throw Malformed(fmt::format("run '{}' has two {} events of rank {} at global step {}", run.id,
+                                  e.at, e.rank, e.global_step));
+    }
+  }
+}
+
+Run parse_run(const json& r) {
+  Run run;
+  run.id = r.at("id").get<std::string>();
+  const std::string what = "run '" + run.id + "'";
+  run.dp = integer_in(r.at("dp"), what + " dp", 1, kSizeMax);
+  run.tp = optional_integer(r, "tp", 1, what, 1, kSizeMax);
+  run.pp = optional_integer(r, "pp", 1, what, 1, kSizeMax);
+  if (const auto ph = r.find("phase"); ph != r.end() && ph->is_number_integer())
+    run.phase = static_cast<int>(integer_in(*ph, what + " phase", -1, kSizeMax));
+  run.status = r.at("status").get<std::string>();
+  run.load = r.value("load", false);
+  run.start_step = optional_integer(r, "start_step", 0, what, 0, kStepMax);
+  run.steps = optional_integer(r, "steps", 0, what, 0, kStepMax);
+  run.load_from = r.value("load_from", std::string());
+  if (const auto te = r.find("te"); te != r.end() && te->is_string()) run.te = *te;
+  run.fused_adam_standin = r.value("fused_adam_standin", false);
+  if (const auto f = r.find("storage_faults"); f != r.end() && f->is_array()) {
+    for (const auto& x : *f) run.storage_faults.push_back(x.get<std::string>());
+  }
+  run.crashed = r.value("crashed", false);
+  const int64_t world = run.dp * run.tp * run.pp;
+  for (const auto& e : r.at("events")) {
+    run.events.push_back(
+        parse_event(e, world, fmt::format("{} event {}", what, run.events.size())));
+  }
+  refuse_repeated_events(run);
+  return run;
+}
+
 }  // namespace
 
 Result<Trace> parse(const json& j, const std::string& source) {
@@ -151,31 +231,16 @@ Result<Trace> parse(const json& j, const std::string& source) {
     Trace t;
     t.scenario = j.at("scenario").get<std::string>();
     for (const auto& r : j.at("runs")) {
-      Run run;
-      run.id = r.at("id").get<std::string>();
-      run.dp = r.at("dp").get<int64_t>();
-      run.tp = r.value("tp", int64_t{1});
-      run.pp = r.value("pp", int64_t{1});
-      if (const auto ph = r.find("phase"); ph != r.end() && ph->is_number_integer())
-        run.phase = ph->get<int>();
-      run.status = r.at("status").get<std::string>();
-      run.load = r.value("load", false);
-      run.start_step = r.value("start_step", int64_t{0});
-      run.steps = r.value("steps", int64_t{0});
-      run.load_from = r.value("load_from", std::string());
-      if (const auto te = r.find("te"); te != r.end() && te->is_string()) run.te = *te;
-      run.fused_adam_standin = r.value("fused_adam_standin", false);
-      if (const auto f = r.find("storage_faults"); f != r.end() && f->is_array()) {
-        for (const auto& x : *f) run.storage_faults.push_back(x.get<std::string>());
-      }
-      run.crashed = r.value("crashed", false);
-      for (const auto& e : r.at("events")) run.events.push_back(parse_event(e));
-      t.runs.push_back(std::move(run));
+      t.runs.push_back(parse_run(r));
+      if (&t.runs.back() != t.find(t.runs.back().id))  // find() would only ever see the first
+        throw Malformed("two runs '" + t.runs.back().id + "'");
     }
     t.source = j.value("source", std::string());
     infer_kernels(t);
     return t;
   } catch (const json::exception& e) {
+    return Status::invalid_input(source + ": not a readable trace: " + e.what());
+  } catch (const Malformed& e) {
     return Status::invalid_input(source + ": not a readable trace: " + e.what());
   }
 }

@@ -35,7 +35,7 @@ const std::map<std::string_view, uint64_t> kMutants = {
     {"pickle_tree_fuzzer", 20000},           {"torch_save_fuzzer", 2000},
     {"dcp_metadata_fuzzer", 20000},          {"dcp_reader_fuzzer", 2000},
     {"torch_dist_checkpoint_fuzzer", 10000}, {"scenario_fuzzer", 20000},
-    {"revision_profile_fuzzer", 20000}};
+    {"revision_profile_fuzzer", 20000},      {"trace_fuzzer", 5000}};
 
 const SeedCorpora& corpora() {
   static const SeedCorpora c = [] {

@@ -560,3 +560,58 @@ TEST(TraceChecks, ARowSplitShardIsComparedOnlyWhereEveryRowPartIsInPlace) {
   const auto& v = trace_verdict(verdicts, "round_trip_identity");
   EXPECT_EQ(v.verdict, properties::Verdict::kPass) << v.detail;
 }
+
+// The trace readers' limits (properties/trace.h invariant 1, found by fuzz/trace_fuzzer.cpp):
+// what the checks index and count with is refused at parse(), with the file and the field.
+// Mutations caught: the bounds of integer_in taken out (a float dp, a rank outside the run's
+// world), the repeated-event and repeated-run refusals taken out.
+namespace {
+
+std::string parse_error(const nlohmann::json& t) {
+  auto p = properties::trace::parse(t, "bug.trace.json");
+  return p.is_ok() ? "" : p.status().message();
+}
+
+}  // namespace
+
+TEST(TraceParse, ANumberOutsideWhatAFieldHoldsIsAnErrorNamingTheField) {
+  const auto model = model_trace("scenarios/bug2-step-reset-dp2-to-4.json");
+  ASSERT_EQ(parse_error(model), "");
+  nlohmann::json t = model;
+  t["runs"][0]["dp"] = 1e300;
+  EXPECT_EQ(parse_error(t),
+            "bug.trace.json: not a readable trace: run 'reference' dp is not an integer");
+  t = model;
+  t["runs"][0]["events"][0]["rank"] = 2;  // the reference run is DP 2
+  EXPECT_EQ(
+      parse_error(t),
+      "bug.trace.json: not a readable trace: run 'reference' event 0 rank is 2, outside [0, 1]");
+  t = model;
+  t["runs"][0]["events"][0]["parts"][0]["range"] = {5, 4};
+  EXPECT_NE(parse_error(t).find("event 0 part range[1] is 4, outside [5, "), std::string::npos)
+      << parse_error(t);
+}
+
+TEST(TraceParse, TwoRecordsOfOneEventOrOneRunAreAnError) {
+  const auto model = model_trace("scenarios/bug2-step-reset-dp2-to-4.json");
+  nlohmann::json t = model;
+  auto& events = t["runs"][0]["events"];
+  events.push_back(events[0]);
+  EXPECT_EQ(parse_error(t),
+            "bug.trace.json: not a readable trace: run 'reference' has two init events of rank 0 "
+            "at global step 0");
+  t = model;
+  t["runs"].push_back(t["runs"][1]);
+  EXPECT_EQ(parse_error(t), "bug.trace.json: not a readable trace: two runs 'phase0'");
+}
+
+// A trace's fired storage faults name its files as its own source writes them, whichever side
+// of the comparison it is on: the model's trace agrees with itself after a crash. Mutation
+// caught: fault keys named by the side ("model" / "real") instead of the trace's source.
+TEST(Conformance, AModelTraceWithACrashAgreesWithItself) {
+  const auto t = model_trace("scenarios/crash-tracker-before-data-fault.json");
+  auto c = properties::conform(t, t, "same.json");
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  EXPECT_TRUE(c.value().divergences.empty()) << c.value().divergences.front().describe();
+  EXPECT_TRUE(c.value().agrees());
+}
