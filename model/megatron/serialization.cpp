@@ -28,6 +28,58 @@ constexpr const char* kFormat = "ckptsim-dist-v1";
 
 std::string rank_file(int rank) { return fmt::format("shards/rank_{}.bin", rank); }
 
+// Every piece's bytes in a shard file follow a header of its own (metadata.json's
+// "piece_header_bytes"; a checkpoint without that member has none): the magic, then FNV-1a over
+// the piece's key, dtype and place. DCP's items are framed too (each tensor item a torch.save
+// archive), and a reader that meets another save's bytes at a piece's offset fails loudly
+// (seen on the real code: UnpicklingError inside the load's CheckpointException); the header is
+// how the model's reader sees the same (fidelity audit N5).
+constexpr char kPieceMagic[8] = {'c', 'k', 'p', 't', 'p', 'i', 'e', 'c'};
+constexpr size_t kPieceHeaderBytes = 16;
+
+uint64_t piece_tag(const SavedPiece& p) {
+  uint64_t h = 14695981039346656037ull;
+  auto mix = [&h](const void* data, size_t n) {
+    for (size_t i = 0; i < n; ++i)
+      h = (h ^ static_cast<const unsigned char*>(data)[i]) * 1099511628211ull;
+  };
+  mix(p.key.data(), p.key.size() + 1);  // with its terminating zero
+  mix(p.dtype.data(), p.dtype.size() + 1);
+  for (const int64_t v : {p.global_numel, p.global_offset, p.numel}) {
+    for (int i = 0; i < 8; ++i) {
+      const auto byte = static_cast<unsigned char>((static_cast<uint64_t>(v) >> (8 * i)) & 0xff);
+      mix(&byte, 1);
+    }
+  }
+  return h;
+}
+
+// Appends p's header to `blob` and sets p.byte_offset to where its bytes begin, after it.
+void append_piece_header(std::vector<char>& blob, SavedPiece& p) {
+  blob.insert(blob.end(), std::begin(kPieceMagic), std::end(kPieceMagic));
+  const uint64_t tag = piece_tag(p);
+  for (int i = 0; i < 8; ++i) blob.push_back(static_cast<char>((tag >> (8 * i)) & 0xff));
+  p.byte_offset = static_cast<int64_t>(blob.size());
+}
+
+// "" when p's header stands right before its bytes in `file`, else what stands there.
+// REQUIRES: piece_problem(p, file.size()) is "".
+std::string piece_header_problem(const SavedPiece& p, const std::vector<char>& file) {
+  if (p.byte_offset < static_cast<int64_t>(kPieceHeaderBytes)) {
+    return fmt::format("no room for the piece's header before byte {}", p.byte_offset);
+  }
+  const char* at = file.data() + p.byte_offset - kPieceHeaderBytes;
+  uint64_t tag = 0;
+  for (int i = 0; i < 8; ++i) tag |= uint64_t{static_cast<unsigned char>(at[8 + i])} << (8 * i);
+  if (!std::equal(std::begin(kPieceMagic), std::end(kPieceMagic), at) || tag != piece_tag(p)) {
+    return fmt::format(
+        "the bytes at offset {} are not this piece (another save's bytes under this "
+        "metadata.json)",
+        p.byte_offset - static_cast<int64_t>(kPieceHeaderBytes));
+  }
+  return "";
+}
+
 // A ShardedTensor's elements as runs of its global tensor flattened row-major (the model's own
 // format stores pieces 1-D; DCP stores the N-D box, the same elements): each run is contiguous
 // in the global tensor and in the local data, runs in the local data's order. A TP piece split
@@ -170,6 +222,8 @@ std::string metadata_json(bool common_in_common_pt, const std::vector<SavedPiece
         append_json_string(out, object_keys[i]);
       });
     });
+    member("piece_header_bytes");
+    integer(static_cast<int64_t>(kPieceHeaderBytes));
     member("pieces");
     array(pieces.size(), [&](size_t i) {
       const SavedPiece& p = pieces[i];
@@ -474,7 +528,7 @@ SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup&
       p.numel = run.numel;
       p.rank = rank;
       p.file = rank_file(rank);
-      p.byte_offset = static_cast<int64_t>(blob.size());
+      append_piece_header(blob, p);
       blob.insert(blob.end(), bytes + run.local_offset * elem,
                   bytes + (run.local_offset + run.numel) * elem);
       mine.pieces.push_back(std::move(p));
@@ -539,7 +593,7 @@ Status write_checkpoint_contents(const CheckpointContents& contents, Storage& st
     p.global_numel = data.numel();
     p.numel = data.numel();
     p.file = rank_file(0);
-    p.byte_offset = static_cast<int64_t>(blob.size());
+    append_piece_header(blob, p);
     const auto* bytes = static_cast<const char*>(data.data_ptr());
     blob.insert(blob.end(), bytes, bytes + data.numel() * data.element_size());
     pieces.push_back(std::move(p));
@@ -590,6 +644,12 @@ Result<CheckpointIndex> parse_checkpoint_index(const std::vector<char>& bytes) {
           SavedObject{o.at("unique_key").get<std::string>(), o.at("file").get<std::string>()});
     }
     out.common_in_common_pt = meta.contains("common") && meta["common"].is_string();
+    const int64_t header_bytes = meta.value("piece_header_bytes", int64_t{0});
+    if (header_bytes != 0 && header_bytes != static_cast<int64_t>(kPieceHeaderBytes)) {
+      return Status::corruption(fmt::format("{}: piece_header_bytes is {}, not 0 or {}",
+                                            kMetadataFile, header_bytes, kPieceHeaderBytes));
+    }
+    out.piece_headers = header_bytes != 0;
   } catch (const json::exception& e) {
     return Status::corruption(std::string(kMetadataFile) + ": bad object entry: " + e.what());
   }
@@ -701,7 +761,8 @@ class LoadIndexCache {
     }
     auto parsed = parse_checkpoint_index(*bytes);
     if (!parsed.is_ok()) return parsed.status();
-    return insert(make_index(std::move(bytes), std::move(parsed.value().pieces)));
+    return insert(make_index(std::move(bytes), std::move(parsed.value().pieces),
+                             parsed.value().piece_headers));
   }
 
   // The index of the metadata.json just written into `storage`, from the pieces it lists
@@ -719,7 +780,7 @@ class LoadIndexCache {
     // One per thread (a search's case saves and loads on its own thread): bounded by the
     // number of threads, and another thread's prime does not drop it before its load.
     thread_local std::shared_ptr<const LoadIndex> primed_here;
-    primed_here = insert(make_index(std::move(bytes), pieces));
+    primed_here = insert(make_index(std::move(bytes), pieces, /*piece_headers=*/true));
   }
 
   void check_unchanged() const {
@@ -742,9 +803,10 @@ class LoadIndexCache {
   }
 
   static std::shared_ptr<LoadIndex> make_index(std::shared_ptr<const std::vector<char>> bytes,
-                                               std::vector<SavedPiece> pieces) {
+                                               std::vector<SavedPiece> pieces, bool piece_headers) {
     auto index = std::make_shared<LoadIndex>();
     index->bytes = std::move(bytes);
+    index->piece_headers = piece_headers;
     index->pieces = std::move(pieces);
     for (const auto& p : index->pieces) {
       index->by_key[p.key].push_back(&p);
@@ -879,12 +941,18 @@ Value load(const Value& sharded_state_dict, const Storage& storage, ProcessGroup
         skipped = true;
         continue;
       }
+      // What stands where the piece should be: "" when it reads whole.
+      auto damage = [&](const std::vector<char>& file) {
+        std::string problem = piece_problem(*p, file.size());
+        if (problem.empty() && index->piece_headers) problem = piece_header_problem(*p, file);
+        return problem;
+      };
       if (options.skip_damaged_pieces &&
-          (!storage.exists(p->file) || !piece_problem(*p, file_bytes(p->file).size()).empty())) {
+          (!storage.exists(p->file) || !damage(file_bytes(p->file)).empty())) {
         continue;  // fault site load.skip_damaged_pieces
       }
       const std::vector<char>& bytes = file_bytes(p->file);
-      fail_if(*p, piece_problem(*p, bytes.size()));
+      fail_if(*p, damage(bytes));
       const at::ScalarType dtype = dtype_from_name(p->dtype);
       const size_t elem = c10::elementSize(dtype);
       at::Tensor src = at::empty({end - begin}, at::TensorOptions().dtype(dtype));

@@ -141,6 +141,7 @@ struct LoadIndex {
   std::map<std::string, std::vector<const SavedPiece*>> by_key;  // into pieces
   std::vector<std::string> problems;                             // per piece
   uint64_t pieces_fingerprint = 0;
+  bool piece_headers = false;  // every piece's bytes follow its header (metadata.json says so)
 
   void check_unchanged() const;
 };
@@ -210,6 +211,7 @@ struct CheckpointIndex {
   std::vector<SavedPiece> pieces;
   std::vector<SavedObject> objects;  // in save order
   bool common_in_common_pt = false;  // else in the ShardedObject 'common_state/shard_0_1'
+  bool piece_headers = false;        // "piece_header_bytes": each piece's bytes follow a header
 };
 Result<CheckpointIndex> read_checkpoint_index(const Storage& storage);
 // The checkpoint's common state, from common.pt or the 'common_state' ShardedObject (for

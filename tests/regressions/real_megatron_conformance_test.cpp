@@ -38,11 +38,10 @@ namespace {
 //
 // The crash traces where the model does not agree with the real code yet (kKnownDivergent,
 // reports/crash-replay-2026-12-04.md): KnownDivergencesStillDiverge keeps them visible.
+// (crash-overwrites-committed-checkpoint-upstream-head was one until 2026-12-05: the model's
+// pieces now carry headers, so its reader fails loudly on the overwritten directory as the real
+// DCP reader does.)
 const std::set<std::string> kKnownDivergent = {
-    // The real DCP reader unpickles each item (a torch.save archive), so the overwritten
-    // directory fails loudly (CheckpointException); the model's pieces are raw bytes and load.
-    "crash/crash-overwrites-committed-checkpoint-upstream-head__nv-d98e8a64dd__h200x1-te-emulated__"
-    "2026-12-04.trace.json",
     // HEAD has no file of the model's 'object' kind (its ShardedObjects are items of rank 0's
     // .distcp): the fault fires in the model only.
     "crash/crash-replay-crash-after-object-upstream-head__nv-d98e8a64dd__h200x1-te-emulated__"

@@ -296,10 +296,11 @@ TEST(Serialization, LoadIndexIsSharedForEqualBytesOnly) {
 
   EXPECT_NO_THROW(check_shared_load_indexes_unchanged());
   auto& shared = const_cast<LoadIndex&>(*second.value());
-  shared.pieces[0].byte_offset = 8;
+  const int64_t saved_offset = shared.pieces[0].byte_offset;
+  shared.pieces[0].byte_offset = saved_offset + 8;
   EXPECT_THROW(check_shared_load_indexes_unchanged(), InvariantViolation);
   EXPECT_THROW(second.value()->check_unchanged(), InvariantViolation);
-  shared.pieces[0].byte_offset = 0;
+  shared.pieces[0].byte_offset = saved_offset;
   EXPECT_NO_THROW(check_shared_load_indexes_unchanged());
 
   MemoryStorage empty;
@@ -315,7 +316,8 @@ std::string nlohmann_metadata(bool common_in_common_pt, const std::vector<SavedP
   json meta{{"format", "ckptsim-dist-v1"},
             {"common", common_in_common_pt ? json("common.pt") : json(nullptr)},
             {"pieces", json::array()},
-            {"objects", json::array()}};
+            {"objects", json::array()},
+            {"piece_header_bytes", 16}};  // since the pieces' headers (fidelity audit N5)
   for (const auto& p : pieces) {
     meta["pieces"].push_back(json{{"key", p.key},
                                   {"dtype", p.dtype},
@@ -463,7 +465,8 @@ TEST(Serialization, ReadCheckpointTensorsRefusesBytesPastTheFile) {
 TEST(Serialization, LoadOfADamagedPieceRaisesNamingFileAndKey) {
   for (const auto& [field, value, what] :
        std::vector<std::tuple<std::string, int64_t, std::string>>{
-           {"byte_offset", 8, "bytes [8, 24) past the end of the file (16 bytes)"},
+           // the file: the piece's 16-byte header, then its 16 bytes
+           {"byte_offset", 24, "bytes [24, 40) past the end of the file (32 bytes)"},
            {"global_offset", 2, "piece [2, 6) outside the tensor's [0, 4)"},
            {"numel", -1, "piece [0, -1) outside the tensor's [0, 4)"}}) {
     MemoryStorage store;
@@ -523,4 +526,64 @@ TEST(Serialization, HeadCommonStateAsShardedObjectOnlyHeadReads) {
   on_ranks(1, [&](int, ProcessGroup& pg) { save(dict_value({{"iteration", Value(3)}}), old, pg); });
   EXPECT_EQ(load_common_state_dict(old, false).dict()->at("iteration").as_int(), 3);
   EXPECT_EQ(load_common_state_dict(old, true).dict()->at("iteration").as_int(), 3);
+}
+
+// Each piece's bytes follow a header naming it (fidelity audit N5): a metadata.json whose piece
+// points at another piece's bytes (what a save killed while it overwrote a committed directory
+// leaves: the new shard files under the old metadata.json) fails the load loudly, as the real
+// DCP reader does when it unpickles an item at the old offset (tests/conformance/crash/
+// crash-overwrites-committed-checkpoint-upstream-head__*). A checkpoint whose metadata.json
+// declares no headers (written before them) reads its bytes as before. Mutations caught: the
+// header check dropped (u loads t's values silently); the check made unconditional (the
+// checkpoint without headers fails).
+TEST(Serialization, APieceThatPointsAtAnotherPiecesBytesFailsTheLoadLoudly) {
+  MemoryStorage store;
+  on_ranks(1, [&](int, ProcessGroup& pg) {
+    save(dict_value({{"t", piece("t", at::zeros({4}).add(1.0), 4, 0)},
+                     {"u", piece("u", at::zeros({4}).add(2.0), 4, 0)}}),
+         store, pg);
+  });
+  auto meta = store.read_file("metadata.json");
+  ASSERT_TRUE(meta.is_ok());
+  const nlohmann::json saved = nlohmann::json::parse(meta.value().begin(), meta.value().end());
+  ASSERT_EQ(saved["piece_header_bytes"], 16);
+  auto rewrite = [&](const nlohmann::json& j) {
+    const std::string text = j.dump();
+    ASSERT_TRUE(store.write_file("metadata.json", {text.begin(), text.end()}).is_ok());
+  };
+  auto load_u = [&]() -> std::string {  // "" when it loads, else the error
+    std::string out;
+    on_ranks(1, [&](int rank, ProcessGroup& pg) {
+      Runtime rt(1, 0, rank);
+      at::Tensor u = at::zeros({4});
+      try {
+        load(dict_value({{"u", piece("u", u, 4, 0)}}), store, pg, {});
+        EXPECT_TRUE(u.equal(at::zeros({4}).add(2.0))) << u;
+      } catch (const UpstreamError& e) {
+        EXPECT_EQ(e.py_type(), "CheckpointException");
+        out = e.message();
+      }
+    });
+    return out;
+  };
+  nlohmann::json j = saved;
+  ASSERT_EQ(j["pieces"][1]["key"], "u");
+  j["pieces"][1]["byte_offset"] = j["pieces"][0]["byte_offset"];  // t's bytes
+  rewrite(j);
+  EXPECT_EQ(load_u(),
+            "shards/rank_0.bin: key u: the bytes at offset 0 are not this piece (another "
+            "save's bytes under this metadata.json)");
+  // A checkpoint from before the headers: the pieces' bytes back to back, no member.
+  auto shard = store.read_file("shards/rank_0.bin");
+  ASSERT_TRUE(shard.is_ok());
+  ASSERT_EQ(shard.value().size(), 64u);  // two 16-byte headers, two pieces of 16 bytes
+  std::vector<char> bare(shard.value().begin() + 16, shard.value().begin() + 32);
+  bare.insert(bare.end(), shard.value().begin() + 48, shard.value().end());
+  ASSERT_TRUE(store.write_file("shards/rank_0.bin", bare).is_ok());
+  j = saved;
+  j.erase("piece_header_bytes");
+  j["pieces"][0]["byte_offset"] = 0;
+  j["pieces"][1]["byte_offset"] = 16;
+  rewrite(j);
+  EXPECT_EQ(load_u(), "");
 }
