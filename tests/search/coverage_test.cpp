@@ -109,6 +109,26 @@ TEST(Coverage, TheStorageFaultSpaceDrawsEveryKindAtEveryFile) {
   }
 }
 
+// At a revision that keeps the common state as a ShardedObject (HEAD), no fault is drawn at an
+// `object` file: the real save writes none there (it is an item of rank 0's .distcp), so such a
+// fault would fire in the model only. Every other file kind still is. Mutation caught: the
+// revision's layout ignored (object faults drawn at HEAD, as before 2026-12-05).
+TEST(Coverage, TheStorageFaultSpaceDrawsNoObjectFaultWhereTheRealSaveWritesNoObjectFile) {
+  search::SearchOptions o;
+  o.generator.revisions = test::revisions({"upstream-head"});
+  o.generator.storage_faults = true;
+  const search::Judge nothing = [](const sim::Scenario&) {
+    return std::optional<search::Finding>();
+  };
+  const search::SearchResult head = search::search(o, nothing);
+  for (const char* kind : {"crash_before", "crash_after", "torn", "short", "disk_full"}) {
+    EXPECT_EQ(head.coverage.count("phases: storage fault", fmt::format("{} at object", kind)), 0)
+        << kind;
+    EXPECT_GT(head.coverage.count("phases: storage fault", fmt::format("{} at shard", kind)), 0)
+        << kind;
+  }
+}
+
 // The features a campaign on the real code is judged by: DP 1 throughout or not, the hybrid's
 // fp32 params and offload, and per resume that changes its arguments, which ones (--lr, --min-lr,
 // weight decay) and under which flag and revision. (Caught: a changed min_lr counted as lr; a
