@@ -16,7 +16,7 @@
 #       scripts/fetch-debs.sh) with libFuzzer's archive and corpora.tar.gz, the corpora grown
 #       under BUILD_DIR/fuzz-corpus/ (default build-fuzz, scripts/fuzz.sh long), merged.
 #   scripts/fuzz-device.sh run [BUDGET_S] [FUZZER=WORKERS ...]
-#       there: unpacks .debs, builds build-fuzz-gcc/ (the 7 fuzzers and their seeds), then runs
+#       there: unpacks .debs, builds build-fuzz-gcc/ (the 8 fuzzers and their seeds), then runs
 #       WORKERS processes of each FUZZER at once, one corpus per fuzzer (seeds, the carried
 #       corpus, the committed reproducers), until BUDGET_S (default 520) seconds after the
 #       script started. A worker that stops early (a crash) is started again, at most 3 times.
@@ -31,7 +31,7 @@ step="${1:-run}"
 shift || true
 carry=build-fuzz/device
 all_fuzzers=(pickle_tree_fuzzer dcp_metadata_fuzzer torch_save_fuzzer dcp_reader_fuzzer
-             torch_dist_checkpoint_fuzzer scenario_fuzzer revision_profile_fuzzer)
+             torch_dist_checkpoint_fuzzer scenario_fuzzer revision_profile_fuzzer trace_fuzzer)
 
 if [[ "$step" == prepare ]]; then
   set -e

@@ -40,7 +40,7 @@ shift $(($# > 2 ? 2 : $#))
 fuzzers=("$@")
 if [ "${#fuzzers[@]}" -eq 0 ]; then
   fuzzers=(pickle_tree_fuzzer dcp_metadata_fuzzer torch_save_fuzzer dcp_reader_fuzzer
-           torch_dist_checkpoint_fuzzer scenario_fuzzer revision_profile_fuzzer)
+           torch_dist_checkpoint_fuzzer scenario_fuzzer revision_profile_fuzzer trace_fuzzer)
 fi
 
 status=0
