@@ -128,8 +128,9 @@ if(CKPTSIM_SANITIZE_READERS)
   file(GLOB CKPTSIM_FUZZ_TARGET_SOURCES CONFIGURE_DEPENDS ${CKPTSIM_FUZZ_DIR}/*_fuzzer.cpp)
   add_executable(ckptsim_sanitized_replay ${CKPTSIM_FUZZ_DIR}/sanitized_replay.cpp
                  ${CKPTSIM_FUZZ_DIR}/seeds.cpp ${CKPTSIM_FUZZ_TARGET_SOURCES})
-  ckptsim_fuzz_executable(ckptsim_sanitized_replay ckptsim_fuzz_readers)
-  target_link_libraries(ckptsim_sanitized_replay PRIVATE ckptsim_fuzz_json)
+  # trace_fuzzer's library holds every unit of the model, sim/ and properties/: the others'
+  # units too, so it is the one library linked (two would define those units twice).
+  ckptsim_fuzz_executable(ckptsim_sanitized_replay ckptsim_fuzz_trace)
   target_compile_definitions(ckptsim_sanitized_replay PRIVATE CKPTSIM_FUZZ_IN_TESTS)
   target_link_options(ckptsim_sanitized_replay PRIVATE ${CKPTSIM_FUZZ_LINK_FLAGS})
   return()

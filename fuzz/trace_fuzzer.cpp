@@ -38,7 +38,9 @@ void fuzz_trace(std::span<const char> input) {
   if (!self.is_ok()) {
     // Both sides parse; what conform() may still refuse is a trace at odds with itself (its
     // model setup needs TE, a run says it ran without): an error naming the file.
-    check_error(self.status(), kSource);
+    // (setup.transformer_engine is read from the model's side, which conform() names so.)
+    const bool model_side = self.status().message().starts_with("the model's trace");
+    check_error(self.status(), model_side ? "the model's trace" : kSource);
     return;
   }
   for (const properties::PropertyAgreement& p : self.value().properties) {

@@ -1,6 +1,7 @@
-// FNV-1a (64-bit) over bytes: the one hash behind the trace hashes (sim/record.h) and the
-// fingerprints that check shared, immutable data was not written (model/process_group.h,
-// model/megatron/serialization.h). Not for anything adversarial.
+// FNV-1a (64-bit) over bytes: the one hash behind the trace hashes (sim/record.h), the model's
+// piece headers (model/megatron/serialization.cpp) and the fingerprints that check shared,
+// immutable data was not written (model/process_group.h, model/megatron/serialization.h). Not for
+// anything adversarial.
 #pragma once
 
 #include <cstddef>

@@ -421,10 +421,7 @@ void compare_all_runs(const Trace& m, const Trace& r, Conformance& out) {
     }
     RunComparison c(run, *real, std::move(inherited), out);
     c.compare();
-    if (storage_faults) {
-      c.compare_crash_and_resume(m.source.empty() ? "model" : m.source,
-                                 r.source.empty() ? "real" : r.source);
-    }
+    if (storage_faults) c.compare_crash_and_resume(m.source, r.source);
     taint_at_end[run.id] = c.taint();
   }
 }
@@ -459,6 +456,10 @@ Status check_te_presence(const nlohmann::json& model_trace, const nlohmann::json
                          const std::string& real_source) {
   const auto setup = model_trace.find("setup");
   if (setup == model_trace.end() || !setup->contains("transformer_engine")) return Status::ok();
+  if (!(*setup)["transformer_engine"].is_boolean()) {
+    return Status::invalid_input(
+        "the model's trace: setup.transformer_engine is not true or false");
+  }
   const std::string needed = (*setup)["transformer_engine"].get<bool>() ? "installed" : "absent";
   for (const auto& run : real_trace.value("runs", nlohmann::json::array())) {
     const auto te = run.find("te");

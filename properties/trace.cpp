@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
 #include <stdexcept>
 #include <tuple>
@@ -67,8 +68,11 @@ constexpr int64_t kElementMax = int64_t{1} << 53;  // a range's ends
 // the checks index and count with these).
 int64_t integer_in(const json& v, const std::string& what, int64_t lo, int64_t hi) {
   if (!v.is_number_integer()) throw Malformed(what + " is not an integer");
-  if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(hi)
-                             : v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
+  // A parsed non-negative number is stored unsigned: past int64's range it is out of any range
+  // here, and within it, it is bounded like the signed ones (lo too: dp 0 must not pass).
+  const bool huge = v.is_number_unsigned() &&
+                    v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  if (huge || v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
     throw Malformed(fmt::format("{} is {}, outside [{}, {}]", what, v.dump(), lo, hi));
   }
   return v.get<int64_t>();
@@ -199,8 +203,8 @@ Run parse_run(const json& r) {
   run.dp = integer_in(r.at("dp"), what + " dp", 1, kSizeMax);
   run.tp = optional_integer(r, "tp", 1, what, 1, kSizeMax);
   run.pp = optional_integer(r, "pp", 1, what, 1, kSizeMax);
-  if (const auto ph = r.find("phase"); ph != r.end() && ph->is_number_integer())
-    run.phase = static_cast<int>(integer_in(*ph, what + " phase", -1, kSizeMax));
+  if (const auto ph = r.find("phase"); ph != r.end())  // the reference run names none
+    run.phase = static_cast<int>(integer_in(*ph, what + " phase", 0, kSizeMax));
   run.status = r.at("status").get<std::string>();
   run.load = r.value("load", false);
   run.start_step = optional_integer(r, "start_step", 0, what, 0, kStepMax);
@@ -235,7 +239,10 @@ Result<Trace> parse(const json& j, const std::string& source) {
       if (&t.runs.back() != t.find(t.runs.back().id))  // find() would only ever see the first
         throw Malformed("two runs '" + t.runs.back().id + "'");
     }
-    t.source = j.value("source", std::string());
+    // Which side wrote it: the files its storage faults name are that side's (conformance).
+    t.source = j.at("source").get<std::string>();
+    if (t.source != "model" && t.source != "real")
+      throw Malformed("source is '" + t.source + "', not 'model' or 'real'");
     infer_kernels(t);
     return t;
   } catch (const json::exception& e) {

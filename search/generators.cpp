@@ -631,7 +631,9 @@ namespace {
 // A fault in the save of a job of `phase`'s revision. No `object` fault where the revision keeps
 // the common state as a ShardedObject (HEAD): the model writes it as objects/*.pt, the real save
 // as an item of rank 0's .distcp, so such a fault has no real counterpart (two crash replays of
-// 2026-12-04 fired it in the model only; reports/crash-replay-2026-12-04.md).
+// 2026-12-04 fired it in the model only; reports/crash-replay-2026-12-04.md). An `any` fault
+// still counts that file among rank 0's writes there: `any` is the kind whose nth write differs
+// between the model and the real save anyway (the real one writes a metadata.json marker too).
 rc::Gen<sim::StorageFaultSpec> gen_storage_fault(const sim::PhaseSpec& phase) {
   const bool object_file = !phase.profile->switches.common_state_as_sharded_object;
   return gen::exec([object_file] {

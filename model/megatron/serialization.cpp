@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -38,18 +39,12 @@ constexpr char kPieceMagic[8] = {'c', 'k', 'p', 't', 'p', 'i', 'e', 'c'};
 constexpr size_t kPieceHeaderBytes = 16;
 
 uint64_t piece_tag(const SavedPiece& p) {
-  uint64_t h = 14695981039346656037ull;
-  auto mix = [&h](const void* data, size_t n) {
-    for (size_t i = 0; i < n; ++i)
-      h = (h ^ static_cast<const unsigned char*>(data)[i]) * 1099511628211ull;
-  };
-  mix(p.key.data(), p.key.size() + 1);  // with its terminating zero
-  mix(p.dtype.data(), p.dtype.size() + 1);
+  uint64_t h = fnv1a(p.key.c_str(), p.key.size() + 1);  // with the terminating zeros
+  h = fnv1a(p.dtype.c_str(), p.dtype.size() + 1, h);
   for (const int64_t v : {p.global_numel, p.global_offset, p.numel}) {
-    for (int i = 0; i < 8; ++i) {
-      const auto byte = static_cast<unsigned char>((static_cast<uint64_t>(v) >> (8 * i)) & 0xff);
-      mix(&byte, 1);
-    }
+    std::array<unsigned char, 8> le{};
+    for (size_t i = 0; i < le.size(); ++i) le[i] = (static_cast<uint64_t>(v) >> (8 * i)) & 0xff;
+    h = fnv1a(le.data(), le.size(), h);
   }
   return h;
 }
@@ -64,7 +59,7 @@ void append_piece_header(std::vector<char>& blob, SavedPiece& p) {
 
 // "" when p's header stands right before its bytes in `file`, else what stands there.
 // REQUIRES: piece_problem(p, file.size()) is "".
-std::string piece_header_problem(const SavedPiece& p, const std::vector<char>& file) {
+std::string header_problem(const SavedPiece& p, const std::vector<char>& file) {
   if (p.byte_offset < static_cast<int64_t>(kPieceHeaderBytes)) {
     return fmt::format("no room for the piece's header before byte {}", p.byte_offset);
   }
@@ -644,12 +639,13 @@ Result<CheckpointIndex> parse_checkpoint_index(const std::vector<char>& bytes) {
           SavedObject{o.at("unique_key").get<std::string>(), o.at("file").get<std::string>()});
     }
     out.common_in_common_pt = meta.contains("common") && meta["common"].is_string();
-    const int64_t header_bytes = meta.value("piece_header_bytes", int64_t{0});
-    if (header_bytes != 0 && header_bytes != static_cast<int64_t>(kPieceHeaderBytes)) {
-      return Status::corruption(fmt::format("{}: piece_header_bytes is {}, not 0 or {}",
-                                            kMetadataFile, header_bytes, kPieceHeaderBytes));
+    if (const auto h = meta.find("piece_header_bytes"); h != meta.end()) {
+      if (!h->is_number_unsigned() || h->get<uint64_t>() != kPieceHeaderBytes) {
+        return Status::corruption(fmt::format("{}: piece_header_bytes is {}, not {}", kMetadataFile,
+                                              h->dump(), kPieceHeaderBytes));
+      }
+      out.piece_headers = true;
     }
-    out.piece_headers = header_bytes != 0;
   } catch (const json::exception& e) {
     return Status::corruption(std::string(kMetadataFile) + ": bad object entry: " + e.what());
   }
@@ -944,7 +940,7 @@ Value load(const Value& sharded_state_dict, const Storage& storage, ProcessGroup
       // What stands where the piece should be: "" when it reads whole.
       auto damage = [&](const std::vector<char>& file) {
         std::string problem = piece_problem(*p, file.size());
-        if (problem.empty() && index->piece_headers) problem = piece_header_problem(*p, file);
+        if (problem.empty() && index->piece_headers) problem = header_problem(*p, file);
         return problem;
       };
       if (options.skip_damaged_pieces &&
@@ -1087,20 +1083,27 @@ Result<std::map<std::string, std::vector<float>>> read_checkpoint_tensors(
   return out;
 }
 
+std::string piece_header_problem(const SavedPiece& p, const std::vector<char>& file) {
+  if (std::string problem = piece_problem(p, file.size()); !problem.empty()) return problem;
+  return header_problem(p, file);
+}
+
 std::string checkpoint_problem(const Storage& storage) {
   auto index = read_checkpoint_index(storage);
   if (!index.is_ok()) return index.status().to_string();
-  std::map<std::string, size_t> sizes;
+  std::map<std::string, std::shared_ptr<const std::vector<char>>> files;
   for (const auto& p : index.value().pieces) {
-    auto it = sizes.find(p.file);
-    if (it == sizes.end()) {
+    auto it = files.find(p.file);
+    if (it == files.end()) {
       auto bytes = storage.read_file_shared(p.file);
       if (!bytes.is_ok()) return bytes.status().to_string();
-      it = sizes.emplace(p.file, bytes.value()->size()).first;
+      it = files.emplace(p.file, std::move(bytes.value())).first;
     }
-    if (std::string problem = piece_problem(p, it->second); !problem.empty()) {
-      return fmt::format("{}: key {}: {}", p.file, p.key, problem);
-    }
+    std::string problem = piece_problem(p, it->second->size());
+    // Another save's bytes where the piece should be (a directory overwritten in place by a
+    // save that died): the load fails on them, so the checkpoint is not whole.
+    if (problem.empty() && index.value().piece_headers) problem = header_problem(p, *it->second);
+    if (!problem.empty()) return fmt::format("{}: key {}: {}", p.file, p.key, problem);
   }
   for (const auto& o : index.value().objects) {
     if (!storage.exists(o.file)) return o.file + ": missing";

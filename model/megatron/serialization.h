@@ -7,7 +7,9 @@
 // The checkpoint (through model/storage.h, a directory or memory with the same bytes):
 //   common.pt             rank 0's common state, torch::pickle_save (torch.load can read it)
 //   metadata.json         every saved tensor piece and object, written by rank 0 at the end
-//   shards/rank_<r>.bin   the raw bytes of the tensor pieces rank r was main replica of
+//   shards/rank_<r>.bin   the tensor pieces rank r was main replica of: each piece's raw bytes
+//                         after a 16-byte header naming it (a magic, then FNV-1a of its key,
+//                         dtype and place; metadata.json's "piece_header_bytes")
 //   objects/<unique_key>.pt  each ShardedObject, pickled by its main replica
 //
 // Invariants (each is a behavior a bug depends on):
@@ -192,7 +194,8 @@ struct CheckpointContents {
 Status write_checkpoint_contents(const CheckpointContents& contents, Storage& storage);
 
 // The text of metadata.json: {"common": "common.pt" or null, "format": "ckptsim-dist-v1",
-// "objects": [{"file", "unique_key"}...], "pieces": [{every field of SavedPiece}...]}, byte for
+// "objects": [{"file", "unique_key"}...], "piece_header_bytes": 16,
+// "pieces": [{every field of SavedPiece}...]}, byte for
 // byte what nlohmann::json's dump(1) gives for it (keys sorted, one space per level), written
 // without building the JSON tree. Throws nlohmann's type_error on a string that is not UTF-8.
 std::string metadata_json(bool common_in_common_pt, const std::vector<SavedPiece>& pieces,
@@ -207,6 +210,10 @@ struct SavedObject {
 };
 
 // Everything metadata.json lists (for exporters, model/megatron/torch_dist_writer.h).
+// "" when `file` (the piece's whole file) holds p's bytes in bounds and, before them, p's
+// header; else what is wrong. For a checkpoint whose index says piece_headers.
+std::string piece_header_problem(const SavedPiece& p, const std::vector<char>& file);
+
 struct CheckpointIndex {
   std::vector<SavedPiece> pieces;
   std::vector<SavedObject> objects;  // in save order

@@ -105,7 +105,7 @@ Result<std::vector<char>> sharded_object_bytes(const Value& data, bool weights_o
 
 // Every piece of the source as a chunk of its rank.
 Status collect_chunks(const Storage& source, const std::vector<SavedPiece>& pieces,
-                      std::vector<DcpRankToWrite>& ranks) {
+                      bool piece_headers, std::vector<DcpRankToWrite>& ranks) {
   std::map<std::string, std::vector<char>> files;
   for (const SavedPiece& p : pieces) {
     const std::string where =
@@ -127,6 +127,11 @@ Status collect_chunks(const Storage& source, const std::vector<SavedPiece>& piec
     if (p.byte_offset < 0 || uint64_t(p.byte_offset) > it->second.size() ||
         n > it->second.size() - p.byte_offset) {
       return Status::corruption(where + ": bytes past the end of the file");
+    }
+    // Another save's bytes where the piece should be: exported, they would pass for its values.
+    if (piece_headers) {
+      if (std::string problem = piece_header_problem(p, it->second); !problem.empty())
+        return Status::corruption(where + ": " + problem);
     }
     at::Tensor t = at::empty({p.numel}, at::TensorOptions().dtype(*dtype));
     if (n > 0) std::memcpy(t.data_ptr(), it->second.data() + p.byte_offset, n);
@@ -230,7 +235,9 @@ Result<TorchDistExportReport> export_torch_dist_checkpoint(const Storage& source
   report.common_pt = index.value().common_in_common_pt;
 
   std::vector<DcpRankToWrite> ranks;
-  if (Status s = collect_chunks(source, index.value().pieces, ranks); !s.is_ok()) return s;
+  if (Status s = collect_chunks(source, index.value().pieces, index.value().piece_headers, ranks);
+      !s.is_ok())
+    return s;
   if (Status s = add_objects(source, index.value(), restorer, common.value(), ranks); !s.is_ok())
     return s;
 

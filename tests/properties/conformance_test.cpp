@@ -564,11 +564,13 @@ TEST(TraceChecks, ARowSplitShardIsComparedOnlyWhereEveryRowPartIsInPlace) {
 // The trace readers' limits (properties/trace.h invariant 1, found by fuzz/trace_fuzzer.cpp):
 // what the checks index and count with is refused at parse(), with the file and the field.
 // Mutations caught: the bounds of integer_in taken out (a float dp, a rank outside the run's
-// world), the repeated-event and repeated-run refusals taken out.
+// world), the lower bound skipped for numbers read unsigned (dp 0, a range that ends before it
+// begins: the first version did), the repeated-event and repeated-run refusals taken out.
 namespace {
 
+// As read from a file: through its text (a non-negative number parses as unsigned).
 std::string parse_error(const nlohmann::json& t) {
-  auto p = properties::trace::parse(t, "bug.trace.json");
+  auto p = properties::trace::parse(nlohmann::json::parse(t.dump()), "bug.trace.json");
   return p.is_ok() ? "" : p.status().message();
 }
 
@@ -586,6 +588,14 @@ TEST(TraceParse, ANumberOutsideWhatAFieldHoldsIsAnErrorNamingTheField) {
   EXPECT_EQ(
       parse_error(t),
       "bug.trace.json: not a readable trace: run 'reference' event 0 rank is 2, outside [0, 1]");
+  t = model;
+  t["runs"][0]["dp"] = 0;  // read back unsigned: its lower bound still holds
+  EXPECT_EQ(parse_error(t),
+            "bug.trace.json: not a readable trace: run 'reference' dp is 0, outside [1, 1048576]");
+  t = model;
+  t["source"] = "elsewhere";  // the files its faults name are its source's
+  EXPECT_EQ(parse_error(t),
+            "bug.trace.json: not a readable trace: source is 'elsewhere', not 'model' or 'real'");
   t = model;
   t["runs"][0]["events"][0]["parts"][0]["range"] = {5, 4};
   EXPECT_NE(parse_error(t).find("event 0 part range[1] is 4, outside [5, "), std::string::npos)

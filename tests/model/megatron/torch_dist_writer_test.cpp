@@ -14,6 +14,7 @@
 #include <caffe2/serialize/read_adapter_interface.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include <charconv>
 #include <cstring>
@@ -947,6 +948,53 @@ TEST(SimulatorTorchDist, PhasesAreExportedAndTheTraceIsUnchanged) {
       EXPECT_EQ(a.value(), b.value()) << phase << " " << f;
     }
   }
+  std::filesystem::remove_all(dir);
+}
+
+// The export reads each piece as the load does: one whose metadata points at another piece's
+// bytes (a directory overwritten in place by a save that died) is an error naming the file and
+// the key, not a DCP checkpoint that passes those bytes off as its values (fidelity audit N5).
+// Mutation caught: the header check left out of collect_chunks (the export succeeds).
+TEST(ExportOfAnOverwrittenPiece, IsAnErrorNotAnExport) {
+  const Fixture& f = fixture_named("nv-f4502eb1c9__torch-adamw-dp2");
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / "ckptsim-export-overwritten-piece";
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(own_checkpoints(f.scenario).phase(0), dir,
+                        std::filesystem::copy_options::recursive);
+  DirectoryStorage own(dir);
+  auto meta = own.read_file("metadata.json");
+  ASSERT_TRUE(meta.is_ok());
+  nlohmann::json j = nlohmann::json::parse(meta.value().begin(), meta.value().end());
+  ASSERT_EQ(j["piece_header_bytes"], 16);
+  auto& pieces = j["pieces"];
+  ASSERT_GE(pieces.size(), 2u);
+  // The second piece of rank 0's file, pointed at the first one's bytes (enough of them).
+  size_t first = pieces.size();
+  size_t second = pieces.size();
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (pieces[i]["file"] != "shards/rank_0.bin") continue;
+    if (first == pieces.size()) {
+      first = i;
+    } else if (pieces[i]["numel"].get<int64_t>() <= pieces[first]["numel"].get<int64_t>() &&
+               pieces[i]["dtype"] == pieces[first]["dtype"]) {
+      second = i;
+      break;
+    }
+  }
+  ASSERT_LT(second, pieces.size());
+  pieces[second]["byte_offset"] = pieces[first]["byte_offset"];
+  const std::string text = j.dump(1);
+  ASSERT_TRUE(own.write_file("metadata.json", {text.begin(), text.end()}).is_ok());
+  MemoryStorage out;
+  auto report = export_torch_dist_checkpoint(own, out, "ckpt", as_the_real_runs());
+  ASSERT_FALSE(report.is_ok());
+  EXPECT_NE(report.status().message().find(
+                fmt::format("shards/rank_0.bin: key '{}' piece at {}: the bytes at offset",
+                            pieces[second]["key"].get<std::string>(),
+                            pieces[second]["global_offset"].get<int64_t>())),
+            std::string::npos)
+      << report.status().message();
   std::filesystem::remove_all(dir);
 }
 
