@@ -185,13 +185,23 @@ int64_t optional_integer(const json& j, const char* key, int64_t fallback, const
 }
 
 // Two events of one rank, kind and global step (error events aside) would be judged as one:
-// the checks and the conformance judge find an event by those three.
+// the checks and the conformance judge find an event by those three; so would two parts of one
+// event in one place (Part::same_place).
 void refuse_repeated_events(const Run& run) {
   std::set<std::tuple<int, std::string, int64_t>> seen;
   for (const Event& e : run.events) {
     if (e.at != "error" && !seen.emplace(e.rank, e.at, e.global_step).second) {
       throw Malformed(fmt::format("run '{}' has two {} events of rank {} at global step {}", run.id,
                                   e.at, e.rank, e.global_step));
+    }
+    std::set<std::tuple<std::string, std::string, int64_t, int64_t>> places;
+    for (const Part& p : e.parts) {
+      if (!places.emplace(p.part, p.param, p.begin, p.end).second) {
+        throw Malformed(
+            fmt::format("run '{}' has two parts {} in its {} event of rank {} at "
+                        "global step {}",
+                        run.id, p.label(), e.at, e.rank, e.global_step));
+      }
     }
   }
 }

@@ -611,6 +611,11 @@ TEST(TraceParse, TwoRecordsOfOneEventOrOneRunAreAnError) {
             "bug.trace.json: not a readable trace: run 'reference' has two init events of rank 0 "
             "at global step 0");
   t = model;
+  auto& parts = t["runs"][0]["events"][0]["parts"];
+  parts.push_back(parts[0]);  // found by trace_fuzzer (libFuzzer, 2026-12-05)
+  EXPECT_NE(parse_error(t).find("run 'reference' has two parts "), std::string::npos)
+      << parse_error(t);
+  t = model;
   t["runs"].push_back(t["runs"][1]);
   EXPECT_EQ(parse_error(t), "bug.trace.json: not a readable trace: two runs 'phase0'");
 }
