@@ -478,7 +478,35 @@ class DecodedFiles {
   size_t next_ = 0;
 };
 
+// "" when `bytes` end as a whole zip archive does: an end-of-central-directory record within its
+// last 64 KiB + 22 bytes whose central directory lies before it; else why not. A file cut short
+// (a torn or short write) fails it. libtorch 1.13's zip reader, handed such bytes, read 4096
+// bytes outside them (ASan, scripts/sanitize.sh, 2026-12-05): it never sees them now.
+std::string zip_end_problem(std::span<const char> bytes) {
+  const auto le = [&](size_t off, size_t n) {
+    uint64_t v = 0;
+    for (size_t i = n; i-- > 0;) v = (v << 8) | static_cast<unsigned char>(bytes[off + i]);
+    return v;
+  };
+  constexpr size_t kEocd = 22;
+  if (bytes.size() < kEocd) return "shorter than a zip archive's end record";
+  for (size_t at = bytes.size() - kEocd;; --at) {
+    if (le(at, 4) == 0x06054b50u) {
+      const uint64_t cd_size = le(at + 12, 4), cd_offset = le(at + 16, 4);
+      // 0xffffffff: the zip64 record holds them; libtorch reads that one.
+      if (cd_offset == 0xffffffffu || cd_size == 0xffffffffu || cd_offset + cd_size <= at)
+        return "";
+      return fmt::format("its central directory [{}, {}) runs past its end record at {}", cd_offset,
+                         cd_offset + cd_size, at);
+    }
+    if (at == 0 || bytes.size() - at >= kEocd + 0xffff) break;
+  }
+  return "no zip end record (a file cut short?)";
+}
+
 Result<Value> decode_bytes(std::span<const char> bytes) {
+  if (std::string problem = zip_end_problem(bytes); !problem.empty())
+    return Status::corruption("not a whole torch pickle archive: " + problem);
   try {
     const c10::IValue root = torch::jit::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
     return Decoder().decode(root);

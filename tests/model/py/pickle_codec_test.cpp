@@ -593,3 +593,29 @@ TEST(PickleCodec, WritesSampleForPythonCheck) {
 
 }  // namespace
 }  // namespace ckptsim::model
+
+namespace ckptsim::model {
+namespace {
+
+// A pickled object cut short (a torn or short write of objects/*.pt, which the storage faults
+// make) is an error, never a read outside the bytes: under ASan, libtorch 1.13's zip reader
+// read 4096 bytes past such a file (scripts/sanitize.sh, 2026-12-05, reached from the model's
+// load of a ShardedObject). Without ASan the read goes unseen: this test catches the broken
+// variant (model/py/pickle_codec.cpp's zip_end_problem taken out) under scripts/sanitize.sh only.
+TEST(PickleCodec, AnObjectCutShortIsAnErrorNotAReadPastItsBytes) {
+  const Value v =
+      dict_value({{"t", Value(at::arange(3000, at::kFloat))}, {"k", Value(int64_t{7})}});
+  const std::vector<char> whole = pickle_value(v);
+  ASSERT_GT(whole.size(), 8192u);
+  for (size_t cut = 0; cut < whole.size(); cut += (cut < 64 ? 1 : 97)) {
+    const std::vector<char> part(whole.begin(), whole.begin() + static_cast<std::ptrdiff_t>(cut));
+    EXPECT_FALSE(unpickle_value(part).is_ok()) << cut;
+  }
+  for (size_t cut = 4096; cut < whole.size(); cut += 4096) {
+    const std::vector<char> part(whole.begin(), whole.begin() + static_cast<std::ptrdiff_t>(cut));
+    EXPECT_FALSE(unpickle_value(part).is_ok()) << cut;
+  }
+}
+
+}  // namespace
+}  // namespace ckptsim::model
