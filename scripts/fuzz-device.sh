@@ -67,7 +67,8 @@ build=build-fuzz-gcc
 out="${OUT:-$build/out}"
 work=/tmp/ckptsim-fuzz
 mkdir -p "$out"
-rm -rf "$work" && mkdir -p "$work"
+# A warm machine keeps the corpus grown by the previous call ($work/corpus); the rest starts afresh.
+mkdir -p "$work" && find "$work" -mindepth 1 -maxdepth 1 ! -name corpus -exec rm -rf {} +
 python="${PYTHON:-/opt/torch/.venv/bin/python}"
 prefix="${CKPTSIM_DEPS_PREFIX:-/tmp/ckptsim-deps}"
 rm -rf "$prefix" && mkdir -p "$prefix"
