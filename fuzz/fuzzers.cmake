@@ -73,7 +73,7 @@ set(M ${CMAKE_SOURCE_DIR}/model)
 # What every fuzzer needs, and the pickle reader (no libtorch but c10, for errors.cpp).
 ckptsim_fuzz_library(ckptsim_fuzz_base SOURCES
   ${M}/py/pickle_tree.cpp ${M}/errors.cpp ${M}/py/key.cpp ${M}/json_depth.cpp ${M}/status.cpp
-  ${M}/storage.cpp)
+  ${M}/storage.cpp ${M}/zip_layout.cpp)
 # The checkpoint readers: torch.save blobs, torch.distributed.checkpoint, Megatron's torch_dist.
 ckptsim_fuzz_library(ckptsim_fuzz_readers TORCH SOURCES
   ${M}/torch/torch_save_format.cpp ${M}/torch/distributed_checkpoint.cpp

@@ -939,9 +939,7 @@ Value load(const Value& sharded_state_dict, const Storage& storage, ProcessGroup
       }
       // What stands where the piece should be: "" when it reads whole.
       auto damage = [&](const std::vector<char>& file) {
-        std::string problem = piece_problem(*p, file.size());
-        if (problem.empty() && index->piece_headers) problem = header_problem(*p, file);
-        return problem;
+        return piece_damage(*p, file, index->piece_headers);
       };
       if (options.skip_damaged_pieces &&
           (!storage.exists(p->file) || !damage(file_bytes(p->file)).empty())) {
@@ -1083,9 +1081,9 @@ Result<std::map<std::string, std::vector<float>>> read_checkpoint_tensors(
   return out;
 }
 
-std::string piece_header_problem(const SavedPiece& p, const std::vector<char>& file) {
+std::string piece_damage(const SavedPiece& p, const std::vector<char>& file, bool headers) {
   if (std::string problem = piece_problem(p, file.size()); !problem.empty()) return problem;
-  return header_problem(p, file);
+  return headers ? header_problem(p, file) : "";
 }
 
 std::string checkpoint_problem(const Storage& storage) {
@@ -1099,10 +1097,9 @@ std::string checkpoint_problem(const Storage& storage) {
       if (!bytes.is_ok()) return bytes.status().to_string();
       it = files.emplace(p.file, std::move(bytes.value())).first;
     }
-    std::string problem = piece_problem(p, it->second->size());
-    // Another save's bytes where the piece should be (a directory overwritten in place by a
-    // save that died): the load fails on them, so the checkpoint is not whole.
-    if (problem.empty() && index.value().piece_headers) problem = header_problem(p, *it->second);
+    // Out of bounds, or another save's bytes where the piece should be (a directory overwritten
+    // in place by a save that died): the load fails on them, so the checkpoint is not whole.
+    const std::string problem = piece_damage(p, *it->second, index.value().piece_headers);
     if (!problem.empty()) return fmt::format("{}: key {}: {}", p.file, p.key, problem);
   }
   for (const auto& o : index.value().objects) {

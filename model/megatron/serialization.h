@@ -210,9 +210,10 @@ struct SavedObject {
 };
 
 // Everything metadata.json lists (for exporters, model/megatron/torch_dist_writer.h).
-// "" when `file` (the piece's whole file) holds p's bytes in bounds and, before them, p's
-// header; else what is wrong. For a checkpoint whose index says piece_headers.
-std::string piece_header_problem(const SavedPiece& p, const std::vector<char>& file);
+// "" when `file` (the piece's whole file) holds p's bytes in bounds and, where `headers` (the
+// checkpoint's index says piece_headers), p's header right before them; else what is wrong.
+// What the load, checkpoint_problem and the torch_dist export each check a piece with.
+std::string piece_damage(const SavedPiece& p, const std::vector<char>& file, bool headers);
 
 struct CheckpointIndex {
   std::vector<SavedPiece> pieces;

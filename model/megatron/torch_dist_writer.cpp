@@ -124,15 +124,10 @@ Status collect_chunks(const Storage& source, const std::vector<SavedPiece>& piec
       it = files.emplace(p.file, std::move(bytes.value())).first;
     }
     const size_t n = static_cast<size_t>(p.numel) * c10::elementSize(*dtype);
-    if (p.byte_offset < 0 || uint64_t(p.byte_offset) > it->second.size() ||
-        n > it->second.size() - p.byte_offset) {
-      return Status::corruption(where + ": bytes past the end of the file");
-    }
-    // Another save's bytes where the piece should be: exported, they would pass for its values.
-    if (piece_headers) {
-      if (std::string problem = piece_header_problem(p, it->second); !problem.empty())
-        return Status::corruption(where + ": " + problem);
-    }
+    // Out of bounds, or another save's bytes where the piece should be: exported, they would
+    // pass for its values.
+    if (std::string problem = piece_damage(p, it->second, piece_headers); !problem.empty())
+      return Status::corruption(where + ": " + problem);
     at::Tensor t = at::empty({p.numel}, at::TensorOptions().dtype(*dtype));
     if (n > 0) std::memcpy(t.data_ptr(), it->second.data() + p.byte_offset, n);
     while (ranks.size() <= size_t(p.rank)) {

@@ -23,6 +23,7 @@
 #include <unordered_map>
 
 #include "model/errors.h"
+#include "model/zip_layout.h"
 
 namespace ckptsim::model {
 
@@ -483,25 +484,13 @@ class DecodedFiles {
 // (a torn or short write) fails it. libtorch 1.13's zip reader, handed such bytes, read 4096
 // bytes outside them (ASan, scripts/sanitize.sh, 2026-12-05): it never sees them now.
 std::string zip_end_problem(std::span<const char> bytes) {
-  const auto le = [&](size_t off, size_t n) {
-    uint64_t v = 0;
-    for (size_t i = n; i-- > 0;) v = (v << 8) | static_cast<unsigned char>(bytes[off + i]);
-    return v;
-  };
-  constexpr size_t kEocd = 22;
-  if (bytes.size() < kEocd) return "shorter than a zip archive's end record";
-  for (size_t at = bytes.size() - kEocd;; --at) {
-    if (le(at, 4) == 0x06054b50u) {
-      const uint64_t cd_size = le(at + 12, 4), cd_offset = le(at + 16, 4);
-      // 0xffffffff: the zip64 record holds them; libtorch reads that one.
-      if (cd_offset == 0xffffffffu || cd_size == 0xffffffffu || cd_offset + cd_size <= at)
-        return "";
-      return fmt::format("its central directory [{}, {}) runs past its end record at {}", cd_offset,
-                         cd_offset + cd_size, at);
-    }
-    if (at == 0 || bytes.size() - at >= kEocd + 0xffff) break;
-  }
-  return "no zip end record (a file cut short?)";
+  if (bytes.size() < zip::kEndRecordBytes) return "shorter than a zip archive's end record";
+  const std::optional<zip::End> end = zip::find_end(bytes);
+  if (!end) return "no zip end record (a file cut short?)";
+  // The zip64 record holds the central directory's place then; libtorch reads that one.
+  if (end->defers_to_zip64() || end->plain_cd_offset + end->plain_cd_size <= end->at) return "";
+  return fmt::format("its central directory [{}, {}) runs past its end record at {}",
+                     end->plain_cd_offset, end->plain_cd_offset + end->plain_cd_size, end->at);
 }
 
 Result<Value> decode_bytes(std::span<const char> bytes) {

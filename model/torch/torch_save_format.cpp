@@ -22,6 +22,7 @@
 #include "model/py/key.h"
 #include "model/py/pickle_tree.h"
 #include "model/py/pickle_writer.h"
+#include "model/zip_layout.h"
 
 namespace ckptsim::model {
 
@@ -279,32 +280,13 @@ Value TreeToValue::rebuild_tensor(const PickleNode& call) {
 // stores its records uncompressed: none can be larger than the archive. What is not a readable
 // central directory is left to libtorch to refuse.
 std::optional<std::string> record_size_problem(std::span<const char> bytes) {
-  const auto at = [&](size_t off, size_t n) -> std::optional<uint64_t> {
-    if (off > bytes.size() || n > bytes.size() - off) return std::nullopt;
-    uint64_t v = 0;
-    for (size_t i = n; i-- > 0;) v = (v << 8) | static_cast<unsigned char>(bytes[off + i]);
-    return v;
-  };
+  const auto at = [&](uint64_t off, size_t n) { return zip::read_le(bytes, off, n); };
   const size_t n = bytes.size();
-  if (n < 22) return std::nullopt;
-  size_t eocd = n - 22;  // the end of central directory record, behind at most a 64 KiB comment
-  while (at(eocd, 4) != 0x06054b50u) {
-    if (eocd == 0 || n - eocd > 22 + 0xffff) return std::nullopt;
-    --eocd;
-  }
-  uint64_t entries = *at(eocd + 10, 2);
-  uint64_t offset = *at(eocd + 16, 4);
-  // Zip64: its record where the locator points at one (else the plain record's values, as a
-  // reader that falls back to them takes them).
-  if (eocd >= 20 && at(eocd - 20, 4) == 0x07064b50u) {
-    const auto z = at(eocd - 12, 8);
-    if (z && at(*z, 4) == 0x06064b50u && at(*z + 32, 8) && at(*z + 48, 8)) {
-      entries = *at(*z + 32, 8);
-      offset = *at(*z + 48, 8);
-    }
-  }
-  for (uint64_t e = 0; e < entries && e <= kTorchSaveRecordsMax; ++e) {
-    if (at(offset, 4) != 0x02014b50u) return std::nullopt;
+  const std::optional<zip::End> end = zip::find_end(bytes);
+  if (!end) return std::nullopt;
+  uint64_t offset = end->cd_offset;
+  for (uint64_t e = 0; e < end->entries && e <= kTorchSaveRecordsMax; ++e) {
+    if (at(offset, 4) != zip::kCentralEntryMagic) return std::nullopt;
     uint64_t compressed = *at(offset + 20, 4);
     uint64_t size = *at(offset + 24, 4);
     const auto name_len = at(offset + 28, 2), extra_len = at(offset + 30, 2),
