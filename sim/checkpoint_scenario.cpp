@@ -1,6 +1,7 @@
 #include "sim/checkpoint_scenario.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <ATen/ATen.h>
 
