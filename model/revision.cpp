@@ -97,10 +97,10 @@ const std::vector<SwitchDef>& switch_defs() {
                   "HDO._sync_hdo_state_to_sub_optimizers() as the model-space loaders do",
                   &RevisionSwitches::dp_zero_load_syncs_hdo),
       bool_switch("hdo_reload_refreshes_cpu_copies",
-                  "a fix of ours: the HDO's update_fp32_param_by_new_param() (a --no-load-optim "
-                  "resume's reload_model_params()) also refreshes the CPU copies of offloaded "
-                  "params that have no fp32 copy (fp32 params); upstream leaves them holding the "
-                  "weights the job was built with",
+                  "the HDO's update_fp32_param_by_new_param() (a --no-load-optim resume's "
+                  "reload_model_params()) also refreshes the CPU copies of offloaded params that "
+                  "have no fp32 copy (fp32 params), as radixark's does since ae20f4132 (it copies "
+                  "into every inner param); NVIDIA's refreshes the fp32 copies only",
                   &RevisionSwitches::hdo_reload_refreshes_cpu_copies),
       bool_switch(
           "dp_reshardable_load_no_grad",

@@ -84,11 +84,16 @@ struct RevisionSwitches {
   // model-space loaders do (upstream, at every modeled revision, does not: the scattered
   // tensors _set assigns into HDO.state never reach the sub-optimizers' fp32 params).
   bool dp_zero_load_syncs_hdo = false;
-  // A fix of ours: the HDO's update_fp32_param_by_new_param() (reload_model_params(), which a
-  // --no-load-optim or --finetune resume calls) also refreshes the CPU copy of every offloaded
-  // param that has no fp32 copy (an fp32 param: param_to_fp32_param leaves it out). Upstream,
-  // at every modeled revision, refreshes param_to_fp32_param only: such a CPU copy keeps the
-  // weights the job was built with, which the first step updates and copies back.
+  // The HDO's update_fp32_param_by_new_param() (reload_model_params(), which a --no-load-optim
+  // or --finetune resume calls) also refreshes the CPU copy of every offloaded param that has
+  // no fp32 copy (an fp32 param: param_to_fp32_param leaves it out). radixark's does since
+  // ae20f4132 (2026-06-08; miles-main): it copies each param into its entry of
+  // param_to_inner_param, the fp32 copies and the CPU copies alike. NVIDIA's (every modeled
+  // revision) refreshes param_to_fp32_param only, where an offloaded fp32 param is refused at
+  // init anyway. Without it such a CPU copy keeps the weights the job was built with, which the
+  // first step updates and copies back. (Until 2026-12-05 the model took this for a fix of ours
+  // and miles-main for a revision without it; the real code said otherwise:
+  // reports/crash-replay-2026-12-05.md.)
   bool hdo_reload_refreshes_cpu_copies = false;
   // The load of the common state accepts the classes it holds: radixark's load_common() reads
   // common.pt with torch.load(weights_only=False); in fix-complete a fix of ours (allowlisting

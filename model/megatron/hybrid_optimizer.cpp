@@ -290,7 +290,7 @@ void HybridDeviceOptimizer::move_new_state_to_right_device() {
 
 void HybridDeviceOptimizer::update_fp32_param_by_new_param() {
   for (const auto& [param, fp32_param] : param_to_fp32_param) fp32_param.copy_(param);
-  // Revision switch hdo_reload_refreshes_cpu_copies (a fix of ours).
+  // Revision switch hdo_reload_refreshes_cpu_copies (radixark since ae20f4132).
   if (!switches_.hdo_reload_refreshes_cpu_copies) return;
   for (const auto& [param, cpu_copy] : gpu_params_map_cpu_copy) {
     if (!param_to_fp32_param.contains(param)) cpu_copy.copy_(param);

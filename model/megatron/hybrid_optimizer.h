@@ -60,8 +60,9 @@ class HybridDeviceOptimizer final : public Optimizer {
   void update_fp32_params_by_new_state();
   // Mirrors update_fp32_param_by_new_param(): every fp32 copy of param_to_fp32_param copies
   // its orig param (what reload_model_params() does for the HDO). The CPU copies of params
-  // that have no fp32 copy (fp32 params, or any param without param_update_in_fp32) are not
-  // touched, unless the revision's hdo_reload_refreshes_cpu_copies says so.
+  // that have no fp32 copy (fp32 params, or any param without param_update_in_fp32) are
+  // refreshed too where the revision's hdo_reload_refreshes_cpu_copies says so (radixark's
+  // param_to_inner_param), not at NVIDIA's revisions.
   void update_fp32_param_by_new_param();
 
   double offload_fraction() const { return offload_fraction_; }
