@@ -658,7 +658,12 @@ class RankRun:
         torch.cuda.synchronize()
         dist.barrier()  # "Wait so everyone is done (necessary)"
         if self.rank == 0:
-            layout.write_tracker(root, iteration)
+            try:
+                layout.write_tracker(root, iteration)
+            except OSError as e:
+                # save_checkpoint() writes the tracker itself, and the runner does not import
+                # megatron/training: its error with the training loop's site, as the model names it.
+                raise _TrackerError("OSError", str(e), "checkpointing.py save_checkpoint() (tracker)") from None
         dist.barrier()  # save_checkpoint()'s last barrier
 
     # ------------------------------------------------------------------ driver

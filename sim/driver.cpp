@@ -696,7 +696,11 @@ void record_outcome(const std::vector<RankRecord>& outs, PhaseRecord& rec) {
   rec.ran = true;
   collect_errors(outs, rec.errors);
   rec.completed = rec.errors.empty();
-  rec.start_step = outs.front().start_step;
+  // Where the phase resumed: a rank that loaded says (rank 0 may have failed its load before it
+  // learned the iteration, while the others loaded: a cut .distcp that only rank 0 reads).
+  const auto loaded = std::find_if(outs.begin(), outs.end(),
+                                   [](const RankRecord& o) { return o.after_load.has_value(); });
+  rec.start_step = (loaded != outs.end() ? *loaded : outs.front()).start_step;
   rec.buffers = outs.front().buffers;
   rec.layouts = outs.front().layouts;
   // Each DP group's, from its first rank (world order puts DP rank 0 of every (TP, PP) rank

@@ -386,6 +386,25 @@ void throw_if_error(const Status& s) {
   if (!s.is_ok()) throw CheckpointingException(s.to_string(), "serialization.py (storage)");
 }
 
+// A failed write of the save, raised as the real save raises it (seen with ENOSPC on the H200,
+// reports/crash-replay-2026-12-05.md): torch.distributed.checkpoint's writers collect a rank's
+// .distcp write error and its finalize raises it as CheckpointException; the coordinator's
+// .metadata write raises the OSError itself (filesystem_async.py finish()); common.pt's is
+// save_common()'s OSError.
+enum class SaveWrite { kDistcp, kMetadata, kCommonPt };
+void throw_if_write_failed(const Status& s, SaveWrite what) {
+  if (s.is_ok()) return;
+  switch (what) {
+    case SaveWrite::kDistcp:
+      throw UpstreamError("CheckpointException", s.to_string(),
+                          "state_dict_saver.py save_state_dict_async_finalize()");
+    case SaveWrite::kMetadata:
+      throw UpstreamError("OSError", s.to_string(), "filesystem_async.py finish()");
+    case SaveWrite::kCommonPt:
+      throw UpstreamError("OSError", s.to_string(), "common.py save_common()");
+  }
+}
+
 std::optional<at::ScalarType> dtype_from_name_checked(const std::string& name) {
   for (at::ScalarType t : {at::kFloat, at::kBFloat16, at::kHalf, at::kDouble, at::kShort, at::kInt,
                            at::kLong, at::kBool, at::kByte}) {
@@ -497,6 +516,11 @@ SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup&
   }
 
   // Sharded objects: main replicas unique per unique_key (checked on rank 0 after gathering).
+  // save(): common_strategy.save_common() writes common.pt before the sharded strategy writes
+  // anything (an ENOSPC or a crash there leaves no .distcp: seen on the H200,
+  // reports/crash-replay-2026-12-05.md).
+  if (!options.common_state_as_sharded_object && rank == 0)
+    throw_if_write_failed(storage.write_file(kCommonFile, common_bytes), SaveWrite::kCommonPt);
   RankEntries mine;
   std::vector<char> blob;
   for (const auto& [path, leaf] : nested_items(sharded_part)) {
@@ -533,10 +557,9 @@ SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup&
     // HEAD: sharded_state_dict['common_state'] = ShardedObject(...) on every rank, rank 0's
     // the main replica.
     mine.objects.emplace_back(kCommonStateObjectKey, rank == 0);
-    if (rank == 0)
-      throw_if_error(storage.write_file(object_file(kCommonStateObjectKey), common_bytes));
-  } else if (rank == 0) {
-    throw_if_error(storage.write_file(kCommonFile, common_bytes));
+    if (rank == 0)  // an item of rank 0's .distcp in the real save
+      throw_if_write_failed(storage.write_file(object_file(kCommonStateObjectKey), common_bytes),
+                            SaveWrite::kDistcp);
   }
   if (rank == 0) {
     if (const auto globals = class_globals(common); !globals.empty()) {
@@ -544,7 +567,8 @@ SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup&
       throw_if_error(storage.write_file(kCommonGlobalsFile, {text.begin(), text.end()}));
     }
   }
-  if (!mine.pieces.empty()) throw_if_error(storage.write_file(rank_file(rank), blob));
+  if (!mine.pieces.empty())
+    throw_if_write_failed(storage.write_file(rank_file(rank), blob), SaveWrite::kDistcp);
 
   // Gather every rank's pieces and objects; rank 0 validates and writes the metadata. Every
   // rank decodes the same entries: once, shared, where the group shares what it gathered.
@@ -561,12 +585,12 @@ SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup&
     }
   }
   if (rank == 0) {
-    throw_if_error(storage.write_file(
-        kMetadataFile, to_bytes(metadata_json(!options.common_state_as_sharded_object,
-                                              *report.pieces, entries->object_order))));
+    const std::vector<char> metadata = to_bytes(metadata_json(
+        !options.common_state_as_sharded_object, *report.pieces, entries->object_order));
+    throw_if_write_failed(storage.write_file(kMetadataFile, metadata), SaveWrite::kMetadata);
     // The next load of these bytes finds their index parsed (it equals a parse: the text
     // holds every field of every piece).
-    prime_load_index(storage, *report.pieces);
+    prime_load_index(storage, *report.pieces, metadata);
   }
   group.barrier();
   return report;
@@ -705,6 +729,14 @@ Value load_common_state_dict(const Storage& storage, bool reads_sharded_common_s
                     first),
         kSite);
   }
+  // An empty common.pt (a write cut short before its first whole page): torch.load's unpickler
+  // finds no input, and load_common() lets its EOFError through (seen on the H200,
+  // reports/crash-replay-2026-12-05.md).
+  if (storage.exists(kCommonFile)) {
+    const auto bytes = storage.read_file_shared(kCommonFile);
+    if (bytes.is_ok() && bytes.value()->empty())
+      throw UpstreamError("EOFError", "Ran out of input", kSite);
+  }
   auto common = read_common_state(storage);
   if (!common.is_ok()) throw CheckpointingException(common.status().to_string(), kSite);
   return common.value();
@@ -763,13 +795,16 @@ class LoadIndexCache {
 
   // The index of the metadata.json just written into `storage`, from the pieces it lists
   // (what a parse of it gives: the text holds every field of every piece), kept alive for this
-  // thread's next load. A storage that cannot read the file back is left alone.
-  void prime(const Storage& storage, const std::vector<SavedPiece>& pieces) {
+  // thread's next load. A storage that cannot read the file back, or whose file does not hold
+  // the bytes written (a short write: the index of the pieces would pass for the cut bytes'),
+  // is left alone.
+  void prime(const Storage& storage, const std::vector<SavedPiece>& pieces,
+             const std::vector<char>& written) {
     std::shared_ptr<const std::vector<char>> bytes;
     {
       std::lock_guard lock(mu_);
       auto read = storage.read_file_shared(kMetadataFile);
-      if (!read.is_ok()) return;
+      if (!read.is_ok() || *read.value() != written) return;
       bytes = std::move(read.value());
       if (find_locked(bytes) != nullptr) return;
     }
@@ -875,14 +910,26 @@ Result<std::shared_ptr<const LoadIndex>> shared_load_index(const Storage& storag
 
 void check_shared_load_indexes_unchanged() { load_index_cache().check_unchanged(); }
 
-void prime_load_index(const Storage& storage, const std::vector<SavedPiece>& pieces) {
-  load_index_cache().prime(storage, pieces);
+void prime_load_index(const Storage& storage, const std::vector<SavedPiece>& pieces,
+                      const std::vector<char>& written) {
+  load_index_cache().prime(storage, pieces, written);
 }
 
 Value load(const Value& sharded_state_dict, const Storage& storage, ProcessGroup& group,
            const LoadOptions& options, LoadReport* report) {
   auto index_r = shared_load_index(storage);
   if (!index_r.is_ok()) {
+    // A .metadata that is there but does not read (cut short): torch.distributed.checkpoint's
+    // load finds no metadata and raises CheckpointException, at HEAD first from the read of the
+    // 'common_state' object, before it from the model's load (both seen on the H200,
+    // reports/crash-replay-2026-12-05.md). No .metadata: no distributed checkpoint.
+    if (storage.exists(kMetadataFile)) {
+      throw UpstreamError("CheckpointException",
+                          "AssertionError: metadata is None (" + index_r.status().to_string() + ")",
+                          options.reads_sharded_common_state
+                              ? "serialization.py load_common_state_dict()"
+                              : "torch.py load()");
+    }
     throw CheckpointingException(index_r.status().to_string(),
                                  "serialization.py verify_checkpoint_and_load_strategy()");
   }

@@ -155,8 +155,12 @@ Result<std::shared_ptr<const LoadIndex>> shared_load_index(const Storage& storag
 // the cache, as a parse of it would (invariant 1 holds because the text carries every field of
 // every piece); save() calls it after writing the file. One primed index per thread stays
 // alive until that thread primes another (invariant 3: bounded by the threads).
-// REQUIRES: metadata.json in `storage` is metadata_json(..., pieces, ...).
-void prime_load_index(const Storage& storage, const std::vector<SavedPiece>& pieces);
+// `written`: the bytes save() wrote, metadata_json(..., pieces, ...). Nothing is primed unless
+// the file holds exactly them: a write that landed short (a storage fault) left other bytes,
+// whose index is whatever a parse of them gives (until 2026-12-05 the pieces' index was primed
+// under the cut bytes, and a load of a checkpoint with half a metadata.json went through).
+void prime_load_index(const Storage& storage, const std::vector<SavedPiece>& pieces,
+                      const std::vector<char>& written);
 // check_unchanged() on every index the cache still reaches (the simulator calls it after each
 // phase, when the ranks that shared an index are done with it).
 void check_shared_load_indexes_unchanged();
