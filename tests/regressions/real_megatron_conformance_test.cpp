@@ -57,8 +57,9 @@ const std::set<std::string> kKnownDivergent = {
     "2026-12-05.trace.json",
     "crash/crash-replay-disk-full-tracker-upstream-head__nv-d98e8a64dd__h200x1-te-emulated__"
     "2026-12-05.trace.json",
-    // A .distcp cut short at upstream-2874: the real load failed on both ranks (the collective
-    // read's CheckpointException); in the model rank 1, whose pieces are whole, loads.
+    // A .distcp cut short at upstream-2874: the real load failed on both ranks (2874's
+    // checkpoint.load_state_dict() gathers every rank's read result; HEAD's no_dist=True load
+    // does not); in the model rank 1, whose pieces are whole, loads.
     "crash/crash-replay-short-shard-upstream-2874__nv-f4502eb1c9__h200x1-te-emulated__"
     "2026-12-05.trace.json",
 };
