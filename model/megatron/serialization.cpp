@@ -690,12 +690,26 @@ Result<std::vector<SavedPiece>> read_checkpoint_pieces(const Storage& storage) {
   return std::move(index.value().pieces);
 }
 
-Result<Value> read_common_state(const Storage& storage) {
-  const std::string file =
-      storage.exists(kCommonFile) ? kCommonFile : object_file(kCommonStateObjectKey);
-  auto bytes = storage.read_file(file);
+namespace {
+
+// The common state's file (common.pt, else HEAD's 'common_state' object) and its bytes.
+struct CommonStateBytes {
+  std::string file;
+  std::shared_ptr<const std::vector<char>> bytes;
+};
+Result<CommonStateBytes> read_common_state_bytes(const Storage& storage) {
+  std::string file = storage.exists(kCommonFile) ? kCommonFile : object_file(kCommonStateObjectKey);
+  auto bytes = storage.read_file_shared(file);
   if (!bytes.is_ok()) return bytes.status();
-  return unpickle_value(bytes.value());
+  return CommonStateBytes{std::move(file), std::move(bytes.value())};
+}
+
+}  // namespace
+
+Result<Value> read_common_state(const Storage& storage) {
+  auto read = read_common_state_bytes(storage);
+  if (!read.is_ok()) return read.status();
+  return unpickle_value(*read.value().bytes);
 }
 
 Value load_common_state_dict(const Storage& storage, bool reads_sharded_common_state,
@@ -732,12 +746,10 @@ Value load_common_state_dict(const Storage& storage, bool reads_sharded_common_s
   // An empty common.pt (a write cut short before its first whole page): torch.load's unpickler
   // finds no input, and load_common() lets its EOFError through (seen on the H200,
   // reports/crash-replay-2026-12-05.md).
-  if (storage.exists(kCommonFile)) {
-    const auto bytes = storage.read_file_shared(kCommonFile);
-    if (bytes.is_ok() && bytes.value()->empty())
-      throw UpstreamError("EOFError", "Ran out of input", kSite);
-  }
-  auto common = read_common_state(storage);
+  auto read = read_common_state_bytes(storage);
+  if (read.is_ok() && read.value().file == kCommonFile && read.value().bytes->empty())
+    throw UpstreamError("EOFError", "Ran out of input", kSite);
+  auto common = read.is_ok() ? unpickle_value(*read.value().bytes) : Result<Value>(read.status());
   if (!common.is_ok()) throw CheckpointingException(common.status().to_string(), kSite);
   return common.value();
 }
