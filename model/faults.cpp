@@ -61,6 +61,11 @@ const std::vector<FaultSite>& fault_sites() {
        "model params into the optimizer's main params (reload_model_params() does nothing): "
        "the first step updates the weights the job was built with",
        "first_step_continues_from_loaded_weights"},
+      {fault::kFinetuneKeepsIteration,
+       "a --finetune resume continues from the checkpoint's iteration instead of 0, so the "
+       "job's saves, its tracker and its --save-interval count on from the pretrained run's "
+       "iterations",
+       "iteration_follows_resume_mode"},
   };
   return sites;
 }

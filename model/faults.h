@@ -35,6 +35,7 @@ inline constexpr const char* kAsyncFinalizeReadsLiveIteration =
     "save.async_finalize_reads_live_iteration";
 inline constexpr const char* kAsyncReusesCachedHandles = "save.async_writer_reuses_cached_handles";
 inline constexpr const char* kReloadSkipsModelParams = "load.reload_skips_model_params";
+inline constexpr const char* kFinetuneKeepsIteration = "load.finetune_keeps_iteration";
 }  // namespace fault
 
 }  // namespace ckptsim::model

@@ -208,11 +208,12 @@ PropertyResult reshard_round_trip_bytes(const sim::RunResult& run) {
   for (const auto& p : run.phases) {
     // A --no-load-optim resume loads no optimizer state: it saves a fresh one.
     if (!p.ran || p.index == 0 || p.spec.steps != 0 || p.saved_state.empty() ||
-        p.spec.no_load_optim)
+        p.spec.fresh_optimizer())
       continue;
     const sim::PhaseRecord* loaded = run.loaded_from(p);
     // The files of the phase's last save are kept (saved_state), not of an earlier one's.
-    if (loaded == nullptr || loaded->saved_state.empty() || loaded->save_iteration != p.start_step)
+    if (loaded == nullptr || loaded->saved_state.empty() ||
+        loaded->saved_global_step() != p.start_step)
       continue;
     const auto& before = loaded->saved_state;
     ++compared;

@@ -79,6 +79,7 @@ PropertyResult hyperparams_follow_schedule(const sim::RunResult& run);       // 
 PropertyResult resume_after_crash_is_complete(const sim::RunResult& run);    // crash.cpp
 PropertyResult tracker_names_saved_state(const sim::RunResult& run);         // crash.cpp
 PropertyResult first_step_continues_from_loaded_weights(const sim::RunResult& run);  // resume.cpp
+PropertyResult iteration_follows_resume_mode(const sim::RunResult& run);             // resume.cpp
 
 // Whether `e` of phase `p` is what a storage fault made: a save that met one, or a load after
 // one. resume_after_crash_is_complete judges those; the other properties do not count them.

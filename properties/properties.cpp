@@ -35,10 +35,17 @@ std::vector<Property> save_protocol_properties() {
        tracker_names_saved_state, nullptr,
        "PropertyCanary.TrackerNamesSavedStateCatchesATrackerWrittenBeforeTheData", nullptr, ""},
       {"first_step_continues_from_loaded_weights",
-       "after a --no-load-optim resume the optimizer starts afresh from the loaded weights, and "
+       "after a --no-load-optim or --finetune resume the optimizer starts afresh from the loaded "
+       "weights, and "
        "the first step moves each weight no further than Adam's first step can",
        first_step_continues_from_loaded_weights, nullptr,
        "PropertyCanary.FirstStepContinuesFromLoadedWeightsCatchesASkippedReload", nullptr, ""},
+      {"iteration_follows_resume_mode",
+       "every job's last save and its tracker name the training loop's iteration: the loaded "
+       "one plus the steps taken, counted from 0 after a --finetune resume",
+       iteration_follows_resume_mode, nullptr,
+       "PropertyCanary.IterationFollowsResumeModeCatchesAFinetuneThatKeepsTheIteration", nullptr,
+       ""},
   };
 }
 

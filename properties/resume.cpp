@@ -1,7 +1,8 @@
 // Resume family: the load itself. no_duplicate_leaves (merge() never collides: I7, I10; B2,
-// B3), resume_completes (every save and load runs to the end on every rank) and
-// first_step_continues_from_loaded_weights (a --no-load-optim resume trains on from the weights
-// it loaded, with an optimizer that starts afresh from them).
+// B3), resume_completes (every save and load runs to the end on every rank),
+// first_step_continues_from_loaded_weights (a --no-load-optim or --finetune resume trains on
+// from the weights it loaded, with an optimizer that starts afresh from them) and
+// iteration_follows_resume_mode (the iteration the saves name: kept, or reset by --finetune).
 #include <fmt/format.h>
 
 #include <cmath>
@@ -160,34 +161,95 @@ std::optional<std::string> first_step_beyond_adam(const sim::RunResult& run,
 PropertyResult first_step_continues_from_loaded_weights(const sim::RunResult& run) {
   PropertyResult r = pass("first_step_continues_from_loaded_weights");
   int judged = 0;
+  int finetuned = 0;
   std::string not_evaluated;
   for (const auto& p : run.phases) {
-    if (!p.ran || p.index == 0 || !p.spec.no_load_optim || p.started_fresh) continue;
+    if (!p.ran || p.index == 0 || !p.spec.fresh_optimizer() || p.started_fresh) continue;
     const sim::GlobalState* saved = run.loaded_state(p);
     if (!p.after_load.has_value() || saved == nullptr) {
       if (not_evaluated.empty()) not_evaluated = phase_label(p) + ": the load did not complete";
       continue;
     }
     ++judged;
+    finetuned += p.spec.finetune ? 1 : 0;
     if (auto d = fresh_start_difference(run, *p.after_load, *saved)) {
       return fail(std::move(r), static_cast<int>(p.index),
                   "first_step_continues_from_loaded_weights:" + d->first,
-                  fmt::format("{} (--no-load-optim): {}", phase_label(p), d->second));
+                  fmt::format("{} ({}): {}", phase_label(p), p.spec.fresh_start_flag(), d->second));
     }
     if (p.after_step.empty()) continue;
     if (auto d = first_step_beyond_adam(run, *p.after_load, p.after_step.front())) {
       return fail(std::move(r), static_cast<int>(p.index),
                   "first_step_continues_from_loaded_weights:first_step",
-                  fmt::format("{} (--no-load-optim): {}", phase_label(p), *d));
+                  fmt::format("{} ({}): {}", phase_label(p), p.spec.fresh_start_flag(), *d));
     }
   }
   if (judged == 0 && !not_evaluated.empty()) return mark_not_evaluated(std::move(r), not_evaluated);
-  r.detail = judged == 0 ? "no phase resumed with --no-load-optim"
-                         : fmt::format(
-                               "{} --no-load-optim resume(s) loaded the saved weights, "
-                               "started the optimizer afresh from them, and took a first "
-                               "step from them",
-                               judged);
+  const int plain = judged - finetuned;
+  const std::string resumes =
+      plain > 0 && finetuned > 0
+          ? fmt::format("{} --no-load-optim and {} --finetune resume(s)", plain, finetuned)
+          : fmt::format("{} {} resume(s)", judged,
+                        finetuned > 0 ? "--finetune" : "--no-load-optim");
+  r.detail = judged == 0 ? "no phase resumed with --no-load-optim or --finetune"
+                         : resumes +
+                               " loaded the saved weights, started the optimizer afresh from "
+                               "them, and took a first step from them";
+  return r;
+}
+
+// The iteration phase `p`'s last save names, as the scenario says the training loop counts:
+// from the iteration it resumed at (0 after --finetune: sim::iteration_origins) through its
+// steps; an interval save's where the job ends without an exit save. nullopt: the job makes no
+// save of its own (an interval longer than its steps).
+std::optional<int64_t> expected_last_save_iteration(const sim::PhaseRecord& p, int64_t origin) {
+  const int64_t first = p.start_step - origin;
+  const int64_t end = first + p.spec.steps;
+  if (p.spec.save) return end;
+  const int64_t last = end / p.spec.save_interval * p.spec.save_interval;
+  return last > first ? std::optional<int64_t>(last) : std::nullopt;
+}
+
+PropertyResult iteration_follows_resume_mode(const sim::RunResult& run) {
+  PropertyResult r = pass("iteration_follows_resume_mode");
+  const std::vector<int64_t> origins = sim::iteration_origins(run.scenario);
+  int judged = 0;
+  int finetuned = 0;
+  for (const auto& p : run.phases) {
+    if (!p.completed || !p.spec.saves() || !p.on_disk.has_value() || p.index >= origins.size())
+      continue;
+    const int64_t origin = origins[p.index];
+    const std::optional<int64_t> want = expected_last_save_iteration(p, origin);
+    if (!want.has_value()) continue;
+    ++judged;
+    finetuned += origin > 0 ? 1 : 0;
+    const std::optional<int64_t>& named = p.on_disk->named;
+    if (named == want && (!p.on_disk->files_iteration || *p.on_disk->files_iteration == *want))
+      continue;
+    const int64_t first = p.start_step - origin;
+    const std::string how =
+        p.spec.finetune ? fmt::format(
+                              "0 at its --finetune resume (global step {}), plus its {} "
+                              "step(s)",
+                              origin, p.spec.steps)
+        : origin == 0 ? fmt::format("the iteration it resumed at, {}, plus its {} step(s)", first,
+                                    p.spec.steps)
+                      : fmt::format(
+                            "the iteration it resumed at, {} (counted from the "
+                            "--finetune resume at global step {}), plus its {} step(s)",
+                            first, origin, p.spec.steps);
+    return fail(std::move(r), static_cast<int>(p.index), "iteration_follows_resume_mode:iteration",
+                fmt::format("{}: after its last save the tracker names iteration {} (the files "
+                            "{}); expected {}, {}",
+                            phase_label(p), named ? std::to_string(*named) : "none",
+                            p.on_disk->files_iteration ? std::to_string(*p.on_disk->files_iteration)
+                                                       : "hold none",
+                            *want, how));
+  }
+  r.detail = fmt::format(
+      "{} job(s) ended with the tracker and the files naming the training loop's iteration{}",
+      judged,
+      finetuned > 0 ? fmt::format(" ({} counting from a --finetune resume)", finetuned) : "");
   return r;
 }
 

@@ -116,9 +116,9 @@ struct ScheduleInForce {
 
   std::string how(size_t phase) const {
     if (phase == 0) return "the first phase's arguments";
-    if (scenario.phases[phase].no_load_optim)
-      return fmt::format("--no-load-optim: the phase's arguments from global step {}",
-                         origins[phase] + 1);
+    if (scenario.phases[phase].fresh_optimizer())
+      return fmt::format("{}: the phase's arguments from global step {}",
+                         scenario.phases[phase].fresh_start_flag(), origins[phase] + 1);
     const auto flag = scenario.phases[phase].opt_param_scheduler;
     return flag == model::SchedulerResume::kOverride ? "--override-opt_param-scheduler"
            : flag == model::SchedulerResume::kUseCheckpoint

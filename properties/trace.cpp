@@ -289,7 +289,7 @@ int64_t optimizer_origin(const Trace& t, const Run& run, int64_t global_step) {
     return static_cast<size_t>(run.phase) < origins.size() ? origins[run.phase] : 0;
   int64_t origin = 0;
   for (size_t i = 0; i < origins.size(); ++i) {
-    if (t.spec->phases[i].no_load_optim && origins[i] < global_step) origin = origins[i];
+    if (t.spec->phases[i].fresh_optimizer() && origins[i] < global_step) origin = origins[i];
   }
   return origin;
 }

@@ -326,7 +326,7 @@ TraceVerdict trace_round_trip_identity(const Trace& t) {
     // A --no-load-optim resume gives back the model params only (the run check leaves it out).
     if (!run.load || (t.spec != nullptr && run.phase > 0 &&
                       static_cast<size_t>(run.phase) < t.spec->phases.size() &&
-                      t.spec->phases[static_cast<size_t>(run.phase)].no_load_optim))
+                      t.spec->phases[static_cast<size_t>(run.phase)].fresh_optimizer()))
       continue;
     const Run* prev = t.find(run.load_from);
     const auto saved =

@@ -321,7 +321,7 @@ PropertyResult round_trip_identity(const sim::RunResult& run) {
   for (const auto& p : run.phases) {
     // A --no-load-optim resume gives back the model params only, and its optimizer starts
     // from them: first_step_continues_from_loaded_weights judges it.
-    if (p.index == 0 || p.started_fresh || p.spec.no_load_optim) continue;
+    if (p.index == 0 || p.started_fresh || p.spec.fresh_optimizer()) continue;
     const sim::PhaseRecord* prev = run.loaded_from(p);
     const sim::GlobalState* saved = run.loaded_state(p);
     if (!p.ran || !p.after_load.has_value() || saved == nullptr) {

@@ -167,6 +167,9 @@ class RankRun:
         self.unwritten: Optional[List[Dict[str, Any]]] = None  # the load's, where probed
         self.started_fresh = False  # a load that found no tracker (plans with storage faults)
         self.global_step = int(self.run.get("start_step", 0))
+        # Global steps before the training loop's iteration 0 (set by the load; 0 for a job that
+        # loads nothing): its saves name the global step minus it.
+        self.iteration_origin = 0
         # Set by the worker: each event and each stage change is also sent as it happens, so a
         # rank that is stopped later still has its events up to there in the trace.
         self.on_event: Optional[Any] = None
@@ -443,17 +446,19 @@ class RankRun:
         return md
 
     def _load(self) -> Optional[int]:
-        """megatron/training/checkpointing.py load_checkpoint(), torch_dist format (None: a plan
-        with storage faults found no tracker, and the job starts from random)."""
+        """megatron/training/checkpointing.py load_checkpoint(), torch_dist format: the
+        checkpoint's iteration (None: a plan with storage faults found no tracker, and the job
+        starts from random). Under --finetune load_checkpoint() returns 0 instead ("if
+        args.finetune or release: iteration = 0"); execute() does that."""
         from megatron.core import dist_checkpointing
 
         ckpt = self._tracker_dir() if self.job.get("crash_mode") else layout.resume_dir(self.job["load_dir"])
         if ckpt is None:
             return None
-        # --no-load-optim: load_checkpoint() requests the model only (no optimizer, so no
-        # sharded_state_dict(is_loading=True), and no scheduler), and skips the optimizer's
-        # (TP, PP) and sharding-type checks.
-        load_optim = not schedule_mod.no_load_optim(self.scenario, int(self.run.get("phase", 0)))
+        # --no-load-optim and --finetune: load_checkpoint() requests the model only (no
+        # optimizer, so no sharded_state_dict(is_loading=True), and no scheduler), and skips the
+        # optimizer's (TP, PP) and sharding-type checks.
+        load_optim = not schedule_mod.fresh_optimizer(self.scenario, int(self.run.get("phase", 0)))
         common = dist_checkpointing.load_common_state_dict(ckpt)
         md = dist_checkpointing.load_content_metadata(preloaded_state_dict=common) or {}
         if load_optim:
@@ -478,8 +483,8 @@ class RankRun:
             # the loaded model params; the optimizer and the scheduler stay as built (HEAD's
             # --override-opt_param-scheduler block is inside the optimizer's branch: not run).
             self.opt.reload_model_params()
-            self.notes.append("--no-load-optim: the load requested the model only; optimizer.reload_model_params(), "
-                              "no optimizer or scheduler state loaded")
+            self.notes.append("--no-load-optim/--finetune: the load requested the model only; "
+                              "optimizer.reload_model_params(), no optimizer or scheduler state loaded")
             torch.cuda.synchronize()
             return iteration
         self.opt.load_state_dict(loaded["optimizer"])
@@ -627,7 +632,8 @@ class RankRun:
         return list(subs) if subs is not None else [inner]
 
     def _save(self, iteration: int) -> None:
-        """megatron/training/checkpointing.py save_checkpoint(), torch_dist format."""
+        """megatron/training/checkpointing.py save_checkpoint(), torch_dist format. `iteration`:
+        the training loop's (the global step minus the phase's iteration origin)."""
         from megatron.core import dist_checkpointing
 
         root = self.job["save_dir"]
@@ -666,6 +672,16 @@ class RankRun:
                 raise _TrackerError("OSError", str(e), "checkpointing.py save_checkpoint() (tracker)") from None
         dist.barrier()  # save_checkpoint()'s last barrier
 
+    def _resumed_global_step(self, checkpoint_iteration: int) -> int:
+        """The global step a load of `checkpoint_iteration` resumes at; sets the phase's iteration
+        origin (schedule.resumed_iteration: from iteration 0 under --finetune)."""
+        iteration, self.iteration_origin = schedule_mod.resumed_iteration(
+            self.scenario, int(self.run.get("phase", 0)), checkpoint_iteration)
+        if iteration != checkpoint_iteration:
+            self.notes.append("--finetune: the checkpoint's iteration %d, the training loop's %d" %
+                              (checkpoint_iteration, iteration))
+        return self.iteration_origin + iteration
+
     # ------------------------------------------------------------------ driver
     def execute(self) -> Dict[str, Any]:
         stage, gs = self._stage("init"), int(self.run.get("start_step", 0))
@@ -690,8 +706,10 @@ class RankRun:
                     # model's trace records no init event for such a phase, nor does this.
                     self.started_fresh = True
                     it = 0
-                elif it != gs:
-                    self.notes.append("the checkpoint's iteration is %d, the plan's start_step %d" % (it, gs))
+                else:
+                    it = self._resumed_global_step(it)
+                    if it != gs:
+                        self.notes.append("the checkpoint's global step is %d, the plan's start_step %d" % (it, gs))
                 gs = it
                 start = gs
                 if not self.started_fresh:
@@ -726,7 +744,7 @@ class RankRun:
             if self.run.get("save"):
                 stage = self._stage("save")
                 t = time.time()
-                self._save(gs)
+                self._save(gs - self.iteration_origin)
                 self.timings["save_s"] = round(time.time() - t, 3)
                 self._add(self._event("at_save", gs))
         except (KeyboardInterrupt, SystemExit):

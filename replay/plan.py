@@ -222,29 +222,51 @@ def _validate_scenario(sc: Dict[str, Any], err) -> List[Dict[str, Any]]:
             if problem:
                 err(*problem)
             _validate_no_load_optim(phases, i, path, err)
+            _validate_finetune(phases, i, path, err)
     schedule_mod.validate(sc, err)
     return good
 
 
-def _validate_no_load_optim(phases: List[Any], i: int, path: str, err) -> None:
-    """A phase's no_load_optim (--no-load-optim), with ckptsim's scenario parser's rules
-    (sim/scenario.cpp): a boolean; never in the first phase (it loads nothing); never in a
+def _validate_resume_flag(phases: List[Any], i: int, path: str, err, flag: str) -> bool:
+    """A phase's resume flag `flag` (no_load_optim, finetune), with ckptsim's scenario parser's
+    rules (sim/scenario.cpp): a boolean; never in the first phase (it loads nothing); never in a
     scenario with storage_faults (the reference run restarts its optimizer where the phase's
-    first step is planned, and after a storage fault the phase may resume elsewhere)."""
+    first step is planned, and after a storage fault the phase may resume elsewhere). Returns
+    whether the flag is set and valid so far."""
     ph = phases[i]
-    if "no_load_optim" not in ph:
-        return
-    value, path = ph["no_load_optim"], path + ".no_load_optim"
+    if flag not in ph:
+        return False
+    value, path = ph[flag], path + "." + flag
     if not isinstance(value, bool):
         err(path, "must be true or false, got %r" % (value,))
-        return
+        return False
     if not value:
-        return
+        return False
     if i == 0:
         err(path, "the first phase loads no checkpoint")
-    elif any(isinstance(p, dict) and p.get("storage_faults") for p in phases):
+        return False
+    if any(isinstance(p, dict) and p.get("storage_faults") for p in phases):
         err(path, "not modeled together with storage_faults (the fresh optimizer's reference needs the "
                   "phase to resume where the previous one ended)")
+        return False
+    return True
+
+
+def _validate_no_load_optim(phases: List[Any], i: int, path: str, err) -> None:
+    """A phase's no_load_optim (--no-load-optim)."""
+    _validate_resume_flag(phases, i, path, err, "no_load_optim")
+
+
+def _validate_finetune(phases: List[Any], i: int, path: str, err) -> None:
+    """A phase's finetune (--finetune): no_load_optim's rules, and not a job of no steps that
+    saves (train() makes no save at iteration 0, where such a job ends)."""
+    if not _validate_resume_flag(phases, i, path, err, "finetune"):
+        return
+    ph = phases[i]
+    saves = ph.get("save", True) is not False or bool(ph.get("save_interval"))
+    if ph.get("steps") == 0 and saves:
+        err(path + ".finetune", "a --finetune job of no steps ends at iteration 0, where the training loop makes "
+                                "no save; give it steps or \"save\": false")
 
 
 SHARDING_TYPES = ("dp_reshardable", "fully_reshardable", "dp_zero_gather_scatter", "fully_sharded_model_space")

@@ -53,15 +53,50 @@ def no_load_optim(scenario: Dict[str, Any], phase: int) -> bool:
     return bool(scenario["phases"][phase].get("no_load_optim", False))
 
 
+def finetune(scenario: Dict[str, Any], phase: int) -> bool:
+    """Whether phase `phase` resumes with --finetune (the model's params only, from iteration 0)."""
+    return bool(scenario["phases"][phase].get("finetune", False))
+
+
+def fresh_optimizer(scenario: Dict[str, Any], phase: int) -> bool:
+    """Whether phase `phase`'s resume starts the optimizer and the scheduler afresh
+    (--no-load-optim or --finetune): load_checkpoint() requests the model only."""
+    return no_load_optim(scenario, phase) or finetune(scenario, phase)
+
+
+def iteration_origins(scenario: Dict[str, Any]) -> List[int]:
+    """Per phase, the global steps before its training loop's iteration 0: 0, or where the latest
+    --finetune phase up to it resumed (ckptsim's sim::iteration_origins). A save of that phase at
+    global step g names iteration g minus it."""
+    out: List[int] = []
+    done = 0
+    for i, ph in enumerate(scenario["phases"]):
+        out.append(0 if i == 0 else done if finetune(scenario, i) else out[-1])
+        done += int(ph["steps"])
+    return out
+
+
+def resumed_iteration(scenario: Dict[str, Any], phase: int, checkpoint_iteration: int) -> Tuple[int, int]:
+    """(the training loop's iteration, the phase's iteration origin) after phase `phase` loaded a
+    checkpoint of `checkpoint_iteration`: the loop continues from it, or from 0 under --finetune
+    (load_checkpoint(): "if args.finetune or release: iteration = 0"); the checkpoint's iteration
+    counts from its saver's origin (the phase before: every phase with --finetune resumes where
+    the previous one ended), so the global step is origin + iteration either way."""
+    origins = iteration_origins(scenario)
+    loaded_origin = origins[phase - 1] if 0 < phase <= len(origins) else 0
+    iteration = 0 if 0 <= phase < len(origins) and finetune(scenario, phase) else int(checkpoint_iteration)
+    return iteration, loaded_origin + int(checkpoint_iteration) - iteration
+
+
 def intended_schedules(scenario: Dict[str, Any]) -> List[Dict[str, Any]]:
     """Per phase, the schedule that should be in force (the flags as Megatron documents them):
     the phase's own arguments, except after a --use-checkpoint-opt_param-scheduler resume,
     which keeps the schedule before it (all but lr_warmup_init, which no checkpoint holds).
-    A --no-load-optim phase loads no scheduler: its own arguments, whatever its flag."""
+    A --no-load-optim or --finetune phase loads no scheduler: its own arguments, whatever its flag."""
     out: List[Dict[str, Any]] = []
     for i in range(len(scenario["phases"])):
         args = phase_arguments(scenario, i)
-        if i == 0 or no_load_optim(scenario, i) or resume_flag(scenario, i) != "use_checkpoint":
+        if i == 0 or fresh_optimizer(scenario, i) or resume_flag(scenario, i) != "use_checkpoint":
             out.append(args)
         else:
             kept = dict(out[-1])
@@ -88,7 +123,7 @@ def reference_restarts(scenario: Dict[str, Any]) -> List[int]:
     counts from 0, so a later schedule change steps it by the steps done since."""
     out, first = [], 1
     for i, ph in enumerate(scenario["phases"]):
-        if i > 0 and no_load_optim(scenario, i):
+        if i > 0 and fresh_optimizer(scenario, i):
             out.append(first)
         first += int(ph["steps"])
     return out

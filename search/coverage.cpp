@@ -157,7 +157,8 @@ void Coverage::add(const sim::Scenario& s) {
     const sim::PhaseSpec& prev = s.phases[i - 1];
     bump("resumes: DP", fmt::format("{} -> {}", prev.dp, p.dp));
     bump("resumes: reshard", reshard_label(prev.dp, p.dp));
-    bump("resumes: optimizer state", p.no_load_optim ? "not loaded (--no-load-optim)" : "loaded");
+    bump("resumes: optimizer state",
+         p.fresh_optimizer() ? "not loaded (" + p.fresh_start_flag() + ")" : "loaded");
     bump("resumes: revision", prev.revision == p.revision ? "same revision" : "revision changes");
     bump("resumes: loads", format_label(s.format_of(i - 1)));
     if (prev.tp * prev.pp * p.tp * p.pp != 1) {

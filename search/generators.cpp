@@ -164,11 +164,22 @@ void draw_resume_arguments(sim::Scenario& s, size_t i) {
   p.schedule = c;
 }
 
-// --no-load-optim in one resume of eight (drawn last, so the rest of a case is what it was
-// before this was drawn; not with storage faults, which the scenario refuses it with).
+// --no-load-optim in one resume of eight (drawn last but for --finetune, so the rest of a case is
+// what it was before this was drawn; not with storage faults, which the scenario refuses it with).
 void draw_no_load_optim(sim::Scenario& s) {
   for (size_t i = 1; i < s.phases.size(); ++i)
     s.phases[i].no_load_optim = *gen::weightedElement<bool>({{7, false}, {1, true}});
+}
+
+// --finetune in one of the other resumes of sixteen (drawn after --no-load-optim, so a case
+// without it is what it was before; not a job of no steps that saves: train() makes no save at
+// iteration 0, which the scenario refuses).
+void draw_finetune(sim::Scenario& s) {
+  for (size_t i = 1; i < s.phases.size(); ++i) {
+    sim::PhaseSpec& p = s.phases[i];
+    if (p.no_load_optim || (p.steps == 0 && p.saves())) continue;
+    p.finetune = *gen::weightedElement<bool>({{15, false}, {1, true}});
+  }
 }
 
 // Long phases may add up past what a scenario file allows: the later phases give up steps.
@@ -726,6 +737,7 @@ rc::Gen<sim::Scenario> gen_scenario(const GeneratorConfig& config) {
       draw_storage_faults(s);
     } else {
       draw_no_load_optim(s);
+      draw_finetune(s);
     }
     s.faults = config.faults;
     s.name = "generated";

@@ -47,8 +47,13 @@ class Candidates {
     // A shrink that breaks the TP/PP rules (fewer elements than a shape, a stage left empty) is
     // not a scenario.
     if (sim::model_parallel_problem(c)) return;
-    // The first phase loads nothing: a --no-load-optim resume that became it is a plain start.
-    if (!c.phases.empty()) c.phases.front().no_load_optim = false;
+    // The first phase loads nothing: a --no-load-optim or --finetune resume that became it is
+    // a plain start.
+    if (!c.phases.empty()) c.phases.front().no_load_optim = c.phases.front().finetune = false;
+    // A --finetune job of no steps that saves is no scenario (train() saves no iteration 0).
+    for (const sim::PhaseSpec& p : c.phases) {
+      if (p.finetune && p.steps == 0 && p.saves()) return;
+    }
     std::string k = key(c);
     if (k == from_ || std::find(keys_.begin(), keys_.end(), k) != keys_.end()) return;
     keys_.push_back(std::move(k));
@@ -214,6 +219,7 @@ void add_simpler(const sim::Scenario& s, Candidates& out) {
     }
     if (s.phases[i].no_load_optim)
       variant([i](sim::Scenario& c) { c.phases[i].no_load_optim = false; });
+    if (s.phases[i].finetune) variant([i](sim::Scenario& c) { c.phases[i].finetune = false; });
   }
   if (s.seed != 0) variant([](sim::Scenario& c) { c.seed = 0; });
 }

@@ -66,8 +66,11 @@ struct PhaseJob {
   // afresh from the weights the run holds, with the schedule then in force (where a
   // --no-load-optim phase resumes: the fresh-start contract).
   std::vector<int64_t> optimizer_restarts;
-  // --no-load-optim (PhaseSpec::no_load_optim).
-  bool no_load_optim = false;
+  // --no-load-optim and --finetune (PhaseSpec).
+  model::ResumeArgs resume_args;
+  // The iteration origin (iteration_origins) of the phase whose save the job loads: the global
+  // step of the checkpoint's iteration 0.
+  int64_t loaded_origin = 0;
 
   // The optimizer and schedule arguments `phase` starts its job with.
   void set_arguments(const Scenario& s, const PhaseSpec& phase) {
@@ -100,7 +103,7 @@ PhaseJob phase_job(const Scenario& scenario, const RunOptions& options,
   job.exit_save = spec.save;
   job.async_save = spec.async_save;
   job.async_write_steps = spec.async_write_steps;
-  job.no_load_optim = spec.no_load_optim;
+  job.resume_args = {.no_load_optim = spec.no_load_optim, .finetune = spec.finetune};
   return job;
 }
 
@@ -108,19 +111,20 @@ PhaseJob phase_job(const Scenario& scenario, const RunOptions& options,
 struct RankRecord {
   std::vector<std::string> trace;
   std::optional<RankError> error;
-  int64_t start_step = 0;
-  RankState initial;  // before any load or step
+  int64_t start_step = 0;        // the global step it resumed at
+  int64_t iteration_origin = 0;  // global steps before its training loop's iteration 0
+  RankState initial;             // before any load or step
   std::optional<RankState> after_load;
   std::vector<RankState> steps;  // after each step
   std::optional<model::SaveReport> save;
   RankState at_save;  // right after the (last) save (when it completed)
-  // Right after each earlier save of the job, with its iteration.
+  // Right after each earlier save of the job, with its iteration (the file's).
   std::vector<std::pair<int64_t, RankState>> earlier_saves;
   // The reference run: right after each optimizer restart, with the steps done before it.
   std::vector<std::pair<int64_t, RankState>> restarts;
   bool started_fresh = false;   // the load found no tracker
   bool save_started = false;    // it reached its save
-  int64_t save_iteration = -1;  // its last save's iteration (-1: none started)
+  int64_t save_iteration = -1;  // its last save's iteration, the file's (-1: none started)
   // Rank 0: the iterations of the saves whose tracker write it went on to, in order.
   std::vector<int64_t> tracker_saves;
   model::LoadReport load;
@@ -351,8 +355,9 @@ class JobSaves {
   int64_t last_saved_ = -1;
 };
 
-// The phase's training steps on one rank; returns the iteration reached. `saves` (null: none)
-// makes the saves the loop makes between its steps.
+// The phase's training steps on one rank; returns the iteration reached (the training loop's:
+// global step out.iteration_origin + iteration). `saves` (null: none) makes the saves the loop
+// makes between its steps.
 int64_t train(const PhaseJob& job, model::Runtime& rt, model::DistributedDataParallel& ddp,
               model::ProcessGroup& pg, std::unique_ptr<model::DistributedOptimizer>& optimizer,
               std::optional<model::OptimizerParamScheduler>& scheduler, int64_t iteration,
@@ -380,10 +385,10 @@ int64_t train(const PhaseJob& job, model::Runtime& rt, model::DistributedDataPar
   };
   for (int64_t k = 0; k < job.steps; ++k) {
     if (saves != nullptr) saves->before_step(iteration);
-    const int64_t global_step = iteration + 1;
+    const int64_t global_step = out.iteration_origin + iteration + 1;
     for (const auto& [first, schedule] : job.schedule_changes) {
       if (first == global_step)
-        change_schedule(job, *optimizer, scheduler, schedule, iteration - origin);
+        change_schedule(job, *optimizer, scheduler, schedule, global_step - 1 - origin);
     }
     restart(global_step);
     model::DistributedOptimizer& opt = *optimizer;
@@ -392,7 +397,7 @@ int64_t train(const PhaseJob& job, model::Runtime& rt, model::DistributedDataPar
                       [&](size_t i, at::Tensor& grad) {
                         local_scaled_gradient(s, global_step, ddp, i, dp_rank, job.dp, grad);
                       });
-    iteration = global_step;
+    ++iteration;
     std::vector<StepUse> uses = step_uses(opt);
     globalize_uses(ddp, uses);
     // Param groups only where a checker reads them: the state a phase ends (and saves) in.
@@ -407,7 +412,7 @@ int64_t train(const PhaseJob& job, model::Runtime& rt, model::DistributedDataPar
     out.steps.push_back(std::move(state));
     if (saves != nullptr) saves->after_step(iteration);
   }
-  restart(iteration + 1);
+  restart(out.iteration_origin + iteration + 1);
   return iteration;
 }
 
@@ -435,25 +440,30 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, model::ProcessGroup
     int64_t iteration = 0;
     if (job.load_from != nullptr || job.load_root != nullptr) {
       stage = "load";
-      std::optional<int64_t> loaded;
+      std::optional<model::Resumed> loaded;
       if (job.load_root != nullptr) {
-        loaded =
-            model::load_latest_checkpoint(ddp, opt, &*scheduler, *job.load_root, pg, *job.switches,
-                                          rt, &out.load, {.no_load_optim = job.no_load_optim});
+        loaded = model::load_latest_checkpoint(ddp, opt, &*scheduler, *job.load_root, pg,
+                                               *job.switches, rt, &out.load, job.resume_args);
+      } else if (job.load_as_script) {
+        const int64_t it = model::load_distributed_checkpoint(ddp, opt, *job.load_from, pg,
+                                                              *job.switches, rt, &out.load);
+        loaded = model::Resumed{it, it};
       } else {
-        loaded =
-            job.load_as_script
-                ? model::load_distributed_checkpoint(ddp, opt, *job.load_from, pg, *job.switches,
-                                                     rt, &out.load)
-                : model::load_checkpoint(ddp, opt, &*scheduler, *job.load_from, pg, *job.switches,
-                                         rt, &out.load, {.no_load_optim = job.no_load_optim});
+        loaded = model::load_checkpoint(ddp, opt, &*scheduler, *job.load_from, pg, *job.switches,
+                                        rt, &out.load, job.resume_args);
       }
       if (loaded.has_value()) {
-        iteration = *loaded;
+        iteration = loaded->iteration;
+        // The checkpoint's iteration counts from its saver's origin; the loop's from here.
+        out.iteration_origin = job.loaded_origin + loaded->checkpoint_iteration - iteration;
         out.uninitialized = uninitialized_after_load(opt, ddp, out.load);
         out.after_load = capture(opt, ddp, s.params, rank, true);
-        out.trace.push_back(fmt::format("load phase={} rank={} iteration={} state={:016x}",
-                                        job.phase_id, rank, iteration,
+        const std::string from =
+            loaded->checkpoint_iteration == iteration
+                ? std::string()
+                : fmt::format(" checkpoint_iteration={}", loaded->checkpoint_iteration);
+        out.trace.push_back(fmt::format("load phase={} rank={} iteration={}{} state={:016x}",
+                                        job.phase_id, rank, iteration, from,
                                         rank_state_hash(*out.after_load, rank)));
       } else {
         out.started_fresh = true;
@@ -461,7 +471,7 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, model::ProcessGroup
                                         job.phase_id, rank));
       }
     }
-    out.start_step = iteration;
+    out.start_step = out.iteration_origin + iteration;
     stage = "train";
     std::optional<JobSaves> saves;
     if (job.save_root != nullptr) saves.emplace(job, ddp, opt, scheduler, pg, rt, out, stage);
@@ -571,7 +581,7 @@ void run_reference(const Scenario& scenario, const RunOptions& options,
   for (size_t i = 0; i < scenario.phases.size(); ++i) {
     if (i > 0 && intended[i] != intended[i - 1])
       job.schedule_changes.emplace_back(first, intended[i]);
-    if (scenario.phases[i].no_load_optim) job.optimizer_restarts.push_back(first);
+    if (scenario.phases[i].fresh_optimizer()) job.optimizer_restarts.push_back(first);
     first += scenario.phases[i].steps;
   }
   const auto outs = run_world(job);
@@ -677,7 +687,7 @@ void gather_phase(const Scenario& scenario, const std::vector<RankRecord>& outs,
     }
     rec.saved_state = saved_state_by_param(scenario, rec);
     const int64_t at = rec.save_iteration >= 0
-                           ? rec.save_iteration
+                           ? rec.iteration_origin + rec.save_iteration
                            : rec.start_step + static_cast<int64_t>(rec.after_step.size());
     rec.at_save =
         gather_state(scenario, at, states_of(outs, [](const RankRecord& o) { return &o.at_save; }));
@@ -687,7 +697,7 @@ void gather_phase(const Scenario& scenario, const std::vector<RankRecord>& outs,
   for (const auto& o : outs) earlier = std::min(earlier, o.earlier_saves.size());
   for (size_t k = 0; k < earlier; ++k) {
     rec.earlier_saves.push_back(gather_state(
-        scenario, outs.front().earlier_saves[k].first,
+        scenario, rec.iteration_origin + outs.front().earlier_saves[k].first,
         states_of(outs, [k](const RankRecord& o) { return &o.earlier_saves[k].second; })));
   }
 }
@@ -700,7 +710,9 @@ void record_outcome(const std::vector<RankRecord>& outs, PhaseRecord& rec) {
   // learned the iteration, while the others loaded: a cut .distcp that only rank 0 reads).
   const auto loaded = std::find_if(outs.begin(), outs.end(),
                                    [](const RankRecord& o) { return o.after_load.has_value(); });
-  rec.start_step = (loaded != outs.end() ? *loaded : outs.front()).start_step;
+  const RankRecord& resumed = loaded != outs.end() ? *loaded : outs.front();
+  rec.start_step = resumed.start_step;
+  rec.iteration_origin = resumed.iteration_origin;
   rec.buffers = outs.front().buffers;
   rec.layouts = outs.front().layouts;
   // Each DP group's, from its first rank (world order puts DP rank 0 of every (TP, PP) rank
@@ -743,7 +755,8 @@ std::optional<size_t> loaded_phase(const RunResult& result, const PhaseRecord& r
   if (!rec.after_load.has_value()) return std::nullopt;
   for (size_t j = std::min(rec.index, result.phases.size()); j-- > 0;) {
     const PhaseRecord& saver = result.phases[j];
-    if (saver.save_iteration == rec.start_step || saver.saved_at(rec.start_step) != nullptr)
+    if (saver.saved_global_step() == rec.start_step ||
+        saver.saved_at(rec.start_step - saver.iteration_origin) != nullptr)
       return j;
   }
   return std::nullopt;
@@ -780,8 +793,8 @@ void run_phase(const Scenario& scenario, const RunOptions& options, const PhaseJ
   // The checkpoint this phase loaded: the save that wrote it.
   const PhaseRecord* from = rec.loaded_phase ? &result.phases[*rec.loaded_phase] : nullptr;
   const GlobalState* checkpoint = nullptr;
-  if (from != nullptr && from->save_iteration != rec.start_step) {
-    checkpoint = from->saved_at(rec.start_step);  // an earlier save of its job
+  if (from != nullptr && from->saved_global_step() != rec.start_step) {
+    checkpoint = from->saved_at(rec.start_step - from->iteration_origin);  // an earlier save
   } else if (from != nullptr && from->at_save.has_value()) {
     checkpoint = &*from->at_save;
   }
@@ -1006,6 +1019,7 @@ Result<RunResult> run_scenario(const Scenario& scenario, const RunOptions& optio
     PhaseJob job =
         phase_job(scenario, options, init, spec, static_cast<int64_t>(i), result.gpu_resident);
     job.load_root = i > 0 ? root.get() : nullptr;
+    if (i > 0) job.loaded_origin = result.phases[i - 1].iteration_origin;
     job.save_root = spec.saves() ? &save_root : nullptr;
     job.format = scenario.format_of(i);
     history.before_phase(rec);

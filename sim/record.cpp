@@ -394,7 +394,7 @@ std::string RankError::summary() const {
 const GlobalState* PhaseRecord::saved_at(int64_t iteration) const {
   if (save_iteration == iteration && at_save.has_value()) return &*at_save;
   for (const GlobalState& g : earlier_saves) {
-    if (g.global_step == iteration) return &g;
+    if (g.global_step - iteration_origin == iteration) return &g;
   }
   return nullptr;
 }

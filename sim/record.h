@@ -198,8 +198,13 @@ struct PhaseRecord {
   size_t index = 0;
   PhaseSpec spec;
   bool ran = false;
-  bool completed = false;         // load, every step and the save finished on every rank
-  int64_t start_step = 0;         // global steps done before this phase
+  bool completed = false;  // load, every step and the save finished on every rank
+  int64_t start_step = 0;  // global steps done before this phase
+  // Global steps before its training loop's iteration 0 (sim::iteration_origins, as the run
+  // went: the loaded checkpoint's global step minus the iteration the load continued from).
+  // The iterations below (save_iteration, tracker_saves, saved_at, on_disk) are the loop's, the
+  // ones in the files; GlobalState::global_step is the global step.
+  int64_t iteration_origin = 0;
   std::vector<RankError> errors;  // first error of each failing rank
   std::optional<GlobalState> after_load;
   // The ranks that loaded when others raised in their load (a null rank elsewhere): what the
@@ -224,7 +229,8 @@ struct PhaseRecord {
   // what the checkpoint holds, as the optimizer sees it.
   std::optional<GlobalState> at_save;
   // The job's earlier saves (PhaseSpec::save_interval), each its state right after that save
-  // (global_step: the iteration it saved), in order; at_save is the last save's.
+  // (global_step: iteration_origin + the iteration it saved), in order; at_save is the last
+  // save's.
   std::vector<GlobalState> earlier_saves;
   // The state right after the save of `iteration` (at_save or an earlier save); null: none (a
   // save that did not return).
@@ -263,6 +269,10 @@ struct PhaseRecord {
   bool after_storage_fault = false;
   // The iteration this phase's (last) save wrote (-1: it saved none).
   int64_t save_iteration = -1;
+  // The global step of that save (-1: none).
+  int64_t saved_global_step() const {
+    return save_iteration < 0 ? -1 : iteration_origin + save_iteration;
+  }
   // Rank 0's: the iteration of each save whose tracker write it went on to, in order (the
   // driver's record of which save the tracker on disk came from).
   std::vector<int64_t> tracker_saves;
@@ -311,7 +321,7 @@ struct RunResult {
   // The state the save that `p` loaded held right after it; nullptr when none.
   const GlobalState* loaded_state(const PhaseRecord& p) const {
     const PhaseRecord* from = loaded_from(p);
-    return from != nullptr ? from->saved_at(p.start_step) : nullptr;
+    return from != nullptr ? from->saved_at(p.start_step - from->iteration_origin) : nullptr;
   }
 };
 

@@ -226,8 +226,9 @@ std::vector<model::ScheduleConfig> intended_schedules(const Scenario& s) {
   std::vector<model::ScheduleConfig> out;
   for (size_t i = 0; i < s.phases.size(); ++i) {
     const model::ScheduleConfig& args = s.schedule_of(i);
-    // --no-load-optim: the scheduler is not loaded, it starts from the phase's arguments.
-    if (i == 0 || s.phases[i].no_load_optim ||
+    // --no-load-optim, --finetune: the scheduler is not loaded, it starts from the phase's
+    // arguments.
+    if (i == 0 || s.phases[i].fresh_optimizer() ||
         s.phases[i].opt_param_scheduler != model::SchedulerResume::kUseCheckpoint) {
       out.push_back(args);
       continue;
@@ -243,7 +244,17 @@ std::vector<int64_t> optimizer_origins(const Scenario& s) {
   std::vector<int64_t> out;
   int64_t done = 0;
   for (size_t i = 0; i < s.phases.size(); ++i) {
-    out.push_back(i == 0 ? 0 : s.phases[i].no_load_optim ? done : out.back());
+    out.push_back(i == 0 ? 0 : s.phases[i].fresh_optimizer() ? done : out.back());
+    done += s.phases[i].steps;
+  }
+  return out;
+}
+
+std::vector<int64_t> iteration_origins(const Scenario& s) {
+  std::vector<int64_t> out;
+  int64_t done = 0;
+  for (size_t i = 0; i < s.phases.size(); ++i) {
+    out.push_back(i == 0 ? 0 : s.phases[i].finetune ? done : out.back());
     done += s.phases[i].steps;
   }
   return out;
@@ -566,7 +577,7 @@ Status parse_phase(const Reader& r, const json& p, const std::string& path, bool
       p, path,
       {"dp", "tp", "pp", "revision", "steps", "save", "schedule", "opt_param_scheduler",
        "sharding_type", "fully_reshardable_mem_efficient", "storage_faults", "save_interval",
-       "async_save", "async_write_steps", "no_load_optim"}));
+       "async_save", "async_write_steps", "no_load_optim", "finetune"}));
   CKPTSIM_TRY(parse_phase_schedule(r, p, path, schedule, phase));
   CKPTSIM_TRY(parse_storage_faults(r, p, path, phase));
   if (p.contains("sharding_type") || p.contains("fully_reshardable_mem_efficient")) {
@@ -592,6 +603,7 @@ Status parse_phase(const Reader& r, const json& p, const std::string& path, bool
   CKPTSIM_TRY(r.integer(p, "async_write_steps", path + ".async_write_steps", 0, Scenario::kStepsMax,
                         phase.async_write_steps, 0));
   CKPTSIM_TRY(r.boolean(p, "no_load_optim", path + ".no_load_optim", phase.no_load_optim, false));
+  CKPTSIM_TRY(r.boolean(p, "finetune", path + ".finetune", phase.finetune, false));
   if (phase.async_write_steps > 0 && !phase.async_save) {
     return r.error(path + ".async_write_steps", "needs \"async_save\": true");
   }
@@ -622,11 +634,19 @@ Status parse_phases(const Reader& r, const json& j, const std::string& source,
     s.phases.push_back(std::move(phase));
   }
   for (size_t i = 0; i < n; ++i) {
-    if (!s.phases[i].no_load_optim) continue;
-    const std::string path = fmt::format("phases[{}].no_load_optim", i);
+    if (!s.phases[i].fresh_optimizer()) continue;
+    const std::string path =
+        fmt::format("phases[{}].{}", i, s.phases[i].finetune ? "finetune" : "no_load_optim");
     if (i == 0) return r.error(path, "the first phase loads no checkpoint");
-    // The reference run starts its optimizer afresh where the phase's first step is planned;
-    // after a storage fault the phase may resume elsewhere (not modeled).
+    if (s.phases[i].finetune && s.phases[i].steps == 0 && s.phases[i].saves()) {
+      // training.py: the exit save is made only at an iteration != 0.
+      return r.error(path,
+                     "a --finetune job of no steps ends at iteration 0, where the training loop "
+                     "makes no save; give it steps or \"save\": false");
+    }
+    // The reference run starts its optimizer afresh where the phase's first step is planned
+    // (and a --finetune phase's iterations count from there); after a storage fault the phase
+    // may resume elsewhere (not modeled).
     if (s.has_storage_faults()) {
       return r.error(path,
                      "not modeled together with storage_faults (the fresh optimizer's "
@@ -832,6 +852,7 @@ json scenario_to_json(const Scenario& s) {
     if (p.async_save) pj["async_save"] = true;
     if (p.async_write_steps != 0) pj["async_write_steps"] = p.async_write_steps;
     if (p.no_load_optim) pj["no_load_optim"] = true;
+    if (p.finetune) pj["finetune"] = true;
     // Written as given, even when equal to the scenario's (a round trip keeps it).
     if (p.schedule.has_value()) pj["schedule"] = schedule_json(*p.schedule, s.schedule, true);
     if (p.opt_param_scheduler != model::SchedulerResume::kNeither)

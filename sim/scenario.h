@@ -44,6 +44,9 @@
 //                           no_load_optim: bool, default false (--no-load-optim: the resume
 //                            loads the model params only; the optimizer and scheduler start
 //                            afresh from them; not in the first phase, nor with storage_faults)
+//                           finetune: bool, default false (--finetune: the resume loads what
+//                            --no-load-optim does and the job continues from iteration 0: its
+//                            saves and tracker count from there; same limits)
 //                           storage_faults: [{kind* ("crash_before"|"crash_after"|"torn"|
 //                            "short"|"disk_full"), file ("shard"|"object"|"metadata"|"tracker"|
 //                            "any", the default), nth (0-based, default 0)}]: this phase's save
@@ -140,7 +143,19 @@ struct PhaseSpec {
   // uninterrupted reference run starts its optimizer and scheduler afresh there too (the
   // fresh-start contract), and first_step_continues_from_loaded_weights judges the phase.
   bool no_load_optim = false;
+  // --finetune: the resume loads what --no-load-optim's does (the optimizer and scheduler start
+  // afresh from the loaded weights) and the training loop continues from iteration 0, so the
+  // job's saves and its tracker name the iterations since the resume; the global step (the
+  // gradients, the reference run) goes on. The next phase resumes from those iterations.
+  bool finetune = false;
 
+  // Whether the resume starts the optimizer and its scheduler afresh (--no-load-optim or
+  // --finetune): the fresh-start contract judges the phase.
+  bool fresh_optimizer() const { return no_load_optim || finetune; }
+  // The flag that does it, as reports name it ("" where the optimizer is loaded).
+  std::string fresh_start_flag() const {
+    return finetune ? "--finetune" : no_load_optim ? "--no-load-optim" : "";
+  }
   // The job's ranks: tp x pp x dp.
   int64_t world() const { return tp * pp * dp; }
   // Whether the job saves at all (at its end or at an interval).
@@ -212,6 +227,10 @@ std::vector<model::ScheduleConfig> intended_schedules(const Scenario& s);
 // one ended; --no-load-optim is refused with storage faults). Adam's step counter after global
 // step g of that phase is g minus it, and so is the scheduler's count of iterations.
 std::vector<int64_t> optimizer_origins(const Scenario& s);
+// Per phase: the global steps taken before its training loop's iteration 0: 0, or where the
+// latest --finetune phase up to it resumed. The iteration a save of that phase names at global
+// step g is g minus it (the reference: what the files, the tracker and --save-interval count).
+std::vector<int64_t> iteration_origins(const Scenario& s);
 
 // What makes a scenario's TP x PP x DP worlds impossible for its params, as (field path, what):
 // a shape that does not hold numel, a row split of a 1-D param, a TP size that does not divide a

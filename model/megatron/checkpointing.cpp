@@ -190,16 +190,16 @@ int64_t load_distributed_checkpoint(DistributedDataParallel& ddp, DistributedOpt
   return it != nullptr && it->is_int() ? it->as_int() : 0;
 }
 
-int64_t load_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
+Resumed load_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
                         OptimizerParamScheduler* scheduler, const Storage& storage,
                         ProcessGroup& group, const RevisionSwitches& switches, Runtime& rt,
                         LoadReport* report, const ResumeArgs& args) {
   const Value common = load_common_state_dict(storage, switches.common_state_as_sharded_object,
                                               switches.common_load_allows_class_globals);
   const LoadedFormat format = checkpoint_format(common);
-  // gen_sd_optim and gen_sd_opt_param_scheduler are None under --no-load-optim; the format's
-  // checks belong to the optimizer's load.
-  const bool load_optim = !args.no_load_optim;
+  // gen_sd_optim and gen_sd_opt_param_scheduler are None under --no-load-optim and --finetune;
+  // the format's checks belong to the optimizer's load.
+  const bool load_optim = args.loads_optimizer();
   if (load_optim && !format.format.has_value()) {
     // The optimizer's dispatch raises for a sharding type it does not know.
     throw UpstreamError("NotImplementedError", "Unknown sharding_type: " + format.sharding_type,
@@ -215,7 +215,9 @@ int64_t load_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
   if (scheduler != nullptr && load_optim) {
     load_scheduler(opt, *scheduler, *loaded.dict(), switches, runtime_bounds);
   }
-  return loaded.dict()->at("iteration").as_int();
+  const int64_t iteration = loaded.dict()->at("iteration").as_int();
+  const bool reset = args.finetune && !rt.fault(fault::kFinetuneKeepsIteration);
+  return {reset ? 0 : iteration, iteration};
 }
 
 SaveReport save_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
@@ -294,7 +296,7 @@ SaveReport save_checkpoint_to_root(DistributedDataParallel& ddp, DistributedOpti
   return report;
 }
 
-std::optional<int64_t> load_latest_checkpoint(DistributedDataParallel& ddp,
+std::optional<Resumed> load_latest_checkpoint(DistributedDataParallel& ddp,
                                               DistributedOptimizer& opt,
                                               OptimizerParamScheduler* scheduler,
                                               const Storage& root, ProcessGroup& group,

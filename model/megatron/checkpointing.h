@@ -76,10 +76,24 @@ LoadedFormat checkpoint_format(const Value& common_state);
 // load_state_dict), the optimizer's main params are reloaded from the loaded model params
 // (DistributedOptimizer::reload_model_params) and the scheduler keeps the state it was built
 // with; the iteration is the checkpoint's (research/save-protocol-2026-12-04.md section 5).
+// With args.finetune (--finetune) the load is the same as --no-load-optim's (HEAD
+// checkpointing.py :2613 and :2779 request no optimizer, :3001 loads no scheduler, :3058 the
+// main params are reloaded; 2874's :1585 and :1791 likewise), the RNG state is not requested
+// (neither side holds one), and the training loop continues from iteration 0 (:2852 "if
+// args.finetune or release: iteration = 0"; 2874's :1737).
 struct ResumeArgs {
   bool no_load_optim = false;
+  bool finetune = false;
+  bool loads_optimizer() const { return !no_load_optim && !finetune; }
 };
-int64_t load_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
+// What a resume leaves the training loop with: the iteration it continues from, and the
+// iteration of the checkpoint it loaded (the two differ only under --finetune).
+struct Resumed {
+  int64_t iteration = 0;
+  int64_t checkpoint_iteration = 0;
+  bool operator==(const Resumed&) const = default;
+};
+Resumed load_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
                         OptimizerParamScheduler* scheduler, const Storage& storage,
                         ProcessGroup& group, const RevisionSwitches& switches, Runtime& rt,
                         LoadReport* report = nullptr, const ResumeArgs& args = {});
@@ -131,8 +145,8 @@ SaveReport save_checkpoint_to_root(DistributedDataParallel& ddp, DistributedOpti
 //                    sys.exit() (an empty tracker too: open('w') truncated it);
 //   negative         AssertionError "error parsing metadata file";
 //   no iter_N/       FileNotFoundError (the format check lists the directory).
-// Returns the loaded iteration. Collective over `group` (every rank reads the tracker).
-std::optional<int64_t> load_latest_checkpoint(
+// Returns what load_checkpoint returns. Collective over `group` (every rank reads the tracker).
+std::optional<Resumed> load_latest_checkpoint(
     DistributedDataParallel& ddp, DistributedOptimizer& opt, OptimizerParamScheduler* scheduler,
     const Storage& root, ProcessGroup& group, const RevisionSwitches& switches, Runtime& rt,
     LoadReport* report = nullptr, const ResumeArgs& args = {});

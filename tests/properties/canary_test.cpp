@@ -336,9 +336,13 @@ TEST(PropertyCanary, EveryFaultSiteFailsThePropertyItNames) {
                                "\"crash_before\", \"file\": \"shard\", \"nth\": 2}]"
                              : ""));
     }
-    // The reload runs only where a resume loads no optimizer state.
+    // The reload runs only where a resume loads no optimizer state; the iteration resets only
+    // under --finetune.
     if (fault == model::fault::kReloadSkipsModelParams) {
       json.replace(json.find("\"steps\": 2}"), 11, "\"steps\": 2, \"no_load_optim\": true}");
+    }
+    if (fault == model::fault::kFinetuneKeepsIteration) {
+      json.replace(json.find("\"steps\": 2}"), 11, "\"steps\": 2, \"finetune\": true}");
     }
     return test::scenario_from_json(json);
   };
@@ -459,4 +463,45 @@ TEST(PropertyCanary, FirstStepContinuesFromLoadedWeightsBoundsTheFirstStep) {
   EXPECT_EQ(r.signature, "first_step_continues_from_loaded_weights:first_step");
   EXPECT_NE(r.detail.find("the first step moved w1[7] from the loaded"), std::string::npos)
       << r.detail;
+}
+
+// Phase 1 resumes with --finetune after 3 steps: the weights are loaded, the optimizer and the
+// scheduler start afresh, and the training loop counts from iteration 0, so its save after 2
+// steps is iter_0000002 (global step 5). With the reset skipped the job counts on from 3: the
+// save and the tracker name iteration 5, which only this property judges (the files and the
+// tracker agree, and the training is the same).
+TEST(PropertyCanary, IterationFollowsResumeModeCatchesAFinetuneThatKeepsTheIteration) {
+  for (const std::string kind : {"fused_adam", "hybrid"}) {
+    auto scenario = [&](const std::string& extra) {
+      std::string json =
+          test::two_phase_json(kind, 1.0, 2, 4, "upstream-head", "upstream-head", extra);
+      json.replace(json.find("\"steps\": 2}"), 11, "\"steps\": 2, \"finetune\": true}");
+      return test::scenario_from_json(json);
+    };
+    const auto clean_run = test::run(scenario(""));
+    for (const auto& r : properties::check_all(clean_run)) {
+      if (kind == "hybrid" && r.name == "step_matches_uninterrupted") continue;  // HEAD's B5
+      EXPECT_TRUE(r.ok()) << kind << ": " << r.name << ": " << r.detail;
+    }
+    EXPECT_EQ(clean_run.phases[1].start_step, 3) << kind;
+    EXPECT_EQ(clean_run.phases[1].iteration_origin, 3) << kind;
+    EXPECT_EQ(sim::saved_directory(clean_run, 1), "iter_0000002") << kind;
+    EXPECT_NE(test::verdict(clean_run, "iteration_follows_resume_mode")
+                  .detail.find("2 job(s) ended with the tracker and the files naming the training "
+                               "loop's iteration (1 counting from a --finetune resume)"),
+              std::string::npos)
+        << kind;
+    const auto run = test::run(scenario(R"(, "faults": ["load.finetune_keeps_iteration"])"));
+    EXPECT_EQ(sim::saved_directory(run, 1), "iter_0000005") << kind;
+    const auto r = test::verdict(run, "iteration_follows_resume_mode");
+    EXPECT_EQ(r.verdict, properties::Verdict::kFail) << kind << ": " << r.detail;
+    EXPECT_EQ(r.signature, "iteration_follows_resume_mode:iteration") << kind;
+    EXPECT_NE(r.detail.find("phase 1 (dp=4, upstream-head): after its last save the tracker "
+                            "names iteration 5 (the files 5); expected 2, 0 at its --finetune "
+                            "resume (global step 3), plus its 2 step(s)"),
+              std::string::npos)
+        << kind << ": " << r.detail;
+    EXPECT_TRUE(test::verdict(run, "tracker_names_saved_state").ok()) << kind;
+    EXPECT_TRUE(test::verdict(run, "trajectory_matches_uninterrupted").ok()) << kind;
+  }
 }

@@ -182,6 +182,39 @@ def test_plan_json_round_trips_through_json():
     assert set(again["revisions"]) == {"miles-main", "upstream-2874"}
 
 
+# --finetune (a phase's "finetune"): no_load_optim's rules, and no job of no steps that saves
+# (sim/scenario.cpp).
+def _finetune_errors(fn):
+    return [e for e in _mut(fn) if "finetune" in e]
+
+
+def test_finetune_on_a_resumed_phase_is_valid():
+    assert _mut(lambda p: p["scenario"]["phases"][1].update(finetune=True)) == []
+
+
+@pytest.mark.parametrize("fields, error", [
+    ({"finetune": "yes"}, "must be true or false, got 'yes'"),
+    ({"finetune": True, "steps": 0}, "a --finetune job of no steps ends at iteration 0, where the training loop "
+                                     "makes no save; give it steps or \"save\": false"),
+])
+def test_finetune_errors_name_the_field(fields, error):
+    assert _finetune_errors(lambda p: p["scenario"]["phases"][1].update(fields)) == [
+        "scenario.phases[1].finetune: " + error]
+
+
+def test_finetune_in_the_first_phase_or_with_storage_faults_is_rejected():
+    assert _finetune_errors(lambda p: p["scenario"]["phases"][0].update(finetune=True)) == [
+        "scenario.phases[0].finetune: the first phase loads no checkpoint"]
+
+    def mutate(p):
+        p["scenario"]["phases"][0]["storage_faults"] = [{"kind": "crash_before", "file": "shard"}]
+        p["scenario"]["phases"][1]["finetune"] = True
+
+    errs = _finetune_errors(mutate)
+    assert len(errs) == 1 and errs[0].startswith("scenario.phases[1].finetune: not modeled together with "
+                                                 "storage_faults"), errs
+
+
 # --no-load-optim (a phase's "no_load_optim"): ckptsim's scenario parser's rules (sim/scenario.cpp).
 def _no_load_optim_errors(fn):
     return [e for e in _mut(fn) if "no_load_optim" in e]

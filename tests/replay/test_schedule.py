@@ -76,6 +76,40 @@ def test_the_reference_run_restarts_where_a_no_load_optim_phase_resumes(phases, 
     assert schedule.reference_restarts(sc) == [r for r in restarts if r != 4]
 
 
+@pytest.mark.parametrize("flag", ["no_load_optim", "finetune"])
+def test_a_finetune_phase_restarts_the_reference_as_no_load_optim_does(flag):
+    sc = scenario(p1={flag: True, "schedule": {"lr": 0.02}, "opt_param_scheduler": "use_checkpoint"})
+    assert schedule.reference_restarts(sc) == [4]
+    assert [i["lr"] for i in schedule.intended_schedules(sc)] == [0.01, 0.02, 0.01]
+    assert schedule.fresh_optimizer(sc, 1) and not schedule.fresh_optimizer(sc, 2)
+
+
+@pytest.mark.parametrize("phases, origins", [
+    ((), [0, 0, 0]),
+    ((1,), [0, 3, 3]),  # steps 3, 2, 1: phase 1 counts from iteration 0 at global step 3
+    ((2,), [0, 0, 5]),
+    ((1, 2), [0, 3, 5]),
+])
+def test_iteration_origins_move_where_a_finetune_phase_resumes(phases, origins):
+    sc = scenario(**{"p%d" % i: {"finetune": True} for i in phases})
+    assert schedule.iteration_origins(sc) == origins
+    # --no-load-optim keeps the iteration.
+    assert schedule.iteration_origins(scenario(**{"p%d" % i: {"no_load_optim": True} for i in phases})) == [0, 0, 0]
+
+
+@pytest.mark.parametrize("phases, phase, loaded, want", [
+    ((), 1, 3, (3, 0)),         # a plain resume: the checkpoint's iteration, global step 3
+    ((1,), 1, 3, (0, 3)),       # --finetune: iteration 0 at global step 3
+    ((1,), 2, 2, (2, 3)),       # the next job loads the finetune job's iteration 2: global step 5
+    ((1, 2), 2, 2, (0, 5)),     # finetuned again: iteration 0 at global step 5
+])
+def test_resumed_iteration_counts_from_zero_after_finetune(phases, phase, loaded, want):
+    sc = scenario(**{"p%d" % i: {"finetune": True} for i in phases})
+    assert schedule.resumed_iteration(sc, phase, loaded) == want
+    iteration, origin = want
+    assert origin + iteration == {1: 3, 2: 5}[phase]  # the global step the phase resumes at
+
+
 def test_scheduler_kwargs_count_samples_and_carry_the_flag():
     kw = schedule.scheduler_kwargs(schedule.phase_arguments(scenario(), 0), 8, "use_checkpoint")
     assert (kw["lr_warmup_steps"], kw["lr_decay_steps"], kw["wd_incr_steps"]) == (16, 80, 8)

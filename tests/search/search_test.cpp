@@ -426,6 +426,11 @@ INSTANTIATE_TEST_SUITE_P(
                 {"fix-complete"},
                 {"load.reload_skips_model_params"},
                 {}},
+        // Drawn where a resume draws --finetune (one of the other resumes in sixteen).
+        Control{"iteration_follows_resume_mode",
+                {"fix-complete"},
+                {"load.finetune_keeps_iteration"},
+                {}},
         // The async save's fault switches, drawn where --fault-space storage draws async saves.
         Control{"tracker_names_saved_state",
                 {"fix-complete"},
@@ -454,15 +459,23 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 TEST(MutationControls, CoverEveryProperty) {
-  std::vector<std::string> covered = {
-      "no_duplicate_leaves",         "resume_completes",
-      "step_matches_uninterrupted",  "trajectory_matches_uninterrupted",
-      "shards_tile_buckets",         "common_state_rank_independent",
-      "layout_invariants",           "round_trip_identity",
-      "reshard_round_trip_bytes",    "step_tensors_not_aliased",
-      "step_counts_optimizer_steps", "load_writes_every_element",
-      "hyperparams_follow_schedule", "resume_after_crash_is_complete",
-      "tracker_names_saved_state",   "first_step_continues_from_loaded_weights"};
+  std::vector<std::string> covered = {"no_duplicate_leaves",
+                                      "resume_completes",
+                                      "step_matches_uninterrupted",
+                                      "trajectory_matches_uninterrupted",
+                                      "shards_tile_buckets",
+                                      "common_state_rank_independent",
+                                      "layout_invariants",
+                                      "round_trip_identity",
+                                      "reshard_round_trip_bytes",
+                                      "step_tensors_not_aliased",
+                                      "step_counts_optimizer_steps",
+                                      "load_writes_every_element",
+                                      "hyperparams_follow_schedule",
+                                      "resume_after_crash_is_complete",
+                                      "tracker_names_saved_state",
+                                      "first_step_continues_from_loaded_weights",
+                                      "iteration_follows_resume_mode"};
   for (const auto& p : properties::all_properties()) {
     EXPECT_NE(std::find(covered.begin(), covered.end(), p.name), covered.end())
         << p.name << " has no search control";

@@ -267,3 +267,44 @@ TEST(Driver, AnAsyncSaveIsFinalizedAsManyIterationsLaterAsItsWritesTake) {
       EXPECT_TRUE(r.ok()) << "w=" << w << " " << r.name << ": " << r.detail;
   }
 }
+
+// --finetune (PhaseSpec::finetune): phase 1 loads phase 0's weights after 3 steps and counts
+// its iterations from 0, saving every iteration (iter_0000001, iter_0000002 at global steps 4
+// and 5); phase 2 resumes from the tracker's iteration 2, which is global step 5, and saves
+// iteration 4 (global 7). Mutations caught: global steps taken for iterations in the saves
+// (phase 1 would save iter_0000005), the loaded iteration taken as the global step (phase 2
+// would start at global 2: its reference state differs), the gradients drawn by iteration
+// (phase 1 would repeat global steps 1 and 2: trajectory_matches_uninterrupted fails).
+TEST(Driver, AFinetuneJobCountsItsIterationsFromZeroAndTheNextJobResumesFromThem) {
+  std::string json = test::two_phase_json("fused_adam", 0, 2, 4, "upstream-head", "upstream-head");
+  json.replace(json.find("\"steps\": 2}"), 11,
+               "\"steps\": 2, \"finetune\": true, \"save_interval\": 1}, {\"dp\": 2, "
+               "\"revision\": \"upstream-head\", \"steps\": 2}");
+  const auto run = test::run(test::scenario_from_json(json));
+  ASSERT_EQ(run.phases.size(), 3u);
+  EXPECT_EQ(sim::iteration_origins(run.scenario), (std::vector<int64_t>{0, 3, 3}));
+  EXPECT_EQ(sim::optimizer_origins(run.scenario), (std::vector<int64_t>{0, 3, 3}));
+  EXPECT_EQ(run.phases[1].start_step, 3);
+  EXPECT_EQ(run.phases[1].iteration_origin, 3);
+  EXPECT_EQ(run.phases[1].save_iteration, 2);
+  ASSERT_EQ(run.phases[1].earlier_saves.size(), 1u);
+  EXPECT_EQ(run.phases[1].earlier_saves[0].global_step, 4);
+  EXPECT_NE(run.phases[1].saved_at(1), nullptr);
+  EXPECT_EQ(sim::saved_directory(run, 1), "iter_0000002");
+  EXPECT_EQ(run.phases[2].start_step, 5);
+  EXPECT_EQ(run.phases[2].iteration_origin, 3);
+  EXPECT_EQ(run.phases[2].loaded_phase, std::optional<size_t>(1));
+  EXPECT_EQ(sim::saved_directory(run, 2), "iter_0000004");
+  ASSERT_TRUE(run.phases[2].on_disk.has_value());
+  EXPECT_EQ(run.phases[2].on_disk->named, std::optional<int64_t>(4));
+  EXPECT_EQ(run.phases[2].on_disk->files_iteration, std::optional<int64_t>(4));
+  const auto traced = [&](const std::string& prefix) {
+    return std::any_of(run.trace.begin(), run.trace.end(),
+                       [&](const std::string& l) { return l.starts_with(prefix); });
+  };
+  EXPECT_TRUE(traced("load phase=1 rank=0 iteration=0 checkpoint_iteration=3 state="));
+  EXPECT_TRUE(traced("load phase=2 rank=0 iteration=2 state="));
+  EXPECT_TRUE(traced("save phase=1 rank=0 iteration=1 "));
+  for (const auto& r : properties::check_all(run))
+    EXPECT_TRUE(r.ok()) << r.name << ": " << r.detail;
+}

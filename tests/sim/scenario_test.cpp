@@ -169,3 +169,42 @@ TEST(Scenario, DeeplyNestedJsonIsAnErrorNotAStackOverflow) {
   EXPECT_NE(m.find("bug.json"), std::string::npos) << m;
   EXPECT_NE(m.find("nested deeper than kJsonDepthMax"), std::string::npos) << m;
 }
+
+// --finetune (PhaseSpec::finetune): a resume flag, so not in the first phase, not with storage
+// faults (the reference needs the phase to resume where the previous one ended), and not a job
+// of no steps that saves (train() makes no save at iteration 0). Mutations caught: any of the
+// three checks dropped; to_json leaving the flag out (the round trip).
+TEST(Scenario, FinetuneIsAResumeFlagWithItsLimits) {
+  const std::string two =
+      with("\"steps\": 1}]",
+           "\"steps\": 1}, {\"dp\": 2, \"revision\": \"upstream-head\", \"steps\": 2, "
+           "\"finetune\": true}]");
+  auto ok = sim::parse_scenario(two, "ok.json", test::registry());
+  ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+  EXPECT_TRUE(ok.value().phases[1].finetune);
+  EXPECT_TRUE(ok.value().phases[1].fresh_optimizer());
+  EXPECT_EQ(ok.value().phases[1].fresh_start_flag(), "--finetune");
+  const auto again =
+      sim::parse_scenario(sim::scenario_to_json(ok.value()).dump(), "round.json", test::registry());
+  ASSERT_TRUE(again.is_ok()) << again.status().to_string();
+  EXPECT_TRUE(again.value().phases[1].finetune);
+
+  EXPECT_EQ(error_of(with("\"steps\": 1}", "\"steps\": 1, \"finetune\": true}")),
+            "bug.json: field 'phases[0].finetune': the first phase loads no checkpoint");
+  std::string faults = two;
+  faults.replace(faults.find("\"steps\": 1}"), 11,
+                 "\"steps\": 1, \"storage_faults\": [{\"kind\": \"torn\"}]}");
+  EXPECT_NE(error_of(faults).find("field 'phases[1].finetune': not modeled together with "
+                                  "storage_faults"),
+            std::string::npos);
+  std::string idle = two;
+  idle.replace(idle.find("\"steps\": 2"), 10, "\"steps\": 0");
+  EXPECT_NE(error_of(idle).find("field 'phases[1].finetune': a --finetune job of no steps ends "
+                                "at iteration 0"),
+            std::string::npos);
+  idle.replace(idle.find("\"finetune\""), 10, "\"save\": false, \"finetune\"");
+  EXPECT_TRUE(sim::parse_scenario(idle, "idle.json", test::registry()).is_ok());
+  EXPECT_NE(error_of(with("\"steps\": 1}", "\"steps\": 1, \"finetune\": 1}"))
+                .find("field 'phases[0].finetune'"),
+            std::string::npos);
+}
