@@ -188,6 +188,11 @@ const std::vector<SwitchDef>& switch_defs() {
                   "HEAD d98e8a64dd: save() stores the common state as ShardedObject "
                   "'common_state' (no common.pt); load_common_state_dict() reads either",
                   &RevisionSwitches::common_state_as_sharded_object),
+      bool_switch("load_reads_rank_local",
+                  "HEAD d98e8a64dd: the torch_dist load reads with checkpoint.load(no_dist=True): "
+                  "a read that fails raises on its rank only (older: load_state_dict() gathers "
+                  "every rank's read result and raises CheckpointException on every rank)",
+                  &RevisionSwitches::load_reads_rank_local),
       bool_switch("save_replaces_directory_when_whole",
                   "a fix of ours: a save into an iteration directory that exists writes a fresh "
                   "directory and renames it over the old one once whole (upstream writes over "

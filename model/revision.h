@@ -195,6 +195,12 @@ struct RevisionSwitches {
   // as one ShardedObject 'common_state' inside the checkpoint, with no common.pt; its loader
   // reads either. Older loaders read common.pt only, and fail on HEAD's checkpoints.
   bool common_state_as_sharded_object = false;
+  // HEAD (d98e8a64dd strategies/torch.py:896 TorchDistLoadShardedStrategy.load()):
+  // checkpoint.load(..., no_dist=True): each rank plans and reads on its own, and a read that
+  // fails raises on that rank only. Older revisions (f4502eb1c9, dceb1fb7ce :799; radixark :805)
+  // call checkpoint.load_state_dict(), whose _DistWrapper.all_gather("read") gathers every
+  // rank's read result and raises one CheckpointException on every rank when any failed.
+  bool load_reads_rank_local = false;
   // A fix of ours (issue 25): a save into an iteration directory that already exists (upstream
   // writes over it in place, "Overwriting old incomplete / corrupted checkpoint"; the exit save
   // of a job resumed at train_iters, training.py:2056, writes the very checkpoint it loaded)

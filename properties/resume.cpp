@@ -216,7 +216,10 @@ PropertyResult iteration_follows_resume_mode(const sim::RunResult& run) {
   int judged = 0;
   int finetuned = 0;
   for (const auto& p : run.phases) {
-    if (!p.completed || !p.spec.saves() || !p.on_disk.has_value() || p.index >= origins.size())
+    // A save that met a storage fault leaves what the disk kept: tracker_names_saved_state and
+    // resume_after_crash_is_complete judge it, not the loop's count.
+    if (!p.completed || !p.spec.saves() || !p.on_disk.has_value() || p.index >= origins.size() ||
+        !p.storage_faults_fired.empty())
       continue;
     const int64_t origin = origins[p.index];
     const std::optional<int64_t> want = expected_last_save_iteration(p, origin);

@@ -17,7 +17,8 @@ How a fault of the model maps onto the real job (PLAN_AND_TRACE.md, "Storage fau
   tracker           latest_checkpointed_iteration.txt   the same (rank 0, open('w'), no rename)
   any               every file above                    every write of rank 0's process tree
 
-`shard` nth=k hits rank k (the model's ranks write in rank order, one shard file each); every
+`shard` nth=k hits rank k (the model hits rank k mod world's shard file in save k / world,
+whatever order its ranks write in: sim::StorageFaultSpec::fault); every
 other kind is written by rank 0 only, so nth counts rank 0's writes of that kind, in its order.
 Real metadata.json (a format marker whose bytes do not depend on the save) is counted by `any`
 only.

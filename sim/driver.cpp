@@ -1014,7 +1014,7 @@ Result<RunResult> run_scenario(const Scenario& scenario, const RunOptions& optio
     }
     trace_phase_start(scenario, i, result.trace);
     std::vector<model::StorageFault> faults;
-    for (const auto& f : spec.storage_faults) faults.push_back(f.fault());
+    for (const auto& f : spec.storage_faults) faults.push_back(f.fault(spec.world()));
     model::FaultyStorage save_root(*root, std::move(faults), kPageBytes);
     PhaseJob job =
         phase_job(scenario, options, init, spec, static_cast<int64_t>(i), result.gpu_resident);

@@ -138,6 +138,11 @@ std::optional<SaveFile> parse_save_file(std::string_view name) {
   return std::nullopt;
 }
 
+model::StorageFault StorageFaultSpec::fault(int64_t world) const {
+  if (file != SaveFile::kShard || world < 1) return {kind, save_file_suffix(file), nth};
+  return {kind, fmt::format("shards/rank_{}.bin", nth % world), nth / world};
+}
+
 std::string save_file_suffix(SaveFile f) {
   switch (f) {
     case SaveFile::kAny:

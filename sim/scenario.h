@@ -49,7 +49,8 @@
 //                            saves and tracker count from there; same limits)
 //                           storage_faults: [{kind* ("crash_before"|"crash_after"|"torn"|
 //                            "short"|"disk_full"), file ("shard"|"object"|"metadata"|"tracker"|
-//                            "any", the default), nth (0-based, default 0)}]: this phase's save
+//                            "any", the default), nth (0-based, default 0; a shard's: rank
+//                            nth mod world's file in save nth / world)}]: this phase's save
 //                            fails there (model/faulty_storage.h; at most kStorageFaultsMax);
 //                            the next phase resumes from what the tracker names
 //     faults                [fault site names] — deliberately broken model variants, for
@@ -101,12 +102,16 @@ std::optional<SaveFile> parse_save_file(std::string_view name);
 std::string save_file_suffix(SaveFile f);
 
 // A storage fault in one phase's save: it fires at the `nth` write of a `file` (every rank's
-// writes counted in the order they happen).
+// writes counted in the order they happen), except for shards: nth = k is the (k / world)-th
+// write of rank (k mod world)'s shard file, as if the ranks wrote in rank order save after save
+// (what the replay runner's target_rank maps onto a real rank's .distcp), whatever order the
+// ranks' fibers reach their writes in.
 struct StorageFaultSpec {
   model::StorageFaultKind kind = model::StorageFaultKind::kCrashBefore;
   SaveFile file = SaveFile::kAny;
   int64_t nth = 0;
-  model::StorageFault fault() const { return {kind, save_file_suffix(file), nth}; }
+  // The fault as the job of `world` ranks's storage counts it.
+  model::StorageFault fault(int64_t world) const;
   bool operator==(const StorageFaultSpec&) const = default;
 };
 

@@ -137,6 +137,7 @@ Value load_model_and_optimizer(const Value& request, DistributedDataParallel& dd
   LoadOptions options;
   options.reads_sharded_common_state = switches.common_state_as_sharded_object;
   options.allows_class_globals = switches.common_load_allows_class_globals;
+  options.gathers_read_errors = !switches.load_reads_rank_local;
   options.merge.truncate_optimizer_param_state_lists = switches.merge_truncates_param_state_lists;
   options.strip_common_param_state = switches.load_strips_common_param_state;
   options.allow_missing_keys = switches.load_allows_missing_keys;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -927,6 +928,40 @@ void prime_load_index(const Storage& storage, const std::vector<SavedPiece>& pie
   load_index_cache().prime(storage, pieces, written);
 }
 
+namespace {
+
+// torch.distributed.checkpoint's load_state_dict(), its "read" step (_DistWrapper.all_gather):
+// every rank runs its reads, the results are gathered, and when any rank's raised, every rank
+// raises one CheckpointException naming the ranks that failed, with the first one's error (as
+// "CheckpointException ranks:dict_keys([0, 1])" and each rank's traceback upstream). Only the
+// errors the model's reads raise as CheckpointException are gathered; the others leave the
+// rank at once (their peers see it abort).
+void read_gathering_errors(ProcessGroup& group, const std::function<void()>& read) {
+  std::string failure;
+  try {
+    read();
+  } catch (const UpstreamError& e) {
+    if (e.py_type() != "CheckpointException") throw;
+    failure = e.message().empty() ? std::string("CheckpointException") : e.message();
+  }
+  const std::vector<std::vector<char>> results =
+      group.all_gather_object(std::vector<char>(failure.begin(), failure.end()));
+  std::string ranks;
+  const std::vector<char>* first = nullptr;
+  for (size_t r = 0; r < results.size(); ++r) {
+    if (results[r].empty()) continue;
+    ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    if (first == nullptr) first = &results[r];
+  }
+  if (first == nullptr) return;
+  throw UpstreamError("CheckpointException",
+                      fmt::format("CheckpointException ranks:dict_keys([{}]): {}", ranks,
+                                  std::string(first->begin(), first->end())),
+                      "torch.py load()");
+}
+
+}  // namespace
+
 Value load(const Value& sharded_state_dict, const Storage& storage, ProcessGroup& group,
            const LoadOptions& options, LoadReport* report) {
   auto index_r = shared_load_index(storage);
@@ -1028,73 +1063,81 @@ Value load(const Value& sharded_state_dict, const Storage& storage, ProcessGroup
     }
     if (cursor < want_end) gap(cursor, want_end);
   };
-  dict_list_map_inplace(
-      [&](const Value& leaf) -> Value {
-        if (leaf.is_sharded_object()) {
-          const ShardedObject& so = *leaf.sharded_object();
-          if (!storage.exists(object_file(so.unique_key()))) {
-            throw PyKeyError(py_str_repr(so.unique_key()) + " not in checkpoint",
-                             "torch.py load()");
+  const auto read_every_leaf = [&] {
+    dict_list_map_inplace(
+        [&](const Value& leaf) -> Value {
+          if (leaf.is_sharded_object()) {
+            const ShardedObject& so = *leaf.sharded_object();
+            if (!storage.exists(object_file(so.unique_key()))) {
+              throw PyKeyError(py_str_repr(so.unique_key()) + " not in checkpoint",
+                               "torch.py load()");
+            }
+            auto obj = unpickle_value(file_bytes(object_file(so.unique_key())));
+            if (!obj.is_ok())
+              throw CheckpointingException(obj.status().to_string(), "torch.py load()");
+            return obj.value();
           }
-          auto obj = unpickle_value(file_bytes(object_file(so.unique_key())));
-          if (!obj.is_ok())
-            throw CheckpointingException(obj.status().to_string(), "torch.py load()");
-          return obj.value();
-        }
-        CKPTSIM_CHECK(leaf.is_sharded_tensor(),
-                      "request holds a non-ShardedBase leaf after extraction");
-        const ShardedTensor& st = *leaf.sharded_tensor();
-        auto it = by_key.find(st.key);
-        if (it == by_key.end()) {
-          // LoadOptions::allow_missing_keys (RX allow_partial_load): logged, skipped; the
-          // request's tensor keeps what it held.
-          if (options.allow_missing_keys) {
-            if (report != nullptr) {
-              report->uncovered.push_back(st.key + ": not in the checkpoint, skipped");
-              for (const FlatRun& run : flat_runs(st)) {
-                report->unwritten.push_back(
-                    {st.key, run.global_offset, run.numel, /*missing_key=*/true});
+          CKPTSIM_CHECK(leaf.is_sharded_tensor(),
+                        "request holds a non-ShardedBase leaf after extraction");
+          const ShardedTensor& st = *leaf.sharded_tensor();
+          auto it = by_key.find(st.key);
+          if (it == by_key.end()) {
+            // LoadOptions::allow_missing_keys (RX allow_partial_load): logged, skipped; the
+            // request's tensor keeps what it held.
+            if (options.allow_missing_keys) {
+              if (report != nullptr) {
+                report->uncovered.push_back(st.key + ": not in the checkpoint, skipped");
+                for (const FlatRun& run : flat_runs(st)) {
+                  report->unwritten.push_back(
+                      {st.key, run.global_offset, run.numel, /*missing_key=*/true});
+                }
               }
+              return Value(st.data);
             }
-            return Value(st.data);
-          }
-          std::string keys;
-          size_t shown = 0;
-          for (const auto& [k, _] : by_key) {
-            if (shown++ == 4) {
-              keys += ", ...";
-              break;
+            std::string keys;
+            size_t shown = 0;
+            for (const auto& [k, _] : by_key) {
+              if (shown++ == 4) {
+                keys += ", ...";
+                break;
+              }
+              keys += (keys.empty() ? "" : ", ") + py_str_repr(k);
             }
-            keys += (keys.empty() ? "" : ", ") + py_str_repr(k);
+            // torch.distributed.checkpoint's planner raises the KeyError on the reading rank and
+            // the load reports it wrapped in a CheckpointException (seen on the real code).
+            throw UpstreamError(
+                "CheckpointException",
+                "KeyError: " +
+                    py_str_repr(st.key + " from model not in state dict: [" + keys + "]"),
+                "torch.py load()");
           }
-          // torch.distributed.checkpoint's planner raises the KeyError on the reading rank and
-          // the load reports it wrapped in a CheckpointException (seen on the real code).
-          throw UpstreamError(
-              "CheckpointException",
-              "KeyError: " + py_str_repr(st.key + " from model not in state dict: [" + keys + "]"),
-              "torch.py load()");
-        }
-        const int64_t saved_global = it->second.front()->global_numel;
-        if (saved_global != global_numel_of(st)) {
-          throw CheckpointingException(
-              fmt::format(
-                  "Global shape mismatch for loaded ({}) and expected ({}) tensor for key {}",
-                  shape_repr({saved_global}), shape_repr(st.global_shape), st.key),
-              "torch.py _validate_global_shapes()");
-        }
-        for (const SavedPiece* p : it->second) {
-          fail_if(*p, index->problems[static_cast<size_t>(p - index->pieces.data())]);
-        }
-        bool skipped =
-            !options.skip_optimizer_piece || !std::string_view(st.key).starts_with("optimizer.");
-        const at::Tensor flat = st.data.view(-1);
-        for (const FlatRun& run : flat_runs(st)) {
-          read_run(st.key, run.global_offset, run.global_offset + run.numel,
-                   flat.narrow(0, run.local_offset, run.numel), it->second, skipped);
-        }
-        return Value(st.data);
-      },
-      sharded);
+          const int64_t saved_global = it->second.front()->global_numel;
+          if (saved_global != global_numel_of(st)) {
+            throw CheckpointingException(
+                fmt::format(
+                    "Global shape mismatch for loaded ({}) and expected ({}) tensor for key {}",
+                    shape_repr({saved_global}), shape_repr(st.global_shape), st.key),
+                "torch.py _validate_global_shapes()");
+          }
+          for (const SavedPiece* p : it->second) {
+            fail_if(*p, index->problems[static_cast<size_t>(p - index->pieces.data())]);
+          }
+          bool skipped =
+              !options.skip_optimizer_piece || !std::string_view(st.key).starts_with("optimizer.");
+          const at::Tensor flat = st.data.view(-1);
+          for (const FlatRun& run : flat_runs(st)) {
+            read_run(st.key, run.global_offset, run.global_offset + run.numel,
+                     flat.narrow(0, run.local_offset, run.numel), it->second, skipped);
+          }
+          return Value(st.data);
+        },
+        sharded);
+  };
+  if (options.gathers_read_errors) {
+    read_gathering_errors(group, read_every_leaf);
+  } else {
+    read_every_leaf();
+  }
   merge(common, sharded, options.merge);
   return common;
 }

@@ -100,6 +100,11 @@ struct LoadOptions {
   bool reads_sharded_common_state = false;
   // Revision switch common_load_allows_class_globals (see load_common_state_dict).
   bool allows_class_globals = false;
+  // Revision switch load_reads_rank_local, negated: torch.distributed.checkpoint's
+  // load_state_dict() gathers every rank's read result ("read" step), and a CheckpointException
+  // that any rank's reads raised is raised on every rank, naming the ranks that failed. false
+  // (HEAD's no_dist=True): each rank raises its own only.
+  bool gathers_read_errors = false;
   // Fault site load.skip_piece (model/faults.h): skip the first saved piece this rank's request
   // of every 'optimizer.' key overlaps (reported in LoadReport::uncovered like any gap).
   bool skip_optimizer_piece = false;

@@ -505,3 +505,19 @@ TEST(PropertyCanary, IterationFollowsResumeModeCatchesAFinetuneThatKeepsTheItera
     EXPECT_TRUE(test::verdict(run, "trajectory_matches_uninterrupted").ok()) << kind;
   }
 }
+
+// What the disk kept after a storage fault is not the loop's count: a short tracker write leaves
+// the tracker empty (found by check --revision fix-complete --fault-space storage, case 13), and
+// the property leaves that save to tracker_names_saved_state.
+TEST(PropertyCanary, IterationFollowsResumeModeLeavesAFaultedSaveToTheDisk) {
+  std::string json = test::two_phase_json("fused_adam", 0, 2, 4, "fix-complete", "fix-complete");
+  json.replace(json.find("\"steps\": 2}"), 11,
+               "\"steps\": 2, \"storage_faults\": [{\"kind\": \"short\", \"file\": "
+               "\"tracker\"}]}");
+  const auto run = test::run(test::scenario_from_json(json));
+  ASSERT_TRUE(run.phases[1].on_disk.has_value());
+  EXPECT_EQ(run.phases[1].on_disk->named, std::nullopt);  // the short write left it empty
+  const auto r = test::verdict(run, "iteration_follows_resume_mode");
+  EXPECT_TRUE(r.ok()) << r.detail;
+  EXPECT_NE(r.detail.find("1 job(s) ended"), std::string::npos) << r.detail;  // phase 0 only
+}
