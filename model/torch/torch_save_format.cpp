@@ -70,7 +70,9 @@ class SpanReadAdapter final : public caffe2::serialize::ReadAdapterInterface {
   explicit SpanReadAdapter(std::span<const char> bytes) : bytes_(bytes) {}
   size_t size() const override { return bytes_.size(); }
   size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
-    if (pos >= bytes_.size()) return 0;
+    // miniz extracts an empty record into a null buffer (n = 0): memcpy's pointers must not be
+    // null even for 0 bytes (UBSan's nonnull-attribute; dcp_reader_fuzzer, 2026-12-05).
+    if (pos >= bytes_.size() || n == 0 || buf == nullptr) return 0;
     const size_t count = std::min<uint64_t>(n, bytes_.size() - pos);
     std::memcpy(buf, bytes_.data() + pos, count);
     return count;
