@@ -239,7 +239,12 @@ Run parse_run(const json& r) {
 
 Result<Trace> parse(const json& j, const std::string& source) {
   try {
-    if (!j.is_object() || j.value("format", "") != "ckptsim-trace" || j.value("version", 0) != 1) {
+    // The version as an integer only: value<int>() of a float out of int's range is undefined
+    // (trace_fuzzer, 2026-12-05).
+    const auto version = j.is_object() ? j.find("version") : j.end();
+    const bool version_1 =
+        version != j.end() && version->is_number_integer() && version->get<int64_t>() == 1;
+    if (!j.is_object() || j.value("format", "") != "ckptsim-trace" || !version_1) {
       return Status::invalid_input(source + ": not a ckptsim trace of version 1");
     }
     Trace t;

@@ -596,6 +596,12 @@ TEST(TraceParse, ANumberOutsideWhatAFieldHoldsIsAnErrorNamingTheField) {
   t["source"] = "elsewhere";  // the files its faults name are its source's
   EXPECT_EQ(parse_error(t),
             "bug.trace.json: not a readable trace: source is 'elsewhere', not 'model' or 'real'");
+  for (const nlohmann::json& version :
+       {nlohmann::json(4.44444e86), nlohmann::json(1.0), nlohmann::json("1"), nlohmann::json(2)}) {
+    t = model;  // found by trace_fuzzer (libFuzzer, UBSan, 2026-12-05): 4.44444e+86 as an int
+    t["version"] = version;
+    EXPECT_EQ(parse_error(t), "bug.trace.json: not a ckptsim trace of version 1") << version;
+  }
   t = model;
   t["runs"][0]["events"][0]["parts"][0]["range"] = {5, 4};
   EXPECT_NE(parse_error(t).find("event 0 part range[1] is 4, outside [5, "), std::string::npos)
