@@ -198,6 +198,8 @@ PropertyResult first_step_continues_from_loaded_weights(const sim::RunResult& ru
   return r;
 }
 
+namespace {
+
 // The iteration phase `p`'s last save names, as the scenario says the training loop counts:
 // from the iteration it resumed at (0 after --finetune: sim::iteration_origins) through its
 // steps; an interval save's where the job ends without an exit save. nullopt: the job makes no
@@ -209,6 +211,8 @@ std::optional<int64_t> expected_last_save_iteration(const sim::PhaseRecord& p, i
   const int64_t last = end / p.spec.save_interval * p.spec.save_interval;
   return last > first ? std::optional<int64_t>(last) : std::nullopt;
 }
+
+}  // namespace
 
 PropertyResult iteration_follows_resume_mode(const sim::RunResult& run) {
   PropertyResult r = pass("iteration_follows_resume_mode");
