@@ -10,6 +10,7 @@
 #include <optional>
 #include <set>
 
+#include "model/py/key.h"
 #include "properties/trace.h"
 #include "sim/float_codec.h"
 
@@ -466,10 +467,15 @@ Status check_te_presence(const nlohmann::json& model_trace, const nlohmann::json
     if (te == run.end() || !te->is_string()) continue;  // a skipped run
     const std::string had = *te == "absent" ? "absent" : "installed";
     if (had != needed) {
-      return Status::invalid_input(
-          fmt::format("{}: run '{}' ran with TE {} ({}), the scenario needs TE {} "
-                      "(optimizer.transformer_engine)",
-                      real_source, run.value("id", "?"), had, te->get<std::string>(), needed));
+      // The trace's own strings are quoted as Python's repr writes them: one line whatever they
+      // hold (trace_fuzzer found a 'te' with a newline in it).
+      const auto id = run.find("id");
+      return Status::invalid_input(fmt::format(
+          "{}: run {} ran with TE {} ({}), the scenario needs TE {} "
+          "(optimizer.transformer_engine)",
+          real_source,
+          id != run.end() && id->is_string() ? model::py_str_repr(id->get<std::string>()) : "?",
+          had, model::py_str_repr(te->get<std::string>()), needed));
     }
   }
   return Status::ok();

@@ -10,6 +10,7 @@
 #include <tuple>
 #include <utility>
 
+#include "model/py/key.h"
 #include "sim/scenario.h"
 
 namespace ckptsim::properties::trace {
@@ -191,16 +192,16 @@ void refuse_repeated_events(const Run& run) {
   std::set<std::tuple<int, std::string, int64_t>> seen;
   for (const Event& e : run.events) {
     if (e.at != "error" && !seen.emplace(e.rank, e.at, e.global_step).second) {
-      throw Malformed(fmt::format("run '{}' has two {} events of rank {} at global step {}", run.id,
-                                  e.at, e.rank, e.global_step));
+      throw Malformed(fmt::format("run {} has two {} events of rank {} at global step {}",
+                                  model::py_str_repr(run.id), e.at, e.rank, e.global_step));
     }
     std::set<std::tuple<std::string, std::string, int64_t, int64_t>> places;
     for (const Part& p : e.parts) {
       if (!places.emplace(p.part, p.param, p.begin, p.end).second) {
         throw Malformed(
-            fmt::format("run '{}' has two parts {} in its {} event of rank {} at "
+            fmt::format("run {} has two parts {} in its {} event of rank {} at "
                         "global step {}",
-                        run.id, p.label(), e.at, e.rank, e.global_step));
+                        model::py_str_repr(run.id), p.label(), e.at, e.rank, e.global_step));
       }
     }
   }
@@ -209,7 +210,7 @@ void refuse_repeated_events(const Run& run) {
 Run parse_run(const json& r) {
   Run run;
   run.id = r.at("id").get<std::string>();
-  const std::string what = "run '" + run.id + "'";
+  const std::string what = "run " + model::py_str_repr(run.id);
   run.dp = integer_in(r.at("dp"), what + " dp", 1, kSizeMax);
   run.tp = optional_integer(r, "tp", 1, what, 1, kSizeMax);
   run.pp = optional_integer(r, "pp", 1, what, 1, kSizeMax);
@@ -252,18 +253,23 @@ Result<Trace> parse(const json& j, const std::string& source) {
     for (const auto& r : j.at("runs")) {
       t.runs.push_back(parse_run(r));
       if (&t.runs.back() != t.find(t.runs.back().id))  // find() would only ever see the first
-        throw Malformed("two runs '" + t.runs.back().id + "'");
+        throw Malformed("two runs " + model::py_str_repr(t.runs.back().id));
     }
     // Which side wrote it: the files its storage faults name are that side's (conformance).
     t.source = j.at("source").get<std::string>();
     if (t.source != "model" && t.source != "real")
-      throw Malformed("source is '" + t.source + "', not 'model' or 'real'");
+      throw Malformed("source is " + model::py_str_repr(t.source) + ", not 'model' or 'real'");
     infer_kernels(t);
     return t;
   } catch (const json::exception& e) {
     return Status::invalid_input(source + ": not a readable trace: " + e.what());
   } catch (const Malformed& e) {
-    return Status::invalid_input(source + ": not a readable trace: " + e.what());
+    // What the trace names is quoted above; a part's label keeps a param's name as written, so
+    // the message is made one line here too.
+    std::string why = e.what();
+    for (size_t at = why.find('\n'); at != std::string::npos; at = why.find('\n', at))
+      why.replace(at, 1, "\\n");
+    return Status::invalid_input(source + ": not a readable trace: " + why);
   }
 }
 

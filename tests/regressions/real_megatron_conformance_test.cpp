@@ -283,3 +283,22 @@ TEST(RealMegatronMutated, ATraceWithoutTeIsNoReplayOfTheScenarioWithTe) {
   EXPECT_NE(c.status().message().find("ran with TE absent"), std::string::npos)
       << c.status().message();
 }
+
+// The refusal quotes the trace's own strings, so a 'te' or run id with a newline in it still
+// gives a one-line message (trace_fuzzer's finding of 2026-12-05, the reproducer
+// tests/fixtures/fuzz-regressions/trace_fuzzer/te-field-with-a-newline).
+TEST(RealMegatronMutated, TheTePresenceRefusalIsOneLineWhateverTheTraceHolds) {
+  nlohmann::json real = read(
+      "te-absent/gen-upstream-head-seed21-case1__nv-d98e8a64dd__h200x1-te-absent__2026-12-01"
+      ".trace.json");
+  sim::Scenario absent = scenario_of(real);
+  ASSERT_FALSE(absent.optimizer.te_installed);
+  for (auto& run : real["runs"]) run["te"] = "emulated\n  File \"x.py\"";
+  real["runs"][0]["id"] = "phase\n1";
+  const auto c = properties::conform(report::trace_json(test::run(absent)), real, "recorded");
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_EQ(c.status().message().find('\n'), std::string::npos) << c.status().message();
+  EXPECT_NE(c.status().message().find("run 'phase\\n1' ran with TE installed ('emulated\\n"),
+            std::string::npos)
+      << c.status().message();
+}
