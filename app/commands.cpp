@@ -932,7 +932,9 @@ int conform_command(const ConformCommand& c, std::ostream& out, std::ostream& er
     if (Status st = write_json(c.model_trace, model); !st.is_ok())
       return invalid(err, st.message());
   }
-  auto r = properties::conform(model, real.value(), c.real_trace);
+  // The scenario goes with the traces, as conform-campaign's does: the judge needs it for a
+  // phase whose optimizer starts afresh (--no-load-optim, --finetune) and for the schedule.
+  auto r = properties::conform(model, real.value(), c.real_trace, &run.value().scenario);
   if (!r.is_ok()) return invalid(err, r.status().message());
   const bool ok = r.value().agrees();
   if (c.json) {
