@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "model/megatron/checkpoint_damage.h"
 #include "model/status.h"
 #include "properties/checkpoint_inspection.h"
 #include "sim/checkpoint_scenario.h"
@@ -269,6 +270,12 @@ struct Inspection {
   std::string path;  // the iteration directory read
   model::TorchDistCheckpoint checkpoint;
   std::string unreadable;  // why the model cannot read it (then only the tiling check is set)
+  // What a crashed or interrupted save left damaged (model/megatron/checkpoint_damage.h): then
+  // each revision resumes from the model's own save of the same configuration with the same
+  // damage (`model_damage`: what was done to it), and `checkpoint` is what reads of the rest.
+  std::vector<model::DamagedFile> damage;
+  std::vector<std::string> model_damage;
+  std::string damage_saved_by;  // the revision whose model save took the damage
   std::vector<properties::CheckpointCheck> checks;
   sim::InferredScenario inferred;
   int64_t dp = 1;

@@ -3,13 +3,19 @@
 
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "app/commands.h"
+#include "model/megatron/checkpoint_damage.h"
 #include "model/megatron/optimizer_key.h"
 #include "model/megatron/torch_dist_checkpoint.h"
+#include "model/megatron/torch_dist_writer.h"
 #include "model/revision.h"
 #include "model/storage.h"
 #include "model/torch/distributed_checkpoint.h"
@@ -305,17 +311,12 @@ ResumeVerdict classify(const properties::ResumeJudgement& j, const sim::Scenario
   return v;
 }
 
-// Each revision's resume from the checkpoint, at r.dp; a checkpoint the model cannot hold is a
-// resume it cannot simulate.
-void resume_each(const std::vector<sim::Revision>& revisions, std::ostream& progress,
-                 Inspection& r) {
-  model::MemoryStorage converted;
-  if (Status s =
-          model::write_checkpoint_contents(model::checkpoint_contents(r.checkpoint), converted);
-      !s.is_ok()) {
-    r.cannot_simulate = "the model cannot hold it: " + s.to_string();
-    return;
-  }
+// Each revision's resume from `checkpoint` (the model's own format) at r.dp, judged against
+// `judged_against` (what the checkpoint holds).
+void resume_revisions(const std::vector<sim::Revision>& revisions, const model::Storage& checkpoint,
+                      const sim::RunOptions& options,
+                      const model::TorchDistCheckpoint& judged_against, std::ostream& progress,
+                      Inspection& r) {
   for (const auto& rev : revisions) {
     sim::PhaseSpec phase;
     phase.dp = r.dp;
@@ -327,14 +328,204 @@ void resume_each(const std::vector<sim::Revision>& revisions, std::ostream& prog
     progress << fmt::format(
         "inspect: resuming with {} at {}DP {}\n", rev.name,
         r.tp != 1 || r.pp != 1 ? fmt::format("TP {} x PP {} x ", r.tp, r.pp) : "", r.dp);
-    sim::RunOptions options;
-    options.load_as_script = !has_training_loop_state(r.checkpoint);
     const sim::PhaseRecord rec =
-        sim::resume_from_checkpoint(r.inferred.scenario, phase, converted, options);
+        sim::resume_from_checkpoint(r.inferred.scenario, phase, checkpoint, options);
     r.judgements.push_back(
-        properties::judge_resume(rec, r.inferred.scenario, r.checkpoint, r.saved_step));
+        properties::judge_resume(rec, r.inferred.scenario, judged_against, r.saved_step));
     r.verdicts.push_back(classify(r.judgements.back(), r.inferred.scenario, phase));
   }
+}
+
+// Each revision's resume from the checkpoint, at r.dp; a checkpoint the model cannot hold is a
+// resume it cannot simulate.
+void resume_each(const std::vector<sim::Revision>& revisions, std::ostream& progress,
+                 Inspection& r) {
+  model::MemoryStorage converted;
+  if (Status s =
+          model::write_checkpoint_contents(model::checkpoint_contents(r.checkpoint), converted);
+      !s.is_ok()) {
+    r.cannot_simulate = "the model cannot hold it: " + s.to_string();
+    return;
+  }
+  sim::RunOptions options;
+  options.load_as_script = !has_training_loop_state(r.checkpoint);
+  resume_revisions(revisions, converted, options, r.checkpoint, progress, r);
+}
+
+// Sizes of the simulated resume: the command's, else the checkpoint's at save.
+void choose_resume_sizes(const InspectCommand& c, Inspection& r) {
+  r.dp = c.dp > 0 ? c.dp : r.inferred.dp_at_save;
+  r.tp = c.tp > 0 ? c.tp : saved_model_parallel_size(r.checkpoint, "tensor_model_parallel_size");
+  r.pp = c.pp > 0 ? c.pp : saved_model_parallel_size(r.checkpoint, "pipeline_model_parallel_size");
+}
+
+// A fresh directory under the system's temporary one, removed with all below it at the end.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    static std::atomic<int> next{0};
+    path = std::filesystem::temp_directory_path() /
+           fmt::format("ckptsim-inspect-{}-{}", ::getpid(), next++);
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+    std::filesystem::create_directories(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+// The run that saved a damaged checkpoint: the user's scenario (not checked against the files:
+// what was lost is zeros), else inferred from what of it reads (its lost tensor chunks as
+// zeros). "" when there is one, else why not.
+std::string damaged_scenario(const InspectCommand& c, const model::Storage& storage,
+                             const model::DamageCensus& census, model::RevisionRegistry& registry,
+                             const sim::Revision& first, Inspection& r) {
+  auto read =
+      census.iter_dir.empty()
+          ? Result<model::TorchDistCheckpoint>(Status::not_found("no iteration directory is there"))
+          : model::read_torch_dist_directory(storage, census.iter_dir,
+                                             model::lost_data_files(census));
+  if (read.is_ok()) r.checkpoint = std::move(read.value());
+  if (!c.scenario.empty()) {
+    auto s = sim::load_scenario_file(c.scenario, registry);
+    if (!s.is_ok()) return s.status().message();
+    r.inferred.scenario = s.value();
+    r.inferred.dp_at_save = r.inferred.scenario.phases.front().dp;
+    r.inferred.guesses.push_back(
+        read.is_ok() ? std::string("the files are damaged, so --scenario is not checked against "
+                                   "them")
+                     : "the checkpoint does not read (" + read.status().message() +
+                           "), so --scenario is not checked against it");
+    return "";
+  }
+  if (!read.is_ok()) {
+    return "what is left does not say the run (" + read.status().message() +
+           "); --scenario FILE gives the scenario that saved it";
+  }
+  if (Status s = choose_scenario(c, registry, first, r); !s.is_ok()) return s.message();
+  return "";
+}
+
+// The model's own save of the scenario's first phase into `dir`, by the first revision that
+// runs it, with the common state kept as the damaged checkpoint keeps it. Returns the iteration
+// directory it wrote; sets r.damage_saved_by.
+Result<std::string> model_save(const std::vector<sim::Revision>& revisions,
+                               std::optional<bool> common_state_object, const std::string& dir,
+                               Inspection& r) {
+  std::string first_error;
+  for (const auto& rev : revisions) {
+    sim::Scenario save = r.inferred.scenario;
+    save.phases = {save.phases.front()};
+    sim::PhaseSpec& phase = save.phases.front();
+    auto profile = std::make_shared<model::RevisionProfile>(*rev.profile);
+    if (common_state_object)
+      profile->switches.common_state_as_sharded_object = *common_state_object;
+    phase.revision = rev.name;
+    phase.profile = profile;
+    phase.save = true;
+    phase.storage_faults.clear();
+    sim::RunOptions options;
+    options.checkpoint_dir = dir;
+    auto run = sim::run_scenario(save, options);
+    if (!run.is_ok()) return run.status();
+    const sim::RankError* e = first_own_error(run.value().phases.front().errors);
+    const std::string saved = sim::saved_directory(run.value(), 0);
+    if (e == nullptr && !saved.empty()) {
+      r.damage_saved_by = rev.name;
+      return saved;
+    }
+    if (first_error.empty())
+      first_error = e != nullptr ? rev.name + ": " + e->summary() : rev.name + ": saved nothing";
+  }
+  return Status::invalid_input("the model's save of this configuration fails at every revision (" +
+                               first_error + ")");
+}
+
+// A checkpoint that a crashed or interrupted save left damaged: each revision resumes from the
+// model's own save of the same configuration with the same damage.
+void resume_damaged(const InspectCommand& c, const Source& source, const model::Storage& storage,
+                    const model::DamageCensus& census, const std::vector<sim::Revision>& revisions,
+                    model::RevisionRegistry& registry, std::ostream& progress, Inspection& r) {
+  r.cannot_simulate = damaged_scenario(c, storage, census, registry, revisions.front(), r);
+  if (!r.cannot_simulate.empty()) return;
+  choose_resume_sizes(c, r);
+  const std::optional<bool> common_state_object =
+      census.metadata ? std::optional<bool>(census.common_state_object) : std::nullopt;
+  TempDir tmp;
+  auto saved = model_save(revisions, common_state_object, tmp.path.string(), r);
+  if (!saved.is_ok()) {
+    r.cannot_simulate = saved.status().message();
+    return;
+  }
+  model::DirectoryStorage model_root(tmp.path.string());
+  // What the undamaged save holds, for judging a resume that loads.
+  model::MemoryStorage exported;
+  auto ex = model::export_torch_dist_checkpoint(
+      *model::subdir(static_cast<const model::Storage&>(model_root), saved.value()), exported,
+      "saved");
+  auto whole = ex.is_ok() ? model::read_torch_dist_checkpoint(exported, "saved")
+                          : Result<model::TorchDistCheckpoint>(ex.status());
+  if (!whole.is_ok()) {
+    r.cannot_simulate = "the model's own save does not read back: " + whole.status().message();
+    return;
+  }
+  r.saved_step = properties::saved_group_step(whole.value())
+                     .value_or(static_cast<double>(whole.value().iteration));
+  progress << fmt::format(
+      "inspect: the model's save of this configuration (by {}) takes the same "
+      "damage\n",
+      r.damage_saved_by);
+  const model::ModelDamage damage =
+      model::apply_damage(census, model_root, saved.value(), whole.value().iteration);
+  r.model_damage = damage.applied;
+  if (!damage.unmapped.empty()) {
+    r.cannot_simulate = fmt::format("{}", fmt::join(damage.unmapped, "; "));
+    return;
+  }
+  sim::RunOptions options;
+  options.load_latest = source.iter_dir.empty();
+  options.load_as_script = r.checkpoint.common.is_dict() && !has_training_loop_state(r.checkpoint);
+  auto iter_view = model::subdir(static_cast<const model::Storage&>(model_root), saved.value());
+  resume_revisions(revisions, options.load_latest ? model_root : *iter_view, options, whole.value(),
+                   progress, r);
+  // The model's errors name its temporary directory: say whose files those are.
+  const auto scrub = [&](sim::RankError& e) {
+    for (size_t at = e.message.find(tmp.path.string()); at != std::string::npos;
+         at = e.message.find(tmp.path.string(), at)) {
+      e.message.replace(at, tmp.path.string().size(), "the model's save");
+    }
+  };
+  for (auto& j : r.judgements) {
+    for (auto& e : j.errors) scrub(e);
+    if (j.error) scrub(*j.error);
+  }
+}
+
+// The damaged-checkpoint inspection, where `census` found damage.
+Inspection inspect_damaged(const InspectCommand& c, const Source& source,
+                           const model::Storage& storage, model::DamageCensus census,
+                           const std::vector<sim::Revision>& revisions,
+                           model::RevisionRegistry& registry, std::ostream& progress) {
+  Inspection r;
+  r.path = (std::filesystem::path(source.root) / census.iter_dir).string();
+  r.damage = census.files;
+  if (census.metadata) {
+    std::vector<std::pair<std::string, model::RevisionSwitches>> switches;
+    for (const auto& rev : revisions) switches.emplace_back(rev.name, rev.profile->switches);
+    r.checks = properties::check_checkpoint({*census.metadata, nullptr, switches});
+  }
+  resume_damaged(c, source, storage, census, revisions, registry, progress, r);
+  if (!r.cannot_simulate.empty()) {
+    r.judgements.clear();
+    r.verdicts.clear();
+    for (const auto& rev : revisions)
+      r.verdicts.push_back({rev.name, ResumeClass::kCannotSimulate, r.cannot_simulate});
+  }
+  return r;
 }
 
 }  // namespace
@@ -348,14 +539,22 @@ Result<Inspection> inspect_checkpoint(const InspectCommand& c, std::ostream& pro
     return Status::invalid_input(c.dir + ": not a directory");
   const Source source = locate(c.dir);
   model::DirectoryStorage storage(source.root);
-  auto opened = open_metadata(storage, source);
-  if (!opened.is_ok()) return invalid(opened.status());
-  Inspection r;
-  r.path = (std::filesystem::path(source.root) / opened.value().iter_dir).string();
   auto registry = model::RevisionRegistry::load_embedded();
   if (!registry.is_ok()) return invalid(registry.status());
   auto revisions = resolve_revisions(c, registry.value());
   if (!revisions.is_ok()) return invalid(revisions.status());
+  // A checkpoint that does not read: damage a save left (each revision then resumes from the
+  // model's own save, damaged alike), else the reader's error.
+  const auto damaged_or = [&](const Status& why) -> Result<Inspection> {
+    model::DamageCensus census = model::find_damage(storage, source.iter_dir);
+    if (census.empty()) return invalid(why);
+    return inspect_damaged(c, source, storage, std::move(census), revisions.value(),
+                           registry.value(), progress);
+  };
+  auto opened = open_metadata(storage, source);
+  if (!opened.is_ok()) return damaged_or(opened.status());
+  Inspection r;
+  r.path = (std::filesystem::path(source.root) / opened.value().iter_dir).string();
   std::vector<std::pair<std::string, model::RevisionSwitches>> switches;
   for (const auto& rev : revisions.value()) switches.emplace_back(rev.name, rev.profile->switches);
   auto read = source.iter_dir.empty() ? model::read_torch_dist_checkpoint(storage, "")
@@ -367,7 +566,7 @@ Result<Inspection> inspect_checkpoint(const InspectCommand& c, std::ostream& pro
     const bool judged = std::any_of(r.checks.begin(), r.checks.end(), [](const auto& k) {
       return k.outcome == properties::CheckOutcome::kFails;
     });
-    if (!judged) return invalid(read.status());
+    if (!judged) return damaged_or(read.status());
     r.unreadable = read.status().to_string();
     return r;
   }
@@ -382,9 +581,7 @@ Result<Inspection> inspect_checkpoint(const InspectCommand& c, std::ostream& pro
       r.verdicts.push_back({rev.name, ResumeClass::kCannotSimulate, r.cannot_simulate});
     return r;
   }
-  r.dp = c.dp > 0 ? c.dp : r.inferred.dp_at_save;
-  r.tp = c.tp > 0 ? c.tp : saved_model_parallel_size(r.checkpoint, "tensor_model_parallel_size");
-  r.pp = c.pp > 0 ? c.pp : saved_model_parallel_size(r.checkpoint, "pipeline_model_parallel_size");
+  choose_resume_sizes(c, r);
   r.saved_step = properties::saved_group_step(r.checkpoint)
                      .value_or(static_cast<double>(r.checkpoint.iteration));
   if (!has_training_loop_state(r.checkpoint)) {
@@ -444,7 +641,7 @@ std::string Inspection::answer() const {
 }
 
 bool Inspection::ok() const {
-  if (!unreadable.empty()) return false;
+  if (!unreadable.empty() || !damage.empty()) return false;
   for (const auto& k : checks) {
     if (k.outcome == properties::CheckOutcome::kFails) return false;
   }
@@ -492,7 +689,18 @@ json inspection_json(const InspectCommand& c, const Inspection& r) {
       {"cannot_simulate", r.cannot_simulate},
       {"verdicts", json::array()},
       {"guesses", r.inferred.guesses},
+      {"damage", json::array()},
+      {"model_damage", r.model_damage},
+      {"damage_saved_by", r.damage_saved_by},
       {"ok", r.ok()}};
+  for (const auto& d : r.damage) {
+    j["damage"].push_back(json{{"file", d.file},
+                               {"kind", model::damage_kind_name(d.kind)},
+                               {"bytes", d.bytes},
+                               {"bytes_needed", d.bytes_needed},
+                               {"detail", d.detail},
+                               {"items_lost", d.items_lost}});
+  }
   for (const auto& k : r.checks) j["checks"].push_back(check_json(k));
   for (size_t i = 0; i < r.judgements.size(); ++i)
     j["resumes"].push_back(judgement_json(r.judgements[i], r.verdicts[i]));
@@ -537,6 +745,20 @@ void print_contents(const InspectCommand& c, const Inspection& r, std::ostream& 
   for (const auto& line : bucket_lines(ck)) out << "  bucket " << line << "\n";
 }
 
+// A damaged checkpoint: the answer, what is damaged, and what the model's save got alike.
+void print_damage(const Inspection& r, std::ostream& out) {
+  out << "answer: " << r.answer() << "\n";
+  out << fmt::format("checkpoint {}: {} damaged file(s)\n", r.path, r.damage.size());
+  for (const auto& d : r.damage) out << "  " << d.text() << "\n";
+  if (!r.model_damage.empty()) {
+    out << fmt::format(
+        "the same damage on the model's own save of this configuration (saved by {}), which "
+        "each revision resumes from\n",
+        r.damage_saved_by);
+    for (const auto& line : r.model_damage) out << "  " << line << "\n";
+  }
+}
+
 void print_verdicts(const Inspection& r, std::ostream& out) {
   out << "checks\n";
   for (const auto& k : r.checks) {
@@ -544,11 +766,15 @@ void print_verdicts(const Inspection& r, std::ostream& out) {
                        k.property, k.detail);
     for (const auto& line : k.lines) out << "         " << line << "\n";
   }
-  out << fmt::format(
-      "resume from this checkpoint at {}DP {}, {} further steps (the model's simulation; "
-      "right: t continues from the saved step {})\n",
-      r.tp != 1 || r.pp != 1 ? fmt::format("TP {} x PP {} x ", r.tp, r.pp) : "", r.dp,
-      kStepsAfterResume, r.saved_step);
+  if (r.judgements.empty()) {
+    out << "resume from this checkpoint\n";
+  } else {
+    out << fmt::format(
+        "resume from this checkpoint at {}DP {}, {} further steps (the model's simulation; "
+        "right: t continues from the saved step {})\n",
+        r.tp != 1 || r.pp != 1 ? fmt::format("TP {} x PP {} x ", r.tp, r.pp) : "", r.dp,
+        kStepsAfterResume, r.saved_step);
+  }
   for (size_t i = 0; i < r.judgements.size(); ++i)
     out << judgement_text(r.judgements[i], r.verdicts[i]);
   if (!r.cannot_simulate.empty()) out << "  not simulated: " << r.cannot_simulate << "\n";
@@ -560,7 +786,8 @@ void print_verdicts(const Inspection& r, std::ostream& out) {
   for (const auto& v : r.verdicts) correct += v.outcome == ResumeClass::kResumesCorrectly ? 1 : 0;
   size_t failed = 0;
   for (const auto& k : r.checks) failed += k.outcome == properties::CheckOutcome::kFails ? 1 : 0;
-  out << fmt::format("inspect: {} of {} checks fail; {} of {} revisions resume it correctly\n",
+  out << fmt::format("inspect: {}{} of {} checks fail; {} of {} revisions resume it correctly\n",
+                     r.damage.empty() ? "" : fmt::format("{} damaged file(s); ", r.damage.size()),
                      failed, r.checks.size(), correct, r.verdicts.size());
 }
 
@@ -574,6 +801,15 @@ int inspect_command(const InspectCommand& c, std::ostream& out, std::ostream& er
     return kExitInvalid;
   }
   const Inspection& r = inspected.value();
+  if (!r.damage.empty()) {
+    if (c.json) {
+      out << inspection_json(c, r).dump(2) << "\n";
+    } else {
+      print_damage(r, out);
+      print_verdicts(r, out);
+    }
+    return kExitFail;
+  }
   if (!r.unreadable.empty()) {
     out << "checks\n  FAILS  " << r.checks.front().name << ": " << r.checks.front().detail << "\n";
     out << "the model cannot read it (" << r.unreadable << "), so no resume is simulated\n";

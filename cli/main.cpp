@@ -165,7 +165,9 @@ CLI::App* add_inspect(CLI::App& app, app::InspectCommand& f) {
       "inspect",
       "Diagnose a real Megatron torch_dist checkpoint: what it holds, static checks, and each "
       "revision's resume from it as the model simulates it, classed as resumes correctly, the "
-      "resume fails, the revision cannot run this configuration, or cannot simulate (exit 1: a "
+      "resume fails, the revision cannot run this configuration, or cannot simulate; a damaged "
+      "checkpoint (a file cut short, empty or missing) names each damaged file and classes each "
+      "revision's resume from the model's own save damaged alike (exit 1: a file is damaged, a "
       "check fails or a revision does not resume it correctly)");
   i->add_option("dir", f.dir,
                 "Checkpoint directory: the one holding latest_checkpointed_iteration.txt, or the "
@@ -184,7 +186,8 @@ CLI::App* add_inspect(CLI::App& app, app::InspectCommand& f) {
   i->add_option("--scenario", f.scenario,
                 "The scenario that saved it (params, optimizer, bucket size), instead of inferring "
                 "them from the checkpoint (needed for a fully_reshardable checkpoint: its TP "
-                "splits and layers are not inferred)");
+                "splits and layers are not inferred; and for a damaged one whose lost files or "
+                "values are what says them)");
   i->add_flag("--json", f.json, "Print one JSON object");
   i->add_option("--profile", f.profiles, "Extra revision profile JSON files");
   return i;

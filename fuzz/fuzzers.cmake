@@ -77,7 +77,8 @@ ckptsim_fuzz_library(ckptsim_fuzz_base SOURCES
 # The checkpoint readers: torch.save blobs, torch.distributed.checkpoint, Megatron's torch_dist.
 ckptsim_fuzz_library(ckptsim_fuzz_readers TORCH SOURCES
   ${M}/torch/torch_save_format.cpp ${M}/torch/distributed_checkpoint.cpp
-  ${M}/megatron/torch_dist_checkpoint.cpp ${M}/megatron/optimizer_key.cpp
+  ${M}/megatron/torch_dist_checkpoint.cpp ${M}/megatron/checkpoint_damage.cpp
+  ${M}/megatron/optimizer_key.cpp
   ${M}/megatron/mapping.cpp ${M}/py/value.cpp ${M}/py/pickle_writer.cpp)
 target_link_libraries(ckptsim_fuzz_readers PUBLIC ckptsim_fuzz_base)
 # The JSON readers: scenarios and revision profiles (a scenario's storage faults name their

@@ -4,7 +4,8 @@
 // Seeds: every directory of tests/fixtures/real-checkpoints, packed.
 // Checked: a checkpoint or a one-line Status naming a file of the checkpoint (invariant 3);
 // every tensor and object of a checkpoint lies inside its storage (fuzz/value_walk.h); its
-// buckets' state tensors have numel_unpadded elements.
+// buckets' state tensors have numel_unpadded elements. Where it does not read, the damage
+// census and the zero-filled read inspect does then (check_damage) keep the same promises.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -12,6 +13,7 @@
 #include "fuzz/fuzz_targets.h"
 #include "fuzz/libtorch_backtraces.h"
 #include "fuzz/value_walk.h"
+#include "model/megatron/checkpoint_damage.h"
 #include "model/megatron/torch_dist_checkpoint.h"
 #include "model/storage.h"
 
@@ -36,6 +38,27 @@ void check_checkpoint(const model::TorchDistCheckpoint& c) {
   }
 }
 
+// What inspect does next with a checkpoint that does not read (model/megatron/
+// checkpoint_damage.h): the census of its damage, each finding one line naming its file, and
+// the read of the iteration directory with the lost tensor chunks as zeros.
+void check_damage(const model::Storage& storage) {
+  const model::DamageCensus census = model::find_damage(storage, "");
+  for (const model::DamagedFile& d : census.files) {
+    check_error(Status::corruption(d.text()), d.file);
+    if (d.kind == model::DamageKind::kCut && d.bytes >= d.bytes_needed) {
+      broken("a file cut short that holds every byte it needs: " + d.text());
+    }
+  }
+  if (census.iter_dir.empty()) return;
+  Result<model::TorchDistCheckpoint> z =
+      model::read_torch_dist_directory(storage, census.iter_dir, model::lost_data_files(census));
+  if (z.is_ok()) {
+    check_checkpoint(z.value());
+  } else {
+    check_error(z.status(), "");
+  }
+}
+
 }  // namespace
 
 void fuzz_torch_dist_checkpoint(std::span<const char> input) {
@@ -49,6 +72,7 @@ void fuzz_torch_dist_checkpoint(std::span<const char> input) {
     if (!names_a_file(c.status().message())) {
       broken("a message that names no file: " + c.status().message());
     }
+    check_damage(storage);
     return;
   }
   check_checkpoint(c.value());

@@ -1063,7 +1063,7 @@ PhaseRecord resume_from_checkpoint(const Scenario& scenario, const PhaseSpec& ph
   const std::vector<at::Tensor> init = initial_params(scenario);
   PhaseJob job = phase_job(scenario, options, init, phase, /*phase_id=*/1,
                            have_gpu && options.device != DeviceChoice::kCpu);
-  job.load_from = &checkpoint;
+  (options.load_latest ? job.load_root : job.load_from) = &checkpoint;
   job.load_as_script = options.load_as_script;
   RunResult unused;
   run_phase(scenario, options, job, checkpoint, unused, rec);

@@ -70,6 +70,10 @@ struct RunOptions {
   // then the model's and the optimizer's load_state_dict; model::load_distributed_checkpoint),
   // for a checkpoint that holds no training-loop state.
   bool load_as_script = false;
+  // resume_from_checkpoint only: `checkpoint` is the training loop's --load directory (its
+  // tracker names the iteration directory, model::load_latest_checkpoint), not the iteration
+  // directory itself.
+  bool load_latest = false;
 };
 
 // Runs the scenario, whose phases carry their resolved revision profiles. Fails (Status) only
@@ -87,7 +91,8 @@ std::string saved_directory(const RunResult& run, size_t i);
 // loads `checkpoint` (the model's own format), takes phase.steps steps and saves nothing. The
 // record is the one run_scenario keeps for a phase after the first (index 1): its errors, the
 // state after the load and after each step, the elements the load did not cover. No reference
-// run: the checkpoint is the reference. options.checkpoint_dir is not used.
+// run: the checkpoint is the reference. options.checkpoint_dir is not used; with
+// options.load_latest `checkpoint` is a --load directory (tracker and iter_NNNNNNN/).
 // REQUIRES: phase.profile is set; scenario.params and optimizer describe what saved it.
 PhaseRecord resume_from_checkpoint(const Scenario& scenario, const PhaseSpec& phase,
                                    const model::Storage& checkpoint,

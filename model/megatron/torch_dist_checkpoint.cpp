@@ -22,44 +22,6 @@ std::string join(const std::string& dir, std::string_view name) {
   return dir.empty() ? std::string(name) : dir + "/" + std::string(name);
 }
 
-// Mirrors dist_checkpointing/core.py check_is_distributed_checkpoint / maybe_load_config:
-// metadata.json names the backends; we read only torch_dist + torch, version 1.
-Status check_megatron_metadata(const Storage& storage, const std::string& iter_dir) {
-  const std::string file = join(iter_dir, "metadata.json");
-  Result<std::vector<char>> bytes = storage.read_file(file);
-  if (!bytes.is_ok()) {
-    return Status(bytes.status().code() == Status::Code::kNotFound
-                      ? Status::not_found(file + ": absent, so this is no dist_checkpointing "
-                                                 "checkpoint")
-                      : bytes.status());
-  }
-  if (bytes.value().size() > kMegatronMetadataJsonBytesMax) {
-    return Status::corruption(file + ": over kMegatronMetadataJsonBytesMax bytes");
-  }
-  if (json_nests_deeper_than({bytes.value().data(), bytes.value().size()})) {
-    return Status::corruption(
-        fmt::format("{}: nested deeper than kJsonDepthMax={}", file, kJsonDepthMax));
-  }
-  const nlohmann::json j = nlohmann::json::parse(bytes.value().begin(), bytes.value().end(),
-                                                 nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return Status::corruption(file + ": not a JSON object");
-  const auto field_is = [&](const char* name, const nlohmann::json& want) {
-    return j.contains(name) && j[name] == want;
-  };
-  if (!field_is("sharded_backend", "torch_dist") || !field_is("sharded_backend_version", 1)) {
-    return Status::invalid_input(file +
-                                 ": field 'sharded_backend': only torch_dist version 1 "
-                                 "is read, got " +
-                                 j.value("sharded_backend", nlohmann::json()).dump());
-  }
-  // HEAD (d98e8a64dd) dropped the common backend fields along with common.pt.
-  if (j.contains("common_backend") &&
-      (!field_is("common_backend", "torch") || !field_is("common_backend_version", 1))) {
-    return Status::invalid_input(file + ": field 'common_backend': only torch version 1 is read");
-  }
-  return Status::ok();
-}
-
 // "<key>/shard_<offset>_<shape>" -> "<key>" for the (0,)/(1,) shard Megatron's optimizer and
 // common state use; any other unique key stays as it is.
 std::string object_key(const std::string& unique_key) {
@@ -274,13 +236,15 @@ std::optional<int64_t> iteration_of_name(const std::string& iter_dir) {
 // `iteration`: what the tracker or the directory's name said (checked against the common
 // state's); nullopt: the common state's, if any.
 Result<TorchDistCheckpoint> read_iteration(const Storage& storage, const std::string& iter_dir,
-                                           std::optional<int64_t> iteration, const char* from) {
+                                           std::optional<int64_t> iteration, const char* from,
+                                           const std::set<std::string>& zero_filled = {}) {
   if (!storage.exists(iter_dir)) {
     return Status::not_found(iter_dir + ": the iteration directory is absent");
   }
   if (Status s = check_megatron_metadata(storage, iter_dir); !s.is_ok()) return s;
   DcpReader reader(storage, iter_dir);
   if (Status s = reader.open(); !s.is_ok()) return s;
+  reader.read_lost_chunks_as_zeros(zero_filled);
   TorchDistCheckpoint out;
   out.iter_dir = iter_dir;
   if (Status s = read_sharded(reader, out); !s.is_ok()) return s;
@@ -302,6 +266,42 @@ Result<TorchDistCheckpoint> read_iteration(const Storage& storage, const std::st
 }
 
 }  // namespace
+
+Status check_megatron_metadata(const Storage& storage, const std::string& iter_dir) {
+  const std::string file = join(iter_dir, "metadata.json");
+  Result<std::vector<char>> bytes = storage.read_file(file);
+  if (!bytes.is_ok()) {
+    return Status(bytes.status().code() == Status::Code::kNotFound
+                      ? Status::not_found(file + ": absent, so this is no dist_checkpointing "
+                                                 "checkpoint")
+                      : bytes.status());
+  }
+  if (bytes.value().size() > kMegatronMetadataJsonBytesMax) {
+    return Status::corruption(file + ": over kMegatronMetadataJsonBytesMax bytes");
+  }
+  if (json_nests_deeper_than({bytes.value().data(), bytes.value().size()})) {
+    return Status::corruption(
+        fmt::format("{}: nested deeper than kJsonDepthMax={}", file, kJsonDepthMax));
+  }
+  const nlohmann::json j = nlohmann::json::parse(bytes.value().begin(), bytes.value().end(),
+                                                 nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return Status::corruption(file + ": not a JSON object");
+  const auto field_is = [&](const char* name, const nlohmann::json& want) {
+    return j.contains(name) && j[name] == want;
+  };
+  if (!field_is("sharded_backend", "torch_dist") || !field_is("sharded_backend_version", 1)) {
+    return Status::invalid_input(file +
+                                 ": field 'sharded_backend': only torch_dist version 1 "
+                                 "is read, got " +
+                                 j.value("sharded_backend", nlohmann::json()).dump());
+  }
+  // HEAD (d98e8a64dd) dropped the common backend fields along with common.pt.
+  if (j.contains("common_backend") &&
+      (!field_is("common_backend", "torch") || !field_is("common_backend_version", 1))) {
+    return Status::invalid_input(file + ": field 'common_backend': only torch version 1 is read");
+  }
+  return Status::ok();
+}
 
 const Value* optimizer_state_object(const TorchDistCheckpoint& checkpoint) {
   const Value* opt = checkpoint.sharded.is_dict()
@@ -328,8 +328,10 @@ Result<TorchDistCheckpoint> read_torch_dist_iteration(const Storage& storage,
 }
 
 Result<TorchDistCheckpoint> read_torch_dist_directory(const Storage& storage,
-                                                      const std::string& iter_dir) {
-  return read_iteration(storage, iter_dir, iteration_of_name(iter_dir), "the directory's name");
+                                                      const std::string& iter_dir,
+                                                      const std::set<std::string>& zero_filled) {
+  return read_iteration(storage, iter_dir, iteration_of_name(iter_dir), "the directory's name",
+                        zero_filled);
 }
 
 Result<TorchDistCheckpoint> read_torch_dist_checkpoint(const Storage& storage,

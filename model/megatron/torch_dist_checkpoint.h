@@ -42,6 +42,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -110,6 +111,12 @@ const Value* optimizer_state_object(const TorchDistCheckpoint& checkpoint);
 // are no args or no such integer.
 std::optional<int64_t> saved_arg_int(const TorchDistCheckpoint& checkpoint, const char* name);
 
+// Mirrors dist_checkpointing/core.py check_is_distributed_checkpoint / maybe_load_config:
+// `<iter_dir>/metadata.json` names the backends; only torch_dist + torch, version 1 are read.
+// not_found when it is absent, corruption when it is no JSON object (or too large or deep),
+// invalid_input for another backend; each names the file.
+Status check_megatron_metadata(const Storage& storage, const std::string& iter_dir);
+
 // Mirrors checkpointing.py read_metadata(): the iteration in `<dir>/<kTrackerFile>`.
 Result<int64_t> read_checkpoint_tracker(const Storage& storage, const std::string& dir);
 
@@ -130,8 +137,11 @@ Result<TorchDistCheckpoint> read_torch_dist_iteration(const Storage& storage,
 // (what a bug report attaches, or what a plain dist_checkpointing.save wrote). The iteration is
 // the one its name says (iter_NNNNNNN, checked against the common state's), else the common
 // state's 'iteration', else unknown (iteration_from "").
-Result<TorchDistCheckpoint> read_torch_dist_directory(const Storage& storage,
-                                                      const std::string& iter_dir);
+// `zero_filled`: data files (as `.metadata` names them) whose tensor chunks that do not read
+// are zeros (DcpReader::read_lost_chunks_as_zeros; a damaged checkpoint's inspection).
+Result<TorchDistCheckpoint> read_torch_dist_directory(
+    const Storage& storage, const std::string& iter_dir,
+    const std::set<std::string>& zero_filled = {});
 
 // What the checkpoint holds, for the model's own format (write_checkpoint_contents): every
 // tensor, every ShardedObject under its unique key, and the common state where it was found.

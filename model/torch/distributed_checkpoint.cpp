@@ -407,7 +407,15 @@ Status DcpReader::place_chunk(const std::string& fqn, const ChunkStorageMetadata
 Status DcpReader::fits_its_items(const std::string& fqn, const TensorStorageMetadata& meta) {
   int64_t items = 0;
   for (const ChunkStorageMetadata& chunk : meta.chunks) {
-    Result<std::span<const char>> bytes = read_item(fqn, *metadata_.find(fqn, chunk.offsets));
+    const StorageInfo* info = metadata_.find(fqn, chunk.offsets);
+    Result<std::span<const char>> bytes = read_item(fqn, *info);
+    if (!bytes.is_ok() && zero_filled_.contains(info->relative_path)) {
+      // A lost chunk read as zeros counts its own elements (parse bounded them).
+      int64_t chunk_numel = 1;
+      for (const int64_t d : chunk.sizes) chunk_numel *= d;
+      items += chunk_numel * static_cast<int64_t>(c10::elementSize(meta.dtype));
+      continue;
+    }
     if (!bytes.is_ok()) return bytes.status();
     items += static_cast<int64_t>(bytes.value().size());  // each within a file held in memory
   }
@@ -432,9 +440,12 @@ Result<at::Tensor> DcpReader::read_tensor(const std::string& fqn) {
   for (const ChunkStorageMetadata& chunk : meta->second.chunks) {
     const StorageInfo* info = metadata_.find(fqn, chunk.offsets);  // parse checked it exists
     Result<std::span<const char>> bytes = read_item(fqn, *info);
-    if (!bytes.is_ok()) return bytes.status();
     const std::string file = path(info->relative_path);
-    Result<Value> piece = load_torch_save(bytes.value());
+    Result<Value> piece = bytes.is_ok() ? load_torch_save(bytes.value()) : bytes.status();
+    if (!piece.is_ok() && zero_filled_.contains(info->relative_path)) {
+      piece = Value(at::zeros(chunk.sizes, at::TensorOptions().dtype(meta->second.dtype)));
+    }
+    if (!bytes.is_ok() && !piece.is_ok()) return bytes.status();
     if (!piece.is_ok() || !piece.value().is_tensor()) {
       return Status::corruption(
           fmt::format("{}: {} chunk at {}: {}", file, key_name(fqn), tuple_repr(chunk.offsets),

@@ -186,6 +186,10 @@ class DcpReader {
   Result<std::vector<char>> read_bytes(const std::string& fqn);
   // "dir/name", as messages print a file.
   std::string path(const std::string& name) const;
+  // Tensor chunks saved in these data files (names as `.metadata` gives them) that do not read
+  // (the file is missing or cut short) read as zeros: what a damaged checkpoint's inspection
+  // infers its run from (model/megatron/checkpoint_damage.h). Bytes items are never filled.
+  void read_lost_chunks_as_zeros(std::set<std::string> files) { zero_filled_ = std::move(files); }
 
  private:
   Result<std::span<const char>> read_item(const std::string& fqn, const StorageInfo& info);
@@ -198,6 +202,7 @@ class DcpReader {
   std::string dir_;
   DcpMetadata metadata_;
   std::map<std::string, std::vector<char>> files_;  // data files read so far
+  std::set<std::string> zero_filled_;
 };
 
 }  // namespace ckptsim::model

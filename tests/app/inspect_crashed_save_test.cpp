@@ -8,7 +8,7 @@
 //     the tracker still names iteration 2, which reads whole: not exit 2, iteration 2;
 //   - crash_after at the tracker: iteration 3 is complete: not exit 2, iteration 3;
 //   - a torn tracker, or a short write anywhere (reported as a success, so the tracker names
-//     iteration 3): exit 2 naming the damaged file.
+//     iteration 3): exit 1 naming the damaged file, and no revision resumes it correctly.
 // It never crashes the tool.
 #include <gtest/gtest.h>
 
@@ -84,8 +84,10 @@ TEST(InspectCrashedSave, EveryFaultAtEveryWriteLeavesTheLastCompleteCheckpointOr
       const bool named_damage =
           kind == StorageFaultKind::kShort || (kind == StorageFaultKind::kTorn && k == tracker);
       if (named_damage) {
-        EXPECT_EQ(r.code, app::kExitInvalid) << what << "\n" << r.err;
-        EXPECT_NE(r.err.find(writes[k]), std::string::npos) << what << "\n" << r.err;
+        EXPECT_EQ(r.code, app::kExitFail) << what << "\n" << r.err;
+        ASSERT_EQ(r.out["damage"].size(), 1u) << what << "\n" << r.out.dump(1);
+        EXPECT_EQ(r.out["damage"][0]["file"], writes[k]) << what;
+        EXPECT_NE(r.out["verdicts"][0]["class"], "resumes correctly") << what;
         continue;
       }
       ASSERT_NE(r.code, app::kExitInvalid) << what << "\n" << r.err;

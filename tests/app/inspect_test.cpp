@@ -478,11 +478,15 @@ TEST(Inspect, ExitsTwoOnADirectoryThatIsNoCheckpoint) {
   Inspected r = inspect(dir.string(), {}, 0);
   EXPECT_EQ(r.code, app::kExitInvalid);
   EXPECT_NE(r.err.find("latest_checkpointed_iteration.txt"), std::string::npos) << r.err;
-  // A tracker naming an iteration whose directory is not there.
+  // A tracker naming an iteration whose directory is not there (a tracker written before its
+  // data): damage, exit 1, with nothing there to infer the run from.
   std::ofstream(dir / "latest_checkpointed_iteration.txt") << "7";
-  r = inspect(dir.string(), {}, 0);
-  EXPECT_EQ(r.code, app::kExitInvalid);
-  EXPECT_NE(r.err.find("iter_0000007"), std::string::npos) << r.err;
+  r = inspect(dir.string(), {"upstream-head"}, 0);
+  EXPECT_EQ(r.code, app::kExitFail) << r.err;
+  ASSERT_EQ(r.out["damage"].size(), 1u) << r.out.dump(1);
+  EXPECT_NE(r.out["damage"][0]["detail"].get<std::string>().find("iter_0000007"), std::string::npos)
+      << r.out.dump(1);
+  EXPECT_EQ(r.out["verdicts"][0]["class"], "cannot simulate") << r.out.dump(1);
   fs::remove_all(dir);
 }
 
