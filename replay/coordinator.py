@@ -10,7 +10,8 @@ When a rank of a run fails, the others get `abort_grace_s` seconds to finish or 
 own; a rank still running after that is stopped (its worker process is killed and replaced)
 and recorded as PeerAborted (secondary), as ckptsim's model records the ranks of a crashed job.
 An error that another rank's failure plausibly caused (a communication error after the first
-error) is marked secondary too.
+error) is marked secondary too. A job that died at a storage fault leaves no worker behind: the
+ranks that outlived the crash are replaced as well (a restarted job's processes are new).
 """
 
 from __future__ import annotations
@@ -425,6 +426,8 @@ class Coordinator:
                     ev["secondary"] = True
         if crash_mode:
             self._crash_record(rec, run, results, per_rank, fault_files)
+            if rec.get("crashed"):
+                self._end_crashed_job(workers)
         rec["events"] = order_events(per_rank)
         rec["status"] = "failed" if any(ev["at"] == "error" for ev in rec["events"]) else "completed"
         if crash_mode and run["id"] != "reference":
@@ -432,6 +435,17 @@ class Coordinator:
         rec["_notes"] = sorted(set(notes))
         rec["_timings"] = {r: results[r].get("timings", {}) for r in range(world)}
         return rec
+
+    def _end_crashed_job(self, workers: List[Worker]) -> None:
+        """A job that died at a storage fault leaves none of its processes behind (a scheduler
+        stops them all): a rank that outlived the crash (one that failed on its own after it, or
+        finished) is replaced as well, so that nothing of the dead job (an async writer's queue,
+        a save half done) reaches the next run, as it could not reach a restarted job."""
+        for w in workers:
+            if w.state != "dead":
+                self.print("worker %d (%s) outlived the crashed job: replaced"
+                           % (w.index, os.path.basename(w.checkout.rstrip("/"))))
+                w.kill()
 
     def _crash_record(self, rec: Dict[str, Any], run: Dict[str, Any], results: Dict[int, Dict[str, Any]],
                       per_rank: Dict[int, List[Dict[str, Any]]], files: Dict[str, str]) -> None:

@@ -12,6 +12,9 @@ Behaviour is set by the environment variable FAKE_REPLAY (JSON):
                                               9 if PATH does not exist yet; once it exists, every
                                               worker behaves normally (PATH is created with
                                               O_EXCL, so of racing workers only one crashes)
+   "storage_crash": {RUN_ID: RANK},          at its save, RANK creates the job's crash marker and
+                                              exits with status 9 (a job that dies at a storage
+                                              fault); the other ranks finish as usual
    "hello_fail": "ModuleNotFoundError: No module named 'miles_megatron_plugins'",
    "gpus": N, "te": bool}
 Started with `-c SCRIPT` (ckptsim's real_preflight asks the workers' Python for torch and a GPU),
@@ -105,6 +108,12 @@ def main():
                 time.sleep(3600)
             if stage == stages[-1] and rank in cfg.get("crash", {}).get(rid, []):
                 os._exit(7)
+            if stage == "save" and cfg.get("storage_crash", {}).get(rid) == rank and job.get("crash_marker"):
+                with open(job["fault_record"], "a") as f:
+                    f.write("crash_after at write 0 of shard files: __%d_0.distcp (rank %d)\n" % (rank, rank))
+                with open(job["crash_marker"], "w") as f:
+                    f.write("fake storage fault\n")
+                os._exit(9)
             if fail and fail.get("rank", rank) == rank and fail["stage"] == stage:
                 events.append({"rank": rank, "at": "error", "stage": stage, "py_type": fail["py_type"],
                                "message": fail["message"], "site": fail.get("site", "dict_utils.py merge()"),

@@ -202,3 +202,19 @@ def test_a_hybrid_with_te_is_not_replayed_without_it(tmp_path):
     t = traces["bug2-step-reset-dp2-to-4"]
     assert all(run["status"] == "skipped" for run in t["runs"])
     assert "--emulate-te" in t["runs"][0]["skipped_reason"]
+
+
+def test_a_job_that_died_at_a_storage_fault_leaves_no_worker_behind(tmp_path):
+    """A crashed job's processes all end with it (a scheduler stops every rank): the rank that
+    outlived the crash is replaced too, so nothing of the dead job reaches the next run (the H100
+    replay of 2026-12-05, reports/crash-replay-2026-12-05.md: a survivor's next save looked
+    wrong)."""
+    with open(os.path.join(ROOT, "replay/plans/crash/crash-replay-crash-after-shard-upstream-2874.plan.json")) as f:
+        plan = json.load(f)
+    r, traces = _run(tmp_path, [plan], env_cfg={"storage_crash": {"phase1": 0}},
+                     extra=["--emulate-te", "--fused-adam-standin"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    runs = {run["id"]: run for run in traces[plan["scenario"]["name"]]["runs"]}
+    assert runs["phase1"].get("crashed") is True, json.dumps(runs["phase1"])[:900] + r.stdout[-1500:]
+    assert "worker 1 (meg) outlived the crashed job: replaced" in r.stdout, r.stdout
+
