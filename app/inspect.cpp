@@ -492,12 +492,18 @@ void resume_damaged(const InspectCommand& c, const Source& source, const model::
   auto iter_view = model::subdir(static_cast<const model::Storage&>(model_root), saved.value());
   resume_revisions(revisions, options.load_latest ? model_root : *iter_view, options, whole.value(),
                    progress, r);
-  // The model's errors name its temporary directory: say whose files those are.
+  // The model's errors name its temporary directory and its own files: say whose those are, and
+  // which of the user's files a damaged one stands for.
   const auto scrub = [&](sim::RankError& e) {
-    for (size_t at = e.message.find(tmp.path.string()); at != std::string::npos;
-         at = e.message.find(tmp.path.string(), at)) {
-      e.message.replace(at, tmp.path.string().size(), "the model's save");
-    }
+    const auto replace_all = [&](const std::string& from, const std::string& to) {
+      for (size_t at = e.message.find(from); at != std::string::npos;
+           at = e.message.find(from, at + to.size())) {
+        e.message.replace(at, from.size(), to);
+      }
+    };
+    replace_all(tmp.path.string(), "the model's save");
+    for (const auto& [model_file, real_file] : damage.stands_for)
+      replace_all(model_file, model_file + " [standing for " + real_file + "]");
   };
   for (auto& j : r.judgements) {
     for (auto& e : j.errors) scrub(e);

@@ -94,6 +94,10 @@ std::set<std::string> lost_data_files(const DamageCensus& census);
 struct ModelDamage {
   std::vector<std::string> applied;   // "shards/rank_1.bin cut to 1024 of 4096 bytes (...)"
   std::vector<std::string> unmapped;  // findings with no counterpart, each with why
+  // Each damaged file of the model's (relative to its iteration directory: "shards/rank_1.bin",
+  // "metadata.json") -> the real file it stands for ("iter_0000003/__1_0.distcp"), so that a
+  // message of the model's load can name the user's file too.
+  std::map<std::string, std::string> stands_for;
 };
 
 // Applies `census`'s damage to the model's own checkpoint at the root of `model_root` (a

@@ -26,6 +26,12 @@ std::string join(const std::string& dir, std::string_view name) {
 
 std::string base_name(const std::string& path) { return path.substr(path.rfind('/') + 1); }
 
+// `path` below its iteration directory (what the model's messages name).
+std::string below_iteration(const std::string& path) {
+  const size_t slash = path.find('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
 // Cuts `path` of `storage` to `keep` bytes.
 Status cut_file(Storage& storage, const std::string& path, int64_t keep) {
   auto bytes = storage.read_file(path);
@@ -68,6 +74,7 @@ void damage_whole_file(const DamagedFile& d, Storage& model, const std::string& 
     return;
   }
   out.applied.push_back(fmt::format("{} ({})", what, d.file));
+  out.stands_for[below_iteration(path)] = d.file;
 }
 
 void damage_data_file(const DamageCensus& census, const DamagedFile& d, Storage& model,
@@ -104,6 +111,7 @@ void damage_data_file(const DamageCensus& census, const DamagedFile& d, Storage&
     }
     out.applied.push_back(fmt::format(
         "{} {} ({})", rank_file, d.kind == DamageKind::kMissing ? "removed" : "emptied", d.file));
+    out.stands_for[below_iteration(rank_file)] = d.file;
     return;
   }
   auto model_view = subdir(static_cast<const Storage&>(model), miter);
@@ -132,6 +140,7 @@ void damage_data_file(const DamageCensus& census, const DamagedFile& d, Storage&
   out.applied.push_back(
       fmt::format("{} cut to {} of {} bytes, where its first piece of a lost tensor begins ({})",
                   rank_file, *cut, size, d.file));
+  out.stands_for[below_iteration(rank_file)] = d.file;
 }
 
 void damage_tracker(const DamagedFile& d, Storage& model, int64_t model_iteration,

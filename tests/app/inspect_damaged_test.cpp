@@ -203,6 +203,11 @@ TEST_P(InspectDamaged, EachRanksErrorIsWhatTheRealCodeRaisedThere) {
   std::set<std::string> model;
   for (const auto& e : r.value().judgements[0].errors) {
     model.insert(std::to_string(e.rank) + " " + e.py_type + " [" + e.site + "]");
+    // The model's message names its own file and the user's that it stands for.
+    if (GetParam().named.ends_with(".distcp")) {
+      EXPECT_NE(e.message.find("[standing for " + GetParam().named + "]"), std::string::npos)
+          << e.message;
+    }
   }
   EXPECT_EQ(model, GetParam().real_errors) << "the real code: " << GetParam().real_trace;
 }
