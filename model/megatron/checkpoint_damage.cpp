@@ -128,18 +128,6 @@ void examine_data_files(const Storage& storage, DamageCensus& out) {
 
 }  // namespace
 
-std::optional<int> data_file_rank(std::string_view name) {
-  if (!name.starts_with("__") || !name.ends_with(".distcp")) return std::nullopt;
-  int rank = 0;
-  size_t i = 2;
-  for (; i < name.size() && std::isdigit(static_cast<unsigned char>(name[i])) != 0; ++i) {
-    if (rank > 1'000'000) return std::nullopt;
-    rank = rank * 10 + (name[i] - '0');
-  }
-  if (i == 2 || i >= name.size() || name[i] != '_') return std::nullopt;
-  return rank;
-}
-
 std::string damage_kind_name(DamageKind k) {
   switch (k) {
     case DamageKind::kMissing:

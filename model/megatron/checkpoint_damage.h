@@ -50,9 +50,6 @@ namespace ckptsim::model {
 // dist_checkpointing's own metadata.json (its backends), in each iteration directory.
 inline constexpr std::string_view kMegatronMetadataFile = "metadata.json";
 
-// The rank R of a data file named __R_B.distcp; nullopt for any other name.
-std::optional<int> data_file_rank(std::string_view name);
-
 enum class DamageKind { kMissing, kEmpty, kCut, kUnreadable, kNamesAbsentIteration };
 
 // "missing", "empty", "cut short", "unreadable", "names an absent iteration".

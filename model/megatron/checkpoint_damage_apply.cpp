@@ -79,7 +79,7 @@ void damage_whole_file(const DamagedFile& d, Storage& model, const std::string& 
 
 void damage_data_file(const DamageCensus& census, const DamagedFile& d, Storage& model,
                       const std::string& miter, ModelDamage& out) {
-  const auto rank = data_file_rank(base_name(d.file));
+  const auto rank = writer_rank(base_name(d.file));
   const std::string rank_file =
       rank ? join(miter, fmt::format("shards/rank_{}.bin", *rank)) : std::string();
   if (!rank || !model.exists(rank_file)) {
@@ -182,7 +182,7 @@ ModelDamage apply_damage(const DamageCensus& census, Storage& model_root,
       damage_whole_file(d, model_root, join(model_iter_dir, "metadata.json"), out);
     } else if (name == kCommonStateFile) {
       damage_whole_file(d, model_root, join(model_iter_dir, std::string(kCommonStateFile)), out);
-    } else if (data_file_rank(name) && census.metadata) {
+    } else if (writer_rank(name) && census.metadata) {
       damage_data_file(census, d, model_root, model_iter_dir, out);
     } else {
       out.unmapped.push_back(d.file + ": no counterpart in the model's format");

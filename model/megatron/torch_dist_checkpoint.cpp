@@ -32,16 +32,6 @@ std::string object_key(const std::string& unique_key) {
   return unique_key;
 }
 
-// The rank R of a FileSystemWriter data file "__R_N.distcp"; nullopt for another name.
-std::optional<int64_t> writer_rank(const std::string& file) {
-  if (!file.starts_with("__") || !file.ends_with(".distcp")) return std::nullopt;
-  int64_t rank = -1;
-  const char* begin = file.data() + 2;
-  const auto [end, ec] = std::from_chars(begin, file.data() + file.size(), rank);
-  if (ec != std::errc() || end == begin || *end != '_' || rank < 0) return std::nullopt;
-  return rank;
-}
-
 Status read_sharded(DcpReader& reader, TorchDistCheckpoint& out) {
   DictPtr sharded = Dict::make();
   for (const auto& [fqn, meta] : reader.metadata().tensors) {
@@ -301,6 +291,15 @@ Status check_megatron_metadata(const Storage& storage, const std::string& iter_d
     return Status::invalid_input(file + ": field 'common_backend': only torch version 1 is read");
   }
   return Status::ok();
+}
+
+std::optional<int64_t> writer_rank(const std::string& file) {
+  if (!file.starts_with("__") || !file.ends_with(".distcp")) return std::nullopt;
+  int64_t rank = -1;
+  const char* begin = file.data() + 2;
+  const auto [end, ec] = std::from_chars(begin, file.data() + file.size(), rank);
+  if (ec != std::errc() || end == begin || *end != '_' || rank < 0) return std::nullopt;
+  return rank;
 }
 
 const Value* optimizer_state_object(const TorchDistCheckpoint& checkpoint) {

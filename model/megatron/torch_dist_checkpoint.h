@@ -117,6 +117,9 @@ std::optional<int64_t> saved_arg_int(const TorchDistCheckpoint& checkpoint, cons
 // invalid_input for another backend; each names the file.
 Status check_megatron_metadata(const Storage& storage, const std::string& iter_dir);
 
+// The rank R of a FileSystemWriter data file "__R_N.distcp"; nullopt for another name.
+std::optional<int64_t> writer_rank(const std::string& file);
+
 // Mirrors checkpointing.py read_metadata(): the iteration in `<dir>/<kTrackerFile>`.
 Result<int64_t> read_checkpoint_tracker(const Storage& storage, const std::string& dir);
 
