@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -361,20 +363,22 @@ void choose_resume_sizes(const InspectCommand& c, Inspection& r) {
 
 // A fresh directory under the system's temporary one, removed with all below it at the end.
 struct TempDir {
-  std::filesystem::path path;
+  std::filesystem::path path;  // empty when none could be made (`why` says so)
+  std::string why;
   TempDir() {
-    static std::atomic<int> next{0};
-    path = std::filesystem::temp_directory_path() /
-           fmt::format("ckptsim-inspect-{}-{}", ::getpid(), next++);
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-    std::filesystem::create_directories(path, ec);
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "ckptsim-inspect-XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) {
+      why = pattern + ": cannot create a folder for the model's save: " + std::strerror(errno);
+      return;
+    }
+    path = pattern;
   }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
   ~TempDir() {
     std::error_code ec;
-    std::filesystem::remove_all(path, ec);
+    if (!path.empty()) std::filesystem::remove_all(path, ec);
   }
 };
 
@@ -456,6 +460,10 @@ void resume_damaged(const InspectCommand& c, const Source& source, const model::
   const std::optional<bool> common_state_object =
       census.metadata ? std::optional<bool>(census.common_state_object) : std::nullopt;
   TempDir tmp;
+  if (tmp.path.empty()) {
+    r.cannot_simulate = tmp.why;
+    return;
+  }
   auto saved = model_save(revisions, common_state_object, tmp.path.string(), r);
   if (!saved.is_ok()) {
     r.cannot_simulate = saved.status().message();
