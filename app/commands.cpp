@@ -243,6 +243,7 @@ std::string search_repeat_flags(const SearchCommand& c) {
   for (const auto& k : c.kinds) out += " --kind " + k;
   for (const auto& t : c.transformer_engine) out += " --transformer-engine " + t;
   for (const auto& t : c.sharding_types) out += " --sharding-type " + t;
+  for (const auto& d : c.state_dtypes) out += " --state-dtype " + d;
   for (const auto& x : c.faults) out += " --fault " + x;
   for (const auto& x : c.profiles) out += " --profile " + x;
   if (c.dp_max != defaults.dp_max) out += fmt::format(" --dp-max {}", c.dp_max);
@@ -266,6 +267,29 @@ int all_jobs(int jobs) {
   return static_cast<int>(std::clamp<unsigned>(cores, 1, search::SearchOptions::kJobsMax));
 }
 
+// --kind and --state-dtype: the optimizer kinds and the precision-aware state dtypes (bf16,
+// fp16) a search draws.
+Status parse_optimizers(const SearchCommand& c, search::GeneratorConfig& g) {
+  if (!c.kinds.empty()) {
+    g.kinds.clear();
+    for (const auto& k : c.kinds) {
+      const auto kind = model::parse_optimizer_kind(k);
+      if (!kind.has_value()) {
+        return Status::invalid_input("--kind must be " + model::optimizer_kind_names() + ", got " +
+                                     k);
+      }
+      g.kinds.push_back(*kind);
+    }
+  }
+  for (const auto& d : c.state_dtypes) {
+    const auto dtype = model::parse_state_dtype(d);
+    if (!dtype.has_value() || *dtype == model::StateDType::kFloat32)
+      return Status::invalid_input("--state-dtype must be bf16 or fp16, got " + d);
+    g.state_dtypes.push_back(*dtype);
+  }
+  return Status::ok();
+}
+
 // The search options a command's flags give, revisions aside. Every flag's range is checked.
 Result<search::SearchOptions> search_options(const SearchCommand& c) {
   search::SearchOptions o;
@@ -286,17 +310,7 @@ Result<search::SearchOptions> search_options(const SearchCommand& c) {
   if (g.storage_faults && g.stateful) {
     return Status::invalid_input("--fault-space storage does not combine with --stateful");
   }
-  if (!c.kinds.empty()) {
-    g.kinds.clear();
-    for (const auto& k : c.kinds) {
-      const auto kind = model::parse_optimizer_kind(k);
-      if (!kind.has_value()) {
-        return Status::invalid_input("--kind must be " + model::optimizer_kind_names() + ", got " +
-                                     k);
-      }
-      g.kinds.push_back(*kind);
-    }
-  }
+  if (Status s = parse_optimizers(c, g); !s.is_ok()) return s;
   if (!c.transformer_engine.empty()) {
     g.te_installed.clear();
     for (const auto& t : c.transformer_engine) {

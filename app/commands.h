@@ -146,6 +146,7 @@ struct SearchCommand {
   std::vector<std::string> kinds;
   std::vector<std::string> transformer_engine;  // "installed", "absent" (hybrid cases)
   std::vector<std::string> sharding_types;      // the checkpoint formats drawn (default: all)
+  std::vector<std::string> state_dtypes;  // precision-aware state dtypes drawn (default: none)
   std::vector<std::string> faults;
   std::vector<std::string> profiles;
   int64_t dp_max = 32;

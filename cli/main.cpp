@@ -42,6 +42,10 @@ void add_search_flags(CLI::App* cmd, app::SearchCommand& f) {
   cmd->add_option("--sharding-type", f.sharding_types,
                   "Only these checkpoint formats: dp_reshardable, fully_reshardable (a third "
                   "mem_efficient), dp_zero_gather_scatter (default: all three, 6:3:1)");
+  cmd->add_option("--state-dtype", f.state_dtypes,
+                  "Draw precision-aware optimizers whose exp_avg / exp_avg_sq may be this dtype "
+                  "(bf16, fp16; repeatable): fused_adam cases with --use-precision-aware-optimizer "
+                  "and TE's master weights, hybrid cases with the dtypes its HDO ignores");
   cmd->add_option("--fault", f.faults, "Enable a fault site in every case (mutation control)");
   cmd->add_option("--profile", f.profiles, "Extra revision profile JSON files");
   cmd->add_option("--dp-max", f.dp_max, "Largest DP size drawn")->capture_default_str();

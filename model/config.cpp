@@ -93,6 +93,12 @@ constexpr std::array<std::pair<ShardingType, const char*>, 4> kShardingTypes = {
     {ShardingType::kFullyShardedModelSpace, "fully_sharded_model_space"},
 }};
 
+constexpr std::array<std::pair<StateDType, const char*>, 3> kStateDTypes = {{
+    {StateDType::kFloat32, "fp32"},
+    {StateDType::kBFloat16, "bf16"},
+    {StateDType::kFloat16, "fp16"},
+}};
+
 constexpr std::array<std::pair<TpSplit, const char*>, 3> kTpSplits = {{
     {TpSplit::kReplicated, "replicated"},
     {TpSplit::kColumn, "column"},
@@ -100,6 +106,11 @@ constexpr std::array<std::pair<TpSplit, const char*>, 3> kTpSplits = {{
 }};
 
 }  // namespace
+
+std::string state_dtype_name(StateDType d) { return name_of(kStateDTypes, d); }
+std::optional<StateDType> parse_state_dtype(std::string_view name) {
+  return parse_named(kStateDTypes, name);
+}
 
 std::string tp_split_name(TpSplit s) { return name_of(kTpSplits, s); }
 std::optional<TpSplit> parse_tp_split(std::string_view name) {

@@ -51,6 +51,13 @@ struct ParamSpec {
   int64_t layer = 0;
 };
 
+// The dtypes TE's FusedAdam can keep a state in (fused_adam.py name_to_dtype_map): fp32, and
+// for a precision-aware optimizer bf16 or fp16 (scaled per tensor by amax / 32752). FP8
+// (uint8, a Float8Tensor) is not modeled.
+enum class StateDType { kFloat32, kBFloat16, kFloat16 };
+std::string state_dtype_name(StateDType d);  // "fp32", "bf16", "fp16"
+std::optional<StateDType> parse_state_dtype(std::string_view name);
+
 // The inner optimizer Megatron builds (get_megatron_optimizer): TE FusedAdam when TE/apex is
 // installed, torch AdamW when not (HAVE_APEX_OR_TE false), the HybridDeviceOptimizer with
 // --optimizer-cpu-offload.
@@ -74,6 +81,25 @@ struct OptimizerConfig {
   // is_te_min_version() about a TE version of None. fused_adam without TE is kind torch_adamw,
   // and torch_adamw is Megatron's optimizer only without TE, so the field is hybrid's alone.
   bool te_installed = true;
+  // --use-precision-aware-optimizer (OptimizerConfig.use_precision_aware_optimizer): the
+  // distributed optimizer keeps no fp32 main params; TE's FusedAdam holds the master weights
+  // (master_weights=True, use_decoupled_grad=True) and its states in the dtypes below. Always on
+  // for kind hybrid (Megatron's arguments require it with --optimizer-cpu-offload; the HDO then
+  // ignores the dtypes: every state stays fp32, research low-precision-states §2.3). Never with
+  // torch_adamw (Megatron without TE raises RuntimeError for it).
+  bool precision_aware = false;
+  // OptimizerConfig.exp_avg_dtype / exp_avg_sq_dtype (--exp-avg-dtype, --exp-avg-sq-dtype).
+  StateDType exp_avg_dtype = StateDType::kFloat32;
+  StateDType exp_avg_sq_dtype = StateDType::kFloat32;
+  // OptimizerConfig.store_param_remainders as __post_init__ leaves it (upstream's default True,
+  // kept where TE >= 2.1): with bf16 params TE keeps each fp32 master as the bf16 param plus an
+  // int16 remainder (fused_adam.py; adam.cu AdamFunctorMasterParamRemainder).
+  bool store_param_remainders = true;
+
+  // OptimizerConfig.use_precision_aware_optimizer as the job passes it.
+  bool uses_precision_aware() const { return precision_aware || kind == OptimizerKind::kHybrid; }
+  // Whether TE's FusedAdam holds low-precision states or remainders: precision-aware FusedAdam.
+  bool te_precision_aware() const { return precision_aware && kind == OptimizerKind::kFusedAdam; }
 };
 
 // The learning-rate and weight-decay schedule: Megatron's arguments (--lr, --min-lr,

@@ -1,9 +1,14 @@
 #include "model/faults.h"
 
+#include <utility>
+
 namespace ckptsim::model {
 
-const std::vector<FaultSite>& fault_sites() {
-  static const std::vector<FaultSite> sites = {
+namespace {
+
+// The sites of the optimizer, its checkpoint's layout and its load.
+std::vector<FaultSite> state_sites() {
+  return {
       {fault::kDropEndPadding,
        "sharded_param_state_dp_reshardable leaves out the padding piece after a rank's last param, "
        "so the saved pieces no longer tile [0, numel_unpadded)",
@@ -35,6 +40,17 @@ const std::vector<FaultSite>& fault_sites() {
        "global batch size, so a warmup, decay or increment given in iterations runs that many "
        "times slower. The uninterrupted run shares it, so only an absolute check sees it",
        "hyperparams_follow_schedule"},
+      {fault::kLowPrecisionMomentKeptFp32,
+       "TE FusedAdam's load_state_dict casts a bf16 or fp16 moment to fp32 and keeps it there "
+       "(the promotion torchtitan PR #4615 fixed for torch's loader): the resumed run's moments "
+       "are no longer rounded to their dtype at each step",
+       "state_dtypes_survive_resume"},
+  };
+}
+
+// The sites of the save protocol (tracker, async save) and of the resume flags.
+std::vector<FaultSite> protocol_sites() {
+  return {
       {fault::kTrackerBeforeData,
        "save_checkpoint writes the tracker (latest_checkpointed_iteration.txt) before the "
        "checkpoint's files, so a save that stops part-way leaves the tracker naming an "
@@ -67,6 +83,16 @@ const std::vector<FaultSite>& fault_sites() {
        "iterations",
        "iteration_follows_resume_mode"},
   };
+}
+
+}  // namespace
+
+const std::vector<FaultSite>& fault_sites() {
+  static const std::vector<FaultSite> sites = [] {
+    std::vector<FaultSite> out = state_sites();
+    for (FaultSite& f : protocol_sites()) out.push_back(std::move(f));
+    return out;
+  }();
   return sites;
 }
 

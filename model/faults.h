@@ -36,6 +36,7 @@ inline constexpr const char* kAsyncFinalizeReadsLiveIteration =
 inline constexpr const char* kAsyncReusesCachedHandles = "save.async_writer_reuses_cached_handles";
 inline constexpr const char* kReloadSkipsModelParams = "load.reload_skips_model_params";
 inline constexpr const char* kFinetuneKeepsIteration = "load.finetune_keeps_iteration";
+inline constexpr const char* kLowPrecisionMomentKeptFp32 = "load.low_precision_moment_kept_fp32";
 }  // namespace fault
 
 }  // namespace ckptsim::model

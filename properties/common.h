@@ -78,6 +78,7 @@ PropertyResult layout_invariants(const sim::RunResult& run);                 // 
 PropertyResult hyperparams_follow_schedule(const sim::RunResult& run);       // schedule.cpp
 PropertyResult resume_after_crash_is_complete(const sim::RunResult& run);    // crash.cpp
 PropertyResult tracker_names_saved_state(const sim::RunResult& run);         // crash.cpp
+PropertyResult state_dtypes_survive_resume(const sim::RunResult& run);       // state_dtypes.cpp
 PropertyResult first_step_continues_from_loaded_weights(const sim::RunResult& run);  // resume.cpp
 PropertyResult iteration_follows_resume_mode(const sim::RunResult& run);             // resume.cpp
 

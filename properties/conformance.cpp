@@ -257,6 +257,14 @@ class RunComparison {
     }
   }
 
+  static std::string dtypes_text(const std::optional<std::map<std::string, std::string>>& d) {
+    if (!d.has_value()) return "absent";
+    std::string out;
+    for (const auto& [state, dtype] : *d)
+      out += fmt::format("{}{} {}", out.empty() ? "" : ", ", state, dtype);
+    return out.empty() ? "none" : out;
+  }
+
   void compare_counters(const Event& e, const Part& mp, const Part& rp) {
     for (const auto& [name, a, b] : {std::tuple{"step", mp.step, rp.step},
                                      std::tuple{"step_used", mp.step_used, rp.step_used}}) {
@@ -266,6 +274,14 @@ class RunComparison {
       } else {
         add(e, mp.label() + " " + name, trace::num(a), trace::num(b));
       }
+    }
+    // The dtypes each state is stored in: wherever either side records them, both must, alike.
+    if (mp.state_dtypes.has_value() || rp.state_dtypes.has_value()) {
+      const bool same = mp.state_dtypes == rp.state_dtypes;
+      out_.state_dtypes.add(same);
+      if (!same)
+        add(e, mp.label() + " state_dtypes", dtypes_text(mp.state_dtypes),
+            dtypes_text(rp.state_dtypes));
     }
     if (mp.aliases.has_value() && rp.aliases.has_value()) {
       out_.step_aliases.add(*mp.aliases == *rp.aliases);

@@ -112,6 +112,7 @@ struct Conformance {
   Tally events;        // per (run, rank, point), looked for on both sides
   Tally parts;         // per part of an event, looked for on both sides
   Tally step_aliases;  // where both sides record it
+  Tally state_dtypes;  // per part where either side records its states' dtypes
   Tally groups;        // param groups' lr and weight decay per step, where both sides record them
   Tally unwritten;     // per load probed on both sides: its unwritten ranges (none: one equal)
   // Scenarios with storage faults (issue 25): per run whose save met one on either side, whether
@@ -129,8 +130,9 @@ struct Conformance {
   // What `ckptsim conform` exits 0 on: every field above agrees, and every required hash.
   bool agrees() const {
     return verdicts_agree() && counters_agree() && errors_agree() && statuses.agree() &&
-           events.agree() && parts.agree() && step_aliases.agree() && groups.agree() &&
-           unwritten.agree() && hashes_required.agree() && crashes.agree() && resumes.agree();
+           events.agree() && parts.agree() && step_aliases.agree() && state_dtypes.agree() &&
+           groups.agree() && unwritten.agree() && hashes_required.agree() && crashes.agree() &&
+           resumes.agree();
   }
 };
 

@@ -50,15 +50,28 @@ const sim::GlobalState* committed_state(const sim::RunResult& run, size_t j, int
 
 // The optimizer state phase `p`'s save left in its files (PhaseRecord::saved_state read back
 // from them), over the state it held when it saved: where the files hold an element, theirs.
-sim::GlobalState state_in_files(const sim::PhaseRecord& p) {
+// Under TE's precision-aware FusedAdam the saved 'param' of a bf16 param is its fp32
+// master_param, or with remainders its int16 remainder, whose master is reassembled with the
+// bf16 param the job held; that of an fp32 param is a master_param TE never updates (the step
+// updates the param itself), so it is not the job's master and is not compared.
+sim::GlobalState state_in_files(const sim::RunResult& run, const sim::PhaseRecord& p) {
   sim::GlobalState files = *p.at_save;
+  const model::OptimizerConfig& o = run.scenario.optimizer;
   const auto overlay = [&](const char* key, std::vector<std::vector<float>>& field, bool moment) {
     const auto it = p.saved_state.find(key);
     if (it == p.saved_state.end()) return;
+    const bool master = !moment && o.te_precision_aware();
     for (size_t q = 0; q < field.size() && q < it->second.size(); ++q) {
+      const bool bf16 = run.scenario.params[q].dtype == model::DType::kBFloat16;
+      if (master && !bf16) continue;
+      const bool remainder = master && o.store_param_remainders;
       for (size_t e = 0; e < field[q].size() && e < it->second[q].size(); ++e) {
-        const float v = it->second[q][e];
+        float v = it->second[q][e];
         if (std::isnan(v)) continue;
+        if (remainder) {
+          if (q >= files.param.size() || e >= files.param[q].size()) continue;
+          v = sim::master_from_remainder(files.param[q][e], v);
+        }
         field[q][e] = v;
         // Adam's lazily created state reads as zero: a saved zero is no state.
         if (moment && q < files.moments_present.size() && e < files.moments_present[q].size() &&
@@ -173,7 +186,8 @@ PropertyResult tracker_names_saved_state(const sim::RunResult& run) {
     }
     // The state in the files is the state the job held when it saved that iteration.
     if (named != p.save_iteration || !p.at_save.has_value() || p.saved_state.empty()) continue;
-    if (auto diff = state_difference(run, state_in_files(p), *p.at_save, "where the job held")) {
+    if (auto diff =
+            state_difference(run, state_in_files(run, p), *p.at_save, "where the job held")) {
       return fail(std::move(r), static_cast<int>(p.index), "tracker_names_saved_state:state",
                   fmt::format("after {}'s save the tracker names iteration {}, but its files do "
                               "not hold the state the job saved there: {}",

@@ -111,6 +111,10 @@ const std::vector<Property>& all_properties() {
          "every element a load requests is written from the checkpoint (absolute: no reference)",
          load_writes_every_element, trace_load_writes_every_element,
          "PropertyCanary.LoadWritesEveryElementCatchesASkippedPiece", nullptr, ""},
+        {"state_dtypes_survive_resume",
+         "a precision-aware FusedAdam's states keep the uninterrupted run's dtypes after a resume",
+         state_dtypes_survive_resume, trace_state_dtypes_survive_resume,
+         "PropertyCanary.StateDtypesSurviveResumeCatchesAMomentKeptFp32", nullptr, ""},
     };
     for (Property& p : save_protocol_properties()) out.push_back(std::move(p));
     return out;

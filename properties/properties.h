@@ -52,6 +52,10 @@
 //   load_writes_every_element         every element a load requests (each rank's optimizer
 //                                     state, model params) is written from the checkpoint: none
 //                                     keeps the value the request was built with
+//   state_dtypes_survive_resume       every state of TE's precision-aware FusedAdam (moments in
+//                                     their dtypes, the master whole or as int16 remainders) is
+//                                     stored after every load and step of a resumed run in the
+//                                     dtype the uninterrupted run stores it in (issue 26)
 //
 // A verdict is pass, fail, or not_evaluated (the run never reached what the property
 // judges, e.g. a resume whose load crashed); only pass counts as ok.

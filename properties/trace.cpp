@@ -92,6 +92,29 @@ std::optional<double> number_or_null(const json& j, const char* key) {
   return j[key].get<double>();
 }
 
+// A part's state_dtypes: an object naming some of exp_avg, exp_avg_sq, master_param, each
+// one of fp32, bf16, fp16, int16.
+std::map<std::string, std::string> state_dtypes(const json& d, const std::string& what) {
+  static const std::set<std::string> states = {"exp_avg", "exp_avg_sq", "master_param"};
+  static const std::set<std::string> dtypes = {"fp32", "bf16", "fp16", "int16"};
+  if (!d.is_object()) throw Malformed(what + " state_dtypes: must be an object");
+  std::map<std::string, std::string> out;
+  for (const auto& [state, dtype] : d.items()) {
+    if (!states.contains(state)) {
+      throw Malformed(what + " state_dtypes: unknown state \"" + state +
+                      "\" (exp_avg, exp_avg_sq, master_param)");
+    }
+    if (!dtype.is_string() || !dtypes.contains(dtype.get<std::string>())) {
+      throw Malformed(what + " state_dtypes." + state +
+                      ": must be one of fp32, bf16, "
+                      "fp16, int16, got " +
+                      dtype.dump());
+    }
+    out[state] = dtype.get<std::string>();
+  }
+  return out;
+}
+
 // One event of a run whose ranks are [0, world); `what` names it in errors.
 Event parse_event(const json& e, int64_t world, const std::string& what) {
   Event ev;
@@ -112,11 +135,20 @@ Event parse_event(const json& e, int64_t world, const std::string& what) {
   }
   for (const auto& p : e.at("parts")) {
     const auto [begin, end] = range_at(p, what + " part");
-    Part part{p.at("part").get<std::string>(), p.at("param").get<std::string>(), begin,        end,
-              number_or_null(p, "step"),       number_or_null(p, "step_used"),   std::nullopt, ""};
+    Part part{p.at("part").get<std::string>(),
+              p.at("param").get<std::string>(),
+              begin,
+              end,
+              number_or_null(p, "step"),
+              number_or_null(p, "step_used"),
+              std::nullopt,
+              "",
+              std::nullopt};
     if (p.contains("step_aliases"))
       part.aliases = integer_in(p["step_aliases"], what + " step_aliases", 0, kStepMax);
     if (p.contains("kernel")) part.kernel = p["kernel"].get<std::string>();
+    if (const auto d = p.find("state_dtypes"); d != p.end())
+      part.state_dtypes = state_dtypes(*d, what);
     ev.parts.push_back(std::move(part));
   }
   for (const auto& [kind, m] : e.at("hashes").items()) {

@@ -33,7 +33,11 @@ struct Part {
   std::optional<double> step;
   std::optional<double> step_used;
   std::optional<int64_t> aliases;
-  std::string kernel;         // as the trace names it, or inferred
+  std::string kernel;  // as the trace names it, or inferred
+  // The optional state_dtypes: state name ("exp_avg", "exp_avg_sq", "master_param") -> the dtype
+  // its tensor is stored in ("fp32", "bf16", "fp16", "int16"); nullopt where the field is absent
+  // (every part but TE's precision-aware FusedAdam's).
+  std::optional<std::map<std::string, std::string>> state_dtypes;
   std::string label() const;  // "HDO cpu AdamW w1[0:416]"
   bool same_place(const Part& o) const {
     return part == o.part && param == o.param && begin == o.begin && end == o.end;

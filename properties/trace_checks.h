@@ -35,5 +35,8 @@ TraceVerdict trace_step_tensors_not_aliased(const trace::Trace& t);
 // every load left no requested range unwritten, on any rank (its after_load events' `unwritten`:
 // not evaluated where no load of the trace was probed)
 TraceVerdict trace_load_writes_every_element(const trace::Trace& t);
+// every part of a resumed run that records state_dtypes stores them as the reference run's part
+// holding the same first element at that global step (properties/state_dtypes.cpp)
+TraceVerdict trace_state_dtypes_survive_resume(const trace::Trace& t);
 
 }  // namespace ckptsim::properties

@@ -283,6 +283,8 @@ std::vector<std::pair<std::string, properties::Tally>> fields_of(const propertie
 std::string conformance_fields(const properties::Conformance& c) {
   std::string out;
   auto fields = fields_of(c);
+  // Only where a side records state dtypes (a precision-aware FusedAdam), likewise.
+  if (c.state_dtypes.compared > 0) fields.emplace_back("state dtypes", c.state_dtypes);
   // Only where the scenario has storage faults, so that other scenarios' lines stay as they were.
   if (c.crashes.compared + c.resumes.compared > 0) {
     fields.emplace_back("crashes", c.crashes);

@@ -126,6 +126,11 @@ json shard_states(const sim::RunResult& run, const sim::GlobalState& st,
                      {"step", s->counter ? json(*s->counter) : json(nullptr)},
                      {"step_used", stepped && s->step_used ? json(*s->step_used) : json(nullptr)},
                      {"step_aliases", s->step_aliases}});
+    if (!s->state_dtypes.empty()) {
+      json dtypes = json::object();
+      for (const auto& [state, dtype] : s->state_dtypes) dtypes[state] = dtype;
+      parts.back()["state_dtypes"] = std::move(dtypes);
+    }
     const bool moments = st.moments_present[s->param][static_cast<size_t>(s->range.start)] != 0;
     auto put = [&](const char* kind, const std::vector<float>& v, size_t field, bool has) {
       const auto part = own != nullptr ? std::span<const float>((*own)[field]) : slice(v, s->range);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -88,6 +89,21 @@ std::string hybrid_fp32_label(const sim::Scenario& s) {
   return f == 0 ? "some, offload 0" : f == 1 ? "some, offload 1" : "some, offload between";
 }
 
+// The precision-aware states drawn (--state-dtype): "exp_avg bf16, exp_avg_sq fp32, remainders";
+// nullopt where none were.
+std::optional<std::string> precision_label(const model::OptimizerConfig& o) {
+  if (o.te_precision_aware()) {
+    return fmt::format("exp_avg {}, exp_avg_sq {}{}", model::state_dtype_name(o.exp_avg_dtype),
+                       model::state_dtype_name(o.exp_avg_sq_dtype),
+                       o.store_param_remainders ? ", remainders" : ", fp32 masters");
+  }
+  if (o.kind == model::OptimizerKind::kHybrid &&
+      (o.exp_avg_dtype != model::StateDType::kFloat32 ||
+       o.exp_avg_sq_dtype != model::StateDType::kFloat32))
+    return "hybrid, dtypes given (its HDO keeps fp32)";
+  return std::nullopt;
+}
+
 std::string reshard_label(int64_t from, int64_t to) {
   if (from == to) return "same DP";
   if (to % from == 0 || from % to == 0) return to > from ? "up, dividing" : "down, dividing";
@@ -121,6 +137,7 @@ void Coverage::add(const sim::Scenario& s) {
                                ? hybrid_label(o)
                                : model::optimizer_kind_name(o.kind));
   bump("cases: dtypes", dtypes_label(s));
+  if (const auto label = precision_label(o)) bump("cases: precision-aware states", *label);
   bump("cases: param groups", mults_label(s));
   bump("cases: params", std::to_string(s.params.size()));
   bump("cases: buckets", s.bucket_size ? "several (bucket_size set)" : "one");

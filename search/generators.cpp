@@ -223,6 +223,24 @@ void draw_optimizer(const GeneratorConfig& config, const rc::Gen<double>& offloa
   }
 }
 
+// The precision-aware optimizer and its state dtypes (GeneratorConfig::state_dtypes), drawn
+// after everything else. torch_adamw cases stay as they are (Megatron without TE refuses it).
+void draw_state_dtypes(const GeneratorConfig& config, sim::Scenario& s) {
+  if (config.state_dtypes.empty() || s.optimizer.kind == model::OptimizerKind::kTorchAdamW) return;
+  model::OptimizerConfig& o = s.optimizer;
+  if (o.kind == model::OptimizerKind::kFusedAdam)
+    o.precision_aware = *gen::weightedElement<bool>({{1, false}, {3, true}});
+  if (!o.uses_precision_aware()) return;
+  // fp32 first (elementOf shrinks toward it), each other dtype twice as often.
+  std::vector<model::StateDType> choices = {model::StateDType::kFloat32};
+  for (model::StateDType d : config.state_dtypes) {
+    if (d != model::StateDType::kFloat32) choices.insert(choices.end(), 2, d);
+  }
+  o.exp_avg_dtype = *gen::elementOf(choices);
+  o.exp_avg_sq_dtype = *gen::elementOf(choices);
+  o.store_param_remainders = *gen::weightedElement<bool>({{4, true}, {1, false}});
+}
+
 // One bucket or several, the 65536 padding option now and then. REQUIRES: s.params drawn.
 void draw_layout(sim::Scenario& s) {
   const int64_t total = s.total_numel();
@@ -597,6 +615,7 @@ rc::Gen<sim::Scenario> gen_campaign_scenario(const GeneratorConfig& config) {
     // A real replay runs the world on one GPU: TP x PP x DP processes within --dp-max.
     draw_model_parallel(config, s, config.dp_max);
     if (config.tp_max > 1 || config.pp_max > 1) fit_model_parallel_layout(s);
+    draw_state_dtypes(config, s);
     s.faults = config.faults;
     s.name = "generated";
     return s;
@@ -739,6 +758,7 @@ rc::Gen<sim::Scenario> gen_scenario(const GeneratorConfig& config) {
       draw_no_load_optim(s);
       draw_finetune(s);
     }
+    draw_state_dtypes(config, s);
     s.faults = config.faults;
     s.name = "generated";
     return s;

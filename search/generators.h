@@ -82,6 +82,13 @@ struct GeneratorConfig {
   // dp_zero_gather_scatter 1); fully_reshardable is mem_efficient in one of three.
   std::vector<model::ShardingType> sharding_types;
   std::vector<std::string> faults;  // copied into every scenario (mutation controls)
+  // The precision-aware optimizer's state dtypes (--state-dtype; issue 26). Empty: none drawn,
+  // and the draws are those of a generator without them. Otherwise every fused_adam case is
+  // precision-aware in three of four and every hybrid case takes the dtypes too (which its HDO
+  // ignores, as upstream's does): exp_avg_dtype and exp_avg_sq_dtype each drawn from these and
+  // fp32, store_param_remainders off in one of five. Drawn last; shrinks toward fp32 states, no
+  // precision-aware optimizer and remainders on (upstream's default).
+  std::vector<model::StateDType> state_dtypes;
   int params_max = 6;
   int phases_max = 4;
   int64_t dp_max = 32;

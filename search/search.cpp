@@ -191,6 +191,22 @@ void add_simpler(const sim::Scenario& s, Candidates& out) {
     variant([](sim::Scenario& c) { c.optimizer.overlap_cpu_optimizer_d2h_h2d = false; });
   }
   if (!s.optimizer.te_installed) variant([](sim::Scenario& c) { c.optimizer.te_installed = true; });
+  // fp32 states, then no precision-aware optimizer, and remainders on (upstream's default).
+  using DtypeField = model::StateDType model::OptimizerConfig::*;
+  for (DtypeField d :
+       {&model::OptimizerConfig::exp_avg_dtype, &model::OptimizerConfig::exp_avg_sq_dtype}) {
+    if (s.optimizer.*d != model::StateDType::kFloat32)
+      variant([d](sim::Scenario& c) { c.optimizer.*d = model::StateDType::kFloat32; });
+  }
+  if (s.optimizer.precision_aware && s.optimizer.exp_avg_dtype == model::StateDType::kFloat32 &&
+      s.optimizer.exp_avg_sq_dtype == model::StateDType::kFloat32) {
+    variant([](sim::Scenario& c) {
+      c.optimizer.precision_aware = false;
+      c.optimizer.store_param_remainders = true;
+    });
+  }
+  if (!s.optimizer.store_param_remainders)
+    variant([](sim::Scenario& c) { c.optimizer.store_param_remainders = true; });
   if (s.optimizer.kind == model::OptimizerKind::kHybrid) {
     // Strictly simpler only (1.0 < 0.0 < 0.5 < anything else), so shrinking cannot cycle.
     auto rank = [](double f) { return f == 1.0 ? 0 : f == 0.0 ? 1 : f == 0.5 ? 2 : 3; };

@@ -18,7 +18,7 @@ using model::Value;
 
 std::vector<float> floats(const Value* v) {
   std::vector<float> out;
-  if (v == nullptr || !v->is_tensor()) return out;
+  if (v == nullptr || !v->is_tensor() || !v->tensor().defined()) return out;
   const at::Tensor t = v->tensor().to(at::kFloat).to(at::kCPU).contiguous();
   out.assign(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
   return out;
@@ -100,9 +100,28 @@ ShardSnapshot snapshot_one(const model::DistributedOptimizer& opt, const at::Ten
   const StateOwner owner = state_owner(opt, x, group);
   snap.part = owner.part;
   snap.kernel = owner.kernel;
+  step_object = nullptr;
+  const auto* fused = dynamic_cast<const model::FusedAdam*>(owner.optimizer);
+  if (fused != nullptr && opt.te_precision_aware()) {
+    // TE's precision-aware FusedAdam: the fp32 master it updates (reassembled from the bf16
+    // param and its remainder, or its fp32 master_param; an fp32 param itself) and the unscaled
+    // moments, with the dtypes each state is stored in.
+    const Value master_value(fused->master_value(x));
+    snap.master = floats(&master_value);
+    for (const char* name : {"exp_avg", "exp_avg_sq", "master_param"}) {
+      const std::optional<std::string> d = fused->stored_dtype(x, name);
+      if (d.has_value()) snap.state_dtypes.emplace_back(name, *d);
+    }
+    const Value m(fused->unscaled_copy(x, "exp_avg"));
+    const Value v(fused->unscaled_copy(x, "exp_avg_sq"));
+    snap.exp_avg = floats(&m);
+    snap.exp_avg_sq = floats(&v);
+    if (const Value* step = owner.group->find("step"); step != nullptr && !step->is_none())
+      snap.step = step->as_float();
+    return snap;
+  }
   const Value master_value(owner.master);
   snap.master = floats(&master_value);
-  step_object = nullptr;
   if (const model::DictPtr* st = owner.optimizer->state.find(owner.master)) {
     snap.exp_avg = floats((*st)->find("exp_avg"));
     snap.exp_avg_sq = floats((*st)->find("exp_avg_sq"));

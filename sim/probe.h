@@ -79,6 +79,10 @@ struct ShardSnapshot {
   int64_t kernel_numel = -1;
   // A TP rank > 0's copy of a replicated param (TP rank 0 holds the main one).
   bool replica = false;
+  // TE's precision-aware FusedAdam only: the dtype each state is stored in ("fp32", "bf16",
+  // "fp16", "int16"), for 'exp_avg', 'exp_avg_sq', 'master_param' where it exists; empty for
+  // every other part (the trace's optional state_dtypes).
+  std::vector<std::pair<std::string, std::string>> state_dtypes;
 };
 
 // Every shard this rank's optimizer updates, in param-group order.

@@ -278,6 +278,7 @@ ShardRecord record_of(const ShardSnapshot& shard, size_t r, const RankState& ran
   rec.counter = shard.step;
   rec.kernel_offset = shard.kernel_offset;
   rec.kernel_numel = shard.kernel_numel;
+  rec.state_dtypes = shard.state_dtypes;
   for (const auto& u : rank.uses) {
     if (u.model_param == shard.model_param) rec.step_used = u.step;
   }
@@ -560,6 +561,13 @@ std::map<std::string, std::vector<std::vector<float>>> saved_state_by_param(
     }
   }
   return out;
+}
+
+float master_from_remainder(float bf16_value, float remainder) {
+  auto hi = static_cast<uint16_t>(std::bit_cast<uint32_t>(bf16_value) >> 16);
+  const auto rem = static_cast<int16_t>(remainder);
+  if (rem < 0) hi = static_cast<uint16_t>(hi - 1);
+  return std::bit_cast<float>((uint32_t{hi} << 16) | static_cast<uint16_t>(rem));
 }
 
 }  // namespace ckptsim::sim

@@ -91,6 +91,8 @@ struct ShardRecord {
   // Where the elements sat in the tensor the kernel updated (ShardSnapshot::kernel_offset).
   int64_t kernel_offset = 0;
   int64_t kernel_numel = -1;
+  // ShardSnapshot::state_dtypes (empty but for TE's precision-aware FusedAdam).
+  std::vector<std::pair<std::string, std::string>> state_dtypes;
 
   // The rounding class (sim/probe.h) of element `element` of the param.
   int rounding_class(int64_t element) const {
@@ -351,6 +353,11 @@ std::map<std::string, std::vector<std::vector<float>>> saved_state_by_param(
 std::map<std::string, std::vector<std::vector<float>>> saved_state_by_param(
     const Scenario& s, const std::map<std::string, std::vector<float>>& values,
     const PhaseRecord& phase);
+
+// The fp32 master TE keeps as a bf16 param (given as its float value) and an int16 remainder
+// (given as a float holding an integer): adam.cu's reassembly, the high half the bf16 bits less
+// one where the remainder is negative.
+float master_from_remainder(float bf16_value, float remainder);
 
 // FNV-1a, used for state and trace hashes.
 uint64_t fnv1a(const void* data, size_t n, uint64_t h = 0xcbf29ce484222325ULL);

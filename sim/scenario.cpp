@@ -345,13 +345,75 @@ Status parse_hybrid_options(const Reader& r, const json& o, model::OptimizerConf
   return Status::ok();
 }
 
+template <typename E>
+Status parse_enum(const Reader& r, const json& o, const char* key, const std::string& path,
+                  std::optional<E> (*parse)(std::string_view), const char* names, E& out) {
+  if (!o.contains(key)) return Status::ok();
+  const json& v = o.at(key);
+  const auto parsed = v.is_string() ? parse(v.get<std::string>()) : std::nullopt;
+  if (!parsed.has_value())
+    return r.error(path, fmt::format("must be one of {}, got {}", names, v.dump()));
+  out = *parsed;
+  return Status::ok();
+}
+
+// The precision-aware optimizer's fields (--use-precision-aware-optimizer and its dtypes).
+Status parse_precision_aware(const Reader& r, const json& o, model::OptimizerConfig& c) {
+  const bool hybrid = c.kind == model::OptimizerKind::kHybrid;
+  CKPTSIM_TRY(
+      r.boolean(o, "precision_aware", "optimizer.precision_aware", c.precision_aware, false));
+  if (hybrid && o.contains("precision_aware") && !c.precision_aware) {
+    return r.error("optimizer.precision_aware",
+                   "must be true for kind \"hybrid\" (Megatron requires "
+                   "--use-precision-aware-optimizer with --optimizer-cpu-offload)");
+  }
+  if (c.precision_aware && c.kind == model::OptimizerKind::kTorchAdamW) {
+    return r.error("optimizer.precision_aware",
+                   "cannot be true for kind \"torch_adamw\" (Megatron without TE raises "
+                   "RuntimeError: --use-precision-aware-optimizer requires FusedAdam from "
+                   "TransformerEngine)");
+  }
+  c.precision_aware = c.precision_aware && !hybrid;  // the hybrid's is its kind
+  for (const auto& [key, out] : {std::pair{"exp_avg_dtype", &c.exp_avg_dtype},
+                                 std::pair{"exp_avg_sq_dtype", &c.exp_avg_sq_dtype}}) {
+    if (!o.contains(key)) continue;
+    const std::string path = std::string("optimizer.") + key;
+    const json& v = o[key];
+    if (v == "fp8") {
+      return r.error(path,
+                     "\"fp8\" is not modeled (FP8 states are TE Float8Tensors); use fp32, "
+                     "bf16 or fp16");
+    }
+    CKPTSIM_TRY(parse_enum(r, o, key, path, model::parse_state_dtype, "fp32, bf16, fp16", *out));
+    if (*out != model::StateDType::kFloat32 && !c.uses_precision_aware()) {
+      return r.error(path, fmt::format("can only be fp32 when not using precision-aware optimizer "
+                                       "(set optimizer.precision_aware), got {}",
+                                       v.dump()));
+    }
+  }
+  if (o.contains("main_params_dtype") && o["main_params_dtype"] != "fp32") {
+    return r.error("optimizer.main_params_dtype",
+                   "only \"fp32\" is modeled (TE's scaled fp16 master weights are not), got " +
+                       o["main_params_dtype"].dump());
+  }
+  if (o.contains("store_param_remainders") && !c.uses_precision_aware()) {
+    return r.error("optimizer.store_param_remainders",
+                   "applies only to a precision-aware optimizer (optimizer.precision_aware or "
+                   "kind \"hybrid\")");
+  }
+  return r.boolean(o, "store_param_remainders", "optimizer.store_param_remainders",
+                   c.store_param_remainders, true);
+}
+
 Status parse_optimizer(const Reader& r, const json& j, model::OptimizerConfig& c) {
   if (!j.contains("optimizer") || !j["optimizer"].is_object())
     return r.error("optimizer", "is required (an object)");
   const json& o = j["optimizer"];
-  CKPTSIM_TRY(r.check_fields(o, "optimizer",
-                             {"kind", "offload_fraction", "lr", "betas", "eps", "weight_decay",
-                              "overlap_cpu_optimizer_d2h_h2d", "transformer_engine"}));
+  CKPTSIM_TRY(r.check_fields(
+      o, "optimizer",
+      {"kind", "offload_fraction", "lr", "betas", "eps", "weight_decay",
+       "overlap_cpu_optimizer_d2h_h2d", "transformer_engine", "precision_aware", "exp_avg_dtype",
+       "exp_avg_sq_dtype", "main_params_dtype", "store_param_remainders"}));
   std::string kind;
   CKPTSIM_TRY(r.string(o, "kind", "optimizer.kind", kind));
   const auto parsed = model::parse_optimizer_kind(kind);
@@ -361,6 +423,7 @@ Status parse_optimizer(const Reader& r, const json& j, model::OptimizerConfig& c
   }
   c.kind = *parsed;
   CKPTSIM_TRY(parse_hybrid_options(r, o, c));
+  CKPTSIM_TRY(parse_precision_aware(r, o, c));
   CKPTSIM_TRY(r.number(o, "lr", "optimizer.lr", 0.0, 10.0, c.adam.lr));
   if (!o.contains("betas") || !o["betas"].is_array() || o["betas"].size() != 2 ||
       !o["betas"][0].is_number() || !o["betas"][1].is_number()) {
@@ -375,18 +438,6 @@ Status parse_optimizer(const Reader& r, const json& j, model::OptimizerConfig& c
   }
   CKPTSIM_TRY(r.number(o, "eps", "optimizer.eps", 1e-30, 1.0, c.adam.eps));
   return r.number(o, "weight_decay", "optimizer.weight_decay", 0.0, 10.0, c.adam.weight_decay);
-}
-
-template <typename E>
-Status parse_enum(const Reader& r, const json& o, const char* key, const std::string& path,
-                  std::optional<E> (*parse)(std::string_view), const char* names, E& out) {
-  if (!o.contains(key)) return Status::ok();
-  const json& v = o.at(key);
-  const auto parsed = v.is_string() ? parse(v.get<std::string>()) : std::nullopt;
-  if (!parsed.has_value())
-    return r.error(path, fmt::format("must be one of {}, got {}", names, v.dump()));
-  out = *parsed;
-  return Status::ok();
 }
 
 // A param's shape, TP split and layer (model::ParamSpec).
@@ -810,6 +861,31 @@ json schedule_json(const model::ScheduleConfig& c, const model::ScheduleConfig& 
 
 }  // namespace
 
+namespace {
+
+// The optimizer's fields, each only where it differs from its default (the required ones always).
+json optimizer_json(const model::OptimizerConfig& c) {
+  json o{{"kind", model::optimizer_kind_name(c.kind)},
+         {"lr", c.adam.lr},
+         {"betas", {c.adam.beta1, c.adam.beta2}},
+         {"eps", c.adam.eps},
+         {"weight_decay", c.adam.weight_decay}};
+  if (c.kind == model::OptimizerKind::kHybrid) {
+    o["offload_fraction"] = c.offload_fraction;
+    if (c.overlap_cpu_optimizer_d2h_h2d) o["overlap_cpu_optimizer_d2h_h2d"] = true;
+    if (!c.te_installed) o["transformer_engine"] = model::te_presence_name(false);
+  }
+  if (c.precision_aware) o["precision_aware"] = true;
+  for (const auto& [key, d] : {std::pair{"exp_avg_dtype", c.exp_avg_dtype},
+                               std::pair{"exp_avg_sq_dtype", c.exp_avg_sq_dtype}}) {
+    if (d != model::StateDType::kFloat32) o[key] = model::state_dtype_name(d);
+  }
+  if (c.uses_precision_aware() && !c.store_param_remainders) o["store_param_remainders"] = false;
+  return o;
+}
+
+}  // namespace
+
 json scenario_to_json(const Scenario& s) {
   json j;
   j["seed"] = s.seed;
@@ -826,17 +902,7 @@ json scenario_to_json(const Scenario& s) {
     if (p.layer != 0) pj["layer"] = p.layer;
     j["params"].push_back(pj);
   }
-  json o{{"kind", model::optimizer_kind_name(s.optimizer.kind)},
-         {"lr", s.optimizer.adam.lr},
-         {"betas", {s.optimizer.adam.beta1, s.optimizer.adam.beta2}},
-         {"eps", s.optimizer.adam.eps},
-         {"weight_decay", s.optimizer.adam.weight_decay}};
-  if (s.optimizer.kind == model::OptimizerKind::kHybrid) {
-    o["offload_fraction"] = s.optimizer.offload_fraction;
-    if (s.optimizer.overlap_cpu_optimizer_d2h_h2d) o["overlap_cpu_optimizer_d2h_h2d"] = true;
-    if (!s.optimizer.te_installed) o["transformer_engine"] = model::te_presence_name(false);
-  }
-  j["optimizer"] = o;
+  j["optimizer"] = optimizer_json(s.optimizer);
   j["bucket_size"] = s.bucket_size.has_value() ? json(*s.bucket_size) : json(nullptr);
   if (s.pad_buckets_for_high_nccl_busbw) j["pad_buckets_for_high_nccl_busbw"] = true;
   j["sharding_type"] = model::sharding_type_name(s.format.sharding_type);

@@ -12,7 +12,14 @@
 //                            of pp holds layers [s L/pp, (s+1) L/pp) of L = max layer + 1)}]
 //   * optimizer             {kind* ("fused_adam"|"torch_adamw"|"hybrid"), lr*, betas*, eps*,
 //                            weight_decay*, offload_fraction (hybrid: required),
-//                            overlap_cpu_optimizer_d2h_h2d (hybrid; default false)}
+//                            overlap_cpu_optimizer_d2h_h2d (hybrid; default false),
+//                            transformer_engine (hybrid: "installed", the default | "absent"),
+//                            precision_aware (fused_adam: --use-precision-aware-optimizer,
+//                            default false; hybrid: always, may be given as true),
+//                            exp_avg_dtype, exp_avg_sq_dtype ("fp32", the default | "bf16" |
+//                            "fp16"; other than fp32 only where precision-aware; the HDO
+//                            ignores them, as upstream), main_params_dtype ("fp32" only),
+//                            store_param_remainders (precision-aware; default true: TE >= 2.1)}
 //     bucket_size           null (one bucket, the default) or integer >= 1
 //     pad_buckets_for_high_nccl_busbw   bool, default false
 //     sharding_type         the distributed optimizer's checkpoint format every phase saves in

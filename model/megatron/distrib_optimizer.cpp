@@ -310,11 +310,23 @@ void DistributedOptimizer::create_inner_optimizer() {
                        {"eps", Value(config_.adam.eps)}});
   };
   switch (config_.kind) {
-    case OptimizerKind::kFusedAdam:
-      // get_megatron_optimizer: TE Adam(params, lr, weight_decay, betas, eps, adam_w_mode=True).
-      optimizer_ = std::make_unique<FusedAdam>(rt_, groups, adam_defaults());
+    case OptimizerKind::kFusedAdam: {
+      // get_megatron_optimizer: TE Adam(params, lr, weight_decay, betas, eps, adam_w_mode=True),
+      // precision-aware: plus exp_avg_dtype, exp_avg_sq_dtype, master_weights=True,
+      // use_decoupled_grad=True, master_weight_dtype (fp32) and, TE >= 2.1,
+      // store_param_remainders (POST __init__.py:365-387, HEAD :564-588).
+      FusedAdamOptions options;
+      if (config_.precision_aware) {
+        options.master_weights = true;
+        options.use_decoupled_grad = true;
+        options.exp_avg_dtype = config_.exp_avg_dtype;
+        options.exp_avg_sq_dtype = config_.exp_avg_sq_dtype;
+        options.store_param_remainders = config_.store_param_remainders;
+      }
+      optimizer_ = std::make_unique<FusedAdam>(rt_, groups, adam_defaults(), options);
       optimizer_->load_state_dict(optimizer_->state_dict());
       break;
+    }
     case OptimizerKind::kTorchAdamW:
       optimizer_ = std::make_unique<TorchAdamW>(rt_, groups, adam_defaults());
       optimizer_->load_state_dict(optimizer_->state_dict());
@@ -555,11 +567,25 @@ Value DistributedOptimizer::dummy_state(const Value& inner_state_dict) {
                                         ->at(o)
                                         .as_int();
         const int64_t numel = rm.gbuf_world.size();
-        auto tensors =
-            Dict::make({{"exp_avg", Value(rt_.empty({numel}, at::kFloat, Device::kCuda))},
-                        {"exp_avg_sq", Value(rt_.empty({numel}, at::kFloat, Device::kCuda))}});
-        if (precision_aware())
-          tensors->set("master_param", Value(rt_.empty({numel}, at::kFloat, Device::kCuda)));
+        // The states in the config's dtypes (POST :797-798; HEAD _get_state_key_dtype); a
+        // precision-aware master int16 where store_param_remainders and bf16 (the config's
+        // flag: every param, fp32 ones included), else main_params_dtype (fp32).
+        const auto state_type = [](StateDType d) {
+          return d == StateDType::kBFloat16  ? at::kBFloat16
+                 : d == StateDType::kFloat16 ? at::kHalf
+                                             : at::kFloat;
+        };
+        auto tensors = Dict::make(
+            {{"exp_avg",
+              Value(rt_.empty({numel}, state_type(config_.exp_avg_dtype), Device::kCuda))},
+             {"exp_avg_sq",
+              Value(rt_.empty({numel}, state_type(config_.exp_avg_sq_dtype), Device::kCuda))}});
+        if (precision_aware()) {
+          const bool remainders = config_.store_param_remainders && te_precision_aware();
+          tensors->set(
+              "master_param",
+              Value(rt_.empty({numel}, remainders ? at::kShort : at::kFloat, Device::kCuda)));
+        }
         entries.emplace_back(state_order, tensors);
       }
     }
@@ -635,6 +661,8 @@ void DistributedOptimizer::reload_model_params() {
     h->update_fp32_param_by_new_param();
     return;
   }
+  // TE's FusedAdam holds the masters (POST :2558-2559, HEAD :3096-3097): nothing to copy.
+  if (te_precision_aware()) return;
   const auto copy_group_params = [&](const std::vector<std::vector<size_t>>& model_groups,
                                      const std::vector<std::vector<at::Tensor>>& main_groups) {
     for (size_t g = 0; g < model_groups.size(); ++g) {
@@ -711,12 +739,14 @@ DictPtr DistributedOptimizer::get_main_param_and_optimizer_states(size_t model_p
   const at::Tensor x = optimizer_param(model_param);
   auto tensors = Dict::make();
   if (precision_aware()) {
-    // HDO: raw live objects of HDO.state[X] (state is a defaultdict: a miss inserts {}).
+    // HDO: raw live objects of HDO.state[X] (state is a defaultdict: a miss inserts {}); TE's
+    // FusedAdam: get_unscaled_state of each (fp32, int16 remainders, or a new unscaled copy).
     DictPtr& s = optimizer_->state.get_or_insert(x, [] { return Dict::make(); });
+    auto* fused = dynamic_cast<FusedAdam*>(optimizer_.get());
     for (const auto& [k, v] : *s) {
       // Revision switch get_drops_non_tensors (HEAD:1097-1110).
       if (switches_.get_drops_non_tensors && !v.is_tensor()) continue;
-      tensors->set(k, v);
+      tensors->set(k, fused != nullptr ? Value(fused->get_unscaled_state(x, k.str())) : v);
     }
     tensors->set("param",
                  tensors->pop("master_param",
@@ -732,6 +762,19 @@ DictPtr DistributedOptimizer::get_main_param_and_optimizer_states(size_t model_p
 void DistributedOptimizer::set_main_param_and_optimizer_states(size_t model_param,
                                                                const Dict& tensors, bool no_grad) {
   const at::Tensor x = optimizer_param(model_param);
+  if (auto* fused = dynamic_cast<FusedAdam*>(optimizer_.get()); fused && te_precision_aware()) {
+    for (const auto& [k, v] : tensors) {
+      // Revision switch set_skips_non_tensors (HEAD); POST hands 'padding': False to TE too.
+      if (switches_.set_skips_non_tensors && !v.is_tensor()) continue;
+      if (!v.is_tensor()) {
+        throw UpstreamError("AttributeError",
+                            "'" + v.type_name() + "' object has no attribute 'dtype'",
+                            "fused_adam.py FusedAdam.set_scaled_state()");
+      }
+      fused->set_scaled_state(x, k == Key("param") ? "master_param" : k.str(), v.tensor());
+    }
+    return;
+  }
   if (precision_aware()) {
     DictPtr& s = optimizer_->state.get_or_insert(x, [] { return Dict::make(); });
     for (const auto& [k, v] : tensors) {

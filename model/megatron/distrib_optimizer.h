@@ -172,7 +172,11 @@ class DistributedOptimizer {
     return config_.kind == OptimizerKind::kFusedAdam ||
            (config_.kind == OptimizerKind::kHybrid && config_.te_installed);
   }
-  bool precision_aware() const { return config_.kind == OptimizerKind::kHybrid; }
+  // config.use_precision_aware_optimizer_no_fp8_or_ds_fp8 (no FP8 recipe here): the HDO, or TE's
+  // FusedAdam holding the master weights.
+  bool precision_aware() const { return config_.uses_precision_aware(); }
+  // TE's FusedAdam with master weights and the configured state dtypes (not the HDO).
+  bool te_precision_aware() const { return config_.te_precision_aware(); }
   // Whether the optimizer state a load request holds was allocated by dummy_state(), i.e. by
   // torch.empty: load_state_dict() found no state (and no HDO, whose dummy_step() makes state
   // first). Whatever of 'exp_avg', 'exp_avg_sq' (and, precision-aware, 'master_param') a load

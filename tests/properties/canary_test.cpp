@@ -314,6 +314,20 @@ TEST(PropertyCanary, EveryFaultSiteFailsThePropertyItNames) {
         "hybrid", 1.0, 2, 4, "fix-recommended", "fix-recommended",
         schedule + (fault.empty() ? "" : R"(, "faults": [")" + fault + R"("])"));
     json.replace(json.find("\"numel\": 130"), 12, "\"numel\": 100");
+    // A moment kept fp32 needs TE's precision-aware FusedAdam with a low-precision moment.
+    if (fault == model::fault::kLowPrecisionMomentKeptFp32) {
+      const std::string hybrid =
+          "\"kind\": \"hybrid\", \"lr\": 0.01, \"betas\": [0.9, 0.95], \"eps\": 1e-8, "
+          "\"weight_decay\": 0.1, \"offload_fraction\": " +
+          std::to_string(1.0);
+      json.replace(json.find(hybrid), hybrid.size(),
+                   "\"kind\": \"fused_adam\", \"lr\": 0.01, \"betas\": [0.9, 0.95], "
+                   "\"eps\": 1e-8, \"weight_decay\": 0.1, \"precision_aware\": true, "
+                   "\"exp_avg_dtype\": \"bf16\"");
+      // POST hands the load's 'padding': False to TE's set_scaled_state (AttributeError).
+      for (std::string::size_type at; (at = json.find("fix-recommended")) != std::string::npos;)
+        json.replace(at, 15, "upstream-head");
+    }
     // A narrow counter goes wrong only past 256 steps.
     if (fault == model::fault::kStepCounterBf16) {
       json.replace(json.find("\"steps\": 3"), 10, "\"steps\": 258");
@@ -520,4 +534,30 @@ TEST(PropertyCanary, IterationFollowsResumeModeLeavesAFaultedSaveToTheDisk) {
   const auto r = test::verdict(run, "iteration_follows_resume_mode");
   EXPECT_TRUE(r.ok()) << r.detail;
   EXPECT_NE(r.detail.find("1 job(s) ended"), std::string::npos) << r.detail;  // phase 0 only
+}
+
+// A precision-aware FusedAdam with bf16 moments, DP 2 -> 4 at HEAD: the resumed run stores its
+// moments in bf16 as the uninterrupted one does; with the moments cast to fp32 and kept there at
+// the load (the fault site) the property fails, and the trajectory with it.
+TEST(PropertyCanary, StateDtypesSurviveResumeCatchesAMomentKeptFp32) {
+  std::string json = test::two_phase_json("fused_adam", 0, 2, 4, "upstream-head", "upstream-head");
+  const std::string kind = "\"kind\": \"fused_adam\"";
+  json.replace(json.find(kind), kind.size(),
+               kind +
+                   ", \"precision_aware\": true, \"exp_avg_dtype\": \"bf16\", "
+                   "\"exp_avg_sq_dtype\": \"bf16\"");
+  const auto clean_run = test::run(test::scenario_from_json(json));
+  const auto ok = test::verdict(clean_run, "state_dtypes_survive_resume");
+  EXPECT_EQ(ok.verdict, properties::Verdict::kPass) << ok.detail;
+  EXPECT_NE(ok.detail.find("shard states of resumed runs"), std::string::npos) << ok.detail;
+  expect_no_failures(clean_run);
+  json.insert(json.size() - 1,
+              ", \"faults\": [\"" + std::string(model::fault::kLowPrecisionMomentKeptFp32) + "\"]");
+  const auto run = test::run(test::scenario_from_json(json));
+  const auto r = test::verdict(run, "state_dtypes_survive_resume");
+  EXPECT_EQ(r.verdict, properties::Verdict::kFail);
+  EXPECT_NE(r.detail.find("stores exp_avg fp32 (uninterrupted run: bf16)"), std::string::npos)
+      << r.detail;
+  EXPECT_EQ(test::verdict(run, "trajectory_matches_uninterrupted").verdict,
+            properties::Verdict::kFail);
 }

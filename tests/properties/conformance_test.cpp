@@ -12,6 +12,7 @@
 #include <fstream>
 #include <set>
 
+#include "model/faults.h"
 #include "properties/trace.h"
 #include "report/trace_json.h"
 #include "tests/testing.h"
@@ -635,4 +636,70 @@ TEST(Conformance, AModelTraceWithACrashAgreesWithItself) {
   ASSERT_TRUE(c.is_ok()) << c.status().to_string();
   EXPECT_TRUE(c.value().divergences.empty()) << c.value().divergences.front().describe();
   EXPECT_TRUE(c.value().agrees());
+}
+
+// ---- state_dtypes (issue 26): the dtypes a precision-aware FusedAdam stores its states in ------
+// Mutations caught: state_dtypes not compared, or compared only where both sides record them
+// (AStateDtypeOnOneSideOrChangedDisagrees); the parser accepting any name
+// (StateDtypesNameKnownStatesAndDtypes); the trace check ignoring the field
+// (AMomentKeptFp32IsJudgedFromTheTrace).
+
+TEST(Conformance, AStateDtypeOnOneSideOrChangedDisagrees) {
+  const auto model =
+      model_trace("scenarios/precision-aware-bf16-moments-dp2-to-4-upstream-head.json");
+  const auto same = conform_ok(model, model);
+  ASSERT_TRUE(same.agrees());
+  EXPECT_GT(same.state_dtypes.compared, 0);
+  nlohmann::json real = model;
+  auto& parts = event(real, "phase1", "after_step")["parts"];
+  ASSERT_TRUE(parts[0].contains("state_dtypes"));
+  EXPECT_EQ(parts[0]["state_dtypes"]["exp_avg"], "bf16");
+  parts[0]["state_dtypes"]["exp_avg"] = "fp32";
+  const auto c = conform_ok(model, real);
+  EXPECT_FALSE(c.agrees());
+  EXPECT_EQ(c.state_dtypes.compared - c.state_dtypes.equal, 1);
+  ASSERT_FALSE(c.divergences.empty());
+  EXPECT_NE(c.divergences.front().describe().find("exp_avg fp32"), std::string::npos)
+      << c.divergences.front().describe();
+  nlohmann::json absent = model;
+  event(absent, "phase1", "after_step")["parts"][0].erase("state_dtypes");
+  const auto d = conform_ok(model, absent);
+  EXPECT_FALSE(d.agrees());
+  EXPECT_EQ(d.state_dtypes.compared - d.state_dtypes.equal, 1);
+}
+
+TEST(TraceParse, StateDtypesNameKnownStatesAndDtypes) {
+  const auto model =
+      model_trace("scenarios/precision-aware-bf16-moments-dp2-to-4-upstream-head.json");
+  ASSERT_EQ(parse_error(model), "");
+  nlohmann::json t = model;
+  auto& part = event(t, "phase1", "after_step")["parts"][0];
+  part["state_dtypes"]["step"] = "fp32";
+  EXPECT_NE(parse_error(t).find("state_dtypes: unknown state \"step\""), std::string::npos)
+      << parse_error(t);
+  t = model;
+  event(t, "phase1", "after_step")["parts"][0]["state_dtypes"]["exp_avg"] = "fp8";
+  EXPECT_NE(parse_error(t).find("state_dtypes.exp_avg: must be one of fp32, bf16, fp16, int16, "
+                                "got \"fp8\""),
+            std::string::npos)
+      << parse_error(t);
+}
+
+TEST(TraceChecks, AMomentKeptFp32IsJudgedFromTheTrace) {
+  auto s =
+      test::scenario_file("scenarios/precision-aware-bf16-moments-dp2-to-4-upstream-head.json");
+  const auto clean = test::run(s);
+  EXPECT_EQ(trace_verdict(properties::judge_trace(report::trace_json(clean), &s),
+                          "state_dtypes_survive_resume")
+                .verdict,
+            properties::Verdict::kPass);
+  s.faults.push_back(model::fault::kLowPrecisionMomentKeptFp32);
+  const auto run = test::run(s);
+  const auto on_run = properties::find_property("state_dtypes_survive_resume")->check(run);
+  ASSERT_EQ(on_run.verdict, properties::Verdict::kFail);
+  const auto verdicts = properties::judge_trace(report::trace_json(run), &s);
+  const auto& v = trace_verdict(verdicts, "state_dtypes_survive_resume");
+  EXPECT_EQ(v.verdict, properties::Verdict::kFail);
+  EXPECT_EQ(v.signature, on_run.signature);
+  EXPECT_NE(v.detail.find("(uninterrupted run: bf16)"), std::string::npos) << v.detail;
 }

@@ -330,7 +330,8 @@ struct Control {
   // The formats drawn (empty: all). A control whose property fix-complete fails in another
   // format (a known failure, below) draws dp_reshardable alone.
   std::vector<model::ShardingType> sharding_types = {};
-  bool storage_faults = false;  // `check --fault-space storage`
+  bool storage_faults = false;                       // `check --fault-space storage`
+  std::vector<model::StateDType> state_dtypes = {};  // `check --state-dtype`
 };
 
 // How ctest and gtest name a control: "<property> on <revisions> [faults]" (gtest would print
@@ -356,6 +357,7 @@ TEST_P(MutationControls, SearchFindsTheBrokenVariant) {
   g.long_steps_max = c.long_steps_max;
   g.sharding_types = c.sharding_types;
   g.storage_faults = c.storage_faults;
+  g.state_dtypes = c.state_dtypes;
   const auto r = run_search(g, {c.property}, 300);
   ASSERT_EQ(r.failures.size(), 1u) << c.property << " never failed in " << r.cases_run << " cases";
   EXPECT_EQ(r.failures.front().finding.property, c.property);
@@ -447,7 +449,17 @@ INSTANTIATE_TEST_SUITE_P(
                 false,
                 0,
                 {model::ShardingType::kDpReshardable},
-                true}),
+                true},
+        // Drawn where --state-dtype draws a low-precision moment (issue 26).
+        Control{"state_dtypes_survive_resume",
+                {"fix-complete"},
+                {"load.low_precision_moment_kept_fp32"},
+                {model::OptimizerKind::kFusedAdam},
+                false,
+                0,
+                {},
+                false,
+                {model::StateDType::kBFloat16, model::StateDType::kFloat16}}),
     [](const ::testing::TestParamInfo<Control>& info) {
       // The property, and the fault where one property has several controls.
       std::string name = info.param.property;
@@ -475,11 +487,46 @@ TEST(MutationControls, CoverEveryProperty) {
                                       "resume_after_crash_is_complete",
                                       "tracker_names_saved_state",
                                       "first_step_continues_from_loaded_weights",
-                                      "iteration_follows_resume_mode"};
+                                      "iteration_follows_resume_mode",
+                                      "state_dtypes_survive_resume"};
   for (const auto& p : properties::all_properties()) {
     EXPECT_NE(std::find(covered.begin(), covered.end(), p.name), covered.end())
         << p.name << " has no search control";
   }
+}
+
+// --state-dtype (issue 26): without it no case is precision-aware and the draws are those of a
+// generator without it; with it most fused_adam cases are, with the named dtypes, and every case
+// parses back. Mutations caught: drawing before the formats (the draws without it change), the
+// draw ignoring the list (no fp16), never drawing precision_aware.
+TEST(Generators, StateDtypesAreDrawnOnlyWhereAsked) {
+  search::GeneratorConfig g;
+  g.revisions = test::revisions({"upstream-head"});
+  g.kinds = {model::OptimizerKind::kFusedAdam, model::OptimizerKind::kHybrid};
+  search::GeneratorConfig with = g;
+  with.state_dtypes = {model::StateDType::kFloat16};
+  int precision_aware = 0, fp16 = 0, bf16 = 0;
+  for (int seed = 0; seed < 200; ++seed) {
+    const sim::Scenario plain = search::gen_for(g)(rc::Random(seed), 20).value();
+    EXPECT_FALSE(plain.optimizer.precision_aware);
+    EXPECT_EQ(plain.optimizer.exp_avg_dtype, model::StateDType::kFloat32);
+    const sim::Scenario s = search::gen_for(with)(rc::Random(seed), 20).value();
+    // Drawn last: everything else is what the generator without them drew.
+    sim::Scenario same = s;
+    same.optimizer = plain.optimizer;
+    EXPECT_EQ(sim::scenario_to_json(same), sim::scenario_to_json(plain)) << seed;
+    precision_aware += s.optimizer.te_precision_aware();
+    for (auto d : {s.optimizer.exp_avg_dtype, s.optimizer.exp_avg_sq_dtype}) {
+      fp16 += d == model::StateDType::kFloat16;
+      bf16 += d == model::StateDType::kBFloat16;
+    }
+    const auto again =
+        sim::parse_scenario(sim::scenario_to_json(s).dump(), "gen.json", test::registry());
+    ASSERT_TRUE(again.is_ok()) << again.status().to_string();
+  }
+  EXPECT_GT(precision_aware, 40);
+  EXPECT_GT(fp16, 40);
+  EXPECT_EQ(bf16, 0);
 }
 
 // Hybrid cases draw TE absent one time in five; --transformer-engine narrows it to one value.

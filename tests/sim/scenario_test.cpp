@@ -160,6 +160,58 @@ TEST(Scenario, TransformerEngineIsAHybridFieldOfTwoValues) {
   EXPECT_FALSE(sim::scenario_to_json(with_te.value())["optimizer"].contains("transformer_engine"));
 }
 
+// The precision-aware optimizer's fields (issue 26): each rule an error naming the field, and
+// a scenario that uses them round-trips through its JSON. Mutations caught: the
+// "fp32 unless precision-aware" check removed (the bf16 without precision_aware case), the
+// torch_adamw refusal removed, the writer leaving exp_avg_dtype out (the round trip).
+TEST(Scenario, PrecisionAwareStatesAreFieldsWithTheirRules) {
+  const std::string pa = "\"fused_adam\", \"precision_aware\": true,";
+  auto opt = [&](const std::string& fields) { return with("\"fused_adam\",", pa + fields); };
+  EXPECT_NE(error_of(with("\"fused_adam\",", "\"fused_adam\", \"exp_avg_dtype\": \"bf16\","))
+                .find("field 'optimizer.exp_avg_dtype': can only be fp32 when not using "
+                      "precision-aware optimizer"),
+            std::string::npos);
+  EXPECT_NE(error_of(opt(" \"exp_avg_sq_dtype\": \"fp8\",")).find("\"fp8\" is not modeled"),
+            std::string::npos);
+  EXPECT_NE(error_of(opt(" \"exp_avg_dtype\": \"int8\","))
+                .find("field 'optimizer.exp_avg_dtype': must be one of fp32, bf16, fp16, got "
+                      "\"int8\""),
+            std::string::npos);
+  EXPECT_NE(error_of(opt(" \"main_params_dtype\": \"fp16\",")).find("only \"fp32\" is modeled"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("\"fused_adam\",", "\"torch_adamw\", \"precision_aware\": true,"))
+                .find("cannot be true for kind \"torch_adamw\""),
+            std::string::npos);
+  EXPECT_NE(error_of(with("\"fused_adam\",",
+                          "\"hybrid\", \"offload_fraction\": 1.0, "
+                          "\"precision_aware\": false,"))
+                .find("must be true for kind \"hybrid\""),
+            std::string::npos);
+  EXPECT_NE(error_of(with("\"fused_adam\",", "\"fused_adam\", \"store_param_remainders\": false,"))
+                .find("applies only to a precision-aware optimizer"),
+            std::string::npos);
+  const auto s =
+      sim::parse_scenario(opt(" \"exp_avg_dtype\": \"bf16\", \"exp_avg_sq_dtype\": \"fp16\", "
+                              "\"store_param_remainders\": false,"),
+                          "pa.json", test::registry());
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_TRUE(s.value().optimizer.te_precision_aware());
+  EXPECT_EQ(s.value().optimizer.exp_avg_dtype, model::StateDType::kBFloat16);
+  EXPECT_EQ(s.value().optimizer.exp_avg_sq_dtype, model::StateDType::kFloat16);
+  EXPECT_FALSE(s.value().optimizer.store_param_remainders);
+  const auto json = sim::scenario_to_json(s.value());
+  EXPECT_EQ(json["optimizer"]["exp_avg_dtype"], "bf16");
+  const auto again = sim::parse_scenario(json.dump(), "round.json", test::registry());
+  ASSERT_TRUE(again.is_ok()) << again.status().to_string();
+  EXPECT_EQ(sim::scenario_to_json(again.value()), json);
+  // The hybrid takes the dtypes (and ignores them, as upstream's HDO does).
+  EXPECT_TRUE(sim::parse_scenario(with("\"fused_adam\",",
+                                       "\"hybrid\", \"offload_fraction\": 1.0, "
+                                       "\"exp_avg_dtype\": \"bf16\","),
+                                  "hdo.json", test::registry())
+                  .is_ok());
+}
+
 // A scenario nested a million arrays deep overflowed the stack: the error quotes the value
 // (nlohmann's dump() recurses once per level). Found with a hand-written input after the fuzz
 // runs (fuzz/scenario_fuzzer's inputs stay a few KB long). Nesting is bounded before parsing.
