@@ -169,6 +169,11 @@ bool fully_reshardable_format(ShardingType t);
 struct CheckpointFormat {
   ShardingType sharding_type = ShardingType::kDpReshardable;
   bool mem_efficient = false;
+  // metadata['chained_optim_avoid_prefix']: what every save by the training loop writes since
+  // 8e9d56d898 (core 0.14), true; false for a checkpoint whose content metadata lacks it (an
+  // older one, or one without content metadata: the chained optimizer then prefixes its parts'
+  // keys 'chained_<i>.' whatever the sharding type).
+  bool chained_optim_avoid_prefix = true;
   bool operator==(const CheckpointFormat&) const = default;
 };
 

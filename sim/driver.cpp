@@ -222,7 +222,7 @@ RankError rank_error(const std::exception& e, int rank, const std::string& stage
 }
 
 // The lr and weight decay every param group holds: what the next step uses.
-std::vector<GroupHyper> group_hypers(model::DistributedOptimizer& opt) {
+std::vector<GroupHyper> group_hypers(model::ChainedOptimizer& opt) {
   std::vector<GroupHyper> out;
   for (const model::Value& g : opt.param_groups()) {
     const model::Dict& group = *g.dict();
@@ -236,7 +236,7 @@ std::vector<GroupHyper> group_hypers(model::DistributedOptimizer& opt) {
 // The reference run at a phase boundary: the intended schedule from there on, with each
 // group's bounds from it (max_lr and min_lr times the group's lr_mult, as a job started with
 // those arguments builds them), stepped to where the run is.
-void change_schedule(const PhaseJob& job, model::DistributedOptimizer& opt,
+void change_schedule(const PhaseJob& job, model::ChainedOptimizer& opt,
                      std::optional<model::OptimizerParamScheduler>& scheduler,
                      const model::ScheduleConfig& schedule, int64_t steps_counted) {
   for (model::Value& g : opt.param_groups()) {
@@ -253,8 +253,7 @@ void change_schedule(const PhaseJob& job, model::DistributedOptimizer& opt,
 // the run holds (the job's arguments with `schedule`'s lr), and a new scheduler of `schedule`
 // that has counted nothing, as a job started from these weights builds them.
 void restart_optimizer(const PhaseJob& job, model::Runtime& rt, model::DistributedDataParallel& ddp,
-                       model::ProcessGroup& pg,
-                       std::unique_ptr<model::DistributedOptimizer>& optimizer,
+                       model::ProcessGroup& pg, std::unique_ptr<model::ChainedOptimizer>& optimizer,
                        std::optional<model::OptimizerParamScheduler>& scheduler,
                        const model::ScheduleConfig& schedule) {
   model::OptimizerConfig config = job.optimizer;
@@ -275,8 +274,7 @@ void restart_optimizer(const PhaseJob& job, model::Runtime& rt, model::Distribut
 // RankRecord::save and at_save are the last save's; an error is recorded at stage "save".
 class JobSaves {
  public:
-  JobSaves(const PhaseJob& job, model::DistributedDataParallel& ddp,
-           model::DistributedOptimizer& opt,
+  JobSaves(const PhaseJob& job, model::DistributedDataParallel& ddp, model::ChainedOptimizer& opt,
            std::optional<model::OptimizerParamScheduler>& scheduler, model::ProcessGroup& pg,
            model::Runtime& rt, RankRecord& out, std::string& stage)
       : job_(job),
@@ -344,7 +342,7 @@ class JobSaves {
 
   const PhaseJob& job_;
   model::DistributedDataParallel& ddp_;
-  model::DistributedOptimizer& opt_;
+  model::ChainedOptimizer& opt_;
   std::optional<model::OptimizerParamScheduler>& scheduler_;
   model::ProcessGroup& pg_;
   model::Runtime& rt_;
@@ -359,7 +357,7 @@ class JobSaves {
 // global step out.iteration_origin + iteration). `saves` (null: none) makes the saves the loop
 // makes between its steps.
 int64_t train(const PhaseJob& job, model::Runtime& rt, model::DistributedDataParallel& ddp,
-              model::ProcessGroup& pg, std::unique_ptr<model::DistributedOptimizer>& optimizer,
+              model::ProcessGroup& pg, std::unique_ptr<model::ChainedOptimizer>& optimizer,
               std::optional<model::OptimizerParamScheduler>& scheduler, int64_t iteration,
               RankRecord& out, JobSaves* saves) {
   const Scenario& s = *job.scenario;
@@ -391,7 +389,7 @@ int64_t train(const PhaseJob& job, model::Runtime& rt, model::DistributedDataPar
         change_schedule(job, *optimizer, scheduler, schedule, global_step - 1 - origin);
     }
     restart(global_step);
-    model::DistributedOptimizer& opt = *optimizer;
+    model::ChainedOptimizer& opt = *optimizer;
     std::vector<GroupHyper> hypers = group_hypers(opt);
     model::train_step(ddp, opt, *scheduler, s.samples_per_step, rt,
                       [&](size_t i, at::Tensor& grad) {
@@ -430,9 +428,9 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, model::ProcessGroup
     model::DistributedDataParallel ddp(rt, s.params, layout, dp_pg, mp);
     set_initial_params(ddp, *job.initial_params);
     describe_buffers(ddp, out);
-    std::unique_ptr<model::DistributedOptimizer> optimizer =
+    std::unique_ptr<model::ChainedOptimizer> optimizer =
         model::get_megatron_optimizer(rt, ddp, job.optimizer, *job.switches, &pg);
-    model::DistributedOptimizer& opt = *optimizer;  // replaced only in the reference run's train
+    model::ChainedOptimizer& opt = *optimizer;  // replaced only in the reference run's train
     std::optional<model::OptimizerParamScheduler> scheduler;
     scheduler.emplace(opt, job.schedule, s.samples_per_step, job.resume, *job.switches);
     out.initial = capture(opt, ddp, s.params, rank, job.phase_id == 0);

@@ -209,7 +209,9 @@ int rounding_class(Kernel kernel, int64_t index, int64_t numel) {
              : base;
 }
 
-std::vector<ShardSnapshot> snapshot(const model::DistributedOptimizer& opt) {
+namespace {
+
+std::vector<ShardSnapshot> snapshot_part(const model::DistributedOptimizer& opt) {
   std::vector<ShardSnapshot> out;
   std::vector<const void*> step_objects;  // per snapshot entry, the step tensor's identity
   for (const Value& gv : *opt.optimizer().param_groups) {
@@ -229,7 +231,7 @@ std::vector<ShardSnapshot> snapshot(const model::DistributedOptimizer& opt) {
   return out;
 }
 
-std::vector<StepUse> step_uses(const model::DistributedOptimizer& opt) {
+std::vector<StepUse> step_uses_part(const model::DistributedOptimizer& opt) {
   std::vector<StepUse> out;
   if (const model::HybridDeviceOptimizer* h = opt.hdo()) {
     for (const auto& cpu : h->cpu_optimizers)
@@ -251,13 +253,16 @@ std::vector<StepUse> step_uses(const model::DistributedOptimizer& opt) {
   return out;
 }
 
-std::vector<UninitializedSlice> uninitialized_after_load(const model::DistributedOptimizer& opt,
-                                                         const model::DistributedDataParallel& ddp,
-                                                         const model::LoadReport& load) {
-  std::vector<UninitializedSlice> out;
-  if (!opt.state_allocated_by_torch_empty()) return out;
+// The part's slices; `prefix` is what its keys begin with in the checkpoint ('chained_<i>.' in
+// a chain of several parts whose keys are prefixed, else "").
+void uninitialized_after_load_part(const model::DistributedOptimizer& opt,
+                                   const model::DistributedDataParallel& ddp,
+                                   const model::LoadReport& load, const std::string& prefix,
+                                   std::vector<UninitializedSlice>& out) {
+  if (!opt.state_allocated_by_torch_empty()) return;
   for (const model::UnwrittenRange& u : load.unwritten) {
-    const auto key = model::parse_bucket_key(u.key);
+    if (!u.key.starts_with(prefix)) continue;
+    const auto key = model::parse_bucket_key(u.key.substr(prefix.size()));
     if (!key || key->dp_group_idx != 0) continue;  // the model's keys: loaded into live params
     StateField field = StateField::kExpAvg;
     if (key->state == "exp_avg_sq") {
@@ -286,6 +291,34 @@ std::vector<UninitializedSlice> uninitialized_after_load(const model::Distribute
                                    : fmt::format("left {}[{}:{}] unwritten", u.key, u.global_offset,
                                                  u.global_offset + u.numel)});
     }
+  }
+}
+
+}  // namespace
+
+std::vector<ShardSnapshot> snapshot(const model::ChainedOptimizer& opt) {
+  std::vector<ShardSnapshot> out;
+  for (size_t i = 0; i < opt.size(); ++i) {
+    for (ShardSnapshot& s : snapshot_part(opt.part(i))) out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::vector<StepUse> step_uses(const model::ChainedOptimizer& opt) {
+  std::vector<StepUse> out;
+  for (size_t i = 0; i < opt.size(); ++i) {
+    for (const StepUse& u : step_uses_part(opt.part(i))) out.push_back(u);
+  }
+  return out;
+}
+
+std::vector<UninitializedSlice> uninitialized_after_load(const model::ChainedOptimizer& opt,
+                                                         const model::DistributedDataParallel& ddp,
+                                                         const model::LoadReport& load) {
+  std::vector<UninitializedSlice> out;
+  for (size_t i = 0; i < opt.size(); ++i) {
+    const std::string prefix = opt.size() > 1 ? fmt::format("chained_{}.", i) : "";
+    uninitialized_after_load_part(opt.part(i), ddp, load, prefix, out);
   }
   return out;
 }

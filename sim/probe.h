@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "model/megatron/distrib_optimizer.h"
+#include "model/megatron/chained_optimizer.h"
 #include "model/megatron/serialization.h"
 
 namespace ckptsim::sim {
@@ -86,11 +86,11 @@ struct ShardSnapshot {
 };
 
 // Every shard this rank's optimizer updates, in param-group order.
-std::vector<ShardSnapshot> snapshot(const model::DistributedOptimizer& opt);
+std::vector<ShardSnapshot> snapshot(const model::ChainedOptimizer& opt);
 
 // The step each part used in the last step() (read from the Adams' own records of it), in
 // part and group order. REQUIRES: called after opt.step() and before anything else steps.
-std::vector<StepUse> step_uses(const model::DistributedOptimizer& opt);
+std::vector<StepUse> step_uses(const model::ChainedOptimizer& opt);
 
 // The optimizer tensors of a shard a state records (sim/record.h).
 enum class StateField { kMaster, kExpAvg, kExpAvgSq };
@@ -109,7 +109,7 @@ struct UninitializedSlice {
 // Every such slice of this rank after its load (in the order of `load.unwritten`); empty when
 // the request's optimizer state held live values (an HDO after dummy_step(), or state that
 // existed before the load) or when the load wrote everything.
-std::vector<UninitializedSlice> uninitialized_after_load(const model::DistributedOptimizer& opt,
+std::vector<UninitializedSlice> uninitialized_after_load(const model::ChainedOptimizer& opt,
                                                          const model::DistributedDataParallel& ddp,
                                                          const model::LoadReport& load);
 

@@ -67,7 +67,7 @@ std::string checkpoint_repr(const Value& v) {
 }
 
 // Rank 0's state_dict() param groups as a checkpoint would hold them.
-std::string groups_text(model::DistributedOptimizer& opt) {
+std::string groups_text(model::ChainedOptimizer& opt) {
   try {
     return checkpoint_repr(opt.state_dict().dict()->at("optimizer").dict()->at("param_groups"));
   } catch (const model::UpstreamError& e) {
@@ -150,7 +150,7 @@ void globalize_shard(const model::DistributedDataParallel& ddp, ShardSnapshot sh
 
 }  // namespace
 
-RankState capture(model::DistributedOptimizer& opt, const model::DistributedDataParallel& ddp,
+RankState capture(model::ChainedOptimizer& opt, const model::DistributedDataParallel& ddp,
                   const std::vector<model::ParamSpec>& specs, int rank, bool with_groups) {
   RankState out;
   if (rank == 0 && with_groups) out.groups = groups_text(opt);

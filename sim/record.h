@@ -53,7 +53,7 @@ struct RankState {
 // shards and model params are placed where the piece sits in the whole param.
 // `with_groups`: also rank 0's param groups as a checkpoint holds them (state_dict() after a
 // pickle round trip, or what state_dict() raised).
-RankState capture(model::DistributedOptimizer& opt, const model::DistributedDataParallel& ddp,
+RankState capture(model::ChainedOptimizer& opt, const model::DistributedDataParallel& ddp,
                   const std::vector<model::ParamSpec>& specs, int rank, bool with_groups);
 // `uses` (model params as `ddp` numbers them) in the whole model's params.
 void globalize_uses(const model::DistributedDataParallel& ddp, std::vector<StepUse>& uses);

@@ -150,7 +150,7 @@ void apply(const Op& op, std::span<const char> bytes, Storage& root, const char*
 
 }  // namespace
 
-SaveReport schedule_async_save(DistributedDataParallel& ddp, DistributedOptimizer& opt,
+SaveReport schedule_async_save(DistributedDataParallel& ddp, ChainedOptimizer& opt,
                                const OptimizerParamScheduler* scheduler, int64_t iteration,
                                Storage& root, ProcessGroup& group, const RevisionSwitches& switches,
                                const CheckpointFormat& format, Runtime& rt, AsyncWriterCache& cache,

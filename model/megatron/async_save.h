@@ -75,7 +75,7 @@ struct AsyncWriterCache {
 // Schedules the save of `iteration` (as save_checkpoint_to_root saves it) into `request`;
 // returns what the save reports. Collective over `group`. Raises what the synchronous save
 // raises before its writes.
-SaveReport schedule_async_save(DistributedDataParallel& ddp, DistributedOptimizer& opt,
+SaveReport schedule_async_save(DistributedDataParallel& ddp, ChainedOptimizer& opt,
                                const OptimizerParamScheduler* scheduler, int64_t iteration,
                                Storage& root, ProcessGroup& group, const RevisionSwitches& switches,
                                const CheckpointFormat& format, Runtime& rt, AsyncWriterCache& cache,

@@ -10,7 +10,7 @@
 
 namespace ckptsim::model {
 
-Value generate_state_dict(DistributedDataParallel& ddp, DistributedOptimizer* opt,
+Value generate_state_dict(DistributedDataParallel& ddp, ChainedOptimizer* opt,
                           const OptimizerParamScheduler* scheduler, int64_t iteration,
                           bool is_loading, const std::optional<CheckpointFormat>& format,
                           Runtime& rt) {
@@ -47,7 +47,7 @@ LoadedFormat checkpoint_format(const Value& common_state) {
   const Value* md =
       common_state.is_dict() ? common_state.dict()->find("content_metadata") : nullptr;
   if (md == nullptr || md->is_none()) {
-    return {CheckpointFormat{ShardingType::kDpZeroGatherScatter, false},
+    return {CheckpointFormat{ShardingType::kDpZeroGatherScatter, false, false},
             sharding_type_name(ShardingType::kDpZeroGatherScatter)};
   }
   const Value* type = md->is_dict() ? md->dict()->find("distrib_optim_sharding_type") : nullptr;
@@ -55,7 +55,9 @@ LoadedFormat checkpoint_format(const Value& common_state) {
   LoadedFormat out{std::nullopt, name};
   if (const auto t = parse_sharding_type(name)) {
     const Value* mem = md->dict()->find("distrib_optim_fully_reshardable_mem_efficient");
-    out.format = CheckpointFormat{*t, mem != nullptr && mem->is_bool() && mem->as_bool()};
+    const Value* avoid = md->dict()->find("chained_optim_avoid_prefix");
+    out.format = CheckpointFormat{*t, mem != nullptr && mem->is_bool() && mem->as_bool(),
+                                  avoid != nullptr && avoid->is_bool() && avoid->as_bool()};
   }
   return out;
 }
@@ -63,7 +65,7 @@ LoadedFormat checkpoint_format(const Value& common_state) {
 namespace {
 
 // Each group's (max_lr, min_lr) as the current config built it, in group order.
-std::vector<std::pair<Value, Value>> lr_bounds(DistributedOptimizer& opt) {
+std::vector<std::pair<Value, Value>> lr_bounds(ChainedOptimizer& opt) {
   std::vector<std::pair<Value, Value>> out;
   for (const Value& g : opt.param_groups()) {
     const Dict& group = *g.dict();
@@ -74,8 +76,8 @@ std::vector<std::pair<Value, Value>> lr_bounds(DistributedOptimizer& opt) {
 
 // checkpointing.py load_checkpoint(), the scheduler's part: its load, then (HEAD, and the
 // fix) the groups' bounds under --override-opt_param-scheduler.
-void load_scheduler(DistributedOptimizer& opt, OptimizerParamScheduler& scheduler,
-                    const Dict& loaded, const RevisionSwitches& switches,
+void load_scheduler(ChainedOptimizer& opt, OptimizerParamScheduler& scheduler, const Dict& loaded,
+                    const RevisionSwitches& switches,
                     const std::vector<std::pair<Value, Value>>& runtime_bounds) {
   // args.consumed_train_samples, from the checkpoint's args: the training loop adds the global
   // batch size at every iteration (the model saves no args; the iteration and the batch size
@@ -131,9 +133,8 @@ void check_tp_pp(const ModelParallelRank& run, const Value& common, const Loaded
 // A request without 'optimizer' (--no-load-optim) loads no optimizer state: the main params
 // are reloaded from the model params instead.
 Value load_model_and_optimizer(const Value& request, DistributedDataParallel& ddp,
-                               DistributedOptimizer& opt, const Storage& storage,
-                               ProcessGroup& group, const RevisionSwitches& switches, Runtime& rt,
-                               LoadReport* report) {
+                               ChainedOptimizer& opt, const Storage& storage, ProcessGroup& group,
+                               const RevisionSwitches& switches, Runtime& rt, LoadReport* report) {
   LoadOptions options;
   options.reads_sharded_common_state = switches.common_state_as_sharded_object;
   options.allows_class_globals = switches.common_load_allows_class_globals;
@@ -158,7 +159,7 @@ Value load_model_and_optimizer(const Value& request, DistributedDataParallel& dd
 
 }  // namespace
 
-int64_t load_distributed_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
+int64_t load_distributed_checkpoint(DistributedDataParallel& ddp, ChainedOptimizer& opt,
                                     const Storage& storage, ProcessGroup& group,
                                     const RevisionSwitches& switches, Runtime& rt,
                                     LoadReport* report) {
@@ -173,8 +174,9 @@ int64_t load_distributed_checkpoint(DistributedDataParallel& ddp, DistributedOpt
         o != nullptr && o->is_dict() ? o->dict()->find("param_state_sharding_type") : nullptr;
     if (type != nullptr && type->is_str()) {
       const auto t = parse_sharding_type(type->as_str());
-      format = {t ? std::optional<CheckpointFormat>(CheckpointFormat{*t, false}) : std::nullopt,
-                type->as_str()};
+      format = {
+          t ? std::optional<CheckpointFormat>(CheckpointFormat{*t, false, false}) : std::nullopt,
+          type->as_str()};
     }
   }
   if (!format.format.has_value()) {
@@ -191,7 +193,7 @@ int64_t load_distributed_checkpoint(DistributedDataParallel& ddp, DistributedOpt
   return it != nullptr && it->is_int() ? it->as_int() : 0;
 }
 
-Resumed load_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
+Resumed load_checkpoint(DistributedDataParallel& ddp, ChainedOptimizer& opt,
                         OptimizerParamScheduler* scheduler, const Storage& storage,
                         ProcessGroup& group, const RevisionSwitches& switches, Runtime& rt,
                         LoadReport* report, const ResumeArgs& args) {
@@ -221,7 +223,7 @@ Resumed load_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
   return {reset ? 0 : iteration, iteration};
 }
 
-SaveReport save_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
+SaveReport save_checkpoint(DistributedDataParallel& ddp, ChainedOptimizer& opt,
                            const OptimizerParamScheduler* scheduler, int64_t iteration,
                            Storage& storage, ProcessGroup& group, const RevisionSwitches& switches,
                            const CheckpointFormat& format, Runtime& rt) {
@@ -268,7 +270,7 @@ std::optional<int64_t> tracker_iteration(const Storage& root) {
   return parse_tracker(bytes.value());
 }
 
-SaveReport save_checkpoint_to_root(DistributedDataParallel& ddp, DistributedOptimizer& opt,
+SaveReport save_checkpoint_to_root(DistributedDataParallel& ddp, ChainedOptimizer& opt,
                                    const OptimizerParamScheduler* scheduler, int64_t iteration,
                                    Storage& root, ProcessGroup& group,
                                    const RevisionSwitches& switches, const CheckpointFormat& format,
@@ -297,8 +299,7 @@ SaveReport save_checkpoint_to_root(DistributedDataParallel& ddp, DistributedOpti
   return report;
 }
 
-std::optional<Resumed> load_latest_checkpoint(DistributedDataParallel& ddp,
-                                              DistributedOptimizer& opt,
+std::optional<Resumed> load_latest_checkpoint(DistributedDataParallel& ddp, ChainedOptimizer& opt,
                                               OptimizerParamScheduler* scheduler,
                                               const Storage& root, ProcessGroup& group,
                                               const RevisionSwitches& switches, Runtime& rt,
@@ -329,7 +330,7 @@ std::optional<Resumed> load_latest_checkpoint(DistributedDataParallel& ddp,
   return load_checkpoint(ddp, opt, scheduler, *storage, group, switches, rt, report, args);
 }
 
-void train_step(DistributedDataParallel& ddp, DistributedOptimizer& opt,
+void train_step(DistributedDataParallel& ddp, ChainedOptimizer& opt,
                 OptimizerParamScheduler& scheduler, int64_t samples_per_iteration, Runtime& rt,
                 const std::function<void(size_t, at::Tensor&)>& backward) {
   ddp.zero_grad_buffer();

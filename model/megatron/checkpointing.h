@@ -18,7 +18,7 @@
 #include <optional>
 #include <string>
 
-#include "model/megatron/distrib_optimizer.h"
+#include "model/megatron/chained_optimizer.h"
 #include "model/megatron/distributed_data_parallel.h"
 #include "model/megatron/optimizer_param_scheduler.h"
 #include "model/megatron/serialization.h"
@@ -36,7 +36,7 @@ namespace ckptsim::model {
 // differs per rank (saving only).
 // `opt` null: the request has no 'optimizer' (load_checkpoint() passes None where it loads no
 // optimizer state).
-Value generate_state_dict(DistributedDataParallel& ddp, DistributedOptimizer* opt,
+Value generate_state_dict(DistributedDataParallel& ddp, ChainedOptimizer* opt,
                           const OptimizerParamScheduler* scheduler, int64_t iteration,
                           bool is_loading, const std::optional<CheckpointFormat>& format,
                           Runtime& rt);
@@ -93,7 +93,7 @@ struct Resumed {
   int64_t checkpoint_iteration = 0;
   bool operator==(const Resumed&) const = default;
 };
-Resumed load_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
+Resumed load_checkpoint(DistributedDataParallel& ddp, ChainedOptimizer& opt,
                         OptimizerParamScheduler* scheduler, const Storage& storage,
                         ProcessGroup& group, const RevisionSwitches& switches, Runtime& rt,
                         LoadReport* report = nullptr, const ResumeArgs& args = {});
@@ -107,7 +107,7 @@ Resumed load_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
 // param_state_sharding_type, else dp_zero_gather_scatter). No (TP, PP) check, no scheduler.
 // Returns the common state's 'iteration' where it holds one, else 0. Collective over `group`;
 // the load's switches as load_checkpoint reads them.
-int64_t load_distributed_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
+int64_t load_distributed_checkpoint(DistributedDataParallel& ddp, ChainedOptimizer& opt,
                                     const Storage& storage, ProcessGroup& group,
                                     const RevisionSwitches& switches, Runtime& rt,
                                     LoadReport* report = nullptr);
@@ -116,7 +116,7 @@ int64_t load_distributed_checkpoint(DistributedDataParallel& ddp, DistributedOpt
 // dist_checkpointing.save with content_metadata(format) (where the common state goes:
 // common_state_as_sharded_object).
 // Collective over `group`.
-SaveReport save_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& opt,
+SaveReport save_checkpoint(DistributedDataParallel& ddp, ChainedOptimizer& opt,
                            const OptimizerParamScheduler* scheduler, int64_t iteration,
                            Storage& storage, ProcessGroup& group, const RevisionSwitches& switches,
                            const CheckpointFormat& format, Runtime& rt);
@@ -131,7 +131,7 @@ SaveReport save_checkpoint(DistributedDataParallel& ddp, DistributedOptimizer& o
 // rank 0 writes the iteration (no newline) to the tracker, then a barrier. A write that fails
 // raises (the job ends). Fault site save.tracker_before_data: rank 0 writes the tracker before
 // the state. Collective over `group`.
-SaveReport save_checkpoint_to_root(DistributedDataParallel& ddp, DistributedOptimizer& opt,
+SaveReport save_checkpoint_to_root(DistributedDataParallel& ddp, ChainedOptimizer& opt,
                                    const OptimizerParamScheduler* scheduler, int64_t iteration,
                                    Storage& root, ProcessGroup& group,
                                    const RevisionSwitches& switches, const CheckpointFormat& format,
@@ -146,10 +146,12 @@ SaveReport save_checkpoint_to_root(DistributedDataParallel& ddp, DistributedOpti
 //   negative         AssertionError "error parsing metadata file";
 //   no iter_N/       FileNotFoundError (the format check lists the directory).
 // Returns what load_checkpoint returns. Collective over `group` (every rank reads the tracker).
-std::optional<Resumed> load_latest_checkpoint(
-    DistributedDataParallel& ddp, DistributedOptimizer& opt, OptimizerParamScheduler* scheduler,
-    const Storage& root, ProcessGroup& group, const RevisionSwitches& switches, Runtime& rt,
-    LoadReport* report = nullptr, const ResumeArgs& args = {});
+std::optional<Resumed> load_latest_checkpoint(DistributedDataParallel& ddp, ChainedOptimizer& opt,
+                                              OptimizerParamScheduler* scheduler,
+                                              const Storage& root, ProcessGroup& group,
+                                              const RevisionSwitches& switches, Runtime& rt,
+                                              LoadReport* report = nullptr,
+                                              const ResumeArgs& args = {});
 
 // The tracker's bytes as read_metadata() reads them (int() of the stripped text): nullopt when
 // they are no integer.
@@ -163,7 +165,7 @@ std::optional<int64_t> tracker_iteration(const Storage& root);
 // reduce-scattered, the optimizer stepped (with the lr and weight_decay the scheduler left in
 // the groups), the params all-gathered, and the scheduler stepped by the global batch size
 // (`samples_per_iteration`; the fault site scheduler.increment_per_iteration steps it by 1).
-void train_step(DistributedDataParallel& ddp, DistributedOptimizer& opt,
+void train_step(DistributedDataParallel& ddp, ChainedOptimizer& opt,
                 OptimizerParamScheduler& scheduler, int64_t samples_per_iteration, Runtime& rt,
                 const std::function<void(size_t, at::Tensor&)>& backward);
 

@@ -9,6 +9,7 @@
 
 #include "model/errors.h"
 #include "model/faults.h"
+#include "model/megatron/chained_optimizer.h"
 #include "model/megatron/dict_utils.h"
 #include "model/megatron/mapping.h"
 #include "model/megatron/optimizer_key.h"
@@ -1172,17 +1173,17 @@ std::vector<std::pair<double, double>> gather_group_keys(ProcessGroup& group,
 
 }  // namespace
 
-std::unique_ptr<DistributedOptimizer> get_megatron_optimizer(Runtime& rt,
-                                                             DistributedDataParallel& ddp,
-                                                             const OptimizerConfig& config,
-                                                             const RevisionSwitches& switches,
-                                                             ProcessGroup* world) {
+std::unique_ptr<ChainedOptimizer> get_megatron_optimizer(Runtime& rt, DistributedDataParallel& ddp,
+                                                         const OptimizerConfig& config,
+                                                         const RevisionSwitches& switches,
+                                                         ProcessGroup* world) {
   check_optimizer_config(config, switches);
   ProcessGroup& group = world != nullptr ? *world : ddp.dp_group();
   const auto world_groups = gather_group_keys(group, ddp);  // _get_param_groups: dense params
-  auto opt = std::make_unique<DistributedOptimizer>(rt, ddp, config, switches, world_groups);
+  std::vector<std::unique_ptr<DistributedOptimizer>> parts;
+  parts.push_back(std::make_unique<DistributedOptimizer>(rt, ddp, config, switches, world_groups));
   (void)group.all_gather_object_shared({});  // _get_param_groups: expert-parallel params
-  return opt;
+  return std::make_unique<ChainedOptimizer>(std::move(parts));
 }
 
 }  // namespace ckptsim::model

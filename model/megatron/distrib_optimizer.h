@@ -270,19 +270,4 @@ void py_copy_(const at::Tensor& dst, const at::Tensor& src);
 // collective.
 void check_optimizer_config(const OptimizerConfig& config, const RevisionSwitches& switches);
 
-// Mirrors optimizer/__init__.py get_megatron_optimizer() for one dense model chunk:
-// check_optimizer_config (building the OptimizerConfig),
-// _get_param_groups (its all_gather_object aligns every rank's group keys), the
-// DistributedOptimizer, then _get_param_groups again for the expert-parallel params (none here)
-// with a second all_gather_object. Collective over `world` (upstream: the default group; null:
-// the DP group, the world of a job at TP = PP = 1): every rank builds the groups any rank has,
-// so the pipeline stages hold the same groups. A rank that raised while building (e.g. HDO's
-// "can't optimize a non-leaf Tensor", which only the ranks owning a shard of an fp32 param
-// raise) leaves its peers failing in that second collective.
-std::unique_ptr<DistributedOptimizer> get_megatron_optimizer(Runtime& rt,
-                                                             DistributedDataParallel& ddp,
-                                                             const OptimizerConfig& config,
-                                                             const RevisionSwitches& switches,
-                                                             ProcessGroup* world = nullptr);
-
 }  // namespace ckptsim::model

@@ -36,7 +36,7 @@ const Value& saved(const Dict& sd, std::initializer_list<const char*> keys) {
 
 }  // namespace
 
-OptimizerParamScheduler::OptimizerParamScheduler(DistributedOptimizer& optimizer,
+OptimizerParamScheduler::OptimizerParamScheduler(ChainedOptimizer& optimizer,
                                                  const ScheduleConfig& config,
                                                  int64_t samples_per_iteration,
                                                  SchedulerResume resume,

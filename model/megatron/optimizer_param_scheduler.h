@@ -21,7 +21,7 @@
 #include <cstdint>
 
 #include "model/config.h"
-#include "model/megatron/distrib_optimizer.h"
+#include "model/megatron/chained_optimizer.h"
 #include "model/py/value.h"
 #include "model/revision.h"
 
@@ -32,7 +32,7 @@ class OptimizerParamScheduler {
   // Mirrors __init__, which ends with step(0): the groups get the schedule's first values.
   // `samples_per_iteration`: the global batch size. REQUIRES: >= 1.
   // `switches`: scheduler_restores_wd_before_step (read by load_state_dict).
-  OptimizerParamScheduler(DistributedOptimizer& optimizer, const ScheduleConfig& config,
+  OptimizerParamScheduler(ChainedOptimizer& optimizer, const ScheduleConfig& config,
                           int64_t samples_per_iteration, SchedulerResume resume,
                           const RevisionSwitches& switches);
 
@@ -64,7 +64,7 @@ class OptimizerParamScheduler {
   // The load's weight-decay part (after the step upstream, before it with the fix).
   void load_wd(const Dict& sd);
 
-  DistributedOptimizer& optimizer_;
+  ChainedOptimizer& optimizer_;
   SchedulerResume resume_;
   bool restores_wd_before_step_;
   double init_lr_;

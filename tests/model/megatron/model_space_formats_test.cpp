@@ -208,7 +208,7 @@ TEST(ModelSpaceFormats, CheckpointFormatOfTheCommonState) {
                    ->contains("distrib_optim_fully_reshardable_mem_efficient"));
   // No content metadata: an older checkpoint whose args lack ckpt_fully_parallel_save.
   EXPECT_EQ(checkpoint_format(dict_value({{"iteration", Value(int64_t{3})}})).format,
-            (CheckpointFormat{ShardingType::kDpZeroGatherScatter, false}));
+            (CheckpointFormat{ShardingType::kDpZeroGatherScatter, false, false}));
   const LoadedFormat unknown = checkpoint_format(
       dict_value({{"content_metadata",
                    dict_value({{"distrib_optim_sharding_type", Value("fsdp_dtensor")}})}}));
