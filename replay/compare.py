@@ -72,6 +72,8 @@ def summarize(trace: Dict[str, Any]) -> List[str]:
             cells = []
             for p in ev["parts"]:
                 c = "%s[%d:%d] %s step=%s" % (p["param"], p["range"][0], p["range"][1], p["part"], _fmt_step(p["step"]))
+                if "chain" in p:  # the part's index in a chained optimizer of several parts
+                    c = c.replace(" step=", " chain=%d step=" % p["chain"], 1)
                 if p.get("step_used") is not None:
                     c += " used=%s" % _fmt_step(p["step_used"])
                 cells.append(c)
@@ -153,7 +155,7 @@ def first_divergence(a: Dict[str, Any], b: Dict[str, Any], fields: Iterable[str]
                 if sorted(pa) != sorted(pb):
                     return dict(where, what="parts", a=sorted(pa), b=sorted(pb))
                 for k in sorted(pa):
-                    for f in ("range", "step", "step_used"):
+                    for f in ("range", "step", "step_used", "chain"):
                         if pa[k].get(f) != pb[k].get(f):
                             return dict(where, what="%s of %s (%s)" % (f, k[0], k[1]), a=pa[k].get(f), b=pb[k].get(f))
             if "hashes" in fields:

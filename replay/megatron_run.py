@@ -32,7 +32,11 @@ from . import plan as plan_mod
 from . import schedule as schedule_mod
 from . import storage_faults as sf_mod
 from . import trace_schema as ts
-from .emulation import STEP_RECORDER, Patches, apply_coalescing_workaround, apply_te_emulation
+from . import te_emulation
+from .emulation import (STEP_RECORDER, Patches, apply_coalescing_workaround, apply_te_emulation,
+                        fake_te_optimizers_module, precision_aware_state)
+
+_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 _PLAN_CACHE: Dict[str, Tuple[float, Dict[str, Any]]] = {}
 
@@ -97,6 +101,26 @@ def _kernel(opt: Any, group: Optional[Dict[str, Any]], param: Any) -> Optional[s
 
 
 
+def expert_sharded_tensor(key: str, param: Any, sharded_offsets: Tuple[Any, ...] = ()) -> Any:
+    """The ShardedTensor of an expert param's EP piece, global over EP, as GroupedMLP builds its
+    weights (F/R transformer/moe/experts.py GroupedMLP.sharded_state_dict, sh_ten_build_fn:
+    `ShardedTensor.from_rank_offsets(key, t, *sharded_offsets, (prepend_axis_num, ep_rank,
+    ep_size), <tp axis>, replica_id=(0, 0, expt_dp_rank), prepend_axis_num=prepend_axis_num)`):
+    the whole param's key, dim 0 (the stacked experts) split over the EP group at the piece's EP
+    rank, and one replica per expert-DP rank (expert-DP rank 0 writes each piece). GroupedMLP's
+    form, not SequentialMLP's / TEGroupedMLP's (one prepended axis of num_global_experts per local
+    expert): the replay's expert param is one tensor whose dim 0 runs over the experts of every
+    EP rank, as GroupedMLP's weight (viewed per expert), and its global shape stays the scenario's."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+    n = len(sharded_offsets)
+    return ShardedTensor.from_rank_offsets(
+        key, param, *sharded_offsets,
+        (n, ps.get_expert_model_parallel_rank(), ps.get_expert_model_parallel_world_size()),
+        replica_id=(0, 0, ps.get_expert_data_parallel_rank()), prepend_axis_num=n)
+
+
 def _training_loop_text() -> str:
     """The checkout's megatron/training/checkpointing.py ("" where it has none)."""
     import megatron
@@ -149,6 +173,10 @@ class RankRun:
         self.tp, self.pp, self.dp = model_parallel.run_sizes(self.run)
         self.world = self.tp * self.pp * self.dp
         self.tp_rank, self.dp_rank, self.pp_rank = model_parallel.place(self.rank, self.tp, self.dp)
+        # Expert parallelism (the same EP size in every phase): this rank's EP rank and expert-DP
+        # rank, as parallel_state numbers them (checked in _init_distributed).
+        self.ep = model_parallel.scenario_ep(self.plan["scenario"])
+        self.ep_rank, self.expert_dp_rank = model_parallel.expert_place(self.rank, self.tp, self.dp, self.ep)
         self.params = plan_mod.params(self.plan)
         # The params this rank's pipeline stage holds (model order), each as its TP piece.
         self.held = [self.params[i] for i in model_parallel.stage_params(self.params, self.pp, self.pp_rank)]
@@ -195,12 +223,18 @@ class RankRun:
                                 rank=self.rank, world_size=self.world,
                                 timeout=datetime.timedelta(seconds=float(self.job["collective_timeout_s"])))
         self.dist_ready = True
-        ps.initialize_model_parallel(tensor_model_parallel_size=self.tp, pipeline_model_parallel_size=self.pp)
+        ps.initialize_model_parallel(tensor_model_parallel_size=self.tp, pipeline_model_parallel_size=self.pp,
+                                     expert_model_parallel_size=self.ep)
         got = (ps.get_tensor_model_parallel_rank(), ps.get_data_parallel_rank(), ps.get_pipeline_model_parallel_rank())
         if got != (self.tp_rank, self.dp_rank, self.pp_rank):
             raise RuntimeError("parallel_state placed rank %d at (tp, dp, pp) ranks %r; the plan's numbering "
                                "(replay/model_parallel.py place) gives %r" % (
                                    self.rank, got, (self.tp_rank, self.dp_rank, self.pp_rank)))
+        got = (ps.get_expert_model_parallel_rank(), ps.get_expert_data_parallel_rank())
+        if got != (self.ep_rank, self.expert_dp_rank):
+            raise RuntimeError("parallel_state placed rank %d at (ep, expert dp) ranks %r; the plan's numbering "
+                               "(replay/model_parallel.py expert_place) gives %r" % (
+                                   self.rank, got, (self.ep_rank, self.expert_dp_rank)))
 
     def _build(self) -> None:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -250,7 +284,8 @@ class RankRun:
         sc = self.scenario
         o = sc["optimizer"]
         hybrid = o["kind"] == "hybrid"
-        oconf = OptimizerConfig(
+        prec = plan_mod.optimizer_precision(sc)
+        config_args = dict(
             optimizer="adam", lr=float(args["lr"]), min_lr=float(args["min_lr"]),
             weight_decay=float(o["weight_decay"]),
             adam_beta1=float(o["betas"][0]), adam_beta2=float(o["betas"][1]), adam_eps=float(o["eps"]),
@@ -258,9 +293,22 @@ class RankRun:
             optimizer_cpu_offload=hybrid,
             optimizer_offload_fraction=float(o.get("offload_fraction", 0.0)) if hybrid else 0.0,
             overlap_cpu_optimizer_d2h_h2d=bool(o.get("overlap_cpu_optimizer_d2h_h2d", False)) if hybrid else False,
-            # Megatron's arguments require --use-precision-aware-optimizer with --optimizer-cpu-offload.
-            use_precision_aware_optimizer=hybrid,
+            # The scenario's precision_aware; always for the hybrid (Megatron's arguments require
+            # --use-precision-aware-optimizer with --optimizer-cpu-offload).
+            use_precision_aware_optimizer=prec["precision_aware"],
+            exp_avg_dtype=_TORCH_DTYPES[prec["exp_avg_dtype"]],
+            exp_avg_sq_dtype=_TORCH_DTYPES[prec["exp_avg_sq_dtype"]],
+            main_params_dtype=_TORCH_DTYPES[prec["main_params_dtype"]],
+            # OptimizerConfig's default is True; __post_init__ turns it off below TE 2.1.
+            store_param_remainders=prec["store_param_remainders"],
         )
+        if self._fakes_te_optimizers():
+            # __post_init__ imports transformer_engine.pytorch.optimizers.FusedAdam (precision-aware,
+            # no CPU offload): the stand-in, importable only while the config is built.
+            with fake_te_optimizers_module(self.notes):
+                oconf = OptimizerConfig(**config_args)
+        else:
+            oconf = OptimizerConfig(**config_args)
         # Param groups: exactly the scenario's wd_mult / lr_mult. An explicit (possibly empty)
         # override dict replaces Megatron's standard one (which sets wd_mult=0 for 1-D params
         # and biases). The scheduler never reads lr_mult; a group's lr comes from its own
@@ -281,17 +329,35 @@ class RankRun:
         self.sched = OptimizerParamScheduler(self.opt, **schedule_mod.scheduler_kwargs(
             args, self.samples_per_step, schedule_mod.resume_flag(sc, int(self.run.get("phase", 0)))))
 
+    def _fakes_te_optimizers(self) -> bool:
+        """A precision-aware FusedAdam on the stand-in: the run emulates TE, with the stand-in."""
+        return (self.job.get("te") == "emulated" and bool(self.job.get("standin"))
+                and plan_mod.optimizer_precision(self.scenario)["te_precision_aware"])
+
+    def _emulated_te_version(self) -> Optional[str]:
+        """The TE version the emulation answers is_te_min_version() with: an emulated TE of
+        te_emulation.EMULATED_TE_VERSION for a precision-aware FusedAdam on the stand-in (so that
+        store_param_remainders is the scenario's); None (today's answers) for every other run."""
+        return te_emulation.EMULATED_TE_VERSION if self._fakes_te_optimizers() else None
+
     def _module(self, tconf: Any) -> Tuple[Any, List[str]]:
         """The model: the stage's params in model order, each its TP piece of the plan's initial
         value (in the local shape), with the split a TP layer gives it: the TP attributes and,
         in the sharded state dict, the TP axis (make_sharded_tensors_for_checkpoint, as a
-        ColumnParallelLinear / RowParallelLinear does). Also the params whose value bf16 rounds."""
+        ColumnParallelLinear / RowParallelLinear does). An expert param is its EP piece (rows
+        split over EP on dim 0), marked `allreduce = False` before DDP is built (DDP splits the
+        params into its dense and expert buffers at construction, distributed_data_parallel.py
+        `getattr(param, 'allreduce', True)`), and made global over EP in the sharded state dict
+        as GroupedMLP makes its weights (expert_sharded_tensor). Also the params whose value
+        bf16 rounds."""
         from megatron.core import parallel_state as ps
         from megatron.core.tensor_parallel import set_tensor_model_parallel_attributes
         from megatron.core.transformer.module import MegatronModule
         from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
-        axes = {p["name"]: model_parallel.tp_axis(p) for p in self.held if model_parallel.tp_axis(p) >= 0}
+        axes = {p["name"]: model_parallel.tp_axis(p) for p in self.held
+                if model_parallel.tp_axis(p) >= 0 and not p["expert"]}
+        experts = {p["name"] for p in self.held if p["expert"]}
 
         class ReplayModel(MegatronModule):
             def forward(self, x):  # never called: the replay writes gradients into main_grad
@@ -300,11 +366,16 @@ class RankRun:
             def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
                 # Every param by its dotted name (a submodule's with its path, the keys
                 # MegatronModule's recursion into plain submodules gives), the param itself.
-                sd: Dict[str, Any] = dict(self.named_parameters())
+                sd: Dict[str, Any] = {n: p for n, p in self.named_parameters() if n not in experts}
                 dp_cp = (metadata or {}).get("dp_cp_group") or ps.get_data_parallel_group(with_context_parallel=True)
-                return make_sharded_tensors_for_checkpoint(sd, prefix, axes, sharded_offsets,
-                                                           tp_group=ps.get_tensor_model_parallel_group(),
-                                                           dp_cp_group=dp_cp)
+                out = make_sharded_tensors_for_checkpoint(sd, prefix, axes, sharded_offsets,
+                                                          tp_group=ps.get_tensor_model_parallel_group(),
+                                                          dp_cp_group=dp_cp)
+                for n, p in self.named_parameters():
+                    if n in experts:
+                        out[prefix + n] = expert_sharded_tensor(prefix + n, p, sharded_offsets)
+                # The module's order (the dict's order is what dist_checkpointing walks).
+                return {prefix + n: out[prefix + n] for n, _ in self.named_parameters()}
 
         module = ReplayModel(tconf)
         init = self.plan["initial_params"]
@@ -319,6 +390,9 @@ class RankRun:
             param = torch.nn.Parameter(t.cuda())
             if p["name"] in axes:
                 set_tensor_model_parallel_attributes(param, True, axes[p["name"]], 1)
+            if p["expert"]:
+                # What GroupedMLP / TE's grouped linear set at EP > 1 (`not self.expert_parallel`).
+                param.allreduce = False
             owner, _, leaf = p["name"].rpartition(".")
             holder = module
             for c in owner.split(".") if owner else []:  # a submodule per dotted prefix (plan.module_order)
@@ -326,39 +400,58 @@ class RankRun:
                     holder.add_module(c, torch.nn.Module())
                 holder = holder._modules[c]
             holder.register_parameter(leaf, param)
+        if experts:
+            self.notes.append("expert params %s: allreduce=False set before DistributedDataParallel (EP %d): DDP's "
+                              "expert buffers on the expert-DP group, get_megatron_optimizer's second part"
+                              % (", ".join(sorted(experts)), self.ep))
+            if self.ep == 1:
+                self.notes.append("EP 1 with expert params: the marking is synthetic (a real MoE layer keeps "
+                                  "allreduce=True at EP 1: GroupedMLP's `not self.expert_parallel`); the runner sets "
+                                  "allreduce=False by hand, so the expert part's DP group holds every DP rank")
         return module, inexact
 
+    def _runs(self, p: Dict[str, Any]) -> model_parallel.Runs:
+        """The runs of a param's whole flattened elements that this rank holds: its EP piece for
+        an expert param, else its TP piece."""
+        return model_parallel.element_runs(p, self.tp, self.tp_rank, self.ep, self.ep_rank)
+
     def _piece(self, p: Dict[str, Any], whole: Any) -> Any:
-        """This TP rank's piece of a param's whole (flattened) value, in its local shape."""
-        runs = model_parallel.element_runs(p, self.tp, self.tp_rank)
-        flat = torch.cat([whole[b:b + n] for b, n in runs])
-        return flat.reshape(model_parallel.local_shape(p, self.tp))
+        """This rank's piece of a param's whole (flattened) value (its EP piece for an expert param,
+        else its TP piece), in its local shape."""
+        flat = torch.cat([whole[b:b + n] for b, n in self._runs(p)])
+        return flat.reshape(model_parallel.local_shape(p, self.tp, self.ep))
 
     # ------------------------------------------------------------------ state
-    def _dist_opt(self) -> Any:
+    def _chain(self) -> List[Any]:
+        """The parts of the optimizer: `chained_optimizers` of the ChainedOptimizer that
+        get_megatron_optimizer() always returns (0 the dense DistributedOptimizer, 1 the expert
+        one where the model has expert params), or the optimizer itself."""
         chained = getattr(self.opt, "chained_optimizers", None)
-        return chained[0] if chained else self.opt
+        return list(chained) if chained else [self.opt]
 
-    def _pairs(self, dopt: Any) -> List[Tuple[Any, Any]]:
-        """(model param, the param the inner optimizer holds for its shard), in model order."""
-        pa = bool(getattr(dopt.config, "use_precision_aware_optimizer_no_fp8_or_ds_fp8", False))
+    def _pairs(self) -> List[Tuple[int, Any, Any, Any]]:
+        """(part index, the part's DistributedOptimizer, model param, the param its inner optimizer
+        holds for the shard) for every shard of every part, in model order."""
         pairs = []
-        for mg, s16, s32 in zip(dopt.model_float16_groups, dopt.shard_float16_groups,
-                                dopt.shard_fp32_from_float16_groups):
-            for mp, a, b in zip(mg, s16, s32):
-                pairs.append((mp, a if pa else b))
-        for mg, sg in zip(dopt.model_fp32_groups, dopt.shard_fp32_groups):
-            for mp, a in zip(mg, sg):
-                pairs.append((mp, a))
+        for idx, dopt in enumerate(self._chain()):
+            if getattr(dopt, "is_stub_optimizer", False):  # a part with no params on this rank
+                continue
+            pa = bool(getattr(dopt.config, "use_precision_aware_optimizer_no_fp8_or_ds_fp8", False))
+            for mg, s16, s32 in zip(dopt.model_float16_groups, dopt.shard_float16_groups,
+                                    dopt.shard_fp32_from_float16_groups):
+                for mp, a, b in zip(mg, s16, s32):
+                    pairs.append((idx, dopt, mp, a if pa else b))
+            for mg, sg in zip(dopt.model_fp32_groups, dopt.shard_fp32_groups):
+                for mp, a in zip(mg, sg):
+                    pairs.append((idx, dopt, mp, a))
         order = {id(p): i for i, (_, p) in enumerate(self.module.named_parameters())}
-        pairs.sort(key=lambda pr: order.get(id(pr[0]), 1 << 30))
+        pairs.sort(key=lambda pr: order.get(id(pr[2]), 1 << 30))
         return pairs
 
     def _event(self, at: str, global_step: int, used: Optional[Dict[int, float]] = None) -> Dict[str, Any]:
         from megatron.core.optimizer.cpu_offloading import HybridDeviceOptimizer
 
-        dopt = self._dist_opt()
-        inner = dopt.optimizer
+        chained = len(self._chain()) > 1  # each part then names its index in the chain
         names = {id(p): n for n, p in self.module.named_parameters()}
         parts, hashes = [], {k: {} for k in ts.HASH_KINDS}
         values: Dict[str, Dict[str, Optional[str]]] = {k: {} for k in ts.HASH_KINDS}
@@ -372,7 +465,11 @@ class RankRun:
             if want_values:
                 values[kind][name] = None if raw is None else base64.b64encode(raw).decode("ascii")
 
-        for mp, x in self._pairs(dopt):
+        for idx, dopt, mp, x in self._pairs():
+            inner = dopt.optimizer
+            # A precision-aware FusedAdam holds the master weights and its states in their own dtypes
+            # (TE's or the stand-in's): the trace records the fp32 values it updates and the dtypes.
+            precision_aware = bool(getattr(dopt.config, "use_precision_aware_optimizer_no_fp8_or_ds_fp8", False))
             name = names.get(id(mp), "?")
             r = dopt._get_model_param_range_map(mp)["param"]
             if isinstance(inner, HybridDeviceOptimizer):
@@ -416,18 +513,27 @@ class RankRun:
             if sid is not None:
                 step_ids[sid] = step_ids.get(sid, 0) + 1
             kernel = _kernel(sub, group, ix)
-            # The shard's range in the whole param: one part per run of the TP piece it covers.
+            pa_state = precision_aware_state(sub, ix) if precision_aware and part == "FusedAdam" else None
+            # The shard's range in the whole param: one part per run of the TP (or EP) piece it covers.
             spec = self.by_name[name]
-            for b, e in model_parallel.global_ranges(model_parallel.element_runs(spec, self.tp, self.tp_rank),
-                                                     int(r.start), int(r.end)):
+            for b, e in model_parallel.global_ranges(self._runs(spec), int(r.start), int(r.end)):
                 part_entry = {"part": part, "param": name, "range": [b, e], "step": counter, "step_used": step_used}
+                if chained:
+                    part_entry["chain"] = idx
                 if kernel is not None:
                     part_entry["kernel"] = kernel
+                if pa_state is not None and pa_state["state_dtypes"]:  # left out before any state
+                    part_entry["state_dtypes"] = dict(pa_state["state_dtypes"])
                 parts.append(part_entry)
                 part_step_ids.append(sid)
-            put("master", name, ix)
-            put("exp_avg", name, state.get("exp_avg"))
-            put("exp_avg_sq", name, state.get("exp_avg_sq"))
+            if pa_state is not None:
+                put("master", name, pa_state["master"])
+                put("exp_avg", name, pa_state["exp_avg"])
+                put("exp_avg_sq", name, pa_state["exp_avg_sq"])
+            else:
+                put("master", name, ix)
+                put("exp_avg", name, state.get("exp_avg"))
+                put("exp_avg_sq", name, state.get("exp_avg_sq"))
         for part, sid in zip(parts, part_step_ids):
             part["step_aliases"] = (step_ids[sid] - 1) if sid is not None else 0
         for n, p in self.module.named_parameters():
@@ -580,7 +686,9 @@ class RankRun:
         self.opt.zero_grad()
         # The plan holds each DP rank's local gradient over the whole model: this rank takes
         # its stage's params, each its TP piece (the same elements of the whole gradient that
-        # every TP rank of the DP rank sees, as a TP layer's gradient is).
+        # every TP rank of the DP rank sees, as a TP layer's gradient is), an expert param its
+        # EP piece (the plan's expert gradient of a rank covers its EP group's tokens, so that
+        # DDP's reduction over the expert-DP group alone gives the global sum).
         raw = ts.decode_f32_bytes(plan_mod.step_gradients(self.run, self.global_step + 1)[self.dp_rank])
         flat = torch.frombuffer(bytearray(raw), dtype=torch.float32)
         for spec, (_, p) in zip(self.held, self.module.named_parameters()):
@@ -627,9 +735,16 @@ class RankRun:
                           "--no-load-optim phase resumes" % global_step)
 
     def _all_inner_optimizers(self) -> List[Any]:
-        inner = self._dist_opt().optimizer
-        subs = getattr(inner, "sub_optimizers", None)
-        return list(subs) if subs is not None else [inner]
+        """The optimizers that update shards, over every part of the chain: each part's inner
+        optimizer, or the hybrid's sub-optimizers (a part with no params, a stub, has none)."""
+        out: List[Any] = []
+        for dopt in self._chain():
+            inner = getattr(dopt, "optimizer", None)
+            if inner is None:
+                continue
+            subs = getattr(inner, "sub_optimizers", None)
+            out.extend(list(subs) if subs is not None else [inner])
+        return out
 
     def _save(self, iteration: int) -> None:
         """megatron/training/checkpointing.py save_checkpoint(), torch_dist format. `iteration`:
@@ -690,7 +805,7 @@ class RankRun:
         t0 = time.time()
         try:
             if self.job["te"] == "emulated":
-                apply_te_emulation(self.patches, bool(self.job["standin"]))
+                apply_te_emulation(self.patches, bool(self.job["standin"]), te_version=self._emulated_te_version())
             self._init_distributed()
             if self.job["coalescing_workaround"]:
                 apply_coalescing_workaround(self.patches)

@@ -190,6 +190,7 @@ def _validate_scenario(sc: Dict[str, Any], err) -> List[Dict[str, Any]]:
             err("scenario.optimizer.transformer_engine", "must be \"installed\" or \"absent\", got %r" % (te,))
         elif te == "absent" and o.get("kind") != "hybrid":
             err("scenario.optimizer.transformer_engine", "applies only to kind \"hybrid\"")
+        _validate_precision(o, err)
     bs = sc.get("bucket_size", None)
     if bs is not None and (not isinstance(bs, int) or isinstance(bs, bool) or bs < 1):
         err("scenario.bucket_size", "must be null or an integer >= 1, got %r" % (bs,))
@@ -223,8 +224,92 @@ def _validate_scenario(sc: Dict[str, Any], err) -> List[Dict[str, Any]]:
                 err(*problem)
             _validate_no_load_optim(phases, i, path, err)
             _validate_finetune(phases, i, path, err)
+        problem = model_parallel.scenario_problem(good, phases, "scenario") if len(good) == len(params) else None
+        if problem:
+            err(*problem)
     schedule_mod.validate(sc, err)
     return good
+
+
+STATE_DTYPES = ("fp32", "bf16", "fp16")  # optimizer.exp_avg_dtype, exp_avg_sq_dtype
+MAIN_PARAMS_DTYPES = ("fp32",)  # optimizer.main_params_dtype
+# Megatron accepts these, ckptsim does not model them (yet): why, per field.
+NOT_MODELED = {
+    "exp_avg_dtype": {"fp8": "FP8 states need TE's Float8Tensor"},
+    "exp_avg_sq_dtype": {"fp8": "FP8 states need TE's Float8Tensor"},
+    "main_params_dtype": {"fp16": "fp16 master weights (TE keeps them scaled, with their own scale)"},
+}
+_PRECISION_AWARE_WHERE = "precision_aware true, or kind \"hybrid\""
+
+
+def _names(values: Sequence[str]) -> str:
+    return ", ".join('"%s"' % v for v in values)
+
+
+def is_precision_aware(o: Dict[str, Any]) -> bool:
+    """OptimizerConfig.use_precision_aware_optimizer as the runner passes it: the scenario's
+    precision_aware, and always for kind hybrid (Megatron's arguments require
+    --use-precision-aware-optimizer with --optimizer-cpu-offload)."""
+    return o.get("kind") == "hybrid" or o.get("precision_aware") is True
+
+
+def _validate_precision(o: Dict[str, Any], err) -> None:
+    """The precision-aware optimizer's fields of scenario.optimizer (issue 26, low-precision
+    states): precision_aware, exp_avg_dtype, exp_avg_sq_dtype, main_params_dtype,
+    store_param_remainders. A low-precision state or a remainders setting needs a precision-aware
+    optimizer (Megatron asserts fp32 states without it: optimizer_config.py __post_init__)."""
+    path = "scenario.optimizer."
+    kind = o.get("kind")
+    if "precision_aware" in o:
+        pa = o["precision_aware"]
+        if not isinstance(pa, bool):
+            err(path + "precision_aware", "must be true or false, got %r" % (pa,))
+        elif pa and kind == "torch_adamw":
+            err(path + "precision_aware", "not with kind \"torch_adamw\" (Megatron builds torch AdamW only without "
+                                          "TE, and --use-precision-aware-optimizer needs TE's FusedAdam), got true")
+        elif not pa and kind == "hybrid":
+            err(path + "precision_aware", "kind \"hybrid\" always runs precision-aware (Megatron's arguments "
+                                          "require --use-precision-aware-optimizer with --optimizer-cpu-offload): "
+                                          "leave it out or set it true, got false")
+    aware = is_precision_aware(o)
+    for key, allowed in (("exp_avg_dtype", STATE_DTYPES), ("exp_avg_sq_dtype", STATE_DTYPES),
+                         ("main_params_dtype", MAIN_PARAMS_DTYPES)):
+        if key not in o:
+            continue
+        value = o[key]
+        why = NOT_MODELED[key].get(value) if isinstance(value, str) else None
+        if why is not None:
+            err(path + key, "%r is not modeled: %s (allowed: %s)" % (value, why, _names(allowed)))
+        elif not isinstance(value, str) or value not in allowed:
+            err(path + key, "must be one of %s, got %r" % (_names(allowed), value))
+        elif value != "fp32" and not aware:
+            err(path + key, "%r needs a precision-aware optimizer (%s); without it Megatron asserts \"fp32\""
+                % (value, _PRECISION_AWARE_WHERE))
+    if "store_param_remainders" in o:
+        value = o["store_param_remainders"]
+        if not isinstance(value, bool):
+            err(path + "store_param_remainders", "must be true or false, got %r" % (value,))
+        elif not aware:
+            err(path + "store_param_remainders", "applies only to a precision-aware optimizer (%s), got %r"
+                % (_PRECISION_AWARE_WHERE, value))
+
+
+def optimizer_precision(plan_or_scenario: Dict[str, Any]) -> Dict[str, Any]:
+    """The precision-aware settings of a valid plan's (or scenario's) optimizer, defaults filled:
+    {"precision_aware": what the runner passes as use_precision_aware_optimizer, "exp_avg_dtype",
+    "exp_avg_sq_dtype", "main_params_dtype" (names of STATE_DTYPES), "store_param_remainders"
+    (OptimizerConfig's default true), "te_precision_aware": TE's FusedAdam itself holds the states
+    in those dtypes (precision-aware kind fused_adam; the hybrid passes none of them to its
+    sub-optimizers, hybrid_optimizer.py _init_sub_optimizers)}."""
+    sc = plan_or_scenario.get("scenario", plan_or_scenario)
+    o = sc["optimizer"]
+    aware = is_precision_aware(o)
+    return {"precision_aware": aware,
+            "exp_avg_dtype": o.get("exp_avg_dtype", "fp32"),
+            "exp_avg_sq_dtype": o.get("exp_avg_sq_dtype", "fp32"),
+            "main_params_dtype": o.get("main_params_dtype", "fp32"),
+            "store_param_remainders": bool(o.get("store_param_remainders", True)),
+            "te_precision_aware": aware and o.get("kind") == "fused_adam"}
 
 
 def _validate_resume_flag(phases: List[Any], i: int, path: str, err, flag: str) -> bool:
@@ -394,14 +479,14 @@ def scenario_name(plan: Dict[str, Any]) -> str:
 
 
 def params(plan: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """The params in model order: [{name, numel, dtype, wd_mult, lr_mult, shape, tp_split, layer}]
-    with defaults filled (shape [numel], replicated, layer 0)."""
+    """The params in model order: [{name, numel, dtype, wd_mult, lr_mult, shape, tp_split, layer,
+    expert}] with defaults filled (shape [numel], replicated, layer 0, not expert)."""
     out = []
     for p in plan["scenario"]["params"]:
         out.append({"name": p["name"], "numel": int(p["numel"]), "dtype": p["dtype"],
                     "wd_mult": float(p.get("wd_mult", 1.0)), "lr_mult": float(p.get("lr_mult", 1.0)),
                     "shape": model_parallel.global_shape(p), "tp_split": p.get("tp_split", "replicated"),
-                    "layer": int(p.get("layer", 0))})
+                    "layer": int(p.get("layer", 0)), "expert": model_parallel.is_expert(p)})
     return out
 
 
@@ -528,20 +613,44 @@ def unsupported_reason(plan: Dict[str, Any]) -> Optional[str]:
     return None
 
 
+def reduced_gradient(plan: Dict[str, Any], per_rank: Sequence[Sequence[float]]) -> List[float]:
+    """The whole-model gradient that Megatron's reductions make of the DP ranks' local gradients
+    `per_rank` (each over the whole model, as the plan holds them): a dense element summed over
+    every DP rank (DDP's reduce-scatter over the DP group); an expert param's EP piece e summed
+    over the expert-DP group of EP rank e only (its reduce-scatter over that group; every other
+    rank's values there are never read: each rank writes only its own EP piece). Expert params
+    are modeled at TP = PP = 1 only, so a DP rank is a world rank there."""
+    out = [0.0] * (len(per_rank[0]) if per_rank else 0)
+    for vals in per_rank:
+        for e, x in enumerate(vals):
+            out[e] += x
+    ps = params(plan)
+    if not any(p["expert"] for p in ps):
+        return out
+    dp = len(per_rank)
+    ep = model_parallel.scenario_ep(plan["scenario"])
+    for (name, b, _), p in zip(split_offsets(plan), ps):
+        if not p["expert"]:
+            continue
+        for e in range(ep):
+            group = model_parallel.expert_dp_group(e, ep, dp)
+            for g, n in model_parallel.element_runs(p, 1, 0, ep, e):
+                for x in range(b + g, b + g + n):
+                    out[x] = sum(per_rank[r][x] for r in group)
+    return out
+
+
 def check_gradient_sums(plan: Dict[str, Any]) -> List[str]:
-    """Every (global step, element) whose gradient summed over ranks differs between the runs
-    that take that step. Exact (float32 values summed in double); the dyadic gradients of
-    ckptsim sum to the same total at any DP. Returns at most 10 problems."""
+    """Every (global step, element) whose reduced gradient (reduced_gradient: summed over the
+    ranks that reduce it) differs between the runs that take that step. Exact (float32 values
+    summed in double); the dyadic gradients of ckptsim sum to the same total at any DP. Returns
+    at most 10 problems."""
     out: List[str] = []
     totals: Dict[int, Tuple[str, List[float]]] = {}
     for run in plan["runs"]:
         for k, per_rank in enumerate(run["grads"]):
             step = run["start_step"] + k + 1
-            acc: Optional[List[float]] = None
-            for text in per_rank:
-                vals = ts.decode_f32(text)
-                acc = vals if acc is None else [a + b for a, b in zip(acc, vals)]
-            acc = acc or []
+            acc = reduced_gradient(plan, [ts.decode_f32(text) for text in per_rank])
             if step not in totals:
                 totals[step] = (run["id"], acc)
                 continue

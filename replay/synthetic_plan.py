@@ -17,6 +17,12 @@ Values (all exact in float32, and the initial params exact in bf16):
 so the ranks' local gradients sum to g exactly at any DP, and the reference run and a resumed
 run see the same reduced gradient at every global step.
 
+An expert param (`"expert": true`, at the scenario's EP size ep): rank r's local gradient is the
+sum over the tokens of r's EP group (the ranks d*ep .. d*ep + ep - 1, d = r // ep, whose tokens
+the MoE dispatch routes to r's experts), g * (n_{d*ep} + ... + n_{d*ep+ep-1}) / samples_per_step,
+over the whole param (the rank takes its EP piece); Megatron reduces it over the expert-DP group
+of r's EP rank only, {e, e + ep, ...}, which again sums to g exactly (plan.reduced_gradient).
+
 Torch-free (standard library).
 """
 
@@ -55,6 +61,13 @@ def batch_gradient(step: int, i: int, e: int) -> float:
 
 def samples_on_rank(samples_per_step: int, dp: int, rank: int) -> int:
     return len(range(rank, samples_per_step, dp))
+
+
+def samples_of_ep_group(samples_per_step: int, dp: int, ep: int, rank: int) -> int:
+    """The samples of the EP group of DP rank `rank` (TP = PP = 1): the ranks d*ep .. d*ep+ep-1,
+    d = rank // ep."""
+    first = (rank // ep) * ep
+    return sum(samples_on_rank(samples_per_step, dp, r) for r in range(first, first + ep))
 
 
 def _load_profiles(dirs: List[str]) -> Dict[str, Dict[str, Any]]:
@@ -132,6 +145,8 @@ def build_plan(scenario: Dict[str, Any], scenario_path: str, profiles: Dict[str,
     initial = {}
     for i, p in enumerate(params):
         initial[p["name"]] = ts.encode_f32(initial_value(seed, i, e) for e in range(int(p["numel"])))
+    ep = int(sc["phases"][0].get("ep", 1)) if sc.get("phases") else 1
+    expert = [p.get("expert", False) is True for p in params for _ in range(int(p["numel"]))]
     runs = plan_mod.expected_runs(sc["phases"])
     for run in runs:
         grads = []
@@ -141,7 +156,8 @@ def build_plan(scenario: Dict[str, Any], scenario_path: str, profiles: Dict[str,
             per_rank = []
             for r in range(run["dp"]):
                 frac = samples_on_rank(sps, run["dp"], r) / float(sps)
-                per_rank.append(ts.encode_f32(g * frac for g in batch))
+                frac_ep = samples_of_ep_group(sps, run["dp"], ep, r) / float(sps) if run["dp"] % ep == 0 else frac
+                per_rank.append(ts.encode_f32(g * (frac_ep if x else frac) for g, x in zip(batch, expert)))
             grads.append(per_rank)
         run["grads"] = grads
     return {"format": plan_mod.FORMAT, "version": plan_mod.VERSION,

@@ -45,6 +45,12 @@ def torch_adamw_kernel(fused: Any, foreach: Any, device: str, foreach_default: b
     if foreach is None:
         foreach = foreach_default
     return ("torch_foreach_" if foreach else "torch_single_tensor_") + device
+# A precision-aware FusedAdam part's optional "state_dtypes": the dtype of each state tensor that
+# TE's FusedAdam holds for the shard (optimizer.state[param]), by state name: the moments in the
+# scenario's exp_avg_dtype / exp_avg_sq_dtype, master_param fp32, or int16 where it holds the
+# remainders of a bf16 param (store_param_remainders).
+STATE_DTYPES = {"exp_avg": ("bf16", "fp16", "fp32"), "exp_avg_sq": ("bf16", "fp16", "fp32"),
+                "master_param": ("fp32", "int16")}
 MERGE_KINDS = ("duplicate_leaf", "list_length_mismatch")
 HASH_NAME = "fnv1a64-f32le"
 
@@ -360,13 +366,20 @@ def _validate_parts(v: _V, parts: Any, path: str) -> None:
     if not isinstance(parts, list):
         v.err(path, "must be an array")
         return
+    chained = []  # per part: whether it names its chain index
     for i, p in enumerate(parts):
         ppath = _join(path, i)
-        if not v.obj(p, ppath, ["part", "param", "range", "step", "step_used"], ["step_aliases", "kernel"]):
+        if not v.obj(p, ppath, ["part", "param", "range", "step", "step_used"],
+                     ["step_aliases", "kernel", "state_dtypes", "chain"]):
             continue
+        if "chain" in p:
+            v.integer(p["chain"], _join(ppath, "chain"))
+        chained.append("chain" in p)
         v.enum(p.get("part"), _join(ppath, "part"), PARTS)
         if "kernel" in p:
             v.enum(p["kernel"], _join(ppath, "kernel"), KERNELS)
+        if "state_dtypes" in p:
+            _validate_state_dtypes(v, p["state_dtypes"], _join(ppath, "state_dtypes"), p.get("part"))
         v.string(p.get("param"), _join(ppath, "param"), nonempty=True)
         r = p.get("range")
         if (not isinstance(r, list) or len(r) != 2 or not all(_is_int(x) for x in r)
@@ -376,6 +389,25 @@ def _validate_parts(v: _V, parts: Any, path: str) -> None:
         v.number_or_null(p.get("step_used"), _join(ppath, "step_used"))
         if "step_aliases" in p:
             v.integer(p["step_aliases"], _join(ppath, "step_aliases"))
+    if any(chained) and not all(chained):
+        # A rank's chained optimizer has the same parts at every event: with more than one,
+        # every part names its index; with one, none does.
+        v.err(path, "either every part names its chain index or none does (%d of %d do)"
+              % (sum(chained), len(chained)))
+
+
+def _validate_state_dtypes(v: _V, dtypes: Any, path: str, part: Any) -> None:
+    """Optional "state_dtypes" of a part: only a FusedAdam part's (the precision-aware FusedAdam's;
+    HDO and AdamW parts never carry it), an object of state name -> dtype name from STATE_DTYPES,
+    a state left out where the optimizer holds no such tensor ({} before the first step)."""
+    if part != "FusedAdam":
+        v.err(path, "only a FusedAdam part carries state_dtypes (a precision-aware FusedAdam's), got it on %r"
+              % (part,))
+    if not v.obj(dtypes, path, [], list(STATE_DTYPES)):
+        return
+    for name, dtype in dtypes.items():
+        if name in STATE_DTYPES:
+            v.enum(dtype, _join(path, name), STATE_DTYPES[name])
 
 
 def _validate_hashes(v: _V, hashes: Any, path: str, parts: Any) -> None:

@@ -30,6 +30,23 @@ def synthetic(name, **overrides):
     return synthetic_plan.build_plan(sc, path, profiles)
 
 
+def expert_scenario(ep=2, dps=(2, 4), kind="fused_adam", revision="upstream-2874", steps=(3, 2)):
+    """A small MoE scenario (issue 26): a dense param `w0` and an expert param `experts` ([8, 6],
+    split over EP on dim 0), the same EP in every phase (not a bundled scenario file)."""
+    return {"name": "expert-ep%d-dp%s" % (ep, "-to-".join(str(d) for d in dps)), "seed": 3,
+            "params": [{"name": "w0", "numel": 40, "dtype": "bf16"},
+                       {"name": "experts", "numel": 48, "shape": [8, 6], "dtype": "bf16", "expert": True}],
+            "optimizer": {"kind": kind, "lr": 0.01, "betas": [0.9, 0.95], "eps": 1e-08, "weight_decay": 0.1},
+            "bucket_size": None, "sharding_type": "dp_reshardable",
+            "phases": [{"dp": d, "ep": ep, "revision": revision, "steps": n} for d, n in zip(dps, steps)]}
+
+
+def synthetic_of(sc):
+    """The synthetic plan of an inline scenario (revision profiles from revisions/)."""
+    profiles = synthetic_plan._load_profiles([os.path.join(ROOT, "revisions")])
+    return synthetic_plan.build_plan(copy.deepcopy(sc), sc["name"] + ".json", profiles)
+
+
 def write_json(tmp_path, name, obj):
     p = os.path.join(str(tmp_path), name)
     with open(p, "w") as f:

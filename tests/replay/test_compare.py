@@ -58,3 +58,12 @@ def test_summarize_and_step_expectations():
     assert rows == []  # phase1 rank 1 holds 1.0 at global step 1
     t["runs"][1]["events"][1]["parts"][0]["step"] = 0.0
     assert compare.step_expectations(t)[0]["step"] == 0.0
+
+
+def test_a_chain_index_is_shown_and_compared():
+    a = minimal_trace()
+    a["runs"][0]["events"][2]["parts"][0]["chain"] = 1
+    assert any("w0[0:4] HDO cpu AdamW chain=1 step=1" in ln for ln in compare.summarize(a))
+    b = copy.deepcopy(a)
+    b["runs"][0]["events"][2]["parts"][0]["chain"] = 0
+    assert compare.first_divergence(a, b)["what"] == "chain of w0 (HDO cpu AdamW)"

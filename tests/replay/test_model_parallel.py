@@ -1,5 +1,7 @@
 """replay/model_parallel.py against worked examples (computed by hand, not by the code)."""
 
+import pytest
+
 from replay import model_parallel as mp
 
 
@@ -82,3 +84,96 @@ def test_phase_problem_pp_needs_a_param_on_every_stage():
     assert (field, why) == ("phases[0].pp", "stage 1 (layers 1 to 1) holds no param")
     assert mp.phase_problem(params, {"pp": 3}, "phases[0]")[0] == "phases[0].pp"  # 4 layers, 3 stages
     assert mp.phase_problem(params, {"pp": 0}, "phases[0]")[0] == "phases[0].pp"
+
+
+# Expert parallelism (issue 26). Worked examples from parallel_state's expert rank generator
+# (order tp-cp-ep-dp-pp, expert TP = TP, no CP), computed by hand.
+def test_expert_place_at_tp_pp_one_is_rank_mod_ep_and_rank_div_ep():
+    # DP 4, EP 2: EP groups {0,1}, {2,3}; expert-DP groups {0,2}, {1,3}.
+    assert [mp.expert_place(r, 1, 4, 2) for r in range(4)] == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    # DP 2, EP 2: EP group {0,1}; expert-DP groups {0}, {1}.
+    assert [mp.expert_place(r, 1, 2, 2) for r in range(2)] == [(0, 0), (1, 0)]
+    # EP 1: every rank EP rank 0, the expert-DP rank its DP rank.
+    assert [mp.expert_place(r, 1, 3, 1) for r in range(3)] == [(0, 0), (0, 1), (0, 2)]
+
+
+def test_expert_place_with_tp_and_pp_counts_tp_fastest():
+    # TP 2 x DP 4 x PP 2, EP 2 (expert DP 2): rank = tp + 2 * (ep + 2 * (edp + 2 * pp)).
+    assert mp.expert_place(1, 2, 4, 2) == (0, 0)
+    assert mp.expert_place(2, 2, 4, 2) == (1, 0)
+    assert mp.expert_place(5, 2, 4, 2) == (0, 1)
+    assert mp.expert_place(7, 2, 4, 2) == (1, 1)
+    assert mp.expert_place(8 + 6, 2, 4, 2) == (1, 1)  # pp rank 1
+
+
+def test_expert_dp_group_of_an_ep_rank():
+    assert mp.expert_dp_group(0, 2, 4) == [0, 2]
+    assert mp.expert_dp_group(1, 2, 4) == [1, 3]
+    assert mp.expert_dp_group(1, 2, 2) == [1]
+    assert mp.expert_dp_group(0, 1, 3) == [0, 1, 2]
+    assert mp.expert_dp_group(3, 4, 8) == [3, 7]
+
+
+def test_an_expert_param_is_split_over_ep_on_dim_zero():
+    p = {"name": "e", "numel": 48, "shape": [8, 6], "expert": True}
+    assert mp.element_runs(p, 1, 0, 2, 0) == [(0, 24)]
+    assert mp.element_runs(p, 1, 0, 2, 1) == [(24, 24)]
+    assert mp.element_runs(p, 1, 0, 4, 3) == [(36, 12)]
+    assert mp.local_shape(p, 1, 2) == [4, 6]
+    assert mp.local_shape(p, 1, 4) == [2, 6]
+    # EP 1: the whole param, as a dense one.
+    assert mp.element_runs(p, 1, 0, 1, 0) == [(0, 48)] and mp.local_shape(p, 1, 1) == [8, 6]
+    # 1-D: rows are elements.
+    q = {"name": "b", "numel": 10, "expert": True}
+    assert mp.element_runs(q, 1, 0, 2, 1) == [(5, 5)] and mp.local_shape(q, 1, 2) == [5]
+    # A dense param ignores EP.
+    d = {"name": "w", "numel": 12, "shape": [4, 3], "tp_split": "column"}
+    assert mp.element_runs(d, 2, 1, 2, 1) == [(6, 6)] and mp.local_shape(d, 2, 2) == [2, 3]
+
+
+def test_ep_pieces_tile_the_expert_param():
+    p = {"name": "e", "numel": 48, "shape": [8, 6], "expert": True}
+    for ep in (1, 2, 4, 8):
+        covered = [x for e in range(ep) for g, n in mp.element_runs(p, 1, 0, ep, e) for x in range(g, g + n)]
+        assert covered == list(range(48))
+
+
+EXPERT = [{"name": "w", "numel": 4}, {"name": "e", "numel": 12, "shape": [6, 2], "expert": True}]
+
+
+@pytest.mark.parametrize("phase,want", [
+    ({"dp": 4, "ep": 2}, None),
+    ({"dp": 4, "ep": 0}, ("phases[1].ep", "must be an integer >= 1, got 0")),
+    ({"dp": 4, "ep": True}, ("phases[1].ep", "must be an integer >= 1, got True")),
+    ({"dp": 6, "ep": 4}, ("phases[1].ep", "4 does not divide the phase's DP size 6 (expert DP = DP / EP)")),
+    ({"dp": 4, "ep": 4}, ("phases[1].ep", "4 does not divide dim 0 (6) of params[1] ('e', expert: split over EP "
+                                          "on dim 0)")),
+    ({"dp": 4, "ep": 2, "tp": 2}, ("phases[1].tp", "expert params with TP or PP are not modeled yet (params[1] "
+                                                   "'e' is expert; tp 2, pp 1)")),
+    ({"dp": 4, "ep": 1, "pp": 2}, ("phases[1].pp", "expert params with TP or PP are not modeled yet (params[1] "
+                                                   "'e' is expert; tp 1, pp 2)")),
+])
+def test_phase_problem_checks_ep(phase, want):
+    assert mp.phase_problem(EXPERT, phase, "phases[1]") == want
+
+
+def test_ep_without_expert_params_needs_only_to_divide_dp():
+    dense = [{"name": "w", "numel": 12, "shape": [4, 3], "tp_split": "column"}]
+    assert mp.phase_problem(dense, {"dp": 4, "ep": 4, "tp": 2}, "phases[0]") is None
+    assert mp.phase_problem(dense, {"dp": 2, "ep": 4}, "phases[0]")[0] == "phases[0].ep"
+
+
+def test_scenario_problem_same_ep_everywhere_and_a_dense_param():
+    assert mp.scenario_problem(EXPERT, [{"ep": 2}, {"ep": 2}], "scenario") is None
+    assert mp.scenario_problem(EXPERT, [{}, {"ep": 1}], "scenario") is None
+    assert mp.scenario_problem(EXPERT, [{"ep": 2}, {"ep": 2}, {"ep": 1}], "scenario") == (
+        "scenario.phases[2].ep", "1 where phases[0] has 2: an EP change between phases is not modeled")
+    assert mp.scenario_problem(EXPERT[1:], [{"ep": 2}], "scenario") == (
+        "scenario.params", "every param is expert: a model without a dense param (a stub dense part of the chained "
+                           "optimizer) is not modeled yet")
+
+
+def test_param_problem_expert_is_a_boolean():
+    assert mp.param_problem({"name": "e", "numel": 4, "expert": True}, "params[0]") is None
+    assert mp.param_problem({"name": "e", "numel": 4, "expert": 1}, "params[0]") == (
+        "params[0].expert", "must be true or false, got 1")

@@ -247,3 +247,183 @@ def test_no_load_optim_with_storage_faults_is_rejected(faulty_phase):
     # The faults alone are a valid plan: the error is no_load_optim's.
     assert _mut(lambda p: p["scenario"]["phases"][faulty_phase].update(
         storage_faults=[{"kind": "crash_before", "file": "shard"}])) == []
+
+
+# The precision-aware optimizer's fields of scenario.optimizer (issue 26, low-precision states).
+FUSED = "fused-adam-save-before-first-step-upstream-2874"  # kind fused_adam
+HYBRID = "finetune-hdo-upstream-head"  # kind hybrid
+ADAMW = "torch-adamw-resume-asserts"  # kind torch_adamw
+
+
+def _optimizer_errors(name, **fields):
+    plan = copy.deepcopy(synthetic(name))
+    plan["scenario"]["optimizer"].update(fields)
+    return plan_mod.validate_plan(plan)
+
+
+@pytest.mark.parametrize("name,fields", [
+    (FUSED, {"precision_aware": True, "exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "fp16",
+             "main_params_dtype": "fp32", "store_param_remainders": False}),
+    (FUSED, {"precision_aware": True}),
+    (FUSED, {"precision_aware": False, "exp_avg_dtype": "fp32", "exp_avg_sq_dtype": "fp32",
+             "main_params_dtype": "fp32"}),  # the defaults, spelled out
+    (HYBRID, {"exp_avg_dtype": "bf16", "store_param_remainders": True}),  # hybrid is precision-aware
+    (HYBRID, {"precision_aware": True, "exp_avg_sq_dtype": "fp16"}),
+    (ADAMW, {"precision_aware": False, "exp_avg_dtype": "fp32"}),
+])
+def test_precision_aware_fields_that_are_valid(name, fields):
+    assert _optimizer_errors(name, **fields) == []
+
+
+@pytest.mark.parametrize("name,fields,error", [
+    (FUSED, {"precision_aware": "yes"}, "scenario.optimizer.precision_aware: must be true or false, got 'yes'"),
+    (ADAMW, {"precision_aware": True},
+     "scenario.optimizer.precision_aware: not with kind \"torch_adamw\" (Megatron builds torch AdamW only without "
+     "TE, and --use-precision-aware-optimizer needs TE's FusedAdam), got true"),
+    (HYBRID, {"precision_aware": False},
+     "scenario.optimizer.precision_aware: kind \"hybrid\" always runs precision-aware (Megatron's arguments require "
+     "--use-precision-aware-optimizer with --optimizer-cpu-offload): leave it out or set it true, got false"),
+    (FUSED, {"precision_aware": True, "exp_avg_dtype": "fp64"},
+     "scenario.optimizer.exp_avg_dtype: must be one of \"fp32\", \"bf16\", \"fp16\", got 'fp64'"),
+    (FUSED, {"precision_aware": True, "exp_avg_sq_dtype": 16},
+     "scenario.optimizer.exp_avg_sq_dtype: must be one of \"fp32\", \"bf16\", \"fp16\", got 16"),
+    (FUSED, {"precision_aware": True, "exp_avg_dtype": "fp8"},
+     "scenario.optimizer.exp_avg_dtype: 'fp8' is not modeled: FP8 states need TE's Float8Tensor "
+     "(allowed: \"fp32\", \"bf16\", \"fp16\")"),
+    (HYBRID, {"exp_avg_sq_dtype": "fp8"},
+     "scenario.optimizer.exp_avg_sq_dtype: 'fp8' is not modeled: FP8 states need TE's Float8Tensor "
+     "(allowed: \"fp32\", \"bf16\", \"fp16\")"),
+    (FUSED, {"exp_avg_dtype": "bf16"},
+     "scenario.optimizer.exp_avg_dtype: 'bf16' needs a precision-aware optimizer (precision_aware true, or kind "
+     "\"hybrid\"); without it Megatron asserts \"fp32\""),
+    (ADAMW, {"exp_avg_sq_dtype": "fp16"},
+     "scenario.optimizer.exp_avg_sq_dtype: 'fp16' needs a precision-aware optimizer (precision_aware true, or kind "
+     "\"hybrid\"); without it Megatron asserts \"fp32\""),
+    (FUSED, {"precision_aware": True, "main_params_dtype": "fp16"},
+     "scenario.optimizer.main_params_dtype: 'fp16' is not modeled: fp16 master weights (TE keeps them scaled, with "
+     "their own scale) (allowed: \"fp32\")"),
+    (FUSED, {"precision_aware": True, "main_params_dtype": "bf16"},
+     "scenario.optimizer.main_params_dtype: must be one of \"fp32\", got 'bf16'"),
+    (FUSED, {"precision_aware": True, "store_param_remainders": "no"},
+     "scenario.optimizer.store_param_remainders: must be true or false, got 'no'"),
+    (FUSED, {"store_param_remainders": True},
+     "scenario.optimizer.store_param_remainders: applies only to a precision-aware optimizer (precision_aware "
+     "true, or kind \"hybrid\"), got True"),
+    (ADAMW, {"store_param_remainders": False},
+     "scenario.optimizer.store_param_remainders: applies only to a precision-aware optimizer (precision_aware "
+     "true, or kind \"hybrid\"), got False"),
+])
+def test_precision_aware_field_errors_name_the_field(name, fields, error):
+    assert _optimizer_errors(name, **fields) == [error]
+
+
+def test_optimizer_precision_fills_the_defaults():
+    fused = synthetic(FUSED)
+    assert plan_mod.optimizer_precision(fused) == {
+        "precision_aware": False, "exp_avg_dtype": "fp32", "exp_avg_sq_dtype": "fp32", "main_params_dtype": "fp32",
+        "store_param_remainders": True, "te_precision_aware": False}
+    fused["scenario"]["optimizer"].update(precision_aware=True, exp_avg_dtype="bf16", store_param_remainders=False)
+    got = plan_mod.optimizer_precision(fused["scenario"])  # a scenario works as well as its plan
+    assert got == {"precision_aware": True, "exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "fp32",
+                   "main_params_dtype": "fp32", "store_param_remainders": False, "te_precision_aware": True}
+    # The hybrid runs precision-aware, but its sub-optimizers get none of the dtypes.
+    hybrid = plan_mod.optimizer_precision(synthetic(HYBRID, optimizer=dict(
+        synthetic(HYBRID)["scenario"]["optimizer"], exp_avg_dtype="bf16")))
+    assert hybrid["precision_aware"] and not hybrid["te_precision_aware"] and hybrid["exp_avg_dtype"] == "bf16"
+
+
+# Expert params and EP (issue 26, MoE chained optimizers).
+from helpers import expert_scenario, synthetic_of  # noqa: E402
+
+
+def test_an_expert_plan_is_valid_and_its_reduced_gradients_agree():
+    plan = synthetic_of(expert_scenario())
+    assert plan_mod.validate_plan(plan) == []
+    assert plan_mod.check_gradient_sums(plan) == []
+    ps = plan_mod.params(plan)
+    assert [p["expert"] for p in ps] == [False, True] and ps[1]["shape"] == [8, 6]
+
+
+def _expert_mut(fn):
+    plan = copy.deepcopy(synthetic_of(expert_scenario()))
+    fn(plan)
+    return plan_mod.validate_plan(plan)
+
+
+@pytest.mark.parametrize("mutation,needle", [
+    (lambda p: p["scenario"]["params"][1].update(expert="yes"),
+     "scenario.params[1].expert: must be true or false, got 'yes'"),
+    (lambda p: p["scenario"]["phases"][1].update(ep=3),
+     "scenario.phases[1].ep: 3 does not divide the phase's DP size 4"),
+    (lambda p: p["scenario"]["phases"][1].update(ep=0), "scenario.phases[1].ep: must be an integer >= 1, got 0"),
+    (lambda p: [ph.update(ep=4) for ph in p["scenario"]["phases"]],
+     "scenario.phases[0].ep: 4 does not divide the phase's DP size 2"),
+    (lambda p: p["scenario"]["phases"][1].update(ep=4),
+     "scenario.phases[1].ep: 4 where phases[0] has 2: an EP change between phases is not modeled"),
+    (lambda p: p["scenario"]["phases"][1].update(tp=2),
+     "scenario.phases[1].tp: expert params with TP or PP are not modeled yet"),
+    (lambda p: p["scenario"]["phases"][0].update(pp=2),
+     "scenario.phases[0].pp: expert params with TP or PP are not modeled yet"),
+    (lambda p: p["scenario"]["params"][1].update(shape=[3, 16]),
+     "scenario.phases[0].ep: 2 does not divide dim 0 (3) of params[1]"),
+    (lambda p: p["scenario"]["params"][0].update(expert=True),
+     "scenario.params: every param is expert: a model without a dense param"),
+])
+def test_expert_plan_mutations_are_rejected(mutation, needle):
+    errs = _expert_mut(mutation)
+    assert any(needle in e for e in errs), errs
+
+
+def test_reduced_gradient_sums_an_expert_piece_over_its_expert_dp_group_only():
+    plan = synthetic_of(expert_scenario())
+    # DP 4, EP 2: dense elements 0..39 summed over all ranks; the expert param's EP piece 0
+    # (elements 40..63) over ranks {0, 2}, piece 1 (64..87) over ranks {1, 3}.
+    per_rank = [[float(r + 1)] * 88 for r in range(4)]
+    got = plan_mod.reduced_gradient(plan, per_rank)
+    assert got[:40] == [10.0] * 40
+    assert got[40:64] == [1.0 + 3.0] * 24
+    assert got[64:88] == [2.0 + 4.0] * 24
+
+
+def test_gradient_sum_check_finds_an_expert_gradient_moved_to_a_rank_that_never_reads_it():
+    # Rank 0 (EP rank 0) gives up 0.5 of expert element 40 (EP piece 0) to rank 1 (EP rank 1,
+    # which writes only piece 1): the plain sum over ranks is unchanged, the gradient Megatron
+    # reduces for piece 0 (over the expert-DP group {0, 2}) is not.
+    plan = copy.deepcopy(synthetic_of(expert_scenario()))
+    grads = plan["runs"][2]["grads"][0]
+    a, b = ts.decode_f32(grads[0]), ts.decode_f32(grads[1])
+    a[40] -= 0.5
+    b[40] += 0.5
+    grads[0], grads[1] = ts.encode_f32(a), ts.encode_f32(b)
+    probs = plan_mod.check_gradient_sums(plan)
+    assert probs and "global step 4 element 40" in probs[0], probs
+
+
+def test_the_expert_gradients_of_an_ep_group_are_its_tokens():
+    # samples_per_step 8: at DP 4 a rank has 2 samples, its EP group (2 ranks) 4; at DP 2 a rank
+    # has 4 and its EP group (both ranks) 8.
+    from replay import synthetic_plan as sp
+
+    plan = synthetic_of(expert_scenario())
+    for run, dense, expert in ((plan["runs"][2], 2 / 8, 4 / 8), (plan["runs"][0], 4 / 8, 8 / 8)):
+        step = run["start_step"] + 1
+        g = [sp.batch_gradient(step, i, e) for i, n in ((0, 40), (1, 48)) for e in range(n)]
+        for text in run["grads"][0]:
+            local = ts.decode_f32(text)
+            assert local[:40] == [x * dense for x in g[:40]]
+            assert local[40:] == [x * expert for x in g[40:]]
+
+
+def test_expert_params_at_ep_one_are_valid_and_reduced_as_dense_ones():
+    # The synthetic marking (a real MoE layer keeps allreduce=True at EP 1): the expert-DP group
+    # is every DP rank, and the expert gradient of a rank its own tokens' (its EP group is itself).
+    plan = synthetic_of(expert_scenario(ep=1))
+    assert plan_mod.validate_plan(plan) == []
+    assert plan_mod.check_gradient_sums(plan) == []
+    per_rank = [[float(r + 1)] * 88 for r in range(4)]
+    assert plan_mod.reduced_gradient(plan, per_rank) == [10.0] * 88
+    from replay import synthetic_plan as sp
+
+    run = plan["runs"][2]  # DP 4: 2 of the 8 samples per rank
+    g = [sp.batch_gradient(run["start_step"] + 1, i, e) for i, n in ((0, 40), (1, 48)) for e in range(n)]
+    assert all(ts.decode_f32(t) == [x * 2 / 8 for x in g] for t in run["grads"][0])

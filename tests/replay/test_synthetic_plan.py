@@ -75,3 +75,16 @@ def test_cli_writes_valid_plans(tmp_path, capsys):
     assert rc == 0
     assert sorted(n for n in os.listdir(str(tmp_path)) if n.endswith(".plan.json")) == [
         "bug1-duplicate-leaf-dp2-to-2.plan.json", "bug2-step-reset-dp2-to-4.plan.json"]
+
+
+def test_expert_gradients_reduced_over_an_expert_dp_group_sum_to_the_batch():
+    # Each rank's expert gradient counts its EP group's samples; the expert-DP group of an EP
+    # rank holds one rank of every EP group, so their counts add up to the whole batch.
+    for dp, ep in ((2, 2), (4, 2), (4, 4), (8, 2), (6, 3), (3, 1)):
+        for sps in (1, 8, 64):
+            for e in range(ep):
+                group = range(e, dp, ep)
+                assert sum(sp.samples_of_ep_group(sps, dp, ep, r) for r in group) == sps
+            # EP 1: a rank's EP group is the rank itself.
+            assert [sp.samples_of_ep_group(sps, dp, 1, r) for r in range(dp)] == [
+                sp.samples_on_rank(sps, dp, r) for r in range(dp)]

@@ -180,3 +180,86 @@ def test_only_an_after_step_event_carries_groups():
     ev = next(e for e in t["runs"][0]["events"] if e["at"] != "after_step")
     ev["groups"] = [{"wd_mult": 1.0, "lr_mult": 1.0, "lr": 0.01, "weight_decay": 0.1}]
     assert any("only an after_step event" in e for e in ts.validate_trace(t))
+
+
+# A precision-aware FusedAdam part's "state_dtypes" (issue 26, low-precision states).
+def _fused_part(t):
+    part = t["runs"][0]["events"][2]["parts"][0]
+    part["part"] = "FusedAdam"
+    return part
+
+
+@pytest.mark.parametrize("dtypes", [
+    {"exp_avg": "bf16", "exp_avg_sq": "fp16", "master_param": "int16"},
+    {"exp_avg": "fp32", "exp_avg_sq": "fp32", "master_param": "fp32"},
+    {"exp_avg": "bf16", "exp_avg_sq": "bf16"},  # a state left out where the optimizer holds none
+    {},  # before the first step: no state at all
+])
+def test_a_fused_adam_part_may_name_its_state_dtypes(dtypes):
+    t = copy.deepcopy(minimal_trace())
+    _fused_part(t)["state_dtypes"] = dtypes
+    assert ts.validate_trace(t) == []
+
+
+@pytest.mark.parametrize("dtypes,needle", [
+    ({"exp_avg": "fp8"}, "state_dtypes.exp_avg: must be one of bf16, fp16, fp32, got 'fp8'"),
+    ({"exp_avg_sq": "int16"}, "state_dtypes.exp_avg_sq: must be one of bf16, fp16, fp32, got 'int16'"),
+    ({"master_param": "bf16"}, "state_dtypes.master_param: must be one of fp32, int16, got 'bf16'"),
+    ({"master_param": "torch.int16"}, "state_dtypes.master_param: must be one of fp32, int16"),
+    ({"step": "fp32"}, "state_dtypes.step: unknown field"),
+    ({"param": "int16"}, "state_dtypes.param: unknown field"),
+    (["bf16", "bf16"], "state_dtypes: must be an object"),
+])
+def test_malformed_state_dtypes_are_rejected(dtypes, needle):
+    t = copy.deepcopy(minimal_trace())
+    _fused_part(t)["state_dtypes"] = dtypes
+    errs = ts.validate_trace(t)
+    assert any(needle in e for e in errs), errs
+
+
+def test_only_a_fused_adam_part_carries_state_dtypes():
+    t = copy.deepcopy(minimal_trace())
+    t["runs"][0]["events"][2]["parts"][0]["state_dtypes"] = {"exp_avg": "fp32"}  # an "HDO cpu AdamW" part
+    assert any("only a FusedAdam part carries state_dtypes" in e for e in ts.validate_trace(t))
+
+
+# A part's optional "chain" (issue 26): its index in a chained optimizer of several parts.
+def _two_part_event(t):
+    ev = t["runs"][0]["events"][2]
+    second = dict(ev["parts"][0], param="e0", range=[0, 4])
+    ev["parts"].append(second)
+    for kind in ("master", "exp_avg", "exp_avg_sq"):
+        ev["hashes"][kind]["e0"] = ev["hashes"][kind]["w0"]
+    return ev
+
+
+def test_every_part_may_name_its_chain_index():
+    t = copy.deepcopy(minimal_trace())
+    ev = _two_part_event(t)
+    ev["parts"][0]["chain"] = 0
+    ev["parts"][1]["chain"] = 1
+    assert ts.validate_trace(t) == []
+
+
+@pytest.mark.parametrize("chain,needle", [
+    (-1, "parts[1].chain: must be an integer >= 0, got -1"),
+    ("1", "parts[1].chain: must be an integer >= 0, got '1'"),
+    (True, "parts[1].chain: must be an integer >= 0, got True"),
+    (1.0, "parts[1].chain: must be an integer >= 0, got 1.0"),
+    (None, "parts[1].chain: must be an integer >= 0, got None"),
+])
+def test_a_malformed_chain_index_is_rejected(chain, needle):
+    t = copy.deepcopy(minimal_trace())
+    ev = _two_part_event(t)
+    ev["parts"][0]["chain"] = 0
+    ev["parts"][1]["chain"] = chain
+    errs = ts.validate_trace(t)
+    assert any(needle in e for e in errs), errs
+
+
+def test_either_every_part_names_its_chain_index_or_none_does():
+    t = copy.deepcopy(minimal_trace())
+    ev = _two_part_event(t)
+    ev["parts"][1]["chain"] = 1
+    errs = ts.validate_trace(t)
+    assert any("either every part names its chain index or none does (1 of 2 do)" in e for e in errs), errs
