@@ -202,6 +202,12 @@ std::vector<size_t> params_of_stage(const std::vector<ParamSpec>& specs,
   return out;
 }
 
+ParamSpec expert_split_spec(const ParamSpec& spec) {
+  ParamSpec out = spec;
+  out.tp_split = TpSplit::kColumn;
+  return out;
+}
+
 ParamSpec local_param_spec(const ParamSpec& spec, const ModelParallelRank& mp) {
   ParamSpec local = spec;
   local.shape = tp_local_shape(spec, mp);

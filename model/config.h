@@ -49,6 +49,12 @@ struct ParamSpec {
   // [s * L / pp, (s + 1) * L / pp) of the L = max(layer) + 1 layers (Megatron's even split;
   // the embedding is a first-stage param, the output layer a last-stage one).
   int64_t layer = 0;
+  // An expert param (issue 26): Megatron's `param.allreduce = False`, what an MoE layer's
+  // experts get at expert_model_parallel_size > 1. DDP keeps it in its expert buffers on the
+  // expert-data-parallel group and get_megatron_optimizer gives it a DistributedOptimizer of its
+  // own (the expert part of the chain). Split over EP on dim 0 (expert_split_spec), never over TP
+  // (the model has no expert TP).
+  bool expert = false;
 };
 
 // The dtypes TE's FusedAdam can keep a state in (fused_adam.py name_to_dtype_map): fp32, and
@@ -184,15 +190,25 @@ struct ModelParallelRank {
   int64_t tp_rank = 0;
   int64_t pp_size = 1;
   int64_t pp_rank = 0;
+  // expert_model_parallel_size and this rank's EP rank (tp-cp-ep-dp-pp at TP = PP = 1: rank %
+  // ep_size; its expert-DP rank is rank / ep_size).
+  int64_t ep_size = 1;
+  int64_t ep_rank = 0;
   // The rank in the model-parallel (TP x PP) group: the distributed optimizer's
   // data_parallel_group_idx, `dp_group_idx_<g>` in its bucket keys.
   int64_t data_parallel_group_idx() const { return pp_rank * tp_size + tp_rank; }
   bool operator==(const ModelParallelRank&) const = default;
   // The place of global rank `rank` in a job of these sizes.
-  static ModelParallelRank of(int64_t rank, int64_t tp, int64_t pp, int64_t dp) {
-    return {tp, rank % tp, pp, rank / (tp * dp)};
+  static ModelParallelRank of(int64_t rank, int64_t tp, int64_t pp, int64_t dp, int64_t ep = 1) {
+    return {tp, rank % tp, pp, rank / (tp * dp), ep, (rank % (tp * dp)) / tp % ep};
   }
+  // How an expert param is split: over EP as a column split over TP would be (the expert part's
+  // data_parallel_group_idx is then the EP rank: its rank in the expert TP x EP x PP group).
+  ModelParallelRank expert_view() const { return {ep_size, ep_rank, pp_size, pp_rank, 1, 0}; }
 };
+
+// An expert param's spec as its EP split sees it: a column split (dim 0) over the EP ranks.
+ParamSpec expert_split_spec(const ParamSpec& spec);
 
 // A param's global shape: spec.shape, or {numel}.
 std::vector<int64_t> global_shape(const ParamSpec& spec);

@@ -41,7 +41,14 @@ json plan_grads(const sim::Scenario& s, int64_t dp, int64_t first, int64_t steps
       for (size_t p = 0; p < s.params.size(); ++p) {
         const auto n = static_cast<size_t>(s.params[p].numel);
         std::span<float> out(local.data() + at, n);
-        sim::local_gradient(spec, first + k + 1, static_cast<int64_t>(p), 0, rank, dp, out);
+        // An expert param's: its EP group's tokens (sim/gradients.h expert_local_gradient; EP is
+        // the same in every phase).
+        if (s.params[p].expert) {
+          sim::expert_local_gradient(spec, first + k + 1, static_cast<int64_t>(p), 0, rank, dp,
+                                     s.phases.front().ep, out);
+        } else {
+          sim::local_gradient(spec, first + k + 1, static_cast<int64_t>(p), 0, rank, dp, out);
+        }
         for (float& x : out) x *= scale;  // as the simulator does: a power of two, exact
         at += n;
       }

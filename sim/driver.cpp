@@ -33,6 +33,7 @@ struct PhaseJob {
   int64_t dp = 1;
   int64_t tp = 1;
   int64_t pp = 1;
+  int64_t ep = 1;  // expert_model_parallel_size
   int64_t steps = 0;
   const model::RevisionSwitches* switches = nullptr;
   // The training loop's --load directory (model::load_latest_checkpoint: the tracker, then its
@@ -92,6 +93,7 @@ PhaseJob phase_job(const Scenario& scenario, const RunOptions& options,
   job.phase_id = phase_id;
   job.dp = spec.dp;
   job.tp = spec.tp;
+  job.ep = spec.ep;
   job.pp = spec.pp;
   job.steps = spec.steps;
   job.switches = &spec.profile->switches;
@@ -157,7 +159,7 @@ void set_initial_params(model::DistributedDataParallel& ddp, const std::vector<a
     const at::Tensor& whole = init[ddp.global_param(i)];
     int64_t local = 0;
     for (const auto& [global_begin, length] :
-         model::tp_element_runs(ddp.global_spec(i), ddp.mp())) {
+         model::tp_element_runs(ddp.global_spec(i), ddp.mp_of(i))) {
       p.narrow(0, local, length).copy_(whole.narrow(0, global_begin, length));
       local += length;
     }
@@ -186,10 +188,18 @@ void local_scaled_gradient(const Scenario& s, int64_t global_step,
       grad.is_cuda() ? at::empty({grad.numel()}, at::TensorOptions().dtype(at::kFloat)) : grad;
   std::span<float> span{host.data_ptr<float>(), static_cast<size_t>(host.numel())};
   int64_t local = 0;
-  for (const auto& [global_begin, length] : model::tp_element_runs(ddp.global_spec(i), ddp.mp())) {
-    local_gradient(GradientSpec{s.seed, s.samples_per_step}, global_step,
-                   static_cast<int64_t>(ddp.global_param(i)), global_begin, dp_rank, dp,
-                   span.subspan(static_cast<size_t>(local), static_cast<size_t>(length)));
+  const int64_t ep = ddp.is_expert(i) ? ddp.mp().ep_size : 0;
+  for (const auto& [global_begin, length] :
+       model::tp_element_runs(ddp.global_spec(i), ddp.mp_of(i))) {
+    const std::span<float> out =
+        span.subspan(static_cast<size_t>(local), static_cast<size_t>(length));
+    const GradientSpec g{s.seed, s.samples_per_step};
+    const auto param = static_cast<int64_t>(ddp.global_param(i));
+    if (ep > 0) {
+      expert_local_gradient(g, global_step, param, global_begin, dp_rank, dp, ep, out);
+    } else {
+      local_gradient(g, global_step, param, global_begin, dp_rank, dp, out);
+    }
     local += length;
   }
   const float scale = 1.0F / static_cast<float>(s.samples_per_step);
@@ -417,7 +427,8 @@ int64_t train(const PhaseJob& job, model::Runtime& rt, model::DistributedDataPar
 // One rank of the job: `pg` the world (the checkpoint's save and load), `dp_pg` its DP group (its
 // model's buffers and optimizer), `mp` its place in TP x PP.
 void rank_main(const PhaseJob& job, model::ProcessGroup& pg, model::ProcessGroup& dp_pg,
-               const model::ModelParallelRank& mp, RankRecord& out) {
+               model::ProcessGroup* expert_pg, const model::ModelParallelRank& mp,
+               RankRecord& out) {
   const Scenario& s = *job.scenario;
   const int rank = pg.rank();
   model::Runtime rt(s.seed, job.phase_id, rank, job.real_cuda);
@@ -425,7 +436,7 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, model::ProcessGroup
   std::string stage = "init";
   try {
     const model::LayoutOptions layout{job.dp, s.bucket_size, s.pad_buckets_for_high_nccl_busbw};
-    model::DistributedDataParallel ddp(rt, s.params, layout, dp_pg, mp);
+    model::DistributedDataParallel ddp(rt, s.params, layout, dp_pg, mp, expert_pg);
     set_initial_params(ddp, *job.initial_params);
     describe_buffers(ddp, out);
     std::unique_ptr<model::ChainedOptimizer> optimizer =
@@ -504,15 +515,31 @@ std::vector<RankRecord> run_world(const PhaseJob& job) {
       }
     }
   }
+  // The expert-DP groups (TP = PP = 1; parallel_state's tp-cp-ep-dp-pp order): EP rank e's
+  // group is {e, e + ep, e + 2 ep, ...}. At EP 1 the world itself.
+  std::vector<int> expert_groups;  // by EP rank
+  const bool experts = std::any_of(job.scenario->params.begin(), job.scenario->params.end(),
+                                   [](const model::ParamSpec& p) { return p.expert; });
+  if (experts && job.ep > 1) {
+    for (int64_t e = 0; e < job.ep; ++e) {
+      std::vector<int> members;
+      for (int64_t d = e; d < job.dp; d += job.ep) members.push_back(static_cast<int>(d));
+      expert_groups.push_back(world.new_group(std::move(members)));
+    }
+  }
   world.run([&](model::ProcessGroup& pg) {
     const int64_t r = pg.rank();
-    const auto mp = model::ModelParallelRank::of(r, job.tp, job.pp, job.dp);
+    const auto mp = model::ModelParallelRank::of(r, job.tp, job.pp, job.dp, job.ep);
     std::unique_ptr<LocalProcessGroup> dp_pg;
     if (!dp_groups.empty()) {
       dp_pg = world.group(dp_groups[static_cast<size_t>(mp.data_parallel_group_idx())],
                           static_cast<int>(r));
     }
-    rank_main(job, pg, dp_pg ? *dp_pg : pg, mp, outs[static_cast<size_t>(r)]);
+    std::unique_ptr<LocalProcessGroup> expert_pg;
+    if (!expert_groups.empty())
+      expert_pg = world.group(expert_groups[static_cast<size_t>(mp.ep_rank)], static_cast<int>(r));
+    model::ProcessGroup* expert_group = !experts ? nullptr : expert_pg ? expert_pg.get() : &pg;
+    rank_main(job, pg, dp_pg ? *dp_pg : pg, expert_group, mp, outs[static_cast<size_t>(r)]);
   });
   return outs;
 }

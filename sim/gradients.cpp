@@ -85,4 +85,18 @@ float initial_param_value(uint64_t seed, size_t param, int64_t element) {
   return static_cast<float>(k) / 64.0F;
 }
 
+void expert_local_gradient(const GradientSpec& spec, int64_t step, int64_t param_index,
+                           int64_t element_begin, int64_t dp_rank, int64_t dp_size, int64_t ep,
+                           std::span<float> out) {
+  CKPTSIM_CHECK(ep >= 1 && dp_size % ep == 0, "ep must divide the DP size");
+  std::fill(out.begin(), out.end(), 0.0F);
+  std::vector<float> part(out.size());
+  const int64_t first = dp_rank / ep * ep;
+  for (int64_t j = 0; j < ep; ++j) {
+    local_gradient(spec, step, param_index, element_begin, first + j, dp_size, part);
+    // Sums of samples on a dyadic grid: exact in any order (see sample_gradient).
+    for (size_t k = 0; k < out.size(); ++k) out[k] += part[k];
+  }
+}
+
 }  // namespace ckptsim::sim

@@ -63,6 +63,15 @@ float sample_gradient(const GradientSpec& spec, int64_t step, int64_t param_inde
 void local_gradient(const GradientSpec& spec, int64_t step, int64_t param_index,
                     int64_t element_begin, int64_t dp_rank, int64_t dp_size, std::span<float> out);
 
+// An expert param's local gradient on DP rank `dp_rank` of `dp_size` with `ep` EP ranks (issue
+// 26): the tokens of its EP group (the DP ranks dp_rank / ep * ep + j, j < ep) reach its experts
+// through the all-to-all, so it is the sum of local_gradient over those ranks; the reduction over
+// the expert-DP group then gives every sample's sum, as a dense param's over the DP group.
+// REQUIRES: ep divides dp_size; local_gradient's.
+void expert_local_gradient(const GradientSpec& spec, int64_t step, int64_t param_index,
+                           int64_t element_begin, int64_t dp_rank, int64_t dp_size, int64_t ep,
+                           std::span<float> out);
+
 // The initial value of element `element` of model param `param`: k/64 with |k| <= 32, exact in
 // bf16 and fp32, deterministic in (seed, param, element). Every phase's fresh model starts from
 // it (a load then overwrites it), as does the uninterrupted run.

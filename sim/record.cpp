@@ -66,13 +66,19 @@ std::string checkpoint_repr(const Value& v) {
   }
 }
 
-// Rank 0's state_dict() param groups as a checkpoint would hold them.
+// Rank 0's state_dict() param groups as a checkpoint would hold them (each part's, in order).
 std::string groups_text(model::ChainedOptimizer& opt) {
-  try {
-    return checkpoint_repr(opt.state_dict().dict()->at("optimizer").dict()->at("param_groups"));
-  } catch (const model::UpstreamError& e) {
-    return std::string("<state_dict() raised ") + e.what() + ">";
+  std::string out;
+  for (size_t i = 0; i < opt.size(); ++i) {
+    try {
+      out += (i == 0 ? "" : "; ") +
+             checkpoint_repr(
+                 opt.part(i).state_dict().dict()->at("optimizer").dict()->at("param_groups"));
+    } catch (const model::UpstreamError& e) {
+      return std::string("<state_dict() raised ") + e.what() + ">";
+    }
   }
+  return out;
 }
 
 GlobalState empty_state(const Scenario& s, int64_t global_step) {
@@ -129,7 +135,7 @@ void globalize_shard(const model::DistributedDataParallel& ddp, ShardSnapshot sh
     return std::vector<float>(v.begin() + from, v.begin() + from + n);
   };
   int64_t local_begin = 0;
-  for (const auto& [global_begin, length] : model::tp_element_runs(spec, ddp.mp())) {
+  for (const auto& [global_begin, length] : model::tp_element_runs(spec, ddp.mp_of(local))) {
     const int64_t lo = std::max(local_begin, range.start);
     const int64_t hi = std::min(local_begin + length, range.end);
     if (lo < hi) {
@@ -141,7 +147,7 @@ void globalize_shard(const model::DistributedDataParallel& ddp, ShardSnapshot sh
       piece.exp_avg_sq = part(exp_avg_sq, lo - range.start, hi - lo);
       piece.kernel_offset = lo - range.start;
       piece.kernel_numel = range.size();
-      piece.replica = model::tp_axis(spec) < 0 && ddp.mp().tp_rank > 0;
+      piece.replica = model::tp_axis(spec) < 0 && ddp.mp_of(local).tp_rank > 0;
       out.push_back(std::move(piece));
     }
     local_begin += length;
@@ -169,7 +175,7 @@ RankState capture(model::ChainedOptimizer& opt, const model::DistributedDataPara
     const size_t g = ddp.global_param(i);
     int64_t local = 0;
     for (const auto& [global_begin, length] :
-         model::tp_element_runs(ddp.global_spec(i), ddp.mp())) {
+         model::tp_element_runs(ddp.global_spec(i), ddp.mp_of(i))) {
       std::copy_n(values.begin() + local, length, out.params[g].begin() + global_begin);
       std::fill_n(out.params_held[g].begin() + global_begin, length, uint8_t{1});
       local += length;

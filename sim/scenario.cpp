@@ -177,6 +177,47 @@ const model::ScheduleConfig& Scenario::schedule_of(size_t phase) const {
   return own.has_value() ? *own : schedule;
 }
 
+namespace {
+
+// Expert params and EP (issue 26): the same EP in every phase, dividing its DP size and every
+// expert param's dim 0; TP = PP = 1 where a param is an expert one; a dense param besides.
+std::optional<std::pair<std::string, std::string>> expert_problem(const Scenario& s) {
+  using Problem = std::pair<std::string, std::string>;
+  const bool experts = std::any_of(s.params.begin(), s.params.end(),
+                                   [](const model::ParamSpec& p) { return p.expert; });
+  if (experts && std::all_of(s.params.begin(), s.params.end(),
+                             [](const model::ParamSpec& p) { return p.expert; })) {
+    return Problem{"params", "every param is an expert one: a stub dense part is not modeled"};
+  }
+  for (size_t i = 0; i < s.phases.size(); ++i) {
+    const PhaseSpec& phase = s.phases[i];
+    const std::string path = fmt::format("phases[{}]", i);
+    if (phase.ep != s.phases[0].ep) {
+      return Problem{path + ".ep", fmt::format("is {}, phases[0]'s {}: an EP change between "
+                                               "phases is not modeled",
+                                               phase.ep, s.phases[0].ep)};
+    }
+    if (phase.dp % phase.ep != 0)
+      return Problem{path + ".ep", fmt::format("{} does not divide dp {}", phase.ep, phase.dp)};
+    if (experts && phase.tp * phase.pp != 1) {
+      return Problem{path, "expert params with tp or pp above 1 are not modeled"};
+    }
+    for (size_t k = 0; k < s.params.size(); ++k) {
+      const model::ParamSpec& spec = s.params[k];
+      if (!spec.expert) continue;
+      const int64_t rows = model::global_shape(spec)[0];
+      if (rows % phase.ep != 0) {
+        return Problem{path + ".ep", fmt::format("{} does not divide dim 0 ({}) of expert "
+                                                 "params[{}] (\"{}\")",
+                                                 phase.ep, rows, k, spec.name)};
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::optional<std::pair<std::string, std::string>> model_parallel_problem(const Scenario& s) {
   using Problem = std::pair<std::string, std::string>;
   for (size_t k = 0; k < s.params.size(); ++k) {
@@ -191,6 +232,7 @@ std::optional<std::pair<std::string, std::string>> model_parallel_problem(const 
       return Problem{fmt::format("params[{}].tp_split", k),
                      "row splits dim 1: the param needs a 2-D shape"};
   }
+  if (auto problem = expert_problem(s)) return problem;
   const int64_t layers = model::num_layers(s.params);
   for (size_t i = 0; i < s.phases.size(); ++i) {
     const PhaseSpec& phase = s.phases[i];
@@ -284,7 +326,8 @@ Status parse_params(const Reader& r, const json& j, Scenario& s) {
     const std::string path = fmt::format("params[{}]", i);
     if (!p.is_object()) return r.error(path, "must be an object");
     CKPTSIM_TRY(r.check_fields(
-        p, path, {"name", "numel", "dtype", "wd_mult", "lr_mult", "shape", "tp_split", "layer"}));
+        p, path,
+        {"name", "numel", "dtype", "wd_mult", "lr_mult", "shape", "tp_split", "layer", "expert"}));
     model::ParamSpec spec;
     CKPTSIM_TRY(r.string(p, "name", path + ".name", spec.name));
     if (spec.name.empty() || !names.insert(spec.name).second) {
@@ -302,6 +345,7 @@ Status parse_params(const Reader& r, const json& j, Scenario& s) {
     CKPTSIM_TRY(r.number(p, "wd_mult", path + ".wd_mult", 0.0, 1e6, spec.wd_mult, 1.0));
     CKPTSIM_TRY(r.number(p, "lr_mult", path + ".lr_mult", 0.0, 1e6, spec.lr_mult, 1.0));
     CKPTSIM_TRY(parse_param_parallel(r, p, path, spec));
+    CKPTSIM_TRY(r.boolean(p, "expert", path + ".expert", spec.expert, false));
     s.params.push_back(spec);
   }
   if (s.total_numel() > Scenario::kTotalNumelMax) {
@@ -631,7 +675,7 @@ Status parse_phase(const Reader& r, const json& p, const std::string& path, bool
   if (!p.is_object()) return r.error(path, "must be an object");
   CKPTSIM_TRY(r.check_fields(
       p, path,
-      {"dp", "tp", "pp", "revision", "steps", "save", "schedule", "opt_param_scheduler",
+      {"dp", "tp", "pp", "ep", "revision", "steps", "save", "schedule", "opt_param_scheduler",
        "sharding_type", "fully_reshardable_mem_efficient", "storage_faults", "save_interval",
        "async_save", "async_write_steps", "no_load_optim", "finetune"}));
   CKPTSIM_TRY(parse_phase_schedule(r, p, path, schedule, phase));
@@ -646,6 +690,7 @@ Status parse_phase(const Reader& r, const json& p, const std::string& path, bool
   CKPTSIM_TRY(r.integer(p, "dp", path + ".dp", 1, Scenario::kDpMax, phase.dp));
   CKPTSIM_TRY(r.integer(p, "tp", path + ".tp", 1, Scenario::kTpMax, phase.tp, 1));
   CKPTSIM_TRY(r.integer(p, "pp", path + ".pp", 1, Scenario::kPpMax, phase.pp, 1));
+  CKPTSIM_TRY(r.integer(p, "ep", path + ".ep", 1, Scenario::kDpMax, phase.ep, 1));
   std::string revision;
   CKPTSIM_TRY(r.string(p, "revision", path + ".revision", revision));
   auto resolved = resolve_revision(registry, profile_path_beside(revision, source));
@@ -900,6 +945,7 @@ json scenario_to_json(const Scenario& s) {
     if (p.tp_split != model::TpSplit::kReplicated)
       pj["tp_split"] = model::tp_split_name(p.tp_split);
     if (p.layer != 0) pj["layer"] = p.layer;
+    if (p.expert) pj["expert"] = true;
     j["params"].push_back(pj);
   }
   j["optimizer"] = optimizer_json(s.optimizer);
@@ -918,6 +964,7 @@ json scenario_to_json(const Scenario& s) {
     json pj{{"dp", p.dp}, {"revision", p.revision}, {"steps", p.steps}};
     if (p.tp != 1) pj["tp"] = p.tp;
     if (p.pp != 1) pj["pp"] = p.pp;
+    if (p.ep != 1) pj["ep"] = p.ep;
     if (!p.save) pj["save"] = false;
     if (p.save_interval != 0) pj["save_interval"] = p.save_interval;
     if (p.async_save) pj["async_save"] = true;

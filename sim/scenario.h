@@ -9,7 +9,10 @@
 //                            shape ([rows] or [rows, cols], product numel; default [numel]),
 //                            tp_split ("replicated", the default | "column": dim 0 |
 //                            "row": dim 1), layer (integer >= 0, default 0: pipeline stage s
-//                            of pp holds layers [s L/pp, (s+1) L/pp) of L = max layer + 1)}]
+//                            of pp holds layers [s L/pp, (s+1) L/pp) of L = max layer + 1),
+//                            expert (bool, default false: an MoE expert param, allreduce=False:
+//                            the chained optimizer's expert part, split over EP on dim 0; not
+//                            every param, and only at tp = pp = 1)}]
 //   * optimizer             {kind* ("fused_adam"|"torch_adamw"|"hybrid"), lr*, betas*, eps*,
 //                            weight_decay*, offload_fraction (hybrid: required),
 //                            overlap_cpu_optimizer_d2h_h2d (hybrid; default false),
@@ -39,12 +42,13 @@
 //                            train_iters}; all optional (default: constant at optimizer.lr and
 //                            optimizer.weight_decay; the lr is optimizer.lr)
 //   * phases                [{dp*, tp, pp (default 1; tp divides every split dim, pp the
-//                            layers, each stage holds a param, tp x pp x dp <= 4096),
-//                            revision*, steps*, save (default true), sharding_type and
-//                            fully_reshardable_mem_efficient (this phase's saves; default the
-//                            scenario's), schedule (the
-//                            same fields and "lr": the arguments this phase's job is started
-//                            with, each defaulting to the scenario's), opt_param_scheduler
+//                            layers, each stage holds a param, tp x pp x dp <= 4096), ep
+//                            (expert_model_parallel_size, default 1: the same in every phase,
+//                            dividing dp and every expert param's dim 0), revision*, steps*, save
+//                            (default true), sharding_type and fully_reshardable_mem_efficient
+//                            (this phase's saves; default the scenario's), schedule (the same
+//                            fields and "lr": the arguments this phase's job is started with, each
+//                            defaulting to the scenario's), opt_param_scheduler
 //                            ("override"|"use_checkpoint"|"neither", the default: Megatron's
 //                            --override-opt_param-scheduler / --use-checkpoint-opt_param-
 //                            scheduler)}]
@@ -127,6 +131,8 @@ struct PhaseSpec {
   // Tensor- and pipeline-parallel sizes: the job has tp x pp x dp ranks.
   int64_t tp = 1;
   int64_t pp = 1;
+  // expert_model_parallel_size (issue 26): the same in every phase; divides dp.
+  int64_t ep = 1;
   std::string revision;                                   // as written (name or profile path)
   std::shared_ptr<const model::RevisionProfile> profile;  // what it resolved to (never null)
   int64_t steps = 0;

@@ -100,10 +100,18 @@ void py_copy_(const at::Tensor& dst, const at::Tensor& src) {
 
 DistributedOptimizer::DistributedOptimizer(
     Runtime& rt, DistributedDataParallel& ddp, const OptimizerConfig& config,
-    const RevisionSwitches& switches, const std::vector<std::pair<double, double>>& world_groups)
-    : rt_(rt), ddp_(ddp), dp_group_(ddp.dp_group()), config_(config), switches_(switches) {
-  // The rank in the model-parallel group (spec §1).
-  data_parallel_group_idx_ = ddp.mp().data_parallel_group_idx();
+    const RevisionSwitches& switches, const std::vector<std::pair<double, double>>& world_groups,
+    bool expert)
+    : rt_(rt),
+      ddp_(ddp),
+      dp_group_(ddp.group_of(expert)),
+      config_(config),
+      switches_(switches),
+      expert_(expert) {
+  // The rank in the model-parallel group (spec §1); the expert part's is its rank in the expert
+  // TP x EP x PP group (__init__.py: expt_tp_pp_group), the EP rank here.
+  data_parallel_group_idx_ = expert ? ddp.mp().expert_view().data_parallel_group_idx()
+                                    : ddp.mp().data_parallel_group_idx();
   build_param_groups(world_groups);
   // Model grad buffer ranges (__init__): per buffer, per bucket, this rank's shard.
   const int64_t dp = dp_group_.size();
@@ -111,7 +119,7 @@ DistributedOptimizer::DistributedOptimizer(
   per_bucket_numel_ = Value(List::make());
   per_bucket_numel_unpadded_ = Value(List::make());
   param_range_maps_.assign(ddp_.num_params(), std::nullopt);
-  for (const ParamAndGradBuffer& buffer : ddp_.buffers()) {
+  for (const ParamAndGradBuffer& buffer : ddp_.buffers(expert_)) {
     auto numel = List::make();
     auto unpadded = List::make();
     std::vector<BucketShard> shards;
@@ -177,8 +185,10 @@ void DistributedOptimizer::build_param_groups(
     return mults.size() - 1;
   };
   std::vector<size_t> appearance(ddp_.num_params(), 0);
-  for (size_t i = 0; i < ddp_.num_params(); ++i)
+  for (size_t i = 0; i < ddp_.num_params(); ++i) {
+    if (ddp_.is_expert(i) != expert_) continue;  // the other part's
     appearance[i] = group_of({ddp_.specs()[i].wd_mult, ddp_.specs()[i].lr_mult});
+  }
   for (const auto& m : world_groups) group_of(m);
   std::vector<OverrideTuple> keys;
   for (const auto& [wd_mult, lr_mult] : mults) {
@@ -203,7 +213,7 @@ void DistributedOptimizer::build_param_groups(
     param_groups_.push_back(Dict::make({{"params", Value(List::make())},
                                         {"wd_mult", Value(wd_mult)},
                                         {"lr_mult", Value(lr_mult)},
-                                        {"is_expert_parallel", Value(false)},
+                                        {"is_expert_parallel", Value(expert_)},
                                         {"is_decoupled_lr", Value(false)},
                                         {"default_config", Value(lr_mult == 1.0)},
                                         {"max_lr", Value(config_.adam.lr * lr_mult)},
@@ -211,6 +221,7 @@ void DistributedOptimizer::build_param_groups(
   }
   world_param_group_map_.assign(ddp_.num_params(), 0);
   for (size_t i = 0; i < ddp_.num_params(); ++i) {
+    if (ddp_.is_expert(i) != expert_) continue;
     const size_t g = rank_of[appearance[i]];
     param_groups_[g]->at("params").list()->append(Value(ddp_.param(i)));
     world_param_group_map_[i] = g;
@@ -224,7 +235,7 @@ void DistributedOptimizer::build_optimizer_group_ranges() {
   for (size_t b = 0; b < gbuf_ranges_.size(); ++b) {
     for (const BucketShard& shard : gbuf_ranges_[b]) {
       for (const auto& [local_index, rm] : shard.param_map) {
-        const size_t p = ddp_.buffers()[b].params.at(local_index);
+        const size_t p = ddp_.buffers(expert_)[b].params.at(local_index);
         const size_t g = world_param_group_map_[p];
         opt_group_ranges_[g].params.push_back(p);
         model_param_group_index_map_[p] = std::make_pair(g, opt_group_ranges_[g].params.size() - 1);
@@ -556,7 +567,7 @@ Value DistributedOptimizer::dummy_state(const Value& inner_state_dict) {
   for (size_t b = 0; b < gbuf_ranges_.size(); ++b) {
     for (const BucketShard& shard : gbuf_ranges_[b]) {
       for (const auto& [local_index, rm] : shard.param_map) {
-        const size_t p = ddp_.buffers()[b].params.at(local_index);
+        const size_t p = ddp_.buffers(expert_)[b].params.at(local_index);
         const auto& [g, o] = *model_param_group_index_map_.at(p);
         const int64_t state_order = inner_state_dict.dict()
                                         ->at("param_groups")
@@ -825,7 +836,7 @@ Value DistributedOptimizer::get_parameter_state_dp_reshardable() {
   auto state = Dict::make({{"per_bucket_numel", per_bucket_numel_},
                            {"per_bucket_numel_unpadded", per_bucket_numel_unpadded_}});
   for (size_t b = 0; b < gbuf_ranges_.size(); ++b) {
-    const ParamAndGradBuffer& buffer = ddp_.buffers()[b];
+    const ParamAndGradBuffer& buffer = ddp_.buffers(expert_)[b];
     auto buckets_state = List::make();
     for (const BucketShard& shard : gbuf_ranges_[b]) {
       auto bucket_state = List::make();
@@ -857,7 +868,7 @@ Value DistributedOptimizer::sharded_param_state_dp_reshardable(bool is_loading) 
   }
 
   for (size_t gbuf_idx = 0; gbuf_idx < gbuf_ranges_.size(); ++gbuf_idx) {
-    const ParamAndGradBuffer& buffer = ddp_.buffers()[gbuf_idx];
+    const ParamAndGradBuffer& buffer = ddp_.buffers(expert_)[gbuf_idx];
     for (auto& [dtype, buckets] : *state.dict()->at(static_cast<int64_t>(gbuf_idx)).dict()) {
       for (size_t bucket_idx = 0; bucket_idx < buckets.list()->size(); ++bucket_idx) {
         const ListPtr bucket_state = buckets.list()->at(bucket_idx).list();
@@ -1007,7 +1018,7 @@ void DistributedOptimizer::load_parameter_state_from_dp_reshardable(const Value&
     }
   }
   for (size_t gbuf_idx = 0; gbuf_idx < gbuf_ranges_.size(); ++gbuf_idx) {
-    const ParamAndGradBuffer& buffer = ddp_.buffers()[gbuf_idx];
+    const ParamAndGradBuffer& buffer = ddp_.buffers(expert_)[gbuf_idx];
     const Dict& dtype_state = *sd.at(static_cast<int64_t>(gbuf_idx), kSite.c_str()).dict();
     for (size_t bucket_idx = 0; bucket_idx < gbuf_ranges_[gbuf_idx].size(); ++bucket_idx) {
       const BucketShard& shard = gbuf_ranges_[gbuf_idx][bucket_idx];
@@ -1147,11 +1158,14 @@ namespace {
 // (wd_mult, lr_mult) of every group any rank has, each rank's in rank order (computed once for
 // all ranks that share the gathered objects).
 std::vector<std::pair<double, double>> gather_group_keys(ProcessGroup& group,
-                                                         const DistributedDataParallel& ddp) {
+                                                         const DistributedDataParallel& ddp,
+                                                         bool expert) {
   using Mults = std::vector<std::pair<double, double>>;
   constexpr size_t kEntry = 2 * sizeof(double);
   std::vector<char> bytes;
-  for (const ParamSpec& s : ddp.specs()) {
+  for (size_t i = 0; i < ddp.num_params(); ++i) {
+    if (ddp.is_expert(i) != expert) continue;
+    const ParamSpec& s = ddp.specs()[i];
     const double m[2] = {s.wd_mult, s.lr_mult};
     const char* b = reinterpret_cast<const char*>(m);
     bytes.insert(bytes.end(), b, b + kEntry);
@@ -1179,10 +1193,16 @@ std::unique_ptr<ChainedOptimizer> get_megatron_optimizer(Runtime& rt, Distribute
                                                          ProcessGroup* world) {
   check_optimizer_config(config, switches);
   ProcessGroup& group = world != nullptr ? *world : ddp.dp_group();
-  const auto world_groups = gather_group_keys(group, ddp);  // _get_param_groups: dense params
+  const auto world_groups = gather_group_keys(group, ddp, false);  // _get_param_groups: dense
   std::vector<std::unique_ptr<DistributedOptimizer>> parts;
   parts.push_back(std::make_unique<DistributedOptimizer>(rt, ddp, config, switches, world_groups));
-  (void)group.all_gather_object_shared({});  // _get_param_groups: expert-parallel params
+  // _get_param_groups for the expert-parallel params: an expert part where any rank has a group
+  // of them (moe_param_groups is world-aligned, so every rank builds it or none does).
+  const auto expert_groups = gather_group_keys(group, ddp, true);
+  if (!expert_groups.empty()) {
+    parts.push_back(std::make_unique<DistributedOptimizer>(rt, ddp, config, switches, expert_groups,
+                                                           /*expert=*/true));
+  }
   return std::make_unique<ChainedOptimizer>(std::move(parts));
 }
 

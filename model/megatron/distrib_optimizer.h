@@ -51,9 +51,13 @@ class DistributedOptimizer {
   // `world_groups`: the (wd_mult, lr_mult) of every group some rank of the world has
   // (_get_param_groups' all_gather_object); a group no param of this rank is in is built empty,
   // as upstream builds it. Empty: this rank's own groups only.
+  // `expert`: the expert part of an MoE model (ddp's expert buffers on its expert-DP group,
+  // groups with is_expert_parallel True), else the dense part.
   DistributedOptimizer(Runtime& rt, DistributedDataParallel& ddp, const OptimizerConfig& config,
                        const RevisionSwitches& switches,
-                       const std::vector<std::pair<double, double>>& world_groups = {});
+                       const std::vector<std::pair<double, double>>& world_groups = {},
+                       bool expert = false);
+  bool expert() const { return expert_; }
 
   // --- training ------------------------------------------------------------------------------
   // Mirrors the param_groups property: the inner optimizer's groups, whose lr and
@@ -234,6 +238,7 @@ class DistributedOptimizer {
   ProcessGroup& dp_group_;
   OptimizerConfig config_;
   const RevisionSwitches& switches_;
+  bool expert_ = false;
   int64_t data_parallel_group_idx_ = 0;
   int64_t distributed_optimizer_instance_id_ = 0;
 

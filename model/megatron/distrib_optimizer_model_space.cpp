@@ -54,7 +54,7 @@ Value DistributedOptimizer::get_parameter_state_dp_zero(bool use_gloo_comm, bool
   const bool keeps = dp_rank == 0 || return_on_all_ranks;
   auto state = Dict::make({{"buckets_coalesced", Value(true)}});
   for (size_t gbuf_idx = 0; gbuf_idx < gbuf_ranges_.size(); ++gbuf_idx) {
-    const ParamAndGradBuffer& buffer = ddp_.buffers()[gbuf_idx];
+    const ParamAndGradBuffer& buffer = ddp_.buffers(expert_)[gbuf_idx];
     auto world_tensors = Dict::make();
     if (keeps) {
       for (const char* key : kWorldKeys) {
@@ -133,7 +133,7 @@ std::vector<ShardedTensorPtr> DistributedOptimizer::param_to_sharded_metadata(
     }
   }
   for (size_t p = 0; p < ddp_.num_params(); ++p) {
-    if (out[p] == nullptr) {
+    if (out[p] == nullptr && ddp_.is_expert(p) == expert_) {
       throw UpstreamError("ValueError",
                           fmt::format("Model param {} not in model_sharded_state_dict. Hint: "
                                       "KEEP_VARS_HINT",
@@ -156,7 +156,7 @@ Value DistributedOptimizer::sharded_param_state_fully_reshardable(
   auto model_space_state = Dict::make();
   int64_t param_idx = 0;
   for (size_t gbuf_idx = 0; gbuf_idx < gbuf_ranges_.size(); ++gbuf_idx) {
-    const ParamAndGradBuffer& buffer = ddp_.buffers()[gbuf_idx];
+    const ParamAndGradBuffer& buffer = ddp_.buffers(expert_)[gbuf_idx];
     const Dict& world_tensors =
         *dp_zero.dict()->at(static_cast<int64_t>(gbuf_idx)).dict()->at(buffer.dtype_key()).dict();
     // The end padding of the buckets before each bucket, which the world tensors lack.
@@ -219,7 +219,7 @@ Value DistributedOptimizer::sharded_param_state_fs_model_space(
   auto state = Dict::make();
   int64_t param_idx = 0;
   for (size_t gbuf_idx = 0; gbuf_idx < gbuf_ranges_.size(); ++gbuf_idx) {
-    const ParamAndGradBuffer& buffer = ddp_.buffers()[gbuf_idx];
+    const ParamAndGradBuffer& buffer = ddp_.buffers(expert_)[gbuf_idx];
     for (const BucketShard& shard : gbuf_ranges_[gbuf_idx]) {
       for (const auto& [local_index, rm] : shard.param_map) {
         const size_t p = buffer.params.at(local_index);
@@ -250,7 +250,7 @@ void DistributedOptimizer::load_parameter_state_from_dp_zero(const Value& state_
   const int64_t dp_size = dp_group_.size();
   const int64_t dp_rank = dp_group_.rank();
   for (size_t gbuf_idx = 0; gbuf_idx < gbuf_ranges_.size(); ++gbuf_idx) {
-    const ParamAndGradBuffer& buffer = ddp_.buffers()[gbuf_idx];
+    const ParamAndGradBuffer& buffer = ddp_.buffers(expert_)[gbuf_idx];
     const Dict* world = nullptr;
     if (dp_rank == 0) {
       world = state_dict.dict()
@@ -315,7 +315,7 @@ void DistributedOptimizer::load_parameter_state_from_fully_reshardable(const Val
   static const std::string kSite = site("load_parameter_state_from_fully_reshardable()");
   int64_t param_idx = -1;
   for (size_t gbuf_idx = 0; gbuf_idx < gbuf_ranges_.size(); ++gbuf_idx) {
-    const ParamAndGradBuffer& buffer = ddp_.buffers()[gbuf_idx];
+    const ParamAndGradBuffer& buffer = ddp_.buffers(expert_)[gbuf_idx];
     for (size_t i = buffer.params.size(); i-- > 0;) {
       ++param_idx;  // counted even for a param this rank skips
       const size_t p = buffer.params[i];
@@ -339,7 +339,7 @@ void DistributedOptimizer::load_parameter_state_from_fs_model_space(const Value&
   static const std::string kSite = site("load_parameter_state_from_fs_model_space()");
   int64_t param_idx = 0;
   for (size_t gbuf_idx = 0; gbuf_idx < gbuf_ranges_.size(); ++gbuf_idx) {
-    const ParamAndGradBuffer& buffer = ddp_.buffers()[gbuf_idx];
+    const ParamAndGradBuffer& buffer = ddp_.buffers(expert_)[gbuf_idx];
     for (const BucketShard& shard : gbuf_ranges_[gbuf_idx]) {
       for (const auto& [local_index, rm] : shard.param_map) {
         auto src = Dict::make();

@@ -55,9 +55,13 @@ class DistributedDataParallel {
   // specs[global_param(i)] as rank `mp` holds it.
   // REQUIRES: the stage's params non-empty, names unique, numel >= 1, dtype bf16 or fp32, every
   // split dim divisible by mp.tp_size, mp.pp_size dividing num_layers(specs).
+  // Expert params (ParamSpec::expert) go to the expert buffers on `expert_dp_group`, each its
+  // EP piece (mp.expert_view() of expert_split_spec); REQUIRES the group where any param is an
+  // expert one (its size the expert-DP size: the layout's dp_size over mp.ep_size).
   DistributedDataParallel(Runtime& rt, const std::vector<ParamSpec>& specs,
                           const LayoutOptions& layout, ProcessGroup& dp_group,
-                          const ModelParallelRank& mp = {});
+                          const ModelParallelRank& mp = {},
+                          ProcessGroup* expert_dp_group = nullptr);
 
   // This rank's params, as it holds them (TP pieces; names are the whole model's).
   const std::vector<ParamSpec>& specs() const { return specs_; }
@@ -66,14 +70,27 @@ class DistributedDataParallel {
   // This rank's params' whole-model specs (TP splits, global shapes).
   const ParamSpec& global_spec(size_t i) const { return global_specs_.at(i); }
   const ModelParallelRank& mp() const { return mp_; }
-  std::vector<ParamAndGradBuffer>& buffers() { return buffers_; }
-  const std::vector<ParamAndGradBuffer>& buffers() const { return buffers_; }
+  // How param i is split: mp(), or for an expert param its EP view (global_spec(i) is then the
+  // param's expert_split_spec).
+  ModelParallelRank mp_of(size_t i) const { return is_expert(i) ? mp_.expert_view() : mp_; }
+  bool is_expert(size_t i) const { return expert_.at(i); }
+  bool has_experts() const { return !expert_buffers_.empty(); }
+  // The dense buffers (upstream `buffers`), and the expert ones (`expert_parallel_buffers`).
+  std::vector<ParamAndGradBuffer>& buffers(bool expert = false) {
+    return expert ? expert_buffers_ : buffers_;
+  }
+  const std::vector<ParamAndGradBuffer>& buffers(bool expert = false) const {
+    return expert ? expert_buffers_ : buffers_;
+  }
   const at::Tensor& param(size_t i) const { return params_.at(i); }
   const at::Tensor& main_grad(size_t i) const { return main_grads_.at(i); }
   size_t num_params() const { return params_.size(); }
   // (buffer index, index of the param inside that buffer) of model param i.
   std::pair<size_t, size_t> buffer_of(size_t i) const { return buffer_of_.at(i); }
   ProcessGroup& dp_group() { return dp_group_; }
+  // The expert-DP group (REQUIRES has_experts()), or the group of a buffer set.
+  ProcessGroup& expert_dp_group();
+  ProcessGroup& group_of(bool expert) { return expert ? expert_dp_group() : dp_group_; }
 
   void zero_grad_buffer();
   // Reduce-scatter every bucket's grads (sum in rank order) into this rank's shard.
@@ -89,6 +106,8 @@ class DistributedDataParallel {
   Value sharded_state_dict();
 
  private:
+  // A buffer's layout, data and the views of its params into them.
+  void lay_out_buffer(ParamAndGradBuffer& buffer, const LayoutOptions& layout);
   Runtime& rt_;
   ProcessGroup& dp_group_;
   ModelParallelRank mp_;
@@ -96,6 +115,9 @@ class DistributedDataParallel {
   std::vector<ParamSpec> global_specs_;
   std::vector<size_t> global_params_;
   std::vector<ParamAndGradBuffer> buffers_;
+  std::vector<ParamAndGradBuffer> expert_buffers_;
+  ProcessGroup* expert_dp_group_ = nullptr;
+  std::vector<bool> expert_;  // per local param
   std::vector<at::Tensor> params_;
   std::vector<at::Tensor> main_grads_;
   std::vector<std::pair<size_t, size_t>> buffer_of_;

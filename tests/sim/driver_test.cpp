@@ -308,3 +308,30 @@ TEST(Driver, AFinetuneJobCountsItsIterationsFromZeroAndTheNextJobResumesFromThem
   for (const auto& r : properties::check_all(run))
     EXPECT_TRUE(r.ok()) << r.name << ": " << r.detail;
 }
+
+// An MoE model (issue 26): an expert param beside a dense one gives the chain an expert part on
+// the expert-DP group; EP rank e holds rows [e n/ep, (e+1) n/ep) of it, and a resume from DP 2
+// to DP 4 at EP 2 continues the uninterrupted run bit for bit (an expert gradient summed over
+// its EP group's tokens, then over the expert-DP group, is every sample's sum whatever the DP
+// size; Gradients.AnExpertDpGroupSumsEverySample pins that sum). Mutation caught: the EP piece
+// taken as the whole param (the ranges).
+TEST(Driver, AnExpertParamIsTheChainsExpertPartSplitOverEp) {
+  const auto s = test::scenario_from_json(R"({"name": "moe", "seed": 5,
+    "params": [{"name": "w0", "numel": 600, "dtype": "bf16"},
+               {"name": "e0", "numel": 512, "dtype": "bf16", "expert": true}],
+    "optimizer": {"kind": "fused_adam", "lr": 0.01, "betas": [0.9, 0.95], "eps": 1e-8,
+                  "weight_decay": 0.1},
+    "phases": [{"dp": 2, "ep": 2, "revision": "upstream-head", "steps": 3},
+               {"dp": 4, "ep": 2, "revision": "upstream-head", "steps": 2}]})");
+  const auto run = test::run(s);
+  const auto t = test::verdict(run, "trajectory_matches_uninterrupted");
+  EXPECT_EQ(t.verdict, properties::Verdict::kPass) << t.detail;
+  ASSERT_FALSE(run.phases[0].after_step.empty());
+  // At DP 2 and EP 2 each rank is its own expert-DP group: its shard is its whole EP piece.
+  std::map<int, std::pair<int64_t, int64_t>> expert_ranges;
+  for (const auto& shard : run.phases[0].after_step.back().shards) {
+    if (shard.param == 1) expert_ranges[shard.rank] = {shard.range.start, shard.range.end};
+  }
+  EXPECT_EQ(expert_ranges[0], (std::pair<int64_t, int64_t>{0, 256}));
+  EXPECT_EQ(expert_ranges[1], (std::pair<int64_t, int64_t>{256, 512}));
+}

@@ -281,3 +281,25 @@ TEST(Gradients, PreconditionsAreChecked) {
 
 }  // namespace
 }  // namespace ckptsim::sim
+
+// An expert param's local gradient (issue 26) is its EP group's tokens: summed over an
+// expert-DP group (one rank of each EP group) it is every sample's sum, whatever the DP and EP
+// sizes. Mutations caught: the rank's own samples only (each expert-DP group then sums one EP
+// rank's residue class of samples) [tried: caught]; the EP group taken as a strided set.
+TEST(Gradients, AnExpertDpGroupSumsEverySample) {
+  const ckptsim::sim::GradientSpec spec{.seed = 7, .samples_per_step = 24};
+  constexpr int64_t kN = 16;
+  std::vector<float> all(kN, 0.0F);
+  ckptsim::sim::local_gradient(spec, 3, 1, 5, 0, 1, all);
+  for (const auto& [dp, ep] :
+       {std::pair{4, 2}, std::pair{6, 3}, std::pair{8, 4}, std::pair{2, 1}}) {
+    for (int64_t e = 0; e < ep; ++e) {
+      std::vector<float> sum(kN, 0.0F), part(kN);
+      for (int64_t r = e; r < dp; r += ep) {
+        ckptsim::sim::expert_local_gradient(spec, 3, 1, 5, r, dp, ep, part);
+        for (int64_t k = 0; k < kN; ++k) sum[k] += part[k];
+      }
+      EXPECT_EQ(sum, all) << "dp " << dp << " ep " << ep << " EP rank " << e;
+    }
+  }
+}

@@ -212,6 +212,47 @@ TEST(Scenario, PrecisionAwareStatesAreFieldsWithTheirRules) {
                   .is_ok());
 }
 
+// Expert params and EP (issue 26): each rule an error naming the field; a scenario that uses
+// them round-trips. Mutations caught: the EP-change check removed, ep not dividing dp accepted,
+// the writer leaving "expert" out (the round trip).
+TEST(Scenario, ExpertParamsAndEpAreFieldsWithTheirRules) {
+  const std::string two = R"({"seed": 1, "params": [{"name": "w", "numel": 10, "dtype": "bf16"},
+    {"name": "e", "numel": 8, "dtype": "bf16", "expert": true}],
+    "optimizer": {"kind": "fused_adam", "lr": 0.01, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1},
+    "phases": [{"dp": 4, "ep": 2, "revision": "upstream-head", "steps": 1},
+               {"dp": 2, "ep": 2, "revision": "upstream-head", "steps": 1}]})";
+  const auto s = sim::parse_scenario(two, "moe.json", test::registry());
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_TRUE(s.value().params[1].expert);
+  EXPECT_EQ(s.value().phases[1].ep, 2);
+  const auto json = sim::scenario_to_json(s.value());
+  EXPECT_EQ(json["params"][1]["expert"], true);
+  EXPECT_EQ(json["phases"][0]["ep"], 2);
+  const auto again = sim::parse_scenario(json.dump(), "round.json", test::registry());
+  ASSERT_TRUE(again.is_ok()) << again.status().to_string();
+  EXPECT_EQ(sim::scenario_to_json(again.value()), json);
+  auto edit = [&](const std::string& from, const std::string& to) {
+    std::string t = two;
+    t.replace(t.find(from), from.size(), to);
+    return t;
+  };
+  EXPECT_NE(error_of(edit("{\"dp\": 2, \"ep\": 2", "{\"dp\": 2, \"ep\": 1"))
+                .find("field 'phases[1].ep': is 1, phases[0]'s 2: an EP change between phases is "
+                      "not modeled"),
+            std::string::npos);
+  EXPECT_NE(error_of(edit("{\"dp\": 4, \"ep\": 2", "{\"dp\": 3, \"ep\": 2"))
+                .find("field 'phases[0].ep': 2 does not divide dp 3"),
+            std::string::npos);
+  EXPECT_NE(error_of(edit("\"numel\": 8", "\"numel\": 9")).find("does not divide dim 0 (9)"),
+            std::string::npos);
+  EXPECT_NE(error_of(edit("{\"dp\": 4, \"ep\": 2", "{\"dp\": 4, \"ep\": 2, \"tp\": 2"))
+                .find("expert params with tp or pp above 1 are not modeled"),
+            std::string::npos);
+  EXPECT_NE(error_of(edit("\"dtype\": \"bf16\"}", "\"dtype\": \"bf16\", \"expert\": true}"))
+                .find("a stub dense part is not modeled"),
+            std::string::npos);
+}
+
 // A scenario nested a million arrays deep overflowed the stack: the error quotes the value
 // (nlohmann's dump() recurses once per level). Found with a hand-written input after the fuzz
 // runs (fuzz/scenario_fuzzer's inputs stay a few KB long). Nesting is bounded before parsing.
