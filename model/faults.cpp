@@ -45,6 +45,11 @@ std::vector<FaultSite> state_sites() {
        "(the promotion torchtitan PR #4615 fixed for torch's loader): the resumed run's moments "
        "are no longer rounded to their dtype at each step",
        "state_dtypes_survive_resume"},
+      {fault::kChainedPrefixDropped,
+       "the chained optimizer of an MoE model saves its parts' keys without the 'chained_<i>.' "
+       "prefix the dp_reshardable format needs: the dense and the expert part's bucket keys "
+       "(both dp_group_idx_0 on EP rank 0) collide",
+       "resume_completes"},
   };
 }
 

@@ -37,6 +37,7 @@ inline constexpr const char* kAsyncReusesCachedHandles = "save.async_writer_reus
 inline constexpr const char* kReloadSkipsModelParams = "load.reload_skips_model_params";
 inline constexpr const char* kFinetuneKeepsIteration = "load.finetune_keeps_iteration";
 inline constexpr const char* kLowPrecisionMomentKeptFp32 = "load.low_precision_moment_kept_fp32";
+inline constexpr const char* kChainedPrefixDropped = "save.chained_prefix_dropped";
 }  // namespace fault
 
 }  // namespace ckptsim::model

@@ -20,16 +20,16 @@ using Pieces = std::map<std::string, std::vector<const model::SavedPiece*>>;
 // dp_group_idx), each at the bucket's numel_unpadded; nullopt when it does.
 std::optional<std::string> bucket_keys_missing(const sim::PhaseRecord& p, const Pieces& by_key) {
   std::vector<sim::GroupLayout> groups = p.groups;
-  if (groups.empty()) groups.push_back({model::ModelParallelRank{}, p.buffers, p.layouts});
+  if (groups.empty())
+    groups.push_back({model::ModelParallelRank{}, p.buffers, p.layouts, 0, 0, ""});
   for (size_t group = 0; group < groups.size(); ++group) {
     const std::vector<sim::BufferInfo>& buffers = groups[group].buffers;
     for (size_t g = 0; g < buffers.size(); ++g) {
       for (size_t b = 0; b < buffers[g].numel_unpadded.size(); ++b) {
         bool found = false;
         for (const auto& [key, pieces] : by_key) {
-          const auto k = model::parse_bucket_key(key);
-          if (!k || k->dp_group_idx != static_cast<int64_t>(group) ||
-              k->gbuf_idx != static_cast<int64_t>(g) || k->dtype != buffers[g].dtype_key ||
+          const auto k = groups[group].bucket_key(key);
+          if (!k || k->gbuf_idx != static_cast<int64_t>(g) || k->dtype != buffers[g].dtype_key ||
               k->bucket_idx != static_cast<int64_t>(b)) {
             continue;
           }
@@ -43,9 +43,11 @@ std::optional<std::string> bucket_keys_missing(const sim::PhaseRecord& p, const 
         }
         if (!found) {
           return fmt::format(
-              "{} checkpoint: bucket {} of buffer {} {} of DP group {} has no saved optimizer "
+              "{} checkpoint: bucket {} of buffer {} {} of {}DP group {} has no saved optimizer "
               "state",
-              phase_label(p), b, g, buffers[g].dtype_key, group);
+              phase_label(p), b, g, buffers[g].dtype_key,
+              groups[group].part == 1 ? "the expert part's expert-" : "",
+              groups[group].dp_group_idx);
         }
       }
     }
@@ -152,7 +154,12 @@ PropertyResult shards_tile_buckets(const sim::RunResult& run) {
     ++checkpoints;
     Pieces by_key;
     for (const auto& piece : p.saved_pieces) {
-      if (model::parse_bucket_key(piece.key).has_value() ||
+      // A bucket key (with its part's 'chained_<i>.' in a chain of several) or a model-space
+      // one.
+      const bool bucket = std::any_of(p.groups.begin(), p.groups.end(), [&](const auto& g) {
+        return g.bucket_key(piece.key).has_value();
+      });
+      if (bucket || model::parse_bucket_key(piece.key).has_value() ||
           model::parse_model_space_key(piece.key).has_value()) {
         by_key[piece.key].push_back(&piece);
       }

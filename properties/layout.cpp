@@ -28,7 +28,7 @@ Status check_layout(const model::BufferLayout& layout, const model::LayoutOption
 // Each DP group's buffers as the phase recorded them (every group's, or rank 0's alone).
 std::vector<sim::GroupLayout> groups_of(const sim::PhaseRecord& p) {
   if (!p.groups.empty()) return p.groups;
-  return {sim::GroupLayout{model::ModelParallelRank{}, p.buffers, p.layouts}};
+  return {sim::GroupLayout{model::ModelParallelRank{}, p.buffers, p.layouts, 0, 0, ""}};
 }
 
 PropertyResult layout_invariants(const sim::RunResult& run) {

@@ -135,6 +135,8 @@ struct RankRecord {
   std::vector<std::pair<std::string, int64_t>> firings;
   std::vector<BufferInfo> buffers;
   std::vector<model::BufferLayout> layouts;
+  std::vector<BufferInfo> expert_buffers;  // an MoE model's (issue 26)
+  std::vector<model::BufferLayout> expert_layouts;
   model::ModelParallelRank mp;
 };
 
@@ -168,13 +170,15 @@ void set_initial_params(model::DistributedDataParallel& ddp, const std::vector<a
 
 void describe_buffers(const model::DistributedDataParallel& ddp, RankRecord& out) {
   out.mp = ddp.mp();
-  for (const auto& buffer : ddp.buffers()) {
-    out.layouts.push_back(buffer.layout);
-    BufferInfo info;
-    info.dtype_key = buffer.dtype_key().repr();
-    for (const auto& b : buffer.layout.buckets) info.numel_unpadded.push_back(b.numel_unpadded);
-    for (const size_t local : buffer.params) info.params.push_back(ddp.global_param(local));
-    out.buffers.push_back(std::move(info));
+  for (const bool expert : {false, true}) {
+    for (const auto& buffer : ddp.buffers(expert)) {
+      (expert ? out.expert_layouts : out.layouts).push_back(buffer.layout);
+      BufferInfo info;
+      info.dtype_key = buffer.dtype_key().repr();
+      for (const auto& b : buffer.layout.buckets) info.numel_unpadded.push_back(b.numel_unpadded);
+      for (const size_t local : buffer.params) info.params.push_back(ddp.global_param(local));
+      (expert ? out.expert_buffers : out.buffers).push_back(std::move(info));
+    }
   }
 }
 
@@ -675,6 +679,13 @@ void check_shared_unchanged(const std::vector<RankRecord>& outs) {
 void gather_phase(const Scenario& scenario, const std::vector<RankRecord>& outs,
                   const model::Storage& store, PhaseRecord& rec) {
   const size_t i = rec.index;
+  // The keys of a chain of several parts are 'chained_<part>.'-prefixed where the format asks.
+  const bool chained = std::any_of(rec.groups.begin(), rec.groups.end(),
+                                   [](const GroupLayout& g) { return g.part == 1; });
+  const bool prefixed =
+      chained && model::ChainedOptimizer::should_add_prefix(scenario.format_of(i));
+  for (GroupLayout& g : rec.groups)
+    g.key_prefix = prefixed ? fmt::format("chained_{}.", g.part) : "";
   if (i == 0 && !outs.front().layouts.empty()) {
     rec.initial =
         gather_state(scenario, 0, states_of(outs, [](const RankRecord& o) { return &o.initial; }));
@@ -745,8 +756,22 @@ void record_outcome(const std::vector<RankRecord>& outs, PhaseRecord& rec) {
   for (const auto& o : outs) {
     const auto g = static_cast<size_t>(o.mp.data_parallel_group_idx());
     if (rec.groups.size() <= g) rec.groups.resize(g + 1);
-    if (rec.groups[g].buffers.empty() && !o.buffers.empty())
-      rec.groups[g] = GroupLayout{o.mp, o.buffers, o.layouts};
+    if (rec.groups[g].buffers.empty() && !o.buffers.empty()) {
+      rec.groups[g] = GroupLayout{o.mp, o.buffers, o.layouts, 0, 0, ""};
+      rec.groups[g].dp_group_idx = static_cast<int64_t>(g);
+    }
+  }
+  // An MoE model's expert-DP groups (the chain's part 1), each from its first rank.
+  for (const auto& o : outs) {
+    if (o.expert_buffers.empty()) continue;
+    const bool seen = std::any_of(rec.groups.begin(), rec.groups.end(), [&](const GroupLayout& g) {
+      return g.part == 1 && g.dp_group_idx == o.mp.ep_rank;
+    });
+    if (seen) continue;
+    GroupLayout g{o.mp.expert_view(), o.expert_buffers, o.expert_layouts, 1, o.mp.ep_rank, ""};
+    g.part = 1;
+    g.dp_group_idx = o.mp.ep_rank;
+    rec.groups.push_back(std::move(g));
   }
   for (const auto& o : outs) {
     for (const auto& f : o.firings) {

@@ -534,18 +534,23 @@ std::map<std::string, std::vector<std::vector<float>>> saved_state_by_param(
       slot(k->state)[static_cast<size_t>(param - s.params.begin())] = values;
       continue;
     }
-    const auto k = model::parse_bucket_key(key);
-    if (!k) continue;
-    // The key's DP group: its buffers hold that (TP, PP) rank's pieces of the params.
+    // The key's DP group: its buffers hold that (TP, PP) rank's pieces of the params (or an EP
+    // rank's pieces of the expert params).
     const GroupLayout* group = nullptr;
-    if (k->dp_group_idx >= 0 && static_cast<size_t>(k->dp_group_idx) < phase.groups.size()) {
-      group = &phase.groups[static_cast<size_t>(k->dp_group_idx)];
+    std::optional<model::OptimizerBucketKey> k;
+    for (const GroupLayout& gl : phase.groups) {
+      if ((k = gl.bucket_key(key))) {
+        group = &gl;
+        break;
+      }
     }
+    if (group == nullptr && phase.groups.empty()) k = model::parse_bucket_key(key);
+    if (!k || (group == nullptr && k->dp_group_idx != 0)) continue;
     const std::vector<model::BufferLayout>& layouts =
         group != nullptr ? group->layouts : phase.layouts;
     const std::vector<BufferInfo>& buffers = group != nullptr ? group->buffers : phase.buffers;
-    if (group == nullptr && k->dp_group_idx != 0) continue;
     const model::ModelParallelRank mp = group != nullptr ? group->mp : model::ModelParallelRank{};
+    const bool expert_group = group != nullptr && group->part == 1;
     const auto g = static_cast<size_t>(k->gbuf_idx);
     if (g >= layouts.size() || g >= buffers.size()) continue;
     const model::BufferLayout& layout = layouts[g];
@@ -558,7 +563,9 @@ std::map<std::string, std::vector<std::vector<float>>> saved_state_by_param(
       std::vector<float>& dst = slot(k->state)[param];
       // Local element e - pi.start of the TP piece, placed run by run in the whole param.
       int64_t e = pi.start;
-      for (const auto& [global_begin, length] : model::tp_element_runs(s.params[param], mp)) {
+      const model::ParamSpec spec =
+          expert_group ? model::expert_split_spec(s.params[param]) : s.params[param];
+      for (const auto& [global_begin, length] : model::tp_element_runs(spec, mp)) {
         for (int64_t j = 0; j < length && e < pi.end; ++j, ++e) {
           const auto i = static_cast<size_t>(e - bucket.offset);
           if (i < values.size()) dst[static_cast<size_t>(global_begin + j)] = values[i];
@@ -574,6 +581,13 @@ float master_from_remainder(float bf16_value, float remainder) {
   const auto rem = static_cast<int16_t>(remainder);
   if (rem < 0) hi = static_cast<uint16_t>(hi - 1);
   return std::bit_cast<float>((uint32_t{hi} << 16) | static_cast<uint16_t>(rem));
+}
+
+std::optional<model::OptimizerBucketKey> GroupLayout::bucket_key(const std::string& key) const {
+  if (!key.starts_with(key_prefix)) return std::nullopt;
+  auto k = model::parse_bucket_key(key.substr(key_prefix.size()));
+  if (!k || k->dp_group_idx != dp_group_idx) return std::nullopt;
+  return k;
 }
 
 }  // namespace ckptsim::sim

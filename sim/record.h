@@ -21,6 +21,7 @@
 
 #include "model/errors.h"
 #include "model/megatron/distributed_data_parallel.h"
+#include "model/megatron/optimizer_key.h"
 #include "model/megatron/serialization.h"
 #include "sim/probe.h"
 #include "sim/scenario.h"
@@ -189,11 +190,18 @@ struct BufferInfo {
   bool operator==(const BufferInfo&) const = default;
 };
 
-// One (TP, PP) rank's DP group's buffers (every DP rank of it builds the same).
+// One (TP, PP) rank's DP group's buffers (every DP rank of it builds the same), or, for an MoE
+// model, one EP rank's expert-DP group's expert buffers (issue 26: the chain's part 1).
 struct GroupLayout {
-  model::ModelParallelRank mp;
+  model::ModelParallelRank mp;  // an expert group's: the EP view (mp.expert_view())
   std::vector<BufferInfo> buffers;
   std::vector<model::BufferLayout> layouts;
+  int part = 0;              // the part of the chained optimizer (0 dense, 1 expert)
+  int64_t dp_group_idx = 0;  // `dp_group_idx_<g>` of its keys (an expert group's: its EP rank)
+  std::string key_prefix;    // what its saved keys begin with: 'chained_<part>.' or ""
+  // Whether `key` (an optimizer key of a save) is this group's: its prefix, then a bucket key of
+  // its dp_group_idx; the bucket key when it is.
+  std::optional<model::OptimizerBucketKey> bucket_key(const std::string& key) const;
 };
 
 struct PhaseRecord {
@@ -224,7 +232,8 @@ struct PhaseRecord {
   model::LayoutOptions layout_options;
   std::vector<model::BufferLayout> layouts;  // rank 0's DDP buffers, in gbuf order
   // Every DP group's, by data_parallel_group_idx (pp_rank * tp + tp_rank); groups[0] is rank 0's
-  // (buffers, layouts above). Its buffers' elements are the TP piece's (groups[g].mp).
+  // (buffers, layouts above). Its buffers' elements are the TP piece's (groups[g].mp). Then, for
+  // an MoE model, every expert-DP group's (part 1, by EP rank).
   std::vector<GroupLayout> groups;
   std::optional<GlobalState> initial;  // before any load or step (a fresh job)
   // Right after the save (a save may initialize state, e.g. init_empty_state_before_save):

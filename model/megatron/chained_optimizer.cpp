@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "model/errors.h"
+#include "model/faults.h"
 
 namespace ckptsim::model {
 
@@ -64,10 +65,13 @@ Value ChainedOptimizer::sharded_state_dict(const Value& model_sharded_state_dict
   if (parts_.size() == 1)
     return parts_[0]->sharded_state_dict(model_sharded_state_dict, is_loading, metadata);
   synchronize_steps();
+  // Fault site save.chained_prefix_dropped: the parts' keys keep no 'chained_<i>.' prefix.
+  const bool prefix =
+      should_add_prefix(metadata) && !parts_[0]->runtime().fault(fault::kChainedPrefixDropped);
   auto out = Dict::make();
   for (size_t i = 0; i < parts_.size(); ++i) {
     Value sd = parts_[i]->sharded_state_dict(model_sharded_state_dict, is_loading, metadata);
-    if (should_add_prefix(metadata)) add_prefix_for_sharding(sd, fmt::format("chained_{}.", i));
+    if (prefix) add_prefix_for_sharding(sd, fmt::format("chained_{}.", i));
     out->set(static_cast<int64_t>(i), sd);
   }
   return Value(out);

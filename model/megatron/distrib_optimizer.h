@@ -58,6 +58,7 @@ class DistributedOptimizer {
                        const std::vector<std::pair<double, double>>& world_groups = {},
                        bool expert = false);
   bool expert() const { return expert_; }
+  Runtime& runtime() { return rt_; }
 
   // --- training ------------------------------------------------------------------------------
   // Mirrors the param_groups property: the inner optimizer's groups, whose lr and

@@ -328,6 +328,16 @@ TEST(PropertyCanary, EveryFaultSiteFailsThePropertyItNames) {
       for (std::string::size_type at; (at = json.find("fix-recommended")) != std::string::npos;)
         json.replace(at, 15, "upstream-head");
     }
+    // The chain's prefix shows only with an expert part (issue 26): w1 an expert param, EP 2.
+    if (fault == model::fault::kChainedPrefixDropped) {
+      const std::string w1 = "{\"name\": \"w1\", \"numel\": 100, \"dtype\": \"bf16\"}";
+      json.replace(json.find(w1), w1.size(),
+                   "{\"name\": \"w1\", \"numel\": 100, \"dtype\": \"bf16\", \"expert\": true}");
+      for (const char* dp : {"\"dp\": 2,", "\"dp\": 4,"}) {
+        const std::string d = dp;
+        json.replace(json.find(d), d.size(), d + " \"ep\": 2,");
+      }
+    }
     // A narrow counter goes wrong only past 256 steps.
     if (fault == model::fault::kStepCounterBf16) {
       json.replace(json.find("\"steps\": 3"), 10, "\"steps\": 258");
