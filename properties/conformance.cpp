@@ -275,6 +275,12 @@ class RunComparison {
         add(e, mp.label() + " " + name, trace::num(a), trace::num(b));
       }
     }
+    // The chain part that holds the shard: wherever either side records it, both must, alike.
+    if (mp.chain != rp.chain) {
+      out_.parts.add(false);
+      add(e, mp.label() + " chain", mp.chain ? std::to_string(*mp.chain) : "absent",
+          rp.chain ? std::to_string(*rp.chain) : "absent");
+    }
     // The dtypes each state is stored in: wherever either side records them, both must, alike.
     if (mp.state_dtypes.has_value() || rp.state_dtypes.has_value()) {
       const bool same = mp.state_dtypes == rp.state_dtypes;

@@ -143,12 +143,14 @@ Event parse_event(const json& e, int64_t world, const std::string& what) {
               number_or_null(p, "step_used"),
               std::nullopt,
               "",
+              std::nullopt,
               std::nullopt};
     if (p.contains("step_aliases"))
       part.aliases = integer_in(p["step_aliases"], what + " step_aliases", 0, kStepMax);
     if (p.contains("kernel")) part.kernel = p["kernel"].get<std::string>();
     if (const auto d = p.find("state_dtypes"); d != p.end())
       part.state_dtypes = state_dtypes(*d, what);
+    if (p.contains("chain")) part.chain = integer_in(p["chain"], what + " chain", 0, 1);
     ev.parts.push_back(std::move(part));
   }
   for (const auto& [kind, m] : e.at("hashes").items()) {

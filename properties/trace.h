@@ -38,6 +38,8 @@ struct Part {
   // its tensor is stored in ("fp32", "bf16", "fp16", "int16"); nullopt where the field is absent
   // (every part but TE's precision-aware FusedAdam's).
   std::optional<std::map<std::string, std::string>> state_dtypes;
+  // The optional `chain`: the part of a chained optimizer of several that holds the shard.
+  std::optional<int64_t> chain;
   std::string label() const;  // "HDO cpu AdamW w1[0:416]"
   bool same_place(const Part& o) const {
     return part == o.part && param == o.param && begin == o.begin && end == o.end;

@@ -133,6 +133,7 @@ json shard_states(const sim::RunResult& run, const sim::GlobalState& st,
                      {"step", s->counter ? json(*s->counter) : json(nullptr)},
                      {"step_used", stepped && s->step_used ? json(*s->step_used) : json(nullptr)},
                      {"step_aliases", s->step_aliases}});
+    if (s->chain) parts.back()["chain"] = *s->chain;
     if (!s->state_dtypes.empty()) {
       json dtypes = json::object();
       for (const auto& [state, dtype] : s->state_dtypes) dtypes[state] = dtype;

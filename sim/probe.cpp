@@ -299,7 +299,10 @@ void uninitialized_after_load_part(const model::DistributedOptimizer& opt,
 std::vector<ShardSnapshot> snapshot(const model::ChainedOptimizer& opt) {
   std::vector<ShardSnapshot> out;
   for (size_t i = 0; i < opt.size(); ++i) {
-    for (ShardSnapshot& s : snapshot_part(opt.part(i))) out.push_back(std::move(s));
+    for (ShardSnapshot& s : snapshot_part(opt.part(i))) {
+      if (opt.size() > 1) s.chain = static_cast<int>(i);
+      out.push_back(std::move(s));
+    }
   }
   return out;
 }

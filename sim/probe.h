@@ -83,6 +83,9 @@ struct ShardSnapshot {
   // "fp16", "int16"), for 'exp_avg', 'exp_avg_sq', 'master_param' where it exists; empty for
   // every other part (the trace's optional state_dtypes).
   std::vector<std::pair<std::string, std::string>> state_dtypes;
+  // The part of the chained optimizer that holds the shard, where the chain has several (an MoE
+  // model: 0 dense, 1 expert; the trace's optional `chain`); nullopt in a chain of one.
+  std::optional<int> chain;
 };
 
 // Every shard this rank's optimizer updates, in param-group order.

@@ -285,6 +285,7 @@ ShardRecord record_of(const ShardSnapshot& shard, size_t r, const RankState& ran
   rec.kernel_offset = shard.kernel_offset;
   rec.kernel_numel = shard.kernel_numel;
   rec.state_dtypes = shard.state_dtypes;
+  rec.chain = shard.chain;
   for (const auto& u : rank.uses) {
     if (u.model_param == shard.model_param) rec.step_used = u.step;
   }

@@ -94,6 +94,7 @@ struct ShardRecord {
   int64_t kernel_numel = -1;
   // ShardSnapshot::state_dtypes (empty but for TE's precision-aware FusedAdam).
   std::vector<std::pair<std::string, std::string>> state_dtypes;
+  std::optional<int> chain;  // ShardSnapshot::chain
 
   // The rounding class (sim/probe.h) of element `element` of the param.
   int rounding_class(int64_t element) const {

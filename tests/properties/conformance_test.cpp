@@ -703,3 +703,22 @@ TEST(TraceChecks, AMomentKeptFp32IsJudgedFromTheTrace) {
   EXPECT_EQ(v.signature, on_run.signature);
   EXPECT_NE(v.detail.find("(uninterrupted run: bf16)"), std::string::npos) << v.detail;
 }
+
+// The chain part that holds a shard (issue 26): a part of the other chain index, or without
+// one, on the real side disagrees. Mutation caught: `chain` not compared.
+TEST(Conformance, AChainIndexOnOneSideOrChangedDisagrees) {
+  const auto model = model_trace("scenarios/moe-expert-part-dp2-to-4-upstream-head.json");
+  ASSERT_TRUE(conform_ok(model, model).agrees());
+  nlohmann::json real = model;
+  auto& parts = event(real, "phase1", "after_step")["parts"];
+  ASSERT_TRUE(parts[0].contains("chain"));
+  parts[0]["chain"] = 1 - parts[0]["chain"].get<int>();
+  const auto c = conform_ok(model, real);
+  EXPECT_FALSE(c.agrees());
+  ASSERT_FALSE(c.divergences.empty());
+  EXPECT_NE(c.divergences.front().describe().find(" chain"), std::string::npos)
+      << c.divergences.front().describe();
+  nlohmann::json absent = model;
+  event(absent, "phase1", "after_step")["parts"][0].erase("chain");
+  EXPECT_FALSE(conform_ok(model, absent).agrees());
+}

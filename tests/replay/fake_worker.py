@@ -12,9 +12,10 @@ Behaviour is set by the environment variable FAKE_REPLAY (JSON):
                                               9 if PATH does not exist yet; once it exists, every
                                               worker behaves normally (PATH is created with
                                               O_EXCL, so of racing workers only one crashes)
-   "storage_crash": {RUN_ID: RANK},          at its save, RANK creates the job's crash marker and
-                                              exits with status 9 (a job that dies at a storage
-                                              fault); the other ranks finish as usual
+   "storage_crash": {RUN_ID: RANK},          at its save, RANK waits "crash_delay" seconds (default
+                                              1: the other ranks finish as usual first), creates
+                                              the job's crash marker and exits with status 9 (a job
+                                              that dies at a storage fault)
    "hello_fail": "ModuleNotFoundError: No module named 'miles_megatron_plugins'",
    "gpus": N, "te": bool}
 Started with `-c SCRIPT` (ckptsim's real_preflight asks the workers' Python for torch and a GPU),
@@ -109,6 +110,9 @@ def main():
             if stage == stages[-1] and rank in cfg.get("crash", {}).get(rid, []):
                 os._exit(7)
             if stage == "save" and cfg.get("storage_crash", {}).get(rid) == rank and job.get("crash_marker"):
+                # The other ranks finish their save first (they have nothing to wait for), so the
+                # job's survivors are deterministic: what the coordinator must replace.
+                time.sleep(float(cfg.get("crash_delay", 1.0)))
                 with open(job["fault_record"], "a") as f:
                     f.write("crash_after at write 0 of shard files: __%d_0.distcp (rank %d)\n" % (rank, rank))
                 with open(job["crash_marker"], "w") as f:
