@@ -128,73 +128,71 @@ ProcessGroup& DistributedDataParallel::expert_dp_group() {
   return *expert_dp_group_;
 }
 
+void DistributedDataParallel::each_buffer(
+    const std::function<void(ParamAndGradBuffer&, ProcessGroup&)>& fn) {
+  for (auto& buffer : buffers_) fn(buffer, dp_group_);
+  for (auto& buffer : expert_buffers_) fn(buffer, *expert_dp_group_);
+}
+
 void DistributedDataParallel::finish_grad_sync() {
-  for (const bool expert : {false, true}) {
-    ProcessGroup& group = expert ? *expert_dp_group_ : dp_group_;
-    if (expert && expert_buffers_.empty()) continue;
+  each_buffer([&](ParamAndGradBuffer& buffer, ProcessGroup& group) {
     const int64_t dp = group.size();
     const int64_t r = group.rank();
-    for (auto& buffer : buffers(expert)) {
-      for (const BucketLayout& bucket : buffer.layout.buckets) {
-        const int64_t local = bucket.numel / dp;
-        // The shard is a view of the bucket, as upstream: the collectives allow an output to
-        // alias its rank's input (they sum into their own scratch first). The in-process
-        // collectives move host memory, so a GPU bucket is staged through a host copy; a host
-        // bucket is passed as it is (no tensor views: a view per bucket and step costs more than
-        // the small buckets' sums).
-        if (!buffer.grad_data.is_cuda()) {
-          float* base = buffer.grad_data.data_ptr<float>() + bucket.offset;
-          group.reduce_scatter_sum({base, static_cast<size_t>(bucket.numel)},
-                                   {base + r * local, static_cast<size_t>(local)});
-          continue;
-        }
-        const at::Tensor bucket_grad = buffer.grad_data.narrow(0, bucket.offset, bucket.numel);
-        const at::Tensor input = bucket_grad.is_cuda() ? bucket_grad.to(at::kCPU) : bucket_grad;
-        at::Tensor shard = buffer.grad_data.narrow(0, bucket.offset + r * local, local);
-        at::Tensor host_shard =
-            shard.is_cuda() ? at::empty({local}, at::TensorOptions().dtype(at::kFloat)) : shard;
-        group.reduce_scatter_sum(
-            {input.data_ptr<float>(), static_cast<size_t>(input.numel())},
-            {host_shard.data_ptr<float>(), static_cast<size_t>(host_shard.numel())});
-        if (shard.is_cuda()) shard.copy_(host_shard);
+    for (const BucketLayout& bucket : buffer.layout.buckets) {
+      const int64_t local = bucket.numel / dp;
+      // The shard is a view of the bucket, as upstream: the collectives allow an output to
+      // alias its rank's input (they sum into their own scratch first). The in-process
+      // collectives move host memory, so a GPU bucket is staged through a host copy; a host
+      // bucket is passed as it is (no tensor views: a view per bucket and step costs more than
+      // the small buckets' sums).
+      if (!buffer.grad_data.is_cuda()) {
+        float* base = buffer.grad_data.data_ptr<float>() + bucket.offset;
+        group.reduce_scatter_sum({base, static_cast<size_t>(bucket.numel)},
+                                 {base + r * local, static_cast<size_t>(local)});
+        continue;
       }
+      const at::Tensor bucket_grad = buffer.grad_data.narrow(0, bucket.offset, bucket.numel);
+      const at::Tensor input = bucket_grad.is_cuda() ? bucket_grad.to(at::kCPU) : bucket_grad;
+      at::Tensor shard = buffer.grad_data.narrow(0, bucket.offset + r * local, local);
+      at::Tensor host_shard =
+          shard.is_cuda() ? at::empty({local}, at::TensorOptions().dtype(at::kFloat)) : shard;
+      group.reduce_scatter_sum(
+          {input.data_ptr<float>(), static_cast<size_t>(input.numel())},
+          {host_shard.data_ptr<float>(), static_cast<size_t>(host_shard.numel())});
+      if (shard.is_cuda()) shard.copy_(host_shard);
     }
-  }
+  });
 }
 
 void DistributedDataParallel::start_param_sync() {
-  for (const bool expert : {false, true}) {
-    ProcessGroup& group = expert ? *expert_dp_group_ : dp_group_;
-    if (expert && expert_buffers_.empty()) continue;
+  each_buffer([&](ParamAndGradBuffer& buffer, ProcessGroup& group) {
     const int64_t dp = group.size();
     const int64_t r = group.rank();
-    for (auto& buffer : buffers(expert)) {
-      const size_t elem = buffer.param_data.element_size();
-      for (const BucketLayout& bucket : buffer.layout.buckets) {
-        const int64_t local = bucket.numel / dp;
-        if (!buffer.param_data.is_cuda()) {
-          auto* base = static_cast<std::byte*>(buffer.param_data.data_ptr()) +
-                       static_cast<size_t>(bucket.offset) * elem;
-          group.all_gather(
-              {base + static_cast<size_t>(r * local) * elem, static_cast<size_t>(local) * elem},
-              {base, static_cast<size_t>(bucket.numel) * elem});
-          continue;
-        }
-        const at::Tensor shard_view = buffer.param_data.narrow(0, bucket.offset + r * local, local);
-        const at::Tensor shard = shard_view.is_cuda() ? shard_view.to(at::kCPU) : shard_view;
-        at::Tensor whole = buffer.param_data.narrow(0, bucket.offset, bucket.numel);
-        at::Tensor host_whole =
-            whole.is_cuda()
-                ? at::empty({bucket.numel}, at::TensorOptions().dtype(whole.scalar_type()))
-                : whole;
+    const size_t elem = buffer.param_data.element_size();
+    for (const BucketLayout& bucket : buffer.layout.buckets) {
+      const int64_t local = bucket.numel / dp;
+      if (!buffer.param_data.is_cuda()) {
+        auto* base = static_cast<std::byte*>(buffer.param_data.data_ptr()) +
+                     static_cast<size_t>(bucket.offset) * elem;
         group.all_gather(
-            {static_cast<const std::byte*>(shard.data_ptr()), static_cast<size_t>(local) * elem},
-            {static_cast<std::byte*>(host_whole.data_ptr()),
-             static_cast<size_t>(bucket.numel) * elem});
-        if (whole.is_cuda()) whole.copy_(host_whole);
+            {base + static_cast<size_t>(r * local) * elem, static_cast<size_t>(local) * elem},
+            {base, static_cast<size_t>(bucket.numel) * elem});
+        continue;
       }
+      const at::Tensor shard_view = buffer.param_data.narrow(0, bucket.offset + r * local, local);
+      const at::Tensor shard = shard_view.is_cuda() ? shard_view.to(at::kCPU) : shard_view;
+      at::Tensor whole = buffer.param_data.narrow(0, bucket.offset, bucket.numel);
+      at::Tensor host_whole =
+          whole.is_cuda()
+              ? at::empty({bucket.numel}, at::TensorOptions().dtype(whole.scalar_type()))
+              : whole;
+      group.all_gather(
+          {static_cast<const std::byte*>(shard.data_ptr()), static_cast<size_t>(local) * elem},
+          {static_cast<std::byte*>(host_whole.data_ptr()),
+           static_cast<size_t>(bucket.numel) * elem});
+      if (whole.is_cuda()) whole.copy_(host_whole);
     }
-  }
+  });
 }
 
 Value DistributedDataParallel::sharded_state_dict() {

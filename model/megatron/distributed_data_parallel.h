@@ -19,6 +19,7 @@
 //      shard of every bucket.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -106,6 +107,8 @@ class DistributedDataParallel {
   Value sharded_state_dict();
 
  private:
+  // `fn` over every buffer with the group it syncs over: the dense ones, then the expert ones.
+  void each_buffer(const std::function<void(ParamAndGradBuffer&, ProcessGroup&)>& fn);
   // A buffer's layout, data and the views of its params into them.
   void lay_out_buffer(ParamAndGradBuffer& buffer, const LayoutOptions& layout);
   Runtime& rt_;

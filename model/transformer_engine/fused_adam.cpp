@@ -8,6 +8,7 @@
 #include "model/errors.h"
 #include "model/faults.h"
 #include "model/kernels/fused_adam_cuda.h"
+#include "model/megatron/mapping.h"
 
 namespace ckptsim::model {
 
@@ -27,21 +28,6 @@ at::ScalarType scalar_type(StateDType d) {
       return at::kHalf;
   }
   return at::kFloat;
-}
-
-const char* torch_name(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return "torch.float32";
-    case at::kBFloat16:
-      return "torch.bfloat16";
-    case at::kHalf:
-      return "torch.float16";
-    case at::kShort:
-      return "torch.int16";
-    default:
-      return "another dtype";
-  }
 }
 
 std::string short_name(at::ScalarType t) {
@@ -64,7 +50,7 @@ void assert_dtype(const at::Tensor& t, at::ScalarType want, const char* what,
                   const char* function) {
   if (t.scalar_type() != want) {
     throw PyAssertionError(fmt::format("assert {}.dtype == {} failed (it is {})", what,
-                                       torch_name(want), torch_name(t.scalar_type())),
+                                       torch_dtype_name(want), torch_dtype_name(t.scalar_type())),
                            site(function));
   }
 }
