@@ -249,6 +249,7 @@ std::string search_repeat_flags(const SearchCommand& c) {
   if (c.dp_max != defaults.dp_max) out += fmt::format(" --dp-max {}", c.dp_max);
   if (c.tp_max != defaults.tp_max) out += fmt::format(" --tp-max {}", c.tp_max);
   if (c.pp_max != defaults.pp_max) out += fmt::format(" --pp-max {}", c.pp_max);
+  if (c.ep_max != defaults.ep_max) out += fmt::format(" --ep-max {}", c.ep_max);
   if (c.params_max != defaults.params_max) out += fmt::format(" --params-max {}", c.params_max);
   if (c.phases_max != defaults.phases_max) out += fmt::format(" --phases-max {}", c.phases_max);
   if (c.steps_max != defaults.steps_max) out += fmt::format(" --steps-max {}", c.steps_max);
@@ -297,6 +298,7 @@ Result<search::SearchOptions> search_options(const SearchCommand& c) {
   g.dp_max = c.dp_max;
   g.tp_max = c.tp_max;
   g.pp_max = c.pp_max;
+  g.ep_max = c.ep_max;
   g.params_max = c.params_max;
   g.phases_max = c.phases_max;
   g.steps_max = c.steps_max;

@@ -152,6 +152,7 @@ struct SearchCommand {
   int64_t dp_max = 32;
   int64_t tp_max = 1;  // search::GeneratorConfig::tp_max, pp_max (1: no TP, no PP)
   int64_t pp_max = 1;
+  int64_t ep_max = 1;  // search::GeneratorConfig::ep_max (1: no expert params)
   int params_max = 6;
   int phases_max = 4;
   int64_t steps_max = 6;          // search::GeneratorConfig::steps_max

@@ -55,6 +55,11 @@ void add_search_flags(CLI::App* cmd, app::SearchCommand& f) {
   cmd->add_option("--pp-max", f.pp_max,
                   "Largest PP size drawn, of 1, 2, 4 (above 1: params get layers)")
       ->capture_default_str();
+  cmd->add_option("--ep-max", f.ep_max,
+                  "Largest expert-parallel size drawn, of 1, 2, 4 (above 1: MoE models in one "
+                  "case of two, expert params in a ChainedOptimizer's expert part; not with "
+                  "--stateful)")
+      ->capture_default_str();
   cmd->add_option("--params-max", f.params_max, "Most params drawn")->capture_default_str();
   cmd->add_option("--phases-max", f.phases_max, "Most phases drawn")->capture_default_str();
   cmd->add_option("--steps-max", f.steps_max, "Most steps of a phase that is not long")

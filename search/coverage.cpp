@@ -89,6 +89,14 @@ std::string hybrid_fp32_label(const sim::Scenario& s) {
   return f == 0 ? "some, offload 0" : f == 1 ? "some, offload 1" : "some, offload between";
 }
 
+// The MoE draw (--ep-max): "dense", or "EP 2, 1 of 3 params expert".
+std::string experts_label(const sim::Scenario& s) {
+  const auto n = std::count_if(s.params.begin(), s.params.end(),
+                               [](const model::ParamSpec& p) { return p.expert; });
+  if (n == 0) return "dense";
+  return fmt::format("EP {}, {} of {} params expert", s.phases.front().ep, n, s.params.size());
+}
+
 // The precision-aware states drawn (--state-dtype): "exp_avg bf16, exp_avg_sq fp32, remainders";
 // nullopt where none were.
 std::optional<std::string> precision_label(const model::OptimizerConfig& o) {
@@ -138,6 +146,7 @@ void Coverage::add(const sim::Scenario& s) {
                                : model::optimizer_kind_name(o.kind));
   bump("cases: dtypes", dtypes_label(s));
   if (const auto label = precision_label(o)) bump("cases: precision-aware states", *label);
+  bump("cases: MoE expert params", experts_label(s));
   bump("cases: param groups", mults_label(s));
   bump("cases: params", std::to_string(s.params.size()));
   bump("cases: buckets", s.bucket_size ? "several (bucket_size set)" : "one");

@@ -241,6 +241,32 @@ void draw_state_dtypes(const GeneratorConfig& config, sim::Scenario& s) {
   o.store_param_remainders = *gen::weightedElement<bool>({{4, true}, {1, false}});
 }
 
+// MoE expert params (GeneratorConfig::ep_max), drawn after everything else: nothing where a
+// phase has TP or PP above 1 (not modeled with experts) or the case has one param. An EP size
+// above 1 rounds every phase's DP down to a multiple of it (DP 7 at EP 2 becomes 6), so that
+// odd DP sizes do not keep the draw at EP 1.
+void draw_experts(const GeneratorConfig& config, sim::Scenario& s) {
+  if (config.ep_max == 1 || s.params.size() < 2) return;
+  for (const sim::PhaseSpec& p : s.phases) {
+    if (p.tp * p.pp != 1) return;
+  }
+  if (!*gen::weightedElement<bool>({{1, false}, {1, true}})) return;
+  // Shrinks toward EP 1.
+  const int64_t ep = config.ep_max >= 4 ? *gen::weightedElement<int64_t>({{1, 1}, {2, 2}, {1, 4}})
+                                        : *gen::weightedElement<int64_t>({{1, 1}, {2, 2}});
+  const auto sure =
+      static_cast<size_t>(*gen::inRange<int64_t>(1, static_cast<int64_t>(s.params.size())));
+  for (size_t i = 1; i < s.params.size(); ++i) {
+    model::ParamSpec& p = s.params[i];
+    p.expert = i == sure || *gen::weightedElement<bool>({{1, false}, {1, true}});
+    if (p.expert) p.numel = (p.numel + ep - 1) / ep * ep;
+  }
+  for (sim::PhaseSpec& p : s.phases) {
+    p.ep = ep;
+    p.dp = std::max(ep, p.dp / ep * ep);
+  }
+}
+
 // One bucket or several, the 65536 padding option now and then. REQUIRES: s.params drawn.
 void draw_layout(sim::Scenario& s) {
   const int64_t total = s.total_numel();
@@ -469,15 +495,16 @@ void draw_campaign_resume_arguments(sim::Scenario& s, size_t i) {
 // The scenario's params in buffers as Megatron's DDP groups them: one per param dtype, in order
 // of first appearance; each a list of indices into s.params.
 std::vector<std::vector<size_t>> buffers_of(const sim::Scenario& s) {
-  std::vector<model::DType> dtypes;
+  std::vector<std::pair<model::DType, bool>> keys;
   std::vector<std::vector<size_t>> out;
   for (size_t i = 0; i < s.params.size(); ++i) {
-    const auto at = std::find(dtypes.begin(), dtypes.end(), s.params[i].dtype);
-    if (at == dtypes.end()) {
-      dtypes.push_back(s.params[i].dtype);
+    const std::pair<model::DType, bool> key{s.params[i].dtype, s.params[i].expert};
+    const auto at = std::find(keys.begin(), keys.end(), key);
+    if (at == keys.end()) {
+      keys.push_back(key);
       out.push_back({i});
     } else {
-      out[static_cast<size_t>(at - dtypes.begin())].push_back(i);
+      out[static_cast<size_t>(at - keys.begin())].push_back(i);
     }
   }
   return out;
@@ -503,7 +530,7 @@ bool bucket_fits(const std::vector<int64_t>& numels, const sim::Scenario& s, siz
 // nearest value that fits, up to kCampaignFitNumelMax. Only that bucket moves: the later ones
 // start at a multiple of the bucket alignment, so their own layout stays as it was.
 void fit_bucket(sim::Scenario& s, const std::vector<size_t>& buffer, size_t b,
-                const std::vector<int64_t>& dps) {
+                const std::vector<int64_t>& dps, int64_t multiple) {
   std::vector<int64_t> numels;
   for (size_t i : buffer) numels.push_back(s.params[i].numel);
   const model::BufferLayout drawn = model::build_buffer_layout(
@@ -515,7 +542,7 @@ void fit_bucket(sim::Scenario& s, const std::vector<size_t>& buffer, size_t b,
   const int64_t numel = numels[closing];
   for (int64_t delta = 1; delta < kCampaignFitNumelMax; ++delta) {
     for (const int64_t candidate : {numel + delta, numel - delta}) {
-      if (candidate < 1 || candidate > kCampaignFitNumelMax) continue;
+      if (candidate < 1 || candidate > kCampaignFitNumelMax || candidate % multiple != 0) continue;
       numels[closing] = candidate;
       if (bucket_fits(numels, s, b, params, dps)) {
         s.params[buffer[closing]].numel = candidate;
@@ -535,13 +562,17 @@ void fit_bucket(sim::Scenario& s, const std::vector<size_t>& buffer, size_t b,
 // empty-bucket assertion in the campaign.
 void fit_layout(sim::Scenario& s) {
   if (s.pad_buckets_for_high_nccl_busbw) return;
-  std::vector<int64_t> dps;
-  for (const sim::PhaseSpec& p : s.phases) {
-    if (std::find(dps.begin(), dps.end(), p.dp) == dps.end()) dps.push_back(p.dp);
-  }
   for (const std::vector<size_t>& buffer : buffers_of(s)) {
+    // An expert buffer is sharded over the expert-DP group (DP / EP ranks), and its params'
+    // numel stays a multiple of the EP size (the same in every phase).
+    const bool expert = s.params[buffer.front()].expert;
+    const int64_t ep = expert ? s.phases.front().ep : 1;
+    std::vector<int64_t> dps;
+    for (const sim::PhaseSpec& p : s.phases) {
+      if (std::find(dps.begin(), dps.end(), p.dp / ep) == dps.end()) dps.push_back(p.dp / ep);
+    }
     // A buffer has at most one bucket per param; fit_bucket skips the indices past its last.
-    for (size_t b = 0; b < buffer.size(); ++b) fit_bucket(s, buffer, b, dps);
+    for (size_t b = 0; b < buffer.size(); ++b) fit_bucket(s, buffer, b, dps, ep);
   }
 }
 
@@ -616,6 +647,10 @@ rc::Gen<sim::Scenario> gen_campaign_scenario(const GeneratorConfig& config) {
     draw_model_parallel(config, s, config.dp_max);
     if (config.tp_max > 1 || config.pp_max > 1) fit_model_parallel_layout(s);
     draw_state_dtypes(config, s);
+    draw_experts(config, s);
+    if (std::any_of(s.params.begin(), s.params.end(),
+                    [](const model::ParamSpec& p) { return p.expert; }))
+      fit_layout(s);
     s.faults = config.faults;
     s.name = "generated";
     return s;
@@ -630,12 +665,13 @@ Status GeneratorConfig::validate() const {
                ? Status::ok()
                : Status::invalid_input(fmt::format("{} must be in [1, {}], got {}", flag, hi, v));
   };
-  for (Status s : {range("--dp-max", dp_max, sim::Scenario::kDpMax),
-                   range("--params-max", params_max, kParamsMaxLimit),
-                   range("--phases-max", phases_max, kPhasesMaxLimit),
-                   range("--steps-max", steps_max, kStepsMaxLimit),
-                   range("--tp-max", tp_max, kModelParallelMax),
-                   range("--pp-max", pp_max, kModelParallelMax)}) {
+  for (Status s :
+       {range("--dp-max", dp_max, sim::Scenario::kDpMax),
+        range("--params-max", params_max, kParamsMaxLimit),
+        range("--phases-max", phases_max, kPhasesMaxLimit),
+        range("--steps-max", steps_max, kStepsMaxLimit),
+        range("--tp-max", tp_max, kModelParallelMax), range("--pp-max", pp_max, kModelParallelMax),
+        range("--ep-max", ep_max, kModelParallelMax)}) {
     if (!s.is_ok()) return s;
   }
   if (long_steps_max != 0 &&
@@ -649,6 +685,9 @@ Status GeneratorConfig::validate() const {
     return Status::invalid_input("--transformer-engine names neither installed nor absent");
   if (campaign && stateful)
     return Status::invalid_input("--campaign draws its own phases: it takes no --stateful");
+  if (ep_max > 1 && stateful)
+    return Status::invalid_input(
+        "--ep-max draws MoE params for the phase generator: it takes no --stateful");
   for (const auto& fault : faults) {
     if (!model::is_fault_site(fault))
       return Status::invalid_input("--fault: unknown fault site " + fault);
@@ -759,6 +798,7 @@ rc::Gen<sim::Scenario> gen_scenario(const GeneratorConfig& config) {
       draw_finetune(s);
     }
     draw_state_dtypes(config, s);
+    draw_experts(config, s);
     s.faults = config.faults;
     s.name = "generated";
     return s;
@@ -818,6 +858,7 @@ rc::Gen<sim::Scenario> gen_scenario_stateful(const GeneratorConfig& config) {
   GeneratorConfig base = config;
   base.stateful = false;
   base.phases_max = 1;
+  base.ep_max = 1;  // validate() refuses --ep-max with --stateful
   return gen::exec([config, base] {
     sim::Scenario s = *gen_scenario(base);  // params, optimizer and layout; phases follow
     CycleModel m0;

@@ -98,6 +98,14 @@ struct GeneratorConfig {
   // most kModelParallelWorldMax / (TP x PP).
   int64_t tp_max = 1;
   int64_t pp_max = 1;
+  // MoE expert params (--ep-max; issue 26; 1: none, and the draws are those of a generator
+  // without them). Above 1, a case of two params or more at TP = PP = 1 is an MoE model in one
+  // of two: the first param stays dense, each other one is an expert param with odds 1 in 2
+  // (one at least), its numel a multiple of the EP size; the EP size, the same in every phase,
+  // is drawn from 1, 2, 4 up to ep_max where it divides every phase's DP (EP 1: the expert
+  // part on the expert-DP group of every rank). Drawn last; shrinks toward a dense model and
+  // EP 1. The campaign then refits the expert buffers' buckets at the expert-DP sizes.
+  int64_t ep_max = 1;
   // Steps of a phase: 0, 1 or up to steps_max (--steps-max) mostly; one phase in about
   // 1 + 70 / kLongPhaseWeight is long (--long-steps-max; 0: none): next to 2^8 (kLongBand8)
   // most often, next to 2^11 (kLongBand11) less, anything up to long_steps_max now and then.

@@ -11,6 +11,7 @@
 
 #include <rapidcheck/gtest.h>
 #include <cctype>
+#include <map>
 
 #include "tests/testing.h"
 
@@ -527,6 +528,75 @@ TEST(Generators, StateDtypesAreDrawnOnlyWhereAsked) {
   EXPECT_GT(precision_aware, 40);
   EXPECT_GT(fp16, 40);
   EXPECT_EQ(bf16, 0);
+}
+
+// --ep-max (issue 26): without it no param is an expert one; with it about half the cases of two
+// params or more are MoE models (first param dense, EP 1, 2 or 4 dividing every phase's DP and
+// every expert param's numel), everything before the draw is as without it, and every case
+// parses back; the campaign's expert buckets hold a param element on every expert-DP rank.
+// Mutations caught: drawing before the state dtypes (the draws without it change), an expert
+// first param, EP not dividing a DP, the campaign fitting expert params inside the dense buffer (95
+// unfit shards).
+TEST(Generators, ExpertsAreDrawnOnlyWhereAsked) {
+  for (const bool campaign : {false, true}) {
+    search::GeneratorConfig g;
+    g.revisions = test::revisions({"upstream-head"});
+    g.campaign = campaign;
+    if (campaign) g.dp_max = 8;
+    search::GeneratorConfig with = g;
+    with.ep_max = 4;
+    std::map<int64_t, int> eps;
+    int moe = 0, unfit = 0;
+    for (int seed = 0; seed < 200; ++seed) {
+      const sim::Scenario plain = search::gen_for(g)(rc::Random(seed), 20).value();
+      for (const auto& p : plain.params) EXPECT_FALSE(p.expert);
+      const sim::Scenario s = search::gen_for(with)(rc::Random(seed), 20).value();
+      const bool experts =
+          std::any_of(s.params.begin(), s.params.end(), [](const auto& p) { return p.expert; });
+      if (!experts) {
+        EXPECT_EQ(sim::scenario_to_json(s), sim::scenario_to_json(plain)) << seed;
+        continue;
+      }
+      ++moe;
+      const int64_t ep = s.phases.front().ep;
+      ++eps[ep];
+      EXPECT_FALSE(s.params.front().expert) << seed;
+      ASSERT_EQ(s.params.size(), plain.params.size());
+      EXPECT_EQ(s.optimizer.kind, plain.optimizer.kind) << seed;
+      for (const auto& p : s.phases) {
+        EXPECT_EQ(p.ep, ep);
+        EXPECT_EQ(p.dp % ep, 0) << seed;
+      }
+      for (const auto& p : s.params) EXPECT_EQ(p.expert ? p.numel % ep : 0, 0) << seed;
+      if (campaign && !s.pad_buckets_for_high_nccl_busbw) {
+        // Each expert bucket of each phase: every expert-DP rank's shard holds an element.
+        for (const model::DType dtype : {model::DType::kBFloat16, model::DType::kFloat32}) {
+          std::vector<int64_t> numels;
+          for (const auto& p : s.params) {
+            if (p.expert && p.dtype == dtype) numels.push_back(p.numel);
+          }
+          if (numels.empty()) continue;
+          for (const auto& phase : s.phases) {
+            const int64_t edp = phase.dp / ep;
+            const auto layout =
+                model::build_buffer_layout(numels, model::LayoutOptions{edp, s.bucket_size, false});
+            for (size_t b = 0; b < layout.buckets.size(); ++b) {
+              for (int64_t r = 0; r < edp; ++r)
+                unfit += model::build_bucket_shard(layout, b, r, edp).param_map.empty() ? 1 : 0;
+            }
+          }
+        }
+      }
+      const auto again =
+          sim::parse_scenario(sim::scenario_to_json(s).dump(), "gen.json", test::registry());
+      ASSERT_TRUE(again.is_ok()) << again.status().to_string();
+    }
+    EXPECT_GT(moe, 40) << campaign;
+    EXPECT_GT(eps[1], 5) << campaign;
+    EXPECT_GT(eps[2], 5) << campaign;
+    EXPECT_GT(eps[4], 3) << campaign;
+    EXPECT_EQ(unfit, 0) << campaign;
+  }
 }
 
 // Hybrid cases draw TE absent one time in five; --transformer-engine narrows it to one value.
