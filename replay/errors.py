@@ -3,7 +3,11 @@
 The site is the innermost traceback frame whose file lies inside a `megatron/` (or
 `miles_megatron_plugins/`) folder: "dict_utils.py merge()", the format ckptsim's model uses,
 plus "site_line" with the path from that folder and the line ("megatron/core/dist_checkpointing/
-dict_utils.py:237"). For an error raised by dist_checkpointing's merge(), the key path is read
+dict_utils.py:237"). A method of the FusedAdam stand-in (replay/emulation.py StandinFusedAdam)
+counts as the frame of TE's FusedAdam it stands for, named as the model names TE's frames:
+"fused_adam.py FusedAdam.set_scaled_state()", site_line "transformer_engine/pytorch/optimizers/
+fused_adam.py (stand-in: replay/emulation.py:LINE)"; without it, an assert the stand-in copies
+from TE would be placed at the Megatron frame that called it. For an error raised by dist_checkpointing's merge(), the key path is read
 from the `key` local of the innermost merge() frame and written as Python reprs, one string per
 key: ["'optimizer'", "'param_state'", "0", "(torch.bfloat16, torch.float32)", "0", "0", "'step'"].
 """
@@ -34,6 +38,23 @@ def _frames(tb: Optional[TracebackType]) -> List[Tuple[Any, int]]:
     return list(traceback.walk_tb(tb))
 
 
+STANDIN_FILE = "replay/emulation.py"
+STANDIN_CLASS = "StandinFusedAdam"
+TE_FUSED_ADAM = "transformer_engine/pytorch/optimizers/fused_adam.py"
+
+
+def _standin_method(frame: Any) -> Optional[str]:
+    """The method name when `frame` runs a method of the FusedAdam stand-in, else None."""
+    code = frame.f_code
+    if not code.co_filename.replace("\\", "/").endswith(STANDIN_FILE):
+        return None
+    qualname = getattr(code, "co_qualname", code.co_name)  # Python >= 3.11 has co_qualname
+    prefix = STANDIN_CLASS + "."
+    if not qualname.startswith(prefix) or "." in qualname[len(prefix):]:
+        return None
+    return qualname[len(prefix):]
+
+
 class TrainingLoopError(RuntimeError):
     """An error the runner raises where the training loop (megatron/training/, which the runner
     does not import) raises it: `site` and `site_line` name the training loop's own frame, and
@@ -55,11 +76,13 @@ def upstream_site(exc: BaseException) -> Tuple[str, Optional[str]]:
     for frame, lineno in _frames(exc.__traceback__):
         rel = _package_relative(frame.f_code.co_filename)
         if rel is not None:
-            best = (frame, lineno, rel)
-    if best is None:
-        return "", None
-    frame, lineno, rel = best
-    return "%s %s()" % (os.path.basename(rel), frame.f_code.co_name), "%s:%d" % (rel, lineno)
+            best = ("%s %s()" % (os.path.basename(rel), frame.f_code.co_name), "%s:%d" % (rel, lineno))
+            continue
+        method = _standin_method(frame)
+        if method is not None:
+            best = ("%s FusedAdam.%s()" % (os.path.basename(TE_FUSED_ADAM), method),
+                    "%s (stand-in: %s:%d)" % (TE_FUSED_ADAM, STANDIN_FILE, lineno))
+    return best if best is not None else ("", None)
 
 
 def merge_path(exc: BaseException) -> Tuple[Optional[List[str]], Optional[str]]:

@@ -161,8 +161,10 @@ json shard_states(const sim::RunResult& run, const sim::GlobalState& st,
 }
 
 // The model params as rank `rank` of a job of `spec`'s sizes holds them, by name: every param
-// whole where TP = PP = 1; else its pipeline stage's params, each its TP piece (the elements in
-// the order the piece holds them), as the real runner hashes what its module holds.
+// whole where TP = PP = 1, except an expert param, which is the rank's EP piece (its EP rank's
+// rows: expert_split_spec seen from expert_view()); else its pipeline stage's params, each its
+// TP piece (the elements in the order the piece holds them), as the real runner hashes what its
+// module holds (replay/PLAN_AND_TRACE.md `model_param`).
 std::vector<std::pair<std::string, std::vector<float>>> held_params(const sim::RunResult& run,
                                                                     const sim::PhaseSpec& spec,
                                                                     const sim::GlobalState& st,
@@ -171,7 +173,18 @@ std::vector<std::pair<std::string, std::vector<float>>> held_params(const sim::R
   const auto& specs = run.scenario.params;
   std::vector<std::pair<std::string, std::vector<float>>> out;
   if (spec.tp == 1 && spec.pp == 1) {
-    for (size_t p = 0; p < params.size(); ++p) out.emplace_back(specs[p].name, params[p]);
+    const auto mp = model::ModelParallelRank::of(rank, 1, 1, spec.dp, spec.ep).expert_view();
+    for (size_t p = 0; p < params.size(); ++p) {
+      if (!specs[p].expert) {
+        out.emplace_back(specs[p].name, params[p]);
+        continue;
+      }
+      std::vector<float> piece;
+      for (const auto& [begin, length] :
+           model::tp_element_runs(model::expert_split_spec(specs[p]), mp))
+        piece.insert(piece.end(), params[p].begin() + begin, params[p].begin() + begin + length);
+      out.emplace_back(specs[p].name, std::move(piece));
+    }
     return out;
   }
   const auto mp = model::ModelParallelRank::of(rank, spec.tp, spec.pp, spec.dp);

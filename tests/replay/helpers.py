@@ -30,12 +30,17 @@ def synthetic(name, **overrides):
     return synthetic_plan.build_plan(sc, path, profiles)
 
 
-def expert_scenario(ep=2, dps=(2, 4), kind="fused_adam", revision="upstream-2874", steps=(3, 2)):
-    """A small MoE scenario (issue 26): a dense param `w0` and an expert param `experts` ([8, 6],
-    split over EP on dim 0), the same EP in every phase (not a bundled scenario file)."""
+def expert_scenario(ep=2, dps=(2, 4), kind="fused_adam", revision="upstream-2874", steps=(3, 2), dense=40,
+                    expert_shape=(8, 6)):
+    """A small MoE scenario (issue 26): a dense param `w0` (`dense` elements) and an expert param
+    `experts` (`expert_shape`, split over EP on dim 0), the same EP in every phase (not a bundled
+    scenario file). The default sizes are too small for a real dp_reshardable save at DP 2 and up
+    (a rank's shard of a bucket holds only padding: 'empty bucket encountered'); a real replay
+    takes dense=600, expert_shape=(8, 64)."""
     return {"name": "expert-ep%d-dp%s" % (ep, "-to-".join(str(d) for d in dps)), "seed": 3,
-            "params": [{"name": "w0", "numel": 40, "dtype": "bf16"},
-                       {"name": "experts", "numel": 48, "shape": [8, 6], "dtype": "bf16", "expert": True}],
+            "params": [{"name": "w0", "numel": dense, "dtype": "bf16"},
+                       {"name": "experts", "numel": expert_shape[0] * expert_shape[1], "shape": list(expert_shape),
+                        "dtype": "bf16", "expert": True}],
             "optimizer": {"kind": kind, "lr": 0.01, "betas": [0.9, 0.95], "eps": 1e-08, "weight_decay": 0.1},
             "bucket_size": None, "sharding_type": "dp_reshardable",
             "phases": [{"dp": d, "ep": ep, "revision": revision, "steps": n} for d, n in zip(dps, steps)]}

@@ -99,3 +99,59 @@ def test_long_messages_are_cut():
 def test_peer_aborted_event_is_secondary():
     ev = errors.peer_aborted_event(3, "load", "stopped after another rank failed")
     assert ev["py_type"] == "PeerAborted" and ev["secondary"] is True and ev["stage"] == "load"
+
+
+def _load_standin(tmp_path):
+    """A fake replay/emulation.py whose StandinFusedAdam asserts as TE's set_scaled_state does,
+    called from a fake Megatron frame; and a helper of another class in the same file."""
+    root = os.path.join(str(tmp_path), "ckout")
+    os.makedirs(os.path.join(root, "replay"))
+    os.makedirs(os.path.join(root, "megatron", "core", "optimizer"))
+    standin = os.path.join(root, "replay", "emulation.py")
+    with open(standin, "w") as f:
+        f.write(textwrap.dedent('''
+            class StandinFusedAdam:
+                def set_scaled_state(self, param, state_name, value):
+                    assert value.dtype == "int16"
+
+            class Other:
+                def set_scaled_state(self, param, state_name, value):
+                    raise AttributeError("'bool' object has no attribute 'dtype'")
+            '''))
+    caller = os.path.join(root, "megatron", "core", "optimizer", "distrib_optimizer.py")
+    with open(caller, "w") as f:
+        f.write(textwrap.dedent('''
+            def _set_main_param_and_optimizer_states(opt, value):
+                opt.set_scaled_state(None, "master_param", value)
+            '''))
+    mods = []
+    for name, path in (("fake_emulation", standin), ("fake_distopt", caller)):
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        mods.append(mod)
+    return mods
+
+
+class _Value:
+    dtype = "float32"
+
+
+# The stand-in's frame stands for TE's FusedAdam frame, named as the model names it; a frame of
+# another class in the stand-in's file does not. Mutations caught: the stand-in's frames skipped
+# (the site is distrib_optimizer.py's, as the device run of 2026-12-05 showed), any class of
+# emulation.py counted.
+def test_a_standin_fused_adam_frame_is_named_as_te_fused_adam(tmp_path):
+    emulation, distopt = _load_standin(tmp_path)
+    try:
+        distopt._set_main_param_and_optimizer_states(emulation.StandinFusedAdam(), _Value())
+    except AssertionError as e:
+        ev = errors.error_event(e, rank=0, stage="load")
+    assert ev["site"] == "fused_adam.py FusedAdam.set_scaled_state()"
+    assert ev["site_line"].startswith("transformer_engine/pytorch/optimizers/fused_adam.py (stand-in: replay/emulation.py:")
+    try:
+        distopt._set_main_param_and_optimizer_states(emulation.Other(), _Value())
+    except AttributeError as e:
+        ev = errors.error_event(e, rank=0, stage="load")
+    assert ev["site"] == "distrib_optimizer.py _set_main_param_and_optimizer_states()"
+    assert ev["site_line"].startswith("megatron/core/optimizer/distrib_optimizer.py:")

@@ -20,7 +20,16 @@ from replay import compare  # noqa: E402
 from replay import model_parallel as mp  # noqa: E402
 from replay import trace_schema as ts  # noqa: E402
 
-DENSE, EXPERT = "w0", "experts"  # helpers.expert_scenario: w0 (40 elements), experts ([8, 6], 48)
+DENSE, EXPERT = "w0", "experts"
+# Sizes at which every rank's shard of every bucket holds an element at DP 2 and 4, EP 1 and 2
+# (helpers.expert_scenario's defaults leave a rank only padding: 'empty bucket encountered' at the
+# first save, as the device run of 2026-12-05 showed). The model runs these sizes without error.
+DENSE_NUMEL, EXPERT_SHAPE = 600, (8, 64)
+EXPERT_NUMEL = EXPERT_SHAPE[0] * EXPERT_SHAPE[1]
+
+
+def _scenario(**kw):
+    return expert_scenario(dense=DENSE_NUMEL, expert_shape=EXPERT_SHAPE, **kw)
 
 
 def _megatron_root():
@@ -61,7 +70,7 @@ def _check_parts(run, ep):
     by_point = {}
     for ev in _state_events(run):
         e = mp.expert_place(ev["rank"], 1, dp, ep)[0]
-        piece = 48 // ep
+        piece = EXPERT_NUMEL // ep
         for p in ev["parts"]:
             assert p["chain"] == (1 if p["param"] == EXPERT else 0), p
             if p["param"] == EXPERT:
@@ -72,10 +81,10 @@ def _check_parts(run, ep):
             continue
         dense = sorted(x for ev in evs for p in ev["parts"] if p["param"] == DENSE
                        for x in range(p["range"][0], p["range"][1]))
-        assert dense == list(range(40)), (at, gs)
+        assert dense == list(range(DENSE_NUMEL)), (at, gs)
         expert = sorted(x for ev in evs for p in ev["parts"] if p["param"] == EXPERT
                         for x in range(p["range"][0], p["range"][1]))
-        assert expert == list(range(48)), (at, gs)
+        assert expert == list(range(EXPERT_NUMEL)), (at, gs)
 
 
 def _model_params_follow_the_reference(t, runs, ep):
@@ -101,7 +110,7 @@ def test_real_replay_of_a_chained_optimizer_dp2_to_4(tmp_path, ep):
     """DP 2 -> 4 at upstream-2874 with FusedAdam (the stand-in): EP 2 reshards the expert part
     from expert DP 1 to 2 (EP 1: the synthetic marking, expert DP 2 to 4); both parts resume at
     the global step, and the model params stay bit-equal to the uninterrupted run's."""
-    t, runs = _replay(tmp_path, expert_scenario(ep=ep, dps=(2, 4)))
+    t, runs = _replay(tmp_path, _scenario(ep=ep, dps=(2, 4)))
     for rid in ("reference", "phase0", "phase1"):
         assert runs[rid]["status"] == "completed", json.dumps(runs[rid]["events"][-1])[:2000]
         _check_parts(runs[rid], ep)
@@ -120,7 +129,7 @@ def test_real_replay_of_a_chained_optimizer_at_other_revisions(tmp_path, revisio
     """The same model at HEAD and miles-main: the runner builds, trains and saves both parts
     (phase 0 completes, every part names its chain index); what the resume does is the real
     code's outcome (any error a Megatron error, never the runner's)."""
-    t, runs = _replay(tmp_path, expert_scenario(ep=2, dps=(2, 4), revision=revision))
+    t, runs = _replay(tmp_path, _scenario(ep=2, dps=(2, 4), revision=revision))
     assert runs["phase0"]["status"] == "completed", json.dumps(runs["phase0"]["events"][-1])[:2000]
     _check_parts(runs["phase0"], 2)
     for run in t["runs"]:

@@ -29,6 +29,11 @@ def _np_te_update(p, g, m, v, lr, betas, eps, wd, t):
 
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+# Where the stand-in's float32 arithmetic is held to numpy's bit for bit: the GPU only. Every
+# replay runs the stand-in on CUDA tensors (the runner's params are CUDA tensors); torch's CPU
+# kernels give a different last bit now and then (the device run of 2026-12-05: 1 ulp off numpy
+# in the fp32-master and remainder tests on the CPU, none on the H100).
+EXACT_DEVICES = ["cuda"] if torch.cuda.is_available() else []
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -220,7 +225,7 @@ def test_standin_fp16_moments_are_rescaled_every_step(device):
     assert np.array_equal(_bits16(p), _np_bf16_bits(master))
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", EXACT_DEVICES)
 def test_standin_param_remainders_match_numpy(device):
     rng = np.random.default_rng(4)
     n = 257
@@ -279,7 +284,7 @@ def test_remainder_bit_split_round_trips(device):
     assert np.array_equal(_bits16(b2), b.view(np.uint16)) and np.array_equal(_bits16(r2), r.view(np.uint16))
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", EXACT_DEVICES)
 def test_standin_fp32_master_with_a_bf16_param(device):
     rng = np.random.default_rng(6)
     n = 150
@@ -300,7 +305,7 @@ def test_standin_fp32_master_with_a_bf16_param(device):
     assert np.array_equal(_bits32(opt.state[p]["exp_avg"]), _bits32(m))
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", EXACT_DEVICES)
 def test_standin_fp32_param_with_master_weights_updates_the_param_not_its_master(device):
     rng = np.random.default_rng(7)
     n = 120
@@ -329,9 +334,9 @@ def test_state_dict_round_trip_keeps_dtypes_and_bits(device):
     rng = np.random.default_rng(8)
     a0, b0 = _exact_bf16_values(rng, 64), _exact_bf16_values(rng, 32)
 
-    def build():
-        a = _bf16_param(a0, device)
-        b = torch.nn.Parameter(torch.from_numpy(b0.copy()).to(device))
+    def build(av, bv):
+        a = _bf16_param(av, device)
+        b = torch.nn.Parameter(torch.from_numpy(bv.copy()).to(device))
         return a, b, _pa_adam([a, b], exp_avg_dtype=torch.bfloat16, exp_avg_sq_dtype=torch.bfloat16,
                               store_param_remainders=True)
 
@@ -340,7 +345,7 @@ def test_state_dict_round_trip_keeps_dtypes_and_bits(device):
             q.decoupled_grad = torch.from_numpy(g.copy()).to(device)
         opt.step()
 
-    a, b, opt = build()
+    a, b, opt = build(a0, b0)
     for _ in range(2):
         step((a, b), opt, (_grads(rng, 64), _grads(rng, 32)))
     sd = opt.state_dict()
@@ -352,8 +357,11 @@ def test_state_dict_round_trip_keeps_dtypes_and_bits(device):
                                                    "master_param": torch.float32}
     assert torch.equal(sa["exp_avg"], opt.state[a]["exp_avg"].float())
     assert torch.equal(sa["master_param"], opt.state[a]["master_param"])
-    # A restarted job's optimizer over the same values loads it: dtypes and bits as they were.
-    a2, b2, opt2 = build()
+    # A restarted job's optimizer over the params as saved (the checkpoint restores the model's
+    # params too: the remainders complete the bf16 param they were split from) loads it: dtypes
+    # and bits as they were. Built over the initial values instead, the joined master is wrong
+    # and the next steps differ (device run of 2026-12-05).
+    a2, b2, opt2 = build(a.detach().float().cpu().numpy(), b.detach().cpu().numpy())
     opt2.load_state_dict(copy.deepcopy(sd))
     assert opt2.param_groups[0]["step"] == 2
     for old, new in ((a, a2), (b, b2)):
@@ -560,7 +568,10 @@ def test_real_replay_of_a_precision_aware_fused_adam(tmp_path):
     root = _megatron_root()
     if root is None:
         pytest.skip("no Megatron archives: run replay/fetch-megatron.sh or set CKPTSIM_MEGATRON_ROOT")
-    name = "b8-mixed-dtype-group-upstream-2874"  # a bf16 and an fp32 param, DP 1
+    # Two bf16 params, DP 2. Not b8-mixed-dtype-group (a bf16 and an fp32 param): there the real
+    # save asserts "(torch.Size([64]), 0, 200)" with the precision-aware optimizer, at 2874 as the
+    # model predicts (device run of 2026-12-05), so its phase 0 never completes.
+    name = "fused-adam-upstream-dp2-to-4"
     optimizer = dict(synthetic(name)["scenario"]["optimizer"], precision_aware=True, exp_avg_dtype="bf16",
                      exp_avg_sq_dtype="fp16")
     plan = write_json(tmp_path, "pa.plan.json", synthetic(name, optimizer=optimizer))
@@ -583,13 +594,12 @@ def test_real_replay_of_a_precision_aware_fused_adam(tmp_path):
         by_param = {p["param"]: p for p in ev["parts"]}
         assert all(p["part"] == "FusedAdam" and p.get("kernel") == "standin_fused_adam" for p in ev["parts"])
         if ev["at"] == "init":
-            assert all(p["state_dtypes"] == {} for p in ev["parts"])
+            assert all("state_dtypes" not in p for p in ev["parts"])  # left out before any state
             assert ev["hashes"]["exp_avg"]["w0"] is None
         else:
-            assert by_param["w0"]["state_dtypes"] == {"exp_avg": "bf16", "exp_avg_sq": "fp16", "master_param": "int16"}
-            assert by_param["b"]["state_dtypes"] == {"exp_avg": "bf16", "exp_avg_sq": "fp16", "master_param": "fp32"}
-        # DP 1: the fp32 param's whole shard is what its part updates.
-        assert ev["hashes"]["master"]["b"] == ev["hashes"]["model_param"]["b"]
+            assert set(by_param) <= {"w0", "w1"}
+            for part in ev["parts"]:
+                assert part["state_dtypes"] == {"exp_avg": "bf16", "exp_avg_sq": "fp16", "master_param": "int16"}
     # The uninterrupted run and phase 0 take the same first steps alike.
     ref = [e for e in runs["reference"]["events"] if e["at"] == "after_step"][:2]
     ph0 = [e for e in runs["phase0"]["events"] if e["at"] == "after_step"][:2]
