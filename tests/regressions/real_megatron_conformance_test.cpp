@@ -34,7 +34,9 @@ namespace {
 // 'common_state' object loads with its classes; stages after the first build one bucket) and
 // crash/ (2026-12-04: the crash scenarios of scenarios/crash-replay/ and the bundled
 // crash-overwrites one, storage faults acted out on the real save by replay/storage_faults.py),
-// as paths relative to tests/conformance/.
+// and issue26/ (2026-12-05, one H200: the MoE chained-optimizer and precision-aware
+// low-precision-state scenarios of scenarios/campaign-issue26/ and the two bundled ones), as paths
+// relative to tests/conformance/.
 //
 // The crash traces where the model does not agree with the real code yet (kKnownDivergent,
 // reports/crash-replay-2026-12-04.md): KnownDivergencesStillDiverge keeps them visible.
@@ -63,7 +65,7 @@ const std::set<std::string> kKnownDivergent = {
 std::vector<std::string> recorded() {
   std::vector<std::string> out;
   for (const std::string dir : {"", "nccl-x2/", "te-absent/", "xload/", "values/", "campaign2/",
-                                "formats/", "tp-pp/", "crash/"}) {
+                                "formats/", "tp-pp/", "crash/", "issue26/"}) {
     for (const auto& e :
          std::filesystem::directory_iterator(test::source_path("tests/conformance/" + dir))) {
       const std::string file = dir + e.path().filename().string();
@@ -86,7 +88,8 @@ sim::Scenario scenario_of(const nlohmann::json& trace) {
   const std::string name = trace["scenario"];
   for (const std::string dir :
        {"scenarios/", "scenarios/found/", "scenarios/campaign/", "scenarios/campaign2/",
-        "scenarios/campaign-formats/", "scenarios/campaign-tp-pp/", "scenarios/crash-replay/"}) {
+        "scenarios/campaign-formats/", "scenarios/campaign-tp-pp/", "scenarios/crash-replay/",
+        "scenarios/campaign-issue26/"}) {
     if (std::filesystem::exists(test::source_path(dir + name + ".json")))
       return test::scenario_file(dir + name + ".json");
   }
@@ -143,6 +146,7 @@ INSTANTIATE_TEST_SUITE_P(Recorded, RealMegatron, ::testing::ValuesIn(recorded())
                            if (name.starts_with("campaign2/")) name = name.substr(10);
                            if (name.starts_with("tp-pp/")) name = name.substr(6) + "_tp_pp";
                            if (name.starts_with("crash/")) name = name.substr(6);
+                           if (name.starts_with("issue26/")) name = name.substr(8);
                            for (char& c : name) {
                              if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
                            }
