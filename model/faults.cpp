@@ -50,6 +50,22 @@ std::vector<FaultSite> state_sites() {
        "prefix the dp_reshardable format needs: the dense and the expert part's bucket keys "
        "(both dp_group_idx_0 on EP rank 0) collide",
        "resume_completes"},
+      {fault::kExpertStepBehind,
+       "the expert part of an MoE model's chained optimizer saves its param groups' step one "
+       "behind the dense part's, as a checkpoint whose parts were written at different steps "
+       "(Megatron-LM #2016: 'steps: [2250, 1300]'): the next load's _synchronize_steps refuses it",
+       "resume_completes"},
+      {fault::kExpertStepFromDense,
+       "the chained optimizer's load restores the expert part's param-group step from the dense "
+       "part's instead of the expert part's own saved one, so a checkpoint whose parts' steps "
+       "differ loads without a word (scenarios/moe-steps-differ-load-refused-upstream-head.json "
+       "expects the refusal)",
+       "resume_completes"},
+      {fault::kExpertPartNotLoaded,
+       "the chained optimizer's load gives the checkpoint to the dense part only: the expert "
+       "part keeps the state it was built with, re-initialized without an error (NVIDIA-NeMo/RL "
+       "PR #3345's resume, which missed the 'chained_<i>.' keys)",
+       "round_trip_identity"},
   };
 }
 

@@ -38,6 +38,9 @@ inline constexpr const char* kReloadSkipsModelParams = "load.reload_skips_model_
 inline constexpr const char* kFinetuneKeepsIteration = "load.finetune_keeps_iteration";
 inline constexpr const char* kLowPrecisionMomentKeptFp32 = "load.low_precision_moment_kept_fp32";
 inline constexpr const char* kChainedPrefixDropped = "save.chained_prefix_dropped";
+inline constexpr const char* kExpertStepBehind = "save.expert_step_behind";
+inline constexpr const char* kExpertStepFromDense = "load.expert_step_from_dense";
+inline constexpr const char* kExpertPartNotLoaded = "load.expert_part_not_loaded";
 }  // namespace fault
 
 }  // namespace ckptsim::model

@@ -104,12 +104,37 @@ void ChainedOptimizer::load_state_dict(const Value& state_dict) {
                                     entries.size()),
                         std::string(kSite) + ".load_state_dict()");
   }
-  for (size_t i = 0; i < parts_.size(); ++i) parts_[i]->load_state_dict(entries[i]);
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    // Fault site load.expert_part_not_loaded: the expert part keeps the state it was built with.
+    if (i > 0 && parts_[0]->runtime().fault(fault::kExpertPartNotLoaded)) continue;
+    parts_[i]->load_state_dict(entries[i]);
+  }
+  // Fault site load.expert_step_from_dense: the expert part's groups take the dense part's step.
+  if (parts_[0]->runtime().fault(fault::kExpertStepFromDense)) {
+    const Value* dense = nullptr;
+    for (const Value& g : *parts_[0]->optimizer().param_groups) {
+      if (dense == nullptr && !group_params(*g.dict()).empty()) dense = g.dict()->find("step");
+    }
+    for (size_t i = 1; i < parts_.size() && dense != nullptr; ++i) {
+      for (const Value& g : *parts_[i]->optimizer().param_groups) {
+        if (g.dict()->find("step") != nullptr) g.dict()->set("step", *dense);
+      }
+    }
+  }
   synchronize_steps();
 }
 
 void ChainedOptimizer::reload_model_params() {
   for (auto& p : parts_) p->reload_model_params();
+}
+
+const Value* saved_param_state_sharding_type(const Value* optimizer) {
+  if (optimizer == nullptr || !optimizer->is_dict()) return nullptr;
+  const Dict& d = *optimizer->dict();
+  if (const Value* own = d.find("param_state_sharding_type"); own != nullptr) return own;
+  const Value* first = d.find(int64_t{0});
+  if (first == nullptr || !first->is_dict()) return nullptr;
+  return first->dict()->find("param_state_sharding_type");
 }
 
 // _synchronize_steps(): the step of every group with params and a 'step', one value, written

@@ -57,6 +57,12 @@ class ChainedOptimizer {
   List param_groups_;
 };
 
+// The 'param_state_sharding_type' a saved optimizer state records (`optimizer` as the common
+// state holds it): the optimizer's own, or, for a ChainedOptimizer of several parts ({0: sd_0,
+// 1: sd_1, ...}), part 0's (the parts save in the checkpoint's one format). nullptr where none is
+// recorded or `optimizer` is null.
+const Value* saved_param_state_sharding_type(const Value* optimizer);
+
 // Mirrors optimizer/__init__.py get_megatron_optimizer() for one dense model chunk:
 // check_optimizer_config (building the OptimizerConfig),
 // _get_param_groups (its all_gather_object aligns every rank's group keys), the

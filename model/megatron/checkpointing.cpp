@@ -169,9 +169,7 @@ int64_t load_distributed_checkpoint(DistributedDataParallel& ddp, ChainedOptimiz
   const Dict* c = common.is_dict() ? common.dict().get() : nullptr;
   if (c != nullptr && c->find("content_metadata") == nullptr) {
     // The script passes the metadata its save had: the optimizer's own record of it.
-    const Value* o = c->find("optimizer");
-    const Value* type =
-        o != nullptr && o->is_dict() ? o->dict()->find("param_state_sharding_type") : nullptr;
+    const Value* type = saved_param_state_sharding_type(c->find("optimizer"));
     if (type != nullptr && type->is_str()) {
       const auto t = parse_sharding_type(type->as_str());
       format = {

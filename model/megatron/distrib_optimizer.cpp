@@ -1099,6 +1099,25 @@ void DistributedOptimizer::init_empty_state() {
   }
 }
 
+namespace {
+
+// Fault site save.expert_step_behind: every saved param group's 'step' one less (a number stays
+// its kind; a group without one, or with None, is left alone).
+void step_saved_groups_back(Value& sd) {
+  const Value* inner = sd.dict()->find("optimizer");
+  const Value* groups =
+      inner != nullptr && inner->is_dict() ? inner->dict()->find("param_groups") : nullptr;
+  if (groups == nullptr || !groups->is_list()) return;
+  for (const Value& g : *groups->list()) {
+    const Value* step = g.is_dict() ? g.dict()->find("step") : nullptr;
+    if (step == nullptr) continue;
+    if (step->is_int()) g.dict()->set("step", Value(step->as_int() - 1));
+    if (step->is_float()) g.dict()->set("step", Value(step->as_float() - 1.0));
+  }
+}
+
+}  // namespace
+
 Value DistributedOptimizer::sharded_state_dict(const Value& model_sharded_state_dict,
                                                bool is_loading,
                                                const std::optional<CheckpointFormat>& metadata) {
@@ -1107,6 +1126,8 @@ Value DistributedOptimizer::sharded_state_dict(const Value& model_sharded_state_
       metadata.value_or(CheckpointFormat{ShardingType::kFullyShardedModelSpace, false});
   if (!is_loading && switches_.init_empty_state_before_save) init_empty_state();
   Value sd = state_dict();
+  // Fault site save.expert_step_behind: the expert part's saved groups' step, one behind.
+  if (!is_loading && expert_ && rt_.fault(fault::kExpertStepBehind)) step_saved_groups_back(sd);
   // A format that depends on the buffers' structure keeps each top-level value as a
   // ShardedObject whose main replica is DP rank 0; the fully reshardable ones leave them plain
   // (common state, rank 0's).

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "model/json_depth.h"
+#include "model/megatron/chained_optimizer.h"
 #include "model/py/key.h"
 #include "model/torch/distributed_checkpoint.h"
 #include "model/torch/torch_save_format.h"
@@ -98,7 +99,8 @@ Status check_common(const std::string& iter_dir, TorchDistCheckpoint& out) {
     return v != nullptr && v->is_str() ? v->as_str() : "";
   };
   const std::string content = str_at("content_metadata", "distrib_optim_sharding_type");
-  const std::string param_state = str_at("optimizer", "param_state_sharding_type");
+  const Value* saved = saved_param_state_sharding_type(common.find("optimizer"));
+  const std::string param_state = saved != nullptr && saved->is_str() ? saved->as_str() : "";
   if (!content.empty() && !param_state.empty() && content != param_state) {
     return Status::corruption(
         where + ": key 'content_metadata.distrib_optim_sharding_type' is " + py_str_repr(content) +

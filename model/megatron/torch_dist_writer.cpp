@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "model/errors.h"
+#include "model/megatron/chained_optimizer.h"
 #include "model/megatron/serialization.h"
 #include "model/megatron/torch_dist_checkpoint.h"
 #include "model/py/pickle_codec.h"
@@ -75,9 +76,7 @@ class SymbolRestorer {
 void add_content_metadata(Value& common) {
   Dict& d = *common.dict();
   if (d.contains("content_metadata")) return;
-  const Value* opt = d.find("optimizer");
-  const Value* type =
-      opt != nullptr && opt->is_dict() ? opt->dict()->find("param_state_sharding_type") : nullptr;
+  const Value* type = saved_param_state_sharding_type(d.find("optimizer"));
   if (type == nullptr || !type->is_str()) return;
   d.set("content_metadata", dict_value({{"distrib_optim_sharding_type", *type},
                                         {"singleton_local_shards", Value(false)},

@@ -338,6 +338,25 @@ TEST(PropertyCanary, EveryFaultSiteFailsThePropertyItNames) {
         json.replace(json.find(d), d.size(), d + " \"ep\": 2,");
       }
     }
+    // The chain's step sites (issue 26): an MoE model (w1 an expert param of 512 elements, so
+    // that every expert-DP rank's shard holds elements at DP 4 and the load gets as far as the
+    // chain) whose first phase's checkpoint holds the expert part one step behind;
+    // load.expert_step_from_dense is then the load that hides it.
+    if (fault == model::fault::kExpertStepBehind || fault == model::fault::kExpertStepFromDense ||
+        fault == model::fault::kExpertPartNotLoaded) {
+      const std::string w1 = "{\"name\": \"w1\", \"numel\": 100, \"dtype\": \"bf16\"}";
+      json.replace(json.find(w1), w1.size(),
+                   "{\"name\": \"w1\", \"numel\": 512, \"dtype\": \"bf16\", \"expert\": true}");
+      for (const char* dp : {"\"dp\": 2,", "\"dp\": 4,"}) {
+        const std::string d = dp;
+        json.replace(json.find(d), d.size(), d + " \"ep\": 2,");
+      }
+      if (fault == model::fault::kExpertStepFromDense) {
+        const std::string one = "\"faults\": [\"" + fault + "\"]";
+        json.replace(json.find(one), one.size(),
+                     "\"faults\": [\"save.expert_step_behind\", \"" + fault + "\"]");
+      }
+    }
     // A narrow counter goes wrong only past 256 steps.
     if (fault == model::fault::kStepCounterBf16) {
       json.replace(json.find("\"steps\": 3"), 10, "\"steps\": 258");
@@ -380,6 +399,16 @@ TEST(PropertyCanary, EveryFaultSiteFailsThePropertyItNames) {
       for (const auto& [name, count] : p.fault_firings) fired += name == site.name ? count : 0;
     }
     EXPECT_GT(fired, 0) << site.name << " never fired";
+    if (site.name == model::fault::kExpertStepFromDense) {
+      // A load that hides a refusal: with the checkpoint of save.expert_step_behind the load
+      // must fail (scenarios/moe-steps-differ-load-refused-upstream-head.json expects it), and
+      // this site makes it pass.
+      const auto refused = test::run(scenario(model::fault::kExpertStepBehind));
+      EXPECT_EQ(test::verdict(refused, site.caught_by).verdict, properties::Verdict::kFail);
+      EXPECT_TRUE(test::verdict(run, site.caught_by).ok())
+          << site.name << " does not hide the refusal";
+      continue;
+    }
     EXPECT_EQ(test::verdict(run, site.caught_by).verdict, properties::Verdict::kFail)
         << site.name << " is not caught by " << site.caught_by;
     EXPECT_TRUE(test::verdict(clean_run, site.caught_by).ok()) << site.caught_by;
