@@ -47,6 +47,12 @@ namespace {
 // --no-load-optim scenarios; crash_after object at HEAD replayed again (its real phase 1, whose
 // KeyError of 2026-12-04 did not come back, completed).
 const std::set<std::string> kKnownDivergent = {
+    // Issue 26's first device run (one H100): a hybrid (offload 0.5) over one bf16 param at DP 1,
+    // dp_zero_gather_scatter, at 2874. Both sides fail trajectory and round_trip alike, but the
+    // master param after the load differs (model 1ce2c5a22ba79e69, real a5e0a7d8b4e0642b; 31 of
+    // 36 hashes equal): not explained yet (scenarios/campaign-issue26/README.md).
+    "issue26/gen-upstream-2874-seed86-case3__nv-f4502eb1c9__h100x1-te-emulated__2026-12-05.trace."
+    "json.gz",
     // HEAD has no file of the model's 'object' kind (its ShardedObjects are items of rank 0's
     // .distcp): the fault fires in the model only.
     "crash/crash-replay-crash-after-object-upstream-head__nv-d98e8a64dd__h200x1-te-emulated__"

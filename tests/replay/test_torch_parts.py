@@ -568,9 +568,9 @@ def test_real_replay_of_a_precision_aware_fused_adam(tmp_path):
     root = _megatron_root()
     if root is None:
         pytest.skip("no Megatron archives: run replay/fetch-megatron.sh or set CKPTSIM_MEGATRON_ROOT")
-    # Two bf16 params, DP 2. Not b8-mixed-dtype-group (a bf16 and an fp32 param): there the real
-    # save asserts "(torch.Size([64]), 0, 200)" with the precision-aware optimizer, at 2874 as the
-    # model predicts (device run of 2026-12-05), so its phase 0 never completes.
+    # Two bf16 params, DP 2. Not b8-mixed-dtype-group (a bf16 and an fp32 param in one group):
+    # there the real save asserts "(torch.Size([64]), 0, 200)", with the precision-aware optimizer
+    # as without it, as the model predicts (device run of 2026-12-05), so phase 0 never completes.
     name = "fused-adam-upstream-dp2-to-4"
     optimizer = dict(synthetic(name)["scenario"]["optimizer"], precision_aware=True, exp_avg_dtype="bf16",
                      exp_avg_sq_dtype="fp16")
