@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -54,8 +55,13 @@ std::string param_name(const sim::RunResult& run, size_t p) {
 }
 
 std::string shard_label(const sim::RunResult& run, const sim::ShardRecord& s) {
-  return fmt::format("{} on {}[{}:{}] (rank {})", sim::part_name(s.part), param_name(run, s.param),
-                     s.range.start, s.range.end, s.rank);
+  // An MoE model's chained optimizer: which part the shard's optimizer is (issue 26).
+  const bool moe = std::any_of(run.scenario.params.begin(), run.scenario.params.end(),
+                               [](const model::ParamSpec& p) { return p.expert; });
+  const std::string chain =
+      moe && s.chain.has_value() ? (*s.chain == 0 ? ", dense part" : ", expert part") : "";
+  return fmt::format("{} on {}[{}:{}] (rank {}{})", sim::part_name(s.part),
+                     param_name(run, s.param), s.range.start, s.range.end, s.rank, chain);
 }
 
 std::string num(double x) {

@@ -600,3 +600,21 @@ TEST(PropertyCanary, StateDtypesSurviveResumeCatchesAMomentKeptFp32) {
   EXPECT_EQ(test::verdict(run, "trajectory_matches_uninterrupted").verdict,
             properties::Verdict::kFail);
 }
+
+// Issue 26's "no chained part is re-initialized silently when its keys are in the checkpoint":
+// the bundled MoE resume keeps every property; with its expert part left unloaded
+// (load.expert_part_not_loaded, NVIDIA-NeMo/RL #3345) round_trip_identity and
+// step_matches_uninterrupted fail, and the step detail names the part. Mutations caught: the
+// label without the chain part (no "expert part"), the fault not skipping the part (passes).
+TEST(PropertyCanary, ASilentlyReinitializedExpertPartFailsAndIsNamed) {
+  sim::Scenario s = test::scenario_file("scenarios/moe-expert-part-dp2-to-4-upstream-head.json");
+  const auto clean = test::run(s);
+  for (const char* p : {"round_trip_identity", "step_matches_uninterrupted"})
+    EXPECT_TRUE(test::verdict(clean, p).ok()) << p;
+  s.faults = {model::fault::kExpertPartNotLoaded};
+  const auto run = test::run(s);
+  EXPECT_EQ(test::verdict(run, "round_trip_identity").verdict, properties::Verdict::kFail);
+  const auto step = test::verdict(run, "step_matches_uninterrupted");
+  EXPECT_EQ(step.verdict, properties::Verdict::kFail);
+  EXPECT_NE(step.detail.find("expert part) is none (expected 3"), std::string::npos) << step.detail;
+}
