@@ -48,10 +48,20 @@ std::string optimizer_text(const sim::Scenario& s, const model::TorchDistCheckpo
     text += fmt::format(" (HybridDeviceOptimizer), offload_fraction {}, TE {}", o.offload_fraction,
                         o.te_installed ? "installed" : "absent");
   }
-  const Value* opt = model::optimizer_state_object(c);
-  const Value* groups = opt != nullptr ? opt->dict()->find("param_groups") : nullptr;
-  if (groups != nullptr && groups->is_list()) {
-    text += fmt::format("; {} param group(s)", groups->list()->size());
+  if (o.te_precision_aware()) {
+    text += fmt::format(
+        " precision-aware (exp_avg {}, exp_avg_sq {}, {})",
+        model::state_dtype_name(o.exp_avg_dtype), model::state_dtype_name(o.exp_avg_sq_dtype),
+        o.store_param_remainders ? "bf16 masters as int16 remainders" : "fp32 masters");
+  }
+  const int64_t parts = model::chained_parts(c);
+  if (parts > 1) text += fmt::format("; a ChainedOptimizer of {} parts", parts);
+  for (int64_t part = 0; part < parts; ++part) {
+    const Value* opt = model::optimizer_state_object(c, part);
+    const Value* groups = opt != nullptr ? opt->dict()->find("param_groups") : nullptr;
+    if (groups == nullptr || !groups->is_list() || groups->list()->empty()) continue;
+    text += fmt::format("; {}{} param group(s)", parts > 1 ? fmt::format("part {}: ", part) : "",
+                        groups->list()->size());
     const Value& g0 = groups->list()->at(0);
     if (g0.is_dict()) {
       for (const char* k : {"cpu_optimizer_cls", "gpu_optimizer_cls"}) {
@@ -69,8 +79,8 @@ std::vector<std::string> bucket_lines(const model::TorchDistCheckpoint& c) {
   for (const auto& b : c.buckets) {
     std::string states;
     for (const auto& [name, t] : b.states) states += (states.empty() ? "" : ", ") + name;
-    out.push_back(fmt::format("{}: {} elements ({})", model::format_bucket_prefix(b.key),
-                              b.numel_unpadded, states));
+    out.push_back(
+        fmt::format("{}: {} elements ({})", model::bucket_key_text(b), b.numel_unpadded, states));
   }
   return out;
 }
@@ -324,6 +334,7 @@ void resume_revisions(const std::vector<sim::Revision>& revisions, const model::
     phase.dp = r.dp;
     phase.tp = r.tp;
     phase.pp = r.pp;
+    phase.ep = r.inferred.scenario.phases.front().ep;  // the same in every phase
     phase.steps = kStepsAfterResume;
     phase.save = false;
     phase.set_revision(rev);
@@ -677,7 +688,8 @@ json inspection_json(const InspectCommand& c, const Inspection& r) {
                           {"numel", p.numel},
                           {"dtype", dtype_text(p.dtype)},
                           {"shape", p.shape.empty() ? std::vector<int64_t>{p.numel} : p.shape},
-                          {"tp_split", model::tp_split_name(p.tp_split)}});
+                          {"tp_split", model::tp_split_name(p.tp_split)},
+                          {"expert", p.expert}});
   }
   json j{
       {"dir", c.dir},
@@ -696,6 +708,7 @@ json inspection_json(const InspectCommand& c, const Inspection& r) {
       {"params", params},
       {"buckets", bucket_lines(ck)},
       {"checks", json::array()},
+      {"ep", r.inferred.scenario.phases.empty() ? 1 : r.inferred.scenario.phases.front().ep},
       {"resume_dp", r.dp},
       {"resume_tp", r.tp},
       {"resume_pp", r.pp},
@@ -752,8 +765,10 @@ void print_contents(const InspectCommand& c, const Inspection& r, std::ostream& 
   std::vector<std::string> params;
   for (const auto& p : r.inferred.scenario.params) {
     params.push_back(fmt::format(
-        "{} ({}, {}{})", p.name, p.numel, dtype_text(p.dtype),
-        p.tp_split == model::TpSplit::kReplicated ? "" : ", " + model::tp_split_name(p.tp_split)));
+        "{} ({}, {}{}{})", p.name, p.numel, dtype_text(p.dtype),
+        p.tp_split == model::TpSplit::kReplicated ? "" : ", " + model::tp_split_name(p.tp_split),
+        p.expert ? fmt::format(", expert: EP {} on dim 0", r.inferred.scenario.phases.front().ep)
+                 : ""));
   }
   out << "  params: " << fmt::format("{}", fmt::join(params, ", ")) << "\n";
   for (const auto& line : bucket_lines(ck)) out << "  bucket " << line << "\n";

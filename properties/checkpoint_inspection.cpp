@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -34,10 +35,15 @@ std::optional<double> as_step(const Value& v) {
   return std::nullopt;
 }
 
-const model::List* groups_of(const model::TorchDistCheckpoint& c) {
-  const Value* opt = model::optimizer_state_object(c);
+const model::List* groups_of(const model::TorchDistCheckpoint& c, int64_t part = 0) {
+  const Value* opt = model::optimizer_state_object(c, part);
   const Value* groups = opt != nullptr ? opt->dict()->find("param_groups") : nullptr;
   return groups != nullptr && groups->is_list() ? groups->list().get() : nullptr;
+}
+
+// "" for a checkpoint of one optimizer part; "part <i>: " for each part of a chain.
+std::string part_label(const model::TorchDistCheckpoint& c, int64_t part) {
+  return model::chained_parts(c) > 1 ? fmt::format("part {} (chained_{}.): ", part, part) : "";
 }
 
 // Every leaf below `v`, with its path, that `pick` selects.
@@ -111,40 +117,75 @@ std::vector<std::string> step_problems(const model::TorchDistCheckpoint& c, doub
   return problems;
 }
 
-CheckpointCheck check_steps(const model::TorchDistCheckpoint& c) {
-  CheckpointCheck out{"step_counters_agree", "", CheckOutcome::kHolds, "", {}};
-  const model::List* groups = groups_of(c);
-  if (groups == nullptr) {
-    out.outcome = CheckOutcome::kNotApplicable;
-    out.detail = "no param groups (no distributed optimizer object, none in the common state)";
-    return out;
-  }
+// The one step the groups of `groups` hold, or why not (the check fails with it).
+std::optional<double> groups_step(const model::TorchDistCheckpoint& c, const model::List& groups,
+                                  const std::string& label, CheckpointCheck& out) {
   std::set<double> steps;
   size_t with_step = 0;
-  for (const Value& g : *groups) {
+  for (const Value& g : groups) {
     const Value* s = g.is_dict() ? g.dict()->find("step") : nullptr;
     if (s == nullptr) continue;
     ++with_step;
     if (auto v = as_step(*s)) steps.insert(*v);
   }
+  out.outcome = CheckOutcome::kFails;
   if (with_step == 0) {
-    out.outcome = CheckOutcome::kFails;
     out.detail = fmt::format(
-        "no param group holds a step, at iteration {}: nothing tells a resume how many steps "
+        "{}no param group holds a step, at iteration {}: nothing tells a resume how many steps "
         "were taken, so its bias correction restarts at t=1 (a hybrid optimizer with "
         "offload_fraction 0 saves none, spec §4)",
-        c.iteration);
-    return out;
+        label, c.iteration);
+    return std::nullopt;
   }
-  if (steps.size() != 1 || with_step != groups->size()) {
+  if (steps.size() != 1 || with_step != groups.size()) {
     std::vector<std::string> seen;
     for (double s : steps) seen.push_back(number_text(s));
-    out.outcome = CheckOutcome::kFails;
-    out.detail = fmt::format("{} of {} param groups hold a step, and they disagree: {}", with_step,
-                             groups->size(), join(seen, ", "));
-    return out;
+    out.detail = fmt::format("{}{} of {} param groups hold a step, and they disagree: {}", label,
+                             with_step, groups.size(), join(seen, ", "));
+    return std::nullopt;
   }
-  const double group_step = *steps.begin();
+  out.outcome = CheckOutcome::kHolds;
+  return *steps.begin();
+}
+
+// Each part's groups' one step (a chain's parts: each on its own, then the parts against each
+// other, as ChainedOptimizer._synchronize_steps asserts at the next load); nullopt when the
+// check already failed (or is n/a).
+std::optional<double> parts_step(const model::TorchDistCheckpoint& c, CheckpointCheck& out,
+                                 size_t& group_count) {
+  std::vector<std::pair<int64_t, double>> by_part;
+  for (int64_t part = 0; part < model::chained_parts(c); ++part) {
+    const model::List* groups = groups_of(c, part);
+    if (groups == nullptr) {
+      out.outcome = part == 0 ? CheckOutcome::kNotApplicable : CheckOutcome::kFails;
+      out.detail = fmt::format(
+          "{}no param groups (no distributed optimizer object, none in the common state)",
+          part_label(c, part));
+      return std::nullopt;
+    }
+    const auto step = groups_step(c, *groups, part_label(c, part), out);
+    if (!step) return std::nullopt;
+    group_count += groups->size();
+    by_part.emplace_back(part, *step);
+  }
+  for (const auto& [part, step] : by_part) {
+    if (step == by_part.front().second) continue;
+    out.outcome = CheckOutcome::kFails;
+    out.detail = fmt::format(
+        "the chain's parts disagree: part 0 says step {}, part {} says step {} (the next load's "
+        "_synchronize_steps asserts one step)",
+        number_text(by_part.front().second), part, number_text(step));
+    return std::nullopt;
+  }
+  return by_part.front().second;
+}
+
+CheckpointCheck check_steps(const model::TorchDistCheckpoint& c) {
+  CheckpointCheck out{"step_counters_agree", "", CheckOutcome::kHolds, "", {}};
+  size_t group_count = 0;
+  const std::optional<double> step = parts_step(c, out, group_count);
+  if (!step) return out;
+  const double group_step = *step;
   std::map<double, int> per_param;
   const std::vector<std::string> problems = step_problems(c, group_step, per_param, out.lines);
   if (!problems.empty()) {
@@ -153,7 +194,10 @@ CheckpointCheck check_steps(const model::TorchDistCheckpoint& c) {
     for (size_t i = 1; i < problems.size(); ++i) out.lines.push_back(problems[i]);
     return out;
   }
-  out.detail = fmt::format("{} param group(s) say step {} at iteration {}", groups->size(),
+  out.detail = fmt::format("{} param group(s){} say step {} at iteration {}", group_count,
+                           model::chained_parts(c) > 1
+                               ? fmt::format(" of the chain's {} parts", model::chained_parts(c))
+                               : "",
                            number_text(group_step), c.iteration);
   if (!per_param.empty()) {
     int n = 0;
@@ -234,19 +278,55 @@ CheckpointCheck check_rank_independent(const model::TorchDistCheckpoint& c) {
 
 bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
-// Every optimizer tensor of the checkpoint ("optimizer." keys: dp_reshardable buckets and
-// model-space params alike), flattened to float.
+// Every optimizer tensor of the checkpoint ("optimizer." keys, a chain's with their
+// 'chained_<i>.': dp_reshardable buckets and model-space params alike), flattened to float.
 std::map<std::string, std::vector<float>> optimizer_tensors(const model::TorchDistCheckpoint& c) {
   std::map<std::string, std::vector<float>> out;
   const model::Dict* d = c.sharded.is_dict() ? c.sharded.dict().get() : nullptr;
   if (d == nullptr) return out;
   for (const auto& [key, v] : *d) {
-    if (!key.is_str() || key.str().rfind("optimizer.", 0) != 0 || !v.is_tensor()) continue;
+    // A chain's keys: 'chained_<i>.optimizer.'.
+    if (!key.is_str() || !model::parse_chained_key(key.str()).rest.starts_with("optimizer.") ||
+        !v.is_tensor()) {
+      continue;
+    }
     const at::Tensor t = v.tensor().to(at::kFloat).contiguous().reshape({-1});
     const float* data = t.data_ptr<float>();
     out.emplace(key.str(), std::vector<float>(data, data + t.numel()));
   }
   return out;
+}
+
+// The checkpoint's model param `name`, flattened to float (empty where it holds none).
+std::vector<float> saved_param_values(const model::TorchDistCheckpoint& c,
+                                      const std::string& name) {
+  const Value* v = c.sharded.dict()->find(name);
+  if (v == nullptr || !v->is_tensor()) return {};
+  const at::Tensor t = v->tensor().to(at::kFloat).contiguous().reshape({-1});
+  return std::vector<float>(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
+}
+
+// Under TE's precision-aware FusedAdam the saved 'param' of a bf16 param is its fp32
+// master_param, or with remainders its int16 remainder, whose master is reassembled with the
+// checkpoint's bf16 param; that of an fp32 param is a master_param TE never updates (the step
+// updates the param itself), so it is no master and is not compared (NaN).
+void precision_aware_masters(const sim::Scenario& s, const model::TorchDistCheckpoint& c,
+                             std::vector<std::vector<float>>& masters) {
+  const model::OptimizerConfig& o = s.optimizer;
+  if (!o.te_precision_aware()) return;
+  for (size_t q = 0; q < masters.size() && q < s.params.size(); ++q) {
+    if (s.params[q].dtype != model::DType::kBFloat16) {
+      std::fill(masters[q].begin(), masters[q].end(), std::numeric_limits<float>::quiet_NaN());
+      continue;
+    }
+    if (!o.store_param_remainders) continue;
+    const std::vector<float> bf16 = saved_param_values(c, s.params[q].name);
+    for (size_t e = 0; e < masters[q].size(); ++e) {
+      if (std::isnan(masters[q][e])) continue;
+      masters[q][e] = e < bf16.size() ? sim::master_from_remainder(bf16[e], masters[q][e])
+                                      : std::numeric_limits<float>::quiet_NaN();
+    }
+  }
 }
 
 // The loaded master, exp_avg and exp_avg_sq against the checkpoint's, element by element of
@@ -258,7 +338,9 @@ void compare_tensors(const sim::PhaseRecord& rec, const sim::Scenario& s,
                      const model::TorchDistCheckpoint& c, ResumeJudgement& out) {
   if (!rec.after_load) return;
   const sim::GlobalState& st = *rec.after_load;
-  const auto saved = sim::saved_state_by_param(s, optimizer_tensors(c), rec);
+  auto saved = sim::saved_state_by_param(s, optimizer_tensors(c), rec);
+  if (const auto masters = saved.find("param"); masters != saved.end())
+    precision_aware_masters(s, c, masters->second);
   for (const auto& [state, loaded] :
        {std::pair{"param", &st.master}, {"exp_avg", &st.exp_avg}, {"exp_avg_sq", &st.exp_avg_sq}}) {
     const auto it = saved.find(state);
@@ -291,71 +373,94 @@ std::string check_outcome_name(CheckOutcome o) {
 }
 
 std::optional<double> saved_group_step(const model::TorchDistCheckpoint& c) {
-  const model::List* groups = groups_of(c);
-  if (groups == nullptr) return std::nullopt;
   std::set<double> steps;
-  for (const Value& g : *groups) {
-    const Value* s = g.is_dict() ? g.dict()->find("step") : nullptr;
-    if (s == nullptr) continue;
-    if (auto v = as_step(*s)) steps.insert(*v);
+  for (int64_t part = 0; part < model::chained_parts(c); ++part) {
+    const model::List* groups = groups_of(c, part);
+    if (groups == nullptr) return std::nullopt;
+    for (const Value& g : *groups) {
+      const Value* s = g.is_dict() ? g.dict()->find("step") : nullptr;
+      if (s == nullptr) continue;
+      if (auto v = as_step(*s)) steps.insert(*v);
+    }
   }
   return steps.size() == 1 ? std::optional<double>(*steps.begin()) : std::nullopt;
 }
+
+namespace {
+
+// per_bucket_numel_unpadded[gbuf_idx][dtype][bucket_idx] of the bucket's DP group (its part's
+// prefix before the object's key), or -1.
+int64_t unpadded_numel(const model::TorchDistCheckpoint& c, const model::DpReshardableBucket& b) {
+  const model::OptimizerBucketKey& k = b.key;
+  const Value* unpadded = c.sharded.dict()->find(bucket_object_key(b, "per_bucket_numel_unpadded"));
+  if (unpadded == nullptr || !unpadded->is_list() ||
+      unpadded->list()->size() <= size_t(k.gbuf_idx) ||
+      !unpadded->list()->at(k.gbuf_idx).is_dict()) {
+    return -1;
+  }
+  int64_t want = -1;
+  for (const auto& [dt, numels] : *unpadded->list()->at(k.gbuf_idx).dict()) {
+    if (dt.repr() == k.dtype && numels.is_list() && numels.list()->size() > size_t(k.bucket_idx) &&
+        numels.list()->at(k.bucket_idx).is_int()) {
+      want = numels.list()->at(k.bucket_idx).as_int();
+    }
+  }
+  return want;
+}
+
+// Whether the chunks of one bucket state tile [0, numel) once; what is wrong goes to `problems`.
+void check_tiling(const std::string& fqn, const model::TensorStorageMetadata& meta, size_t& chunks,
+                  std::vector<std::string>& problems) {
+  const int64_t numel = meta.size[0];
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  for (const auto& ch : meta.chunks) {
+    if (ch.offsets.size() != 1 || ch.sizes.size() != 1) continue;
+    spans.emplace_back(ch.offsets[0], ch.offsets[0] + ch.sizes[0]);
+    ++chunks;
+  }
+  std::sort(spans.begin(), spans.end());
+  int64_t at = 0;
+  for (const auto& [b, e] : spans) {
+    if (b > at) problems.push_back(fmt::format("{}: no chunk covers [{}, {})", fqn, at, b));
+    if (b < at)
+      problems.push_back(fmt::format("{}: chunks overlap on [{}, {})", fqn, b, std::min(at, e)));
+    at = std::max(at, e);
+  }
+  if (at < numel) problems.push_back(fmt::format("{}: no chunk covers [{}, {})", fqn, at, numel));
+  if (at > numel)
+    problems.push_back(fmt::format("{}: a chunk reaches {}, past {}", fqn, at, numel));
+}
+
+}  // namespace
 
 CheckpointCheck check_shards_tile_buckets(const model::DcpMetadata& metadata,
                                           const model::TorchDistCheckpoint* checkpoint) {
   CheckpointCheck out{"shards_tile_buckets", "", CheckOutcome::kHolds, "", {}};
   size_t tensors = 0;
   size_t chunks = 0;
+  std::map<int64_t, size_t> tensors_by_part;  // a chain's: 'chained_<i>.' -> its states
   std::vector<std::string> problems;
   for (const auto& [fqn, meta] : metadata.tensors) {
-    const auto key = model::parse_bucket_key(fqn);
+    // A bucket key, with its part's 'chained_<i>.' in a chain of several.
+    const model::ChainedKey chained = model::parse_chained_key(fqn);
+    const auto key = model::parse_bucket_key(chained.rest);
     if (!key) continue;
     ++tensors;
+    if (chained.part) ++tensors_by_part[*chained.part];
     if (meta.size.size() != 1) {
       problems.push_back(
           fmt::format("{}: {}-dimensional, a bucket state is 1-D", fqn, meta.size.size()));
       continue;
     }
-    const int64_t numel = meta.size[0];
-    std::vector<std::pair<int64_t, int64_t>> spans;
-    for (const auto& ch : meta.chunks) {
-      if (ch.offsets.size() != 1 || ch.sizes.size() != 1) continue;
-      spans.emplace_back(ch.offsets[0], ch.offsets[0] + ch.sizes[0]);
-      ++chunks;
-    }
-    std::sort(spans.begin(), spans.end());
-    int64_t at = 0;
-    for (const auto& [b, e] : spans) {
-      if (b > at) problems.push_back(fmt::format("{}: no chunk covers [{}, {})", fqn, at, b));
-      if (b < at)
-        problems.push_back(fmt::format("{}: chunks overlap on [{}, {})", fqn, b, std::min(at, e)));
-      at = std::max(at, e);
-    }
-    if (at < numel) problems.push_back(fmt::format("{}: no chunk covers [{}, {})", fqn, at, numel));
-    if (at > numel)
-      problems.push_back(fmt::format("{}: a chunk reaches {}, past {}", fqn, at, numel));
-    if (checkpoint != nullptr) {
-      model::OptimizerBucketKey k = *key;
-      k.state.clear();
-      const Value* unpadded = checkpoint->sharded.dict()->find(
-          model::format_object_key(k.dp_group_idx, "per_bucket_numel_unpadded"));
-      int64_t want = -1;
-      if (unpadded != nullptr && unpadded->is_list() &&
-          unpadded->list()->size() > size_t(k.gbuf_idx) &&
-          unpadded->list()->at(k.gbuf_idx).is_dict()) {
-        for (const auto& [dt, numels] : *unpadded->list()->at(k.gbuf_idx).dict()) {
-          if (dt.repr() == k.dtype && numels.is_list() &&
-              numels.list()->size() > size_t(k.bucket_idx) &&
-              numels.list()->at(k.bucket_idx).is_int()) {
-            want = numels.list()->at(k.bucket_idx).as_int();
-          }
-        }
-      }
-      if (want != numel) {
-        problems.push_back(fmt::format("{}: {} elements where per_bucket_numel_unpadded says {}",
-                                       fqn, numel, want));
-      }
+    check_tiling(fqn, meta, chunks, problems);
+    if (checkpoint == nullptr) continue;
+    model::DpReshardableBucket b;
+    b.key = *key;
+    b.key.state.clear();
+    b.chained_part = chained.part;
+    if (const int64_t want = unpadded_numel(*checkpoint, b); want != meta.size[0]) {
+      problems.push_back(fmt::format("{}: {} elements where {} says {}", fqn, meta.size[0],
+                                     bucket_object_key(b, "per_bucket_numel_unpadded"), want));
     }
   }
   if (tensors == 0) {
@@ -369,8 +474,12 @@ CheckpointCheck check_shards_tile_buckets(const model::DcpMetadata& metadata,
     for (size_t i = 1; i < problems.size() && i < 6; ++i) out.lines.push_back(problems[i]);
     return out;
   }
-  out.detail = fmt::format(
-      "{} bucket state tensors, {} chunks: each tiles [0, numel_unpadded) once", tensors, chunks);
+  std::vector<std::string> parts;
+  for (const auto& [part, n] : tensors_by_part)
+    parts.push_back(fmt::format("chained_{}. {}", part, n));
+  out.detail =
+      fmt::format("{} bucket state tensors{}, {} chunks: each tiles [0, numel_unpadded) once",
+                  tensors, parts.empty() ? "" : " (" + join(parts, ", ") + ")", chunks);
   return out;
 }
 

@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <tuple>
 
 #include "model/errors.h"
 #include "model/megatron/mapping.h"
@@ -60,7 +61,7 @@ Result<std::vector<model::ParamSpec>> read_params(const TorchDistCheckpoint& c) 
   for (const auto& [key, value] : *c.sharded.dict()) {
     const std::string name = key.as_str();
     if (!value.is_tensor() || c.object_unique_keys.contains(name) ||
-        name.starts_with("optimizer.")) {
+        model::parse_chained_key(name).rest.starts_with("optimizer.")) {
       continue;
     }
     const at::Tensor& t = value.tensor();
@@ -97,12 +98,15 @@ Result<std::vector<model::ParamSpec>> read_params(const TorchDistCheckpoint& c) 
   return params;
 }
 
-Result<const model::List*> param_groups(const TorchDistCheckpoint& c) {
+// The param groups of the chain's part `part` (part 0: also an unchained checkpoint's).
+Result<const model::List*> param_groups(const TorchDistCheckpoint& c, int64_t part = 0) {
   const std::string where =
       c.sharding_type == "fully_reshardable"
           ? std::string("the common state's ['optimizer']['optimizer']")
-          : "ShardedObject '" + model::format_object_key(0, "optimizer") + "'";
-  const Value* opt = model::optimizer_state_object(c);
+          : fmt::format("ShardedObject '{}{}'",
+                        model::chained_parts(c) > 1 ? model::format_chained_prefix(part) : "",
+                        model::format_object_key(0, "optimizer"));
+  const Value* opt = model::optimizer_state_object(c, part);
   if (opt == nullptr) return Status::invalid_input("no " + where);
   const Value* groups = opt->dict()->find("param_groups");
   if (groups == nullptr || !groups->is_list() || groups->list()->empty()) {
@@ -168,24 +172,85 @@ Result<model::OptimizerConfig> read_optimizer(const model::List& groups) {
   return cfg;
 }
 
+// One part of the distributed optimizer as its keys show it: the chain's part (nullopt: keys
+// without 'chained_<i>.'), and its DP groups' keys dp_group_idx_0 .. groups - 1 (an expert part:
+// one per EP rank, each holding that rank's piece of every expert param, rows split on dim 0).
+struct PartView {
+  std::optional<int64_t> chained_part;
+  int64_t groups = 1;
+  // Whether each bucket's 'param' (the master) must hold the saved param where the layout puts
+  // it: not where a precision-aware optimizer saved it (int16 remainders of bf16 masters; the
+  // fp32 masters TE keeps of fp32 params, which it never updates).
+  bool check_masters = true;
+};
+
 // The checkpoint's DP-padded bucket numel (per_bucket_numel), or -1.
-int64_t padded_numel(const TorchDistCheckpoint& c, int64_t gbuf, const std::string& dtype,
-                     int64_t bucket) {
-  const Value* per = c.sharded.dict()->find(model::format_object_key(0, "per_bucket_numel"));
-  if (per == nullptr || !per->is_list() || per->list()->size() <= size_t(gbuf)) return -1;
-  const Value& by_dtype = per->list()->at(gbuf);
+int64_t padded_numel(const TorchDistCheckpoint& c, const model::DpReshardableBucket& b) {
+  const Value* per = c.sharded.dict()->find(model::bucket_object_key(b, "per_bucket_numel"));
+  if (per == nullptr || !per->is_list() || per->list()->size() <= size_t(b.key.gbuf_idx)) return -1;
+  const Value& by_dtype = per->list()->at(b.key.gbuf_idx);
   if (!by_dtype.is_dict()) return -1;
   for (const auto& [k, numels] : *by_dtype.dict()) {
-    if (k.repr() != dtype || !numels.is_list() || numels.list()->size() <= size_t(bucket)) continue;
-    const Value& n = numels.list()->at(bucket);
+    if (k.repr() != b.key.dtype || !numels.is_list() ||
+        numels.list()->size() <= size_t(b.key.bucket_idx)) {
+      continue;
+    }
+    const Value& n = numels.list()->at(b.key.bucket_idx);
     return n.is_int() ? n.as_int() : -1;
   }
   return -1;
 }
 
-// Why `params` (in model order) with these layout options do not reproduce the checkpoint's
-// buckets; "" when they do.
-std::string layout_mismatch(const TorchDistCheckpoint& c,
+const model::DpReshardableBucket* find_bucket(const TorchDistCheckpoint& c, const PartView& part,
+                                              const model::OptimizerBucketKey& key) {
+  const auto it = std::find_if(c.buckets.begin(), c.buckets.end(), [&](const auto& x) {
+    return x.key == key && x.chained_part == part.chained_part;
+  });
+  return it == c.buckets.end() ? nullptr : &*it;
+}
+
+// Why bucket `b` of `layout` (params[members[i]] its params) is not the checkpoint's bucket of
+// DP group `group`; "" when it is. `params` are the part's pieces (an expert param's EP piece).
+std::string bucket_mismatch(const TorchDistCheckpoint& c, const PartView& part,
+                            const model::OptimizerBucketKey& key, const model::BufferLayout& layout,
+                            size_t b, const std::vector<model::ParamSpec>& params,
+                            const std::vector<size_t>& members) {
+  const model::DpReshardableBucket* saved = find_bucket(c, part, key);
+  model::DpReshardableBucket want{key, part.chained_part, 0, {}};
+  if (saved == nullptr) return "no bucket " + model::bucket_key_text(want);
+  const std::string name = model::bucket_key_text(*saved);
+  const model::BucketLayout& lb = layout.buckets[b];
+  if (saved->numel_unpadded != lb.numel_unpadded) {
+    return fmt::format("{}: {} elements where the layout has {}", name, saved->numel_unpadded,
+                       lb.numel_unpadded);
+  }
+  const int64_t padded = padded_numel(c, *saved);
+  if (padded >= 0 && padded != lb.numel) {
+    return fmt::format("{}: padded to {} where the layout pads to {}", name, padded, lb.numel);
+  }
+  const auto master = saved->states.find("param");
+  if (!part.check_masters || master == saved->states.end()) return "";
+  for (size_t local : lb.params) {
+    const model::ParamSpec& p = params[members[local]];
+    const Value* whole = c.sharded.dict()->find(p.name);
+    const int64_t start = layout.param_index_map[local].start - lb.offset;
+    if (whole == nullptr || start + p.numel > master->second.numel() ||
+        whole->tensor().numel() < (key.dp_group_idx + 1) * p.numel) {
+      return "param " + p.name;
+    }
+    // The DP group's piece: the EP rank's rows of an expert param (the whole param otherwise).
+    const at::Tensor s = whole->tensor().flatten().narrow(0, key.dp_group_idx * p.numel, p.numel);
+    if (!at::equal(master->second.narrow(0, start, p.numel).to(s.scalar_type()), s)) {
+      return fmt::format("param '{}' is not at [{}, {}) of {}", p.name, start, start + p.numel,
+                         name);
+    }
+  }
+  return "";
+}
+
+// Why `params` (the part's pieces, in model order) with these layout options do not reproduce
+// the part's buckets in every one of its DP groups; "" when they do.
+std::string layout_mismatch(const TorchDistCheckpoint& c, const PartView& part,
                             const std::vector<model::ParamSpec>& params,
                             const model::LayoutOptions& options) {
   std::vector<model::DType> dtypes;  // one buffer per dtype, in order of first use
@@ -207,43 +272,25 @@ std::string layout_mismatch(const TorchDistCheckpoint& c,
     } catch (const model::InvariantViolation& e) {
       return std::string("no layout: ") + e.what();
     }
-    const std::string dtype = buffer_dtype_key(dtypes[g]);
-    for (size_t b = 0; b < layout.buckets.size(); ++b, ++buckets_seen) {
-      const model::OptimizerBucketKey key{0, static_cast<int64_t>(g), dtype,
-                                          static_cast<int64_t>(b), ""};
-      const auto it =
-          std::find_if(c.buckets.begin(), c.buckets.end(),
-                       [&](const model::DpReshardableBucket& x) { return x.key == key; });
-      if (it == c.buckets.end()) return "no bucket " + model::format_bucket_prefix(key);
-      const model::BucketLayout& lb = layout.buckets[b];
-      if (it->numel_unpadded != lb.numel_unpadded) {
-        return fmt::format("{}: {} elements where the layout has {}",
-                           model::format_bucket_prefix(key), it->numel_unpadded, lb.numel_unpadded);
-      }
-      const int64_t padded =
-          padded_numel(c, static_cast<int64_t>(g), dtype, static_cast<int64_t>(b));
-      if (padded >= 0 && padded != lb.numel) {
-        return fmt::format("{}: padded to {} where the layout pads to {}",
-                           model::format_bucket_prefix(key), padded, lb.numel);
-      }
-      const auto master = it->states.find("param");
-      if (master == it->states.end()) continue;
-      for (size_t local : lb.params) {
-        const model::ParamSpec& p = params[members[local]];
-        const Value* saved = c.sharded.dict()->find(p.name);
-        const int64_t start = layout.param_index_map[local].start - lb.offset;
-        if (saved == nullptr || start + p.numel > master->second.numel()) return "param " + p.name;
-        const at::Tensor s = saved->tensor().flatten();
-        if (!at::equal(master->second.narrow(0, start, p.numel).to(s.scalar_type()), s)) {
-          return fmt::format("param '{}' is not at [{}, {}) of {}", p.name, start, start + p.numel,
-                             model::format_bucket_prefix(key));
+    for (int64_t group = 0; group < part.groups; ++group) {
+      for (size_t b = 0; b < layout.buckets.size(); ++b, ++buckets_seen) {
+        const model::OptimizerBucketKey key{group, static_cast<int64_t>(g),
+                                            buffer_dtype_key(dtypes[g]), static_cast<int64_t>(b),
+                                            ""};
+        if (std::string why = bucket_mismatch(c, part, key, layout, b, params, members);
+            !why.empty()) {
+          return why;
         }
       }
     }
   }
-  return buckets_seen == c.buckets.size()
+  const auto in_part =
+      static_cast<size_t>(std::count_if(c.buckets.begin(), c.buckets.end(), [&](const auto& x) {
+        return x.chained_part == part.chained_part;
+      }));
+  return buckets_seen == in_part
              ? ""
-             : fmt::format("{} buckets where the layout has {}", c.buckets.size(), buckets_seen);
+             : fmt::format("{} buckets where the layout has {}", in_part, buckets_seen);
 }
 
 // Megatron's default rule: no weight decay for biases and norms.
@@ -287,14 +334,45 @@ Status assign_groups(const model::List& groups, std::vector<model::ParamSpec>& p
   return Status::ok();
 }
 
-// The params in buffer order (the checkpoint's gbuf_idx order of dtypes, since a buffer is
-// made at the first param of its dtype), each buffer's params in natural (reverse: false) or
-// reverse natural order of names.
-std::vector<model::ParamSpec> buffer_order(const TorchDistCheckpoint& c,
+// Each part's params against its own param groups (a chain's dense part: the dense params; its
+// expert part: the expert params); the params keep their order.
+Status assign_part_groups(const TorchDistCheckpoint& c, std::vector<model::ParamSpec>& params,
+                          std::vector<std::string>& guesses) {
+  if (model::chained_parts(c) == 1) {
+    auto groups = param_groups(c);
+    return groups.is_ok() ? assign_groups(*groups.value(), params, guesses) : groups.status();
+  }
+  std::vector<model::ParamSpec> assigned;
+  for (const bool expert : {false, true}) {
+    auto groups = param_groups(c, expert ? 1 : 0);
+    if (!groups.is_ok()) return groups.status();
+    std::vector<model::ParamSpec> mine;
+    for (const auto& p : params) {
+      if (p.expert == expert) mine.push_back(p);
+    }
+    if (Status st = assign_groups(*groups.value(), mine, guesses); !st.is_ok()) {
+      return Status::invalid_input(
+          fmt::format("the chain's {} part: {}", expert ? "expert" : "dense", st.message()));
+    }
+    assigned.insert(assigned.end(), mine.begin(), mine.end());
+  }
+  for (auto& p : params) {
+    p = *std::find_if(assigned.begin(), assigned.end(),
+                      [&](const auto& q) { return q.name == p.name; });
+  }
+  return Status::ok();
+}
+
+// The params in buffer order (the part's gbuf_idx order of dtypes, since a buffer is made at
+// the first param of its dtype), each buffer's params in natural (reverse: false) or reverse
+// natural order of names.
+std::vector<model::ParamSpec> buffer_order(const TorchDistCheckpoint& c, const PartView& part,
                                            const std::vector<model::ParamSpec>& params,
                                            bool reverse) {
   std::map<int64_t, std::string> gbuf_dtypes;
-  for (const auto& b : c.buckets) gbuf_dtypes[b.key.gbuf_idx] = b.key.dtype;
+  for (const auto& b : c.buckets) {
+    if (b.chained_part == part.chained_part) gbuf_dtypes[b.key.gbuf_idx] = b.key.dtype;
+  }
   std::vector<model::ParamSpec> out;
   for (const auto& [g, dtype] : gbuf_dtypes) {
     std::vector<model::ParamSpec> mine;
@@ -312,45 +390,112 @@ std::vector<model::ParamSpec> buffer_order(const TorchDistCheckpoint& c,
   return out;
 }
 
-// Searches param order, bucket_size and padding for a layout that reproduces the checkpoint.
-Status find_layout(const TorchDistCheckpoint& c, int64_t dp, Scenario& s,
-                   std::vector<std::string>& guesses) {
-  const std::vector<std::vector<model::ParamSpec>> orders{buffer_order(c, s.params, false),
-                                                          buffer_order(c, s.params, true)};
+// The pieces an expert part's DP groups hold: an expert param's EP piece (rows split on dim 0).
+std::vector<model::ParamSpec> ep_pieces(std::vector<model::ParamSpec> params, int64_t ep) {
+  for (auto& p : params) {
+    p.numel /= ep;
+    if (!p.shape.empty()) p.shape[0] /= ep;
+  }
+  return params;
+}
+
+// The optimizer's parts as the keys show them, and which params each holds: one part (every
+// param), or a chain's dense part 0 and expert part 1 (the expert params, `ep` groups).
+struct Parts {
+  std::vector<PartView> views;
+  std::vector<std::vector<model::ParamSpec>> params;  // per part, pieces (see ep_pieces)
+};
+
+Parts split_parts(const TorchDistCheckpoint& c, const std::vector<model::ParamSpec>& params,
+                  int64_t ep, bool check_masters) {
+  Parts out;
+  if (model::chained_parts(c) == 1) {
+    out.views.push_back({std::nullopt, 1, check_masters});
+    out.params.push_back(params);
+    return out;
+  }
+  for (const bool expert : {false, true}) {
+    out.views.push_back({int64_t{expert ? 1 : 0}, expert ? ep : 1, check_masters});
+    std::vector<model::ParamSpec> mine;
+    for (const auto& p : params) {
+      if (p.expert == expert) mine.push_back(p);
+    }
+    out.params.push_back(expert ? ep_pieces(mine, ep) : mine);
+  }
+  return out;
+}
+
+// The first of `orders` that reproduces the part's buckets with these options (its index), or
+// nullopt; `why` gets the first reason.
+std::optional<size_t> first_fitting(const TorchDistCheckpoint& c, const PartView& part,
+                                    const std::vector<std::vector<model::ParamSpec>>& orders,
+                                    const model::LayoutOptions& options, std::string& why) {
+  for (size_t o = 0; o < orders.size(); ++o) {
+    const std::string reason = layout_mismatch(c, part, orders[o], options);
+    if (reason.empty()) return o;
+    if (why.empty()) why = reason;
+  }
+  return std::nullopt;
+}
+
+// The bucket sizes to try: None (one bucket), then each bucket's numel that is not its
+// buffer's last.
+std::vector<std::optional<int64_t>> bucket_sizes(const TorchDistCheckpoint& c) {
   std::vector<std::optional<int64_t>> sizes{std::nullopt};
-  std::map<std::pair<int64_t, std::string>, int64_t> last_bucket;
+  std::map<std::tuple<std::optional<int64_t>, int64_t, std::string>, int64_t> last_bucket;
   for (const auto& b : c.buckets) {
-    auto& last = last_bucket[{b.key.gbuf_idx, b.key.dtype}];
+    auto& last = last_bucket[{b.chained_part, b.key.gbuf_idx, b.key.dtype}];
     last = std::max(last, b.key.bucket_idx);
   }
   for (const auto& b : c.buckets) {
-    if (b.key.bucket_idx < last_bucket[{b.key.gbuf_idx, b.key.dtype}])
+    if (b.key.bucket_idx < last_bucket[{b.chained_part, b.key.gbuf_idx, b.key.dtype}] &&
+        std::find(sizes.begin(), sizes.end(), b.numel_unpadded) == sizes.end()) {
       sizes.push_back(b.numel_unpadded);
+    }
   }
+  return sizes;
+}
+
+std::string layout_guess(const std::vector<model::ParamSpec>& params, bool reversed,
+                         std::optional<int64_t> size, bool pad) {
+  std::vector<std::string> names;
+  for (const auto& p : params) names.push_back(p.name);
+  return fmt::format(
+      "param order: {} ({}), bucket_size {}{}: the first layout that reproduces every bucket",
+      reversed ? "by buffer, names in reverse natural order" : "by buffer, names in natural order",
+      fmt::join(names, ", "), size ? std::to_string(*size) : "None",
+      pad ? ", padded for NCCL bus bandwidth" : "");
+}
+
+// Searches param order, bucket_size and padding for a layout that reproduces the checkpoint's
+// buckets, in every part (a chain's dense part at DP `dp`, its expert part at expert-DP dp / ep).
+Status find_layout(const TorchDistCheckpoint& c, int64_t dp, int64_t ep, bool check_masters,
+                   Scenario& s, std::vector<std::string>& guesses) {
+  const Parts parts = split_parts(c, s.params, ep, check_masters);
   std::string first_reason;
-  for (size_t o = 0; o < orders.size(); ++o) {
-    for (const auto& size : sizes) {
-      for (bool pad : {false, true}) {
-        const std::string why = layout_mismatch(c, orders[o], {dp, size, pad});
-        if (why.empty()) {
-          s.params = orders[o];
-          s.bucket_size = size;
-          s.pad_buckets_for_high_nccl_busbw = pad;
-          guesses.push_back(fmt::format(
-              "param order: {} ({}), bucket_size {}{}: the first layout that reproduces every "
-              "bucket",
-              o == 0 ? "by buffer, names in natural order"
-                     : "by buffer, names in reverse natural order",
-              [&] {
-                std::string names;
-                for (const auto& p : s.params) names += (names.empty() ? "" : ", ") + p.name;
-                return names;
-              }(),
-              size ? std::to_string(*size) : "None", pad ? ", padded for NCCL bus bandwidth" : ""));
-          return Status::ok();
+  for (const auto& size : bucket_sizes(c)) {
+    for (bool pad : {false, true}) {
+      std::vector<model::ParamSpec> found;  // the whole params, parts in order
+      bool reversed = false;
+      for (size_t i = 0; i < parts.views.size(); ++i) {
+        const PartView& part = parts.views[i];
+        const std::vector<std::vector<model::ParamSpec>> orders{
+            buffer_order(c, part, parts.params[i], false),
+            buffer_order(c, part, parts.params[i], true)};
+        const auto o = first_fitting(c, part, orders, {dp / part.groups, size, pad}, first_reason);
+        if (!o) break;
+        reversed = reversed || *o == 1;
+        for (const auto& piece : orders[*o]) {
+          found.push_back(*std::find_if(s.params.begin(), s.params.end(),
+                                        [&](const auto& p) { return p.name == piece.name; }));
         }
-        if (first_reason.empty()) first_reason = why;
       }
+      if (found.size() != s.params.size()) continue;
+      s.params = found;
+      s.bucket_size = size;
+      s.pad_buckets_for_high_nccl_busbw = pad;
+      guesses.push_back(layout_guess(found, reversed, size, pad));
+      return Status::ok();
     }
   }
   return Status::invalid_input(
@@ -435,6 +580,110 @@ Status infer_model_space(const TorchDistCheckpoint& c, const SaveParallelism& at
   return Status::ok();
 }
 
+// A chain of a dense and an expert part (an MoE model): the expert params are those whose
+// `.metadata` chunks split dim 0 into the expert part's EP pieces (GroupedMLP's ShardedTensor,
+// global over EP), the EP size the expert part's DP groups (dp_group_idx_<EP rank>, at TP = PP =
+// 1). Returns the EP size (1 for a checkpoint of one part).
+Result<int64_t> mark_experts(const TorchDistCheckpoint& c, std::vector<model::ParamSpec>& params) {
+  const int64_t parts = model::chained_parts(c);
+  if (parts == 1) return int64_t{1};
+  if (parts != 2) {
+    return Status::invalid_input(fmt::format(
+        "keys of {} chained parts ('chained_0.' to 'chained_{}.'): the model chains a dense and "
+        "an expert part; pass the scenario that saved it (--scenario)",
+        parts, parts - 1));
+  }
+  int64_t ep = 0;
+  for (const auto& b : c.buckets) {
+    if (b.chained_part == 1) ep = std::max(ep, b.key.dp_group_idx + 1);
+  }
+  if (ep < 2) {
+    return Status::invalid_input(
+        "an expert part ('chained_1.') at expert_model_parallel_size 1: every param is saved "
+        "whole, so which are expert params is not in the checkpoint; pass the scenario that "
+        "saved it (--scenario)");
+  }
+  size_t experts = 0;
+  for (auto& p : params) {
+    const auto it = c.tensor_chunks.find(p.name);
+    if (it == c.tensor_chunks.end() || it->second.size() < 2) continue;
+    auto split = tp_split_from_chunks(c, p, ep);
+    if (!split.is_ok() || split.value() != model::TpSplit::kColumn) {
+      return Status::invalid_input(fmt::format(
+          "param '{}': its {} chunks in the .metadata are no split of dim 0 over the expert "
+          "part's EP size {} (its keys' dp_group_idx_0 to dp_group_idx_{})",
+          p.name, it->second.size(), ep, ep - 1));
+    }
+    p.expert = true;
+    ++experts;
+  }
+  if (experts == 0) {
+    return Status::invalid_input(fmt::format(
+        "an expert part ('chained_1.') at EP {}, but no param's chunks in the .metadata split "
+        "over EP",
+        ep));
+  }
+  return ep;
+}
+
+// Whether every value of `state` in every bucket is a bf16 value (and one is not zero): a
+// moment TE's FusedAdam keeps in bf16 is saved unscaled, as its fp32 value.
+bool bf16_values_only(const TorchDistCheckpoint& c, const std::string& state) {
+  bool nonzero = false;
+  for (const auto& b : c.buckets) {
+    const auto it = b.states.find(state);
+    if (it == b.states.end()) continue;
+    const at::Tensor t = it->second;
+    if (t.scalar_type() != at::kFloat) return false;
+    if (!at::equal(t.to(at::kBFloat16).to(at::kFloat), t)) return false;
+    nonzero = nonzero || t.ne(0).any().item<bool>();
+  }
+  return nonzero;
+}
+
+// --use-precision-aware-optimizer and its state dtypes, as far as the bucket states say them
+// (distrib_optimizer.py _get_main_param_and_optimizer_states saves every state of TE's FusedAdam
+// through get_unscaled_state): an int16 'param' is the remainders of bf16 masters
+// (store_param_remainders); a bf16 moment has only bf16 values. An fp16 moment (scaled per
+// tensor) and an fp32 one both save as fp32 values: not told apart.
+void infer_precision(const TorchDistCheckpoint& c, const std::vector<model::ParamSpec>& params,
+                     model::OptimizerConfig& cfg, std::vector<std::string>& guesses) {
+  if (cfg.kind != model::OptimizerKind::kFusedAdam) return;
+  const bool remainders = std::any_of(c.buckets.begin(), c.buckets.end(), [](const auto& b) {
+    const auto it = b.states.find("param");
+    return it != b.states.end() && it->second.scalar_type() == at::kShort;
+  });
+  const bool exp_avg_bf16 = bf16_values_only(c, "exp_avg");
+  const bool exp_avg_sq_bf16 = bf16_values_only(c, "exp_avg_sq");
+  if (!remainders && !exp_avg_bf16 && !exp_avg_sq_bf16) {
+    guesses.push_back(
+        "precision-aware optimizer: off, upstream's default (fp32 masters and moments, as saved "
+        "without it; with it, fp32 masters and fp32 or fp16 moments would save alike)");
+    return;
+  }
+  cfg.precision_aware = true;
+  cfg.exp_avg_dtype = exp_avg_bf16 ? model::StateDType::kBFloat16 : model::StateDType::kFloat32;
+  cfg.exp_avg_sq_dtype =
+      exp_avg_sq_bf16 ? model::StateDType::kBFloat16 : model::StateDType::kFloat32;
+  for (const auto& [name, bf16] :
+       {std::pair{"exp_avg", exp_avg_bf16}, {"exp_avg_sq", exp_avg_sq_bf16}}) {
+    if (bf16) continue;
+    guesses.push_back(fmt::format(
+        "{}_dtype: fp32, upstream's default (saved unscaled as fp32 values, which an fp32 and an "
+        "fp16 state give alike)",
+        name));
+  }
+  const bool bf16_params = std::any_of(params.begin(), params.end(), [](const auto& p) {
+    return p.dtype == model::DType::kBFloat16;
+  });
+  cfg.store_param_remainders = remainders || !bf16_params;
+  if (!bf16_params) {
+    guesses.push_back(
+        "store_param_remainders: on, upstream's default (no bf16 param, so no master is kept as "
+        "remainders either way)");
+  }
+}
+
 // The DP size at save: proven by the files (dp_reshardable), else what the args say
 // (fully_reshardable, whose DP replicas write nothing), else a guess from the writers.
 void dp_at_save(const TorchDistCheckpoint& checkpoint, const SaveParallelism& at_save,
@@ -500,13 +749,17 @@ Result<InferredScenario> infer_scenario(const TorchDistCheckpoint& checkpoint,
   out.guesses.push_back(fmt::format(
       "schedule: constant at lr {:g} (min_lr {:g}): the param groups' max_lr and min_lr",
       s.schedule.lr, s.schedule.min_lr));
+  auto ep = model_space ? Result<int64_t>(int64_t{1}) : mark_experts(checkpoint, s.params);
+  if (!ep.is_ok()) return ep.status();
+  if (!model_space) infer_precision(checkpoint, s.params, s.optimizer, out.guesses);
   if (Status st = model_space
                       ? infer_model_space(checkpoint, at_save, *groups.value(), s, out.guesses)
-                      : find_layout(checkpoint, out.dp_at_save, s, out.guesses);
+                      : find_layout(checkpoint, out.dp_at_save, ep.value(),
+                                    !s.optimizer.te_precision_aware(), s, out.guesses);
       !st.is_ok()) {
     return st;
   }
-  if (Status st = assign_groups(*groups.value(), s.params, out.guesses); !st.is_ok()) return st;
+  if (Status st = assign_part_groups(checkpoint, s.params, out.guesses); !st.is_ok()) return st;
   if (s.total_numel() > Scenario::kTotalNumelMax) {
     return Status::invalid_input(fmt::format("{} param elements (the model takes at most {})",
                                              s.total_numel(), Scenario::kTotalNumelMax));
@@ -516,6 +769,7 @@ Result<InferredScenario> infer_scenario(const TorchDistCheckpoint& checkpoint,
   save.dp = out.dp_at_save;
   save.tp = at_save.tp;
   save.pp = at_save.pp;
+  save.ep = ep.value();
   save.steps = 1;
   save.set_revision(save_revision);
   s.phases.push_back(save);
@@ -541,11 +795,18 @@ Status check_scenario_fits(const TorchDistCheckpoint& checkpoint, const Scenario
   }
   // A model-space format (fully_reshardable) saves each param whole: no bucket to fit.
   if (checkpoint.sharding_type == "fully_reshardable") return Status::ok();
-  const std::string why =
-      layout_mismatch(checkpoint, scenario.params,
-                      {dp_at_save, scenario.bucket_size, scenario.pad_buckets_for_high_nccl_busbw});
-  if (!why.empty()) {
-    return Status::invalid_input(scenario.source + ": its layout is not the checkpoint's: " + why);
+  const int64_t ep = scenario.phases.empty() ? 1 : scenario.phases.front().ep;
+  const Parts parts =
+      split_parts(checkpoint, scenario.params, ep, !scenario.optimizer.te_precision_aware());
+  for (size_t i = 0; i < parts.views.size(); ++i) {
+    const std::string why =
+        layout_mismatch(checkpoint, parts.views[i], parts.params[i],
+                        {dp_at_save / parts.views[i].groups, scenario.bucket_size,
+                         scenario.pad_buckets_for_high_nccl_busbw});
+    if (!why.empty()) {
+      return Status::invalid_input(scenario.source +
+                                   ": its layout is not the checkpoint's: " + why);
+    }
   }
   return Status::ok();
 }

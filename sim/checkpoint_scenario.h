@@ -16,6 +16,19 @@
 //                   whose layout (model/megatron/param_and_grad_buffer.h, at the DP size at
 //                   save) reproduces every bucket's numel_unpadded and padded numel, and puts
 //                   every param's master copy where the bucket holds the saved param
+//   chained (MoE)   keys 'chained_0.' (the dense part) and 'chained_1.' (the expert part,
+//                   dp_group_idx_<EP rank>): EP = the expert part's DP groups; the expert params
+//                   those whose `.metadata` chunks split dim 0 into EP pieces (EP 1, where every
+//                   param is whole: refused); each part's buckets searched as above (the expert
+//                   part's EP pieces at expert-DP = DP / EP), each part's params against its own
+//                   param groups
+//   precision-aware (fused_adam, dp_reshardable)   an int16 'param' state: TE's remainders of
+//                   bf16 masters (store_param_remainders); a moment whose saved values are all
+//                   bf16 values (one not zero): kept in bf16. fp16 and fp32 moments save alike
+//                   (unscaled fp32): fp32, upstream's default, listed in `guesses`; so is
+//                   precision-aware off where nothing shows it. Its masters are not compared in
+//                   the layout search (remainders; TE's fp32 master_param of an fp32 param is
+//                   never updated).
 //   fully_reshardable (saved at PP 1; TP and PP from the common state's args)   each param's
 //                   shape from its tensor and TP split from its `.metadata` chunks (one chunk
 //                   of the whole shape: replicated; TP equal pieces along dim 0: column, dim 1:

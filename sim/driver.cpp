@@ -682,8 +682,11 @@ void gather_phase(const Scenario& scenario, const std::vector<RankRecord>& outs,
   // The keys of a chain of several parts are 'chained_<part>.'-prefixed where the format asks.
   const bool chained = std::any_of(rec.groups.begin(), rec.groups.end(),
                                    [](const GroupLayout& g) { return g.part == 1; });
+  // A resume_from_checkpoint record (index 1 of a scenario of one phase, `inspect`) is no phase
+  // of the scenario: the checkpoint it loaded is in the scenario's format.
   const bool prefixed =
-      chained && model::ChainedOptimizer::should_add_prefix(scenario.format_of(i));
+      chained && model::ChainedOptimizer::should_add_prefix(
+                     i < scenario.phases.size() ? scenario.format_of(i) : scenario.format);
   for (GroupLayout& g : rec.groups)
     g.key_prefix = prefixed ? fmt::format("chained_{}.", g.part) : "";
   if (i == 0 && !outs.front().layouts.empty()) {

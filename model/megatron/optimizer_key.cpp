@@ -65,6 +65,15 @@ bool is_distributed_optimizer_key(std::string_view key) {
   return key.starts_with(kDistributedOptimizerKeyPrefix);
 }
 
+std::string format_chained_prefix(int64_t part) { return fmt::format("chained_{}.", part); }
+
+ChainedKey parse_chained_key(std::string_view key) {
+  std::string_view s = key;
+  int64_t part = -1;
+  if (!take(s, "chained_") || !take_index(s, part) || !take(s, ".")) return {std::nullopt, key};
+  return {part, s};
+}
+
 std::string format_model_space_key(const ModelSpaceKey& key) {
   return fmt::format("{}{}.{}", kModelSpaceKeyPrefix, key.state, key.model_key);
 }

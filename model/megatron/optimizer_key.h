@@ -45,6 +45,18 @@ std::string format_object_key(int64_t dp_group_idx, std::string_view name);
 
 bool is_distributed_optimizer_key(std::string_view key);
 
+// A ChainedOptimizer of several parts (an MoE model's dense and expert parts) prefixes each
+// part's keys 'chained_<i>.' in the formats that are not fully reshardable (optimizer.py
+// ChainedOptimizer.sharded_state_dict, `add_prefix_for_sharding(..., f'chained_{idx}.')`).
+std::string format_chained_prefix(int64_t part);  // "chained_<part>."
+struct ChainedKey {
+  std::optional<int64_t> part;  // nullopt: the key has no 'chained_<i>.' prefix
+  std::string_view rest;        // the key without it (a view into the key parsed)
+};
+// 'chained_<i>.<rest>' -> {i, rest}; any other key -> {nullopt, key}.
+// parse_chained_key(format_chained_prefix(i) + k) == {i, k} for every k (a test checks it).
+ChainedKey parse_chained_key(std::string_view key);
+
 // The model-space formats (fully_reshardable, fully_sharded_model_space): one state tensor of one
 // model param, f'optimizer.state.{state_key}.{model ShardedTensor key}' (sharded_param_state_
 // fully_reshardable). The state key has no dot; the model key may have several.

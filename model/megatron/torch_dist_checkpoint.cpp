@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <set>
@@ -18,6 +19,9 @@
 namespace ckptsim::model {
 
 namespace {
+
+// A bound on the parts read from 'chained_<i>.' keys (Megatron chains a few: dense, expert).
+constexpr int64_t kChainedPartsMax = 64;
 
 std::string join(const std::string& dir, std::string_view name) {
   return dir.empty() ? std::string(name) : dir + "/" + std::string(name);
@@ -114,12 +118,15 @@ void collect_buckets(TorchDistCheckpoint& out) {
   std::map<std::string, DpReshardableBucket> buckets;
   for (const auto& [key, value] : *out.sharded.dict()) {
     if (!key.is_str() || !value.is_tensor()) continue;
-    std::optional<OptimizerBucketKey> k = parse_bucket_key(key.as_str());
+    const ChainedKey chained = parse_chained_key(key.as_str());
+    std::optional<OptimizerBucketKey> k = parse_bucket_key(chained.rest);
     if (!k) continue;
     const std::string state = k->state;
     k->state.clear();
-    DpReshardableBucket& b = buckets[format_bucket_prefix(*k)];
+    DpReshardableBucket& b = buckets[(chained.part ? format_chained_prefix(*chained.part) : "") +
+                                     format_bucket_prefix(*k)];
     b.key = *k;
+    b.chained_part = chained.part;
     b.numel_unpadded = value.tensor().numel();
     b.states.emplace(state, value.tensor());
   }
@@ -127,9 +134,9 @@ void collect_buckets(TorchDistCheckpoint& out) {
 }
 
 // per_bucket_numel[gbuf_idx][dtype][bucket_idx], the DP-padded bucket sizes; -1 if absent.
-int64_t padded_bucket_numel(const TorchDistCheckpoint& out, const OptimizerBucketKey& k) {
-  const Value* per_bucket =
-      out.sharded.dict()->find(format_object_key(k.dp_group_idx, "per_bucket_numel"));
+int64_t padded_bucket_numel(const TorchDistCheckpoint& out, const DpReshardableBucket& b) {
+  const OptimizerBucketKey& k = b.key;
+  const Value* per_bucket = out.sharded.dict()->find(bucket_object_key(b, "per_bucket_numel"));
   if (per_bucket == nullptr || !per_bucket->is_list() ||
       per_bucket->list()->size() <= size_t(k.gbuf_idx)) {
     return -1;
@@ -159,14 +166,16 @@ void derive_dp_size(const DcpMetadata& meta, TorchDistCheckpoint& out) {
   const int64_t world = out.writer_ranks;
   if (world == 0 || *ranks.rbegin() != world - 1 || out.buckets.empty()) return;
   for (const DpReshardableBucket& b : out.buckets) {
-    const int64_t padded = padded_bucket_numel(out, b.key);
+    // A chain's later parts (an MoE model's expert part) shard over their own, smaller DP
+    // groups (expert-DP); part 0 is the dense part, on the DP group of every rank.
+    if (b.chained_part.value_or(0) != 0) continue;
+    const int64_t padded = padded_bucket_numel(out, b);
     if (padded < b.numel_unpadded || padded % world != 0) return;
     const int64_t local = padded / world;
     for (const auto& [state, tensor] : b.states) {
-      OptimizerBucketKey k = b.key;
-      k.state = state;
+      const std::string fqn = bucket_key_text(b) + "." + state;
       for (const StorageDataEntry& e : meta.storage_data) {
-        if (e.index.fqn != format_bucket_key(k) || !e.index.offset || e.index.offset->size() != 1) {
+        if (e.index.fqn != fqn || !e.index.offset || e.index.offset->size() != 1) {
           continue;
         }
         const int64_t rank = *writer_rank(e.info.relative_path);
@@ -304,15 +313,45 @@ std::optional<int64_t> writer_rank(const std::string& file) {
   return rank;
 }
 
-const Value* optimizer_state_object(const TorchDistCheckpoint& checkpoint) {
-  const Value* opt = checkpoint.sharded.is_dict()
-                         ? checkpoint.sharded.dict()->find(format_object_key(0, "optimizer"))
-                         : nullptr;
+std::string bucket_key_text(const DpReshardableBucket& bucket) {
+  return (bucket.chained_part ? format_chained_prefix(*bucket.chained_part) : "") +
+         format_bucket_prefix(bucket.key);
+}
+
+std::string bucket_object_key(const DpReshardableBucket& bucket, std::string_view name) {
+  return (bucket.chained_part ? format_chained_prefix(*bucket.chained_part) : "") +
+         format_object_key(bucket.key.dp_group_idx, name);
+}
+
+const Value* optimizer_state_object(const TorchDistCheckpoint& checkpoint, int64_t part) {
+  const std::string prefix = chained_parts(checkpoint) > 1 ? format_chained_prefix(part) : "";
+  const Value* opt =
+      checkpoint.sharded.is_dict()
+          ? checkpoint.sharded.dict()->find(prefix + format_object_key(0, "optimizer"))
+          : nullptr;
   if (opt == nullptr && checkpoint.common.is_dict()) {
+    // fully_reshardable keeps it unwrapped in the common state; a chain of several parts as
+    // {0: sd_0, 1: sd_1, ...} (int keys).
     const Value* outer = checkpoint.common.dict()->find("optimizer");
+    if (outer != nullptr && outer->is_dict() && !outer->dict()->contains("optimizer")) {
+      outer = outer->dict()->find(part);
+    } else if (part != 0) {
+      outer = nullptr;
+    }
     opt = outer != nullptr && outer->is_dict() ? outer->dict()->find("optimizer") : nullptr;
   }
   return opt != nullptr && opt->is_dict() ? opt : nullptr;
+}
+
+int64_t chained_parts(const TorchDistCheckpoint& checkpoint) {
+  int64_t parts = 1;
+  if (!checkpoint.sharded.is_dict()) return parts;
+  for (const auto& [key, value] : *checkpoint.sharded.dict()) {
+    if (!key.is_str()) continue;
+    const ChainedKey k = parse_chained_key(key.as_str());
+    if (k.part && *k.part < kChainedPartsMax) parts = std::max(parts, *k.part + 1);
+  }
+  return parts;
 }
 
 std::optional<int64_t> saved_arg_int(const TorchDistCheckpoint& checkpoint, const char* name) {

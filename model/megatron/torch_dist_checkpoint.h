@@ -68,9 +68,16 @@ inline constexpr int64_t kIterationMax = 9'999'999'999;           // iter_%07d, 
 // numel_unpadded elements (params and the padding between them, not the DP padding).
 struct DpReshardableBucket {
   OptimizerBucketKey key;  // state empty
+  // The ChainedOptimizer part whose 'chained_<i>.' prefixes the keys (nullopt: no prefix).
+  std::optional<int64_t> chained_part;
   int64_t numel_unpadded = 0;
   std::map<std::string, at::Tensor> states;  // "param", "exp_avg", "exp_avg_sq", ...
 };
+
+// The bucket's key as the checkpoint spells it (its part's prefix, then format_bucket_prefix).
+std::string bucket_key_text(const DpReshardableBucket& bucket);
+// The key of its DP group's ShardedObject `name` (per_bucket_numel, ...), with the prefix.
+std::string bucket_object_key(const DpReshardableBucket& bucket, std::string_view name);
 
 struct TorchDistCheckpoint {
   int64_t iteration = 0;
@@ -105,7 +112,13 @@ struct TorchDistCheckpoint {
 // it: the ShardedObject 'optimizer.distributed.dp_group_idx_0.optimizer' (dp_reshardable and the
 // other bucket formats), else the common state's ['optimizer']['optimizer'] (fully_reshardable
 // keeps it unwrapped); nullptr when neither holds a dict.
-const Value* optimizer_state_object(const TorchDistCheckpoint& checkpoint);
+// `part`: that part's ('chained_<part>.optimizer.distributed.dp_group_idx_0.optimizer') in a
+// chained checkpoint (chained_parts() > 1); part 0 is also an unprefixed checkpoint's.
+const Value* optimizer_state_object(const TorchDistCheckpoint& checkpoint, int64_t part = 0);
+
+// How many ChainedOptimizer parts prefix their keys (1 + the largest 'chained_<i>.' of a key);
+// 1 where no key has the prefix.
+int64_t chained_parts(const TorchDistCheckpoint& checkpoint);
 
 // An integer the common state's 'args' (Megatron's saved arguments) holds; nullopt when there
 // are no args or no such integer.
