@@ -70,8 +70,9 @@ std::string format_chained_prefix(int64_t part) { return fmt::format("chained_{}
 ChainedKey parse_chained_key(std::string_view key) {
   std::string_view s = key;
   int64_t part = -1;
-  if (!take(s, "chained_") || !take_index(s, part) || !take(s, ".")) return {std::nullopt, key};
-  return {part, s};
+  if (!take(s, "chained_") || !take_index(s, part) || !take(s, "."))
+    return {std::nullopt, std::string(key)};
+  return {part, std::string(s)};
 }
 
 std::string format_model_space_key(const ModelSpaceKey& key) {

@@ -51,7 +51,7 @@ bool is_distributed_optimizer_key(std::string_view key);
 std::string format_chained_prefix(int64_t part);  // "chained_<part>."
 struct ChainedKey {
   std::optional<int64_t> part;  // nullopt: the key has no 'chained_<i>.' prefix
-  std::string_view rest;        // the key without it (a view into the key parsed)
+  std::string rest;             // the key without it
 };
 // 'chained_<i>.<rest>' -> {i, rest}; any other key -> {nullopt, key}.
 // parse_chained_key(format_chained_prefix(i) + k) == {i, k} for every k (a test checks it).
