@@ -56,12 +56,7 @@ model::TorchDistCheckpoint read_saved(const fs::path& phase_dir) {
   return c.is_ok() ? c.value() : model::TorchDistCheckpoint{};
 }
 
-sim::Revision upstream_head() {
-  static auto registry = model::RevisionRegistry::load_embedded();
-  auto r = sim::resolve_revision(registry.value(), "upstream-head");
-  EXPECT_TRUE(r.is_ok());
-  return r.value();
-}
+sim::Revision upstream_head() { return test::revisions({"upstream-head"}).front(); }
 
 const json* check_named(const json& out, const std::string& name) {
   for (const auto& k : out["checks"]) {

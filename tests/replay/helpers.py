@@ -3,6 +3,10 @@
 import copy
 import json
 import os
+import subprocess
+import sys
+
+import pytest
 
 from replay import synthetic_plan
 from replay import trace_schema as ts
@@ -91,3 +95,29 @@ def minimal_trace():
                  ev(1, "after_load", 1, 1.0)]},
         ],
     }
+
+
+def megatron_root():
+    """The Megatron archives (replay/fetch-megatron.sh's .megatron/, or CKPTSIM_MEGATRON_ROOT),
+    None where there are none."""
+    root = os.environ.get("CKPTSIM_MEGATRON_ROOT", os.path.join(ROOT, ".megatron"))
+    return root if os.path.isdir(root) else None
+
+
+def real_replay(tmp_path, name, plan, root, timeout=600):
+    """`python -m replay run` of the plan dict `plan` on the checkouts under `root`, TE emulated
+    and the FusedAdam stand-in; (the trace, its runs by id), the trace valid. Skips where the
+    plan's checkout is not under `root`."""
+    path = write_json(tmp_path, name, plan)
+    out = os.path.join(str(tmp_path), "t.json")
+    r = subprocess.run([sys.executable, "-m", "replay", "run", "--plan", path, "--megatron-root", root, "--out", out,
+                        "--emulate-te", "--fused-adam-standin", "--work-dir", os.path.join(str(tmp_path), "w")],
+                       capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    assert r.returncode == 0, r.stdout + r.stderr
+    with open(out) as f:
+        t = json.load(f)
+    assert ts.validate_trace(t) == []
+    runs = {x["id"]: x for x in t["runs"]}
+    if runs["phase0"]["status"] == "skipped" and "checkout" in runs["phase0"].get("skipped_reason", ""):
+        pytest.skip("the plan's checkout is not under %s: %s" % (root, runs["phase0"]["skipped_reason"]))
+    return t, runs

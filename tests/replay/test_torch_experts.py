@@ -6,19 +6,15 @@ synthetic gradients, the trace's `chain`) are tested in test_model_parallel.py, 
 test_synthetic_plan.py and test_trace_schema.py."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from helpers import ROOT, expert_scenario, synthetic_of, write_json
+from helpers import expert_scenario, megatron_root, real_replay, synthetic_of
 
 torch = pytest.importorskip("torch", reason="torch is not installed (the torch-free parts are tested elsewhere)")
 
 from replay import compare  # noqa: E402
 from replay import model_parallel as mp  # noqa: E402
-from replay import trace_schema as ts  # noqa: E402
 
 DENSE, EXPERT = "w0", "experts"
 # Sizes at which every rank's shard of every bucket holds an element at DP 2 and 4, EP 1 and 2
@@ -32,30 +28,13 @@ def _scenario(**kw):
     return expert_scenario(dense=DENSE_NUMEL, expert_shape=EXPERT_SHAPE, **kw)
 
 
-def _megatron_root():
-    root = os.environ.get("CKPTSIM_MEGATRON_ROOT", os.path.join(ROOT, ".megatron"))
-    return root if os.path.isdir(root) else None
-
-
 def _replay(tmp_path, sc):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device: the real replay runs on a GPU machine")
-    root = _megatron_root()
+    root = megatron_root()
     if root is None:
         pytest.skip("no Megatron archives: run replay/fetch-megatron.sh or set CKPTSIM_MEGATRON_ROOT")
-    plan = write_json(tmp_path, "experts.plan.json", synthetic_of(sc))
-    out = os.path.join(str(tmp_path), "t.json")
-    r = subprocess.run([sys.executable, "-m", "replay", "run", "--plan", plan, "--megatron-root", root, "--out", out,
-                        "--emulate-te", "--fused-adam-standin", "--work-dir", os.path.join(str(tmp_path), "w")],
-                       capture_output=True, text=True, cwd=ROOT, timeout=900)
-    assert r.returncode == 0, r.stdout + r.stderr
-    with open(out) as f:
-        t = json.load(f)
-    assert ts.validate_trace(t) == []
-    runs = {x["id"]: x for x in t["runs"]}
-    if runs["phase0"]["status"] == "skipped" and "checkout" in runs["phase0"].get("skipped_reason", ""):
-        pytest.skip("the plan's checkout is not under %s: %s" % (root, runs["phase0"]["skipped_reason"]))
-    return t, runs
+    return real_replay(tmp_path, "experts.plan.json", synthetic_of(sc), root, timeout=900)
 
 
 def _state_events(run):

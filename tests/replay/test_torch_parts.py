@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from helpers import ROOT, synthetic, write_json
+from helpers import ROOT, megatron_root, real_replay, synthetic, write_json
 
 torch = pytest.importorskip("torch", reason="torch is not installed (the torch-free parts are tested elsewhere)")
 np = pytest.importorskip("numpy", reason="numpy is not installed")
@@ -529,16 +529,11 @@ def test_patches_restore():
     assert m.x == 1 and not hasattr(m, "y")
 
 
-def _megatron_root():
-    root = os.environ.get("CKPTSIM_MEGATRON_ROOT", os.path.join(ROOT, ".megatron"))
-    return root if os.path.isdir(root) else None
-
-
 @pytest.mark.gpu
 def test_real_replay_step_reset(tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device: the real replay runs on a GPU machine")
-    root = _megatron_root()
+    root = megatron_root()
     if root is None:
         pytest.skip("no Megatron archives: run replay/fetch-megatron.sh or set CKPTSIM_MEGATRON_ROOT")
     plan = write_json(tmp_path, "b1.plan.json", synthetic("b1-step-reset-minimal"))
@@ -561,11 +556,9 @@ def test_real_replay_of_a_precision_aware_fused_adam(tmp_path):
     """The runner's precision-aware path on the real code: the fake TE module and the emulated TE
     version let OptimizerConfig and get_megatron_optimizer() build the stand-in with master
     weights, bf16/fp16 moments and remainders; the trace names the state dtypes."""
-    from replay import trace_schema as ts
-
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device: the real replay runs on a GPU machine")
-    root = _megatron_root()
+    root = megatron_root()
     if root is None:
         pytest.skip("no Megatron archives: run replay/fetch-megatron.sh or set CKPTSIM_MEGATRON_ROOT")
     # Two bf16 params, DP 2. Not b8-mixed-dtype-group (a bf16 and an fp32 param in one group):
@@ -574,18 +567,7 @@ def test_real_replay_of_a_precision_aware_fused_adam(tmp_path):
     name = "fused-adam-upstream-dp2-to-4"
     optimizer = dict(synthetic(name)["scenario"]["optimizer"], precision_aware=True, exp_avg_dtype="bf16",
                      exp_avg_sq_dtype="fp16")
-    plan = write_json(tmp_path, "pa.plan.json", synthetic(name, optimizer=optimizer))
-    out = os.path.join(str(tmp_path), "t.json")
-    r = subprocess.run([sys.executable, "-m", "replay", "run", "--plan", plan, "--megatron-root", root, "--out", out,
-                        "--emulate-te", "--fused-adam-standin", "--work-dir", os.path.join(str(tmp_path), "w")],
-                       capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert r.returncode == 0, r.stdout + r.stderr
-    with open(out) as f:
-        t = json.load(f)
-    assert ts.validate_trace(t) == []
-    runs = {x["id"]: x for x in t["runs"]}
-    if runs["phase0"]["status"] == "skipped" and "checkout" in runs["phase0"].get("skipped_reason", ""):
-        pytest.skip("the plan's checkout is not under %s: %s" % (root, runs["phase0"]["skipped_reason"]))
+    t, runs = real_replay(tmp_path, "pa.plan.json", synthetic(name, optimizer=optimizer), root)
     for rid in ("reference", "phase0"):
         assert runs[rid]["status"] == "completed", json.dumps(runs[rid]["events"][-1])[:2000]
     adaptations = "\n".join(t["setup"]["adaptations"])
