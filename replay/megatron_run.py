@@ -41,6 +41,11 @@ _TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.fl
 _PLAN_CACHE: Dict[str, Tuple[float, Dict[str, Any]]] = {}
 
 
+# Megatron's --seed default (megatron/training/arguments.py): the training loop seeds every
+# generator with it (RankRun._seed).
+MEGATRON_SEED = 1234
+
+
 def load_plan_cached(path: str) -> Dict[str, Any]:
     mtime = os.path.getmtime(path)
     hit = _PLAN_CACHE.get(path)
@@ -230,11 +235,31 @@ class RankRun:
             raise RuntimeError("parallel_state placed rank %d at (tp, dp, pp) ranks %r; the plan's numbering "
                                "(replay/model_parallel.py place) gives %r" % (
                                    self.rank, got, (self.tp_rank, self.dp_rank, self.pp_rank)))
+        self._seed()
         got = (ps.get_expert_model_parallel_rank(), ps.get_expert_data_parallel_rank())
         if got != (self.ep_rank, self.expert_dp_rank):
             raise RuntimeError("parallel_state placed rank %d at (ep, expert dp) ranks %r; the plan's numbering "
                                "(replay/model_parallel.py expert_place) gives %r" % (
                                    self.rank, got, (self.ep_rank, self.expert_dp_rank)))
+
+    def _seed(self) -> None:
+        """Seed the generators as Megatron's training loop does after it places the ranks
+        (initialize.py _set_random_seed with --seed's default 1234): Python's, numpy's and torch's
+        with 1234 + 100 * the pipeline rank, and the CUDA generator through
+        tensor_parallel.model_parallel_cuda_manual_seed. What draws from them (HDO.dummy_step()'s
+        torch.randn_like gradients at a load) then draws the same in every run of a plan, however
+        many runs a worker process made before."""
+        import random
+
+        import numpy as np
+        from megatron.core import tensor_parallel
+
+        seed = MEGATRON_SEED + 100 * self.pp_rank
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
+        if torch.cuda.device_count() > 0:
+            tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
     def _build(self) -> None:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig

@@ -11,7 +11,8 @@ namespace ckptsim::model {
 
 namespace {
 
-constexpr const char* kSite = "optimizer.py ChainedOptimizer";
+// Sites as the runner names them: file and function (co_name), no class.
+constexpr const char* kSite = "optimizer.py";
 
 // dist_checkpointing/utils.py add_prefix_for_sharding(): every ShardedBase key of the tree gets
 // `prefix` in front, in place.
@@ -91,7 +92,7 @@ void ChainedOptimizer::load_state_dict(const Value& state_dict) {
     for (const auto& [k, v] : *state_dict.dict()) {
       if (!k.is_int())
         throw UpstreamError("TypeError", "'<' not supported between instances of keys",
-                            std::string(kSite) + ".load_state_dict()");
+                            std::string(kSite) + " load_state_dict()");
       sorted.emplace_back(k.as_int(), v);
     }
     std::sort(sorted.begin(), sorted.end(),
@@ -102,7 +103,7 @@ void ChainedOptimizer::load_state_dict(const Value& state_dict) {
     throw UpstreamError("RuntimeError",
                         fmt::format("Expected {} entries in state dict, but got {}.", parts_.size(),
                                     entries.size()),
-                        std::string(kSite) + ".load_state_dict()");
+                        std::string(kSite) + " load_state_dict()");
   }
   for (size_t i = 0; i < parts_.size(); ++i) {
     // Fault site load.expert_part_not_loaded: the expert part keeps the state it was built with.
@@ -156,9 +157,17 @@ void ChainedOptimizer::synchronize_steps() {
   }
   if (steps.size() > 1) {
     std::string list;
-    for (const Value& s : steps) list += (list.empty() ? "" : ", ") + s.repr();
+    if (std::all_of(steps.begin(), steps.end(), [](const Value& s) { return s.is_int(); })) {
+      // list(set(steps)): the set's order, not the order of the groups.
+      std::vector<int64_t> ints;
+      for (const Value& s : steps) ints.push_back(s.as_int());
+      for (int64_t s : py_list_of_int_set(ints))
+        list += (list.empty() ? "" : ", ") + std::to_string(s);
+    } else {  // not ints (no modeled path): the order the groups gave
+      for (const Value& s : steps) list += (list.empty() ? "" : ", ") + s.repr();
+    }
     throw PyAssertionError(fmt::format("steps: [{}]", list),
-                           std::string(kSite) + "._synchronize_steps()");
+                           std::string(kSite) + " _synchronize_steps()");
   }
   if (steps.empty()) return;
   for (Dict* g : groups) g->set("step", steps[0]);

@@ -428,6 +428,73 @@ Value deepcopy(const Value& v) {
   return copier.copy(v);
 }
 
+namespace {
+
+// CPython's hash of an int: the value modulo the Mersenne prime 2**61 - 1, sign kept, -1 → -2.
+int64_t py_int_hash(int64_t v) {
+  constexpr uint64_t kModulus = (uint64_t{1} << 61) - 1;
+  const uint64_t magnitude = v < 0 ? uint64_t{0} - static_cast<uint64_t>(v) : uint64_t(v);
+  const auto h = static_cast<int64_t>(magnitude % kModulus);
+  const int64_t signed_h = v < 0 ? -h : h;
+  return signed_h == -1 ? -2 : signed_h;
+}
+
+// One slot of a set table: empty, or a value with its hash.
+struct SetSlot {
+  bool used = false;
+  int64_t value = 0;
+  int64_t hash = 0;
+};
+
+// The slot CPython's probe sequence reaches first that is empty, or holds `value` (if `value`
+// is given): LINEAR_PROBES = 9 neighbours while they fit, then i = i*5 + 1 + perturb.
+size_t set_probe(const std::vector<SetSlot>& table, int64_t hash, const int64_t* value) {
+  constexpr size_t kLinearProbes = 9;
+  constexpr unsigned kPerturbShift = 5;
+  const size_t mask = table.size() - 1;
+  auto perturb = static_cast<uint64_t>(hash);
+  size_t i = static_cast<size_t>(hash) & mask;
+  while (true) {
+    const size_t probes = i + kLinearProbes <= mask ? kLinearProbes : 0;
+    for (size_t j = 0; j <= probes; ++j) {
+      const SetSlot& s = table[i + j];
+      if (!s.used || (value != nullptr && s.hash == hash && s.value == *value)) return i + j;
+    }
+    perturb >>= kPerturbShift;
+    i = (i * 5 + 1 + perturb) & mask;
+  }
+}
+
+}  // namespace
+
+std::vector<int64_t> py_list_of_int_set(const std::vector<int64_t>& values) {
+  constexpr size_t kMinSize = 8;  // PySet_MINSIZE
+  std::vector<SetSlot> table(kMinSize);
+  size_t used = 0;
+  for (int64_t v : values) {
+    const int64_t hash = py_int_hash(v);
+    SetSlot& slot = table[set_probe(table, hash, &v)];
+    if (slot.used) continue;  // already there
+    slot = SetSlot{true, v, hash};
+    ++used;
+    if (used * 5 < (table.size() - 1) * 3) continue;
+    // set_table_resize(used * 4): the smallest power of two above it, entries re-inserted in
+    // the old table's order.
+    size_t size = kMinSize;
+    while (size <= used * 4) size <<= 1;
+    std::vector<SetSlot> grown(size);
+    for (const SetSlot& s : table) {
+      if (s.used) grown[set_probe(grown, s.hash, nullptr)] = s;
+    }
+    table = std::move(grown);
+  }
+  std::vector<int64_t> out;
+  for (const SetSlot& s : table) {
+    if (s.used) out.push_back(s.value);
+  }
+  return out;
+}
+
 bool py_equal(const Value& a, const Value& b) {
   // Python: 1 == 1.0 == True.
   auto numeric = [](const Value& v) { return v.is_int() || v.is_float() || v.is_bool(); };

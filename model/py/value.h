@@ -217,6 +217,12 @@ Value deepcopy(const Value& v);
 // ambiguous in Python and throws UpstreamError("RuntimeError") here too.
 bool py_equal(const Value& a, const Value& b);
 
+// `list(set(values))` for Python ints: the distinct values in the order CPython's set table
+// holds them (int hash, linear probes then perturbation, resize at 3/5 full; setobject.c).
+// Upstream prints such lists in assertion messages (ChainedOptimizer._synchronize_steps:
+// "steps: [2, 3]" for steps inserted as 3 then 2).
+std::vector<int64_t> py_list_of_int_set(const std::vector<int64_t>& values);
+
 // Builders for readable literals in code and tests.
 inline Value dict_value(std::initializer_list<Dict::Item> items) {
   return Value(Dict::make(items));

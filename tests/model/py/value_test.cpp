@@ -120,3 +120,27 @@ TEST(Mapping, ShardedTensorValidatesLikePostInit) {
   EXPECT_TRUE(is_main_replica({0, 0, 0}));
   EXPECT_FALSE(is_main_replica({0, 0, 1}));
 }
+
+// list(set(ints)) in CPython's table order. The expected lists are what CPython 3.11 printed
+// for `list(set(xs))` (python3 -c), and [2250, 1300] is the order in Megatron-LM #2016's
+// "steps: [2250, 1300]". Mutations caught: first-seen order ([3, 2]); no linear probes
+// (the multiples of 8); no resize at 3/5 full (the 30 down to 1); hash without the modulus
+// 2**61 - 1 or without -1 → -2 (the large and negative ones).
+TEST(Tree, ListOfIntSetFollowsCPythonsTableOrder) {
+  using V = std::vector<int64_t>;
+  EXPECT_EQ(py_list_of_int_set({3, 2}), (V{2, 3}));
+  EXPECT_EQ(py_list_of_int_set({2250, 1300}), (V{2250, 1300}));
+  EXPECT_EQ(py_list_of_int_set({10, 3, 10}), (V{10, 3}));
+  EXPECT_EQ(py_list_of_int_set({8, 0, 16, 24, 32, 40}), (V{0, 32, 8, 40, 16, 24}));
+  EXPECT_EQ(py_list_of_int_set({-1, -2, 7, -9}), (V{-9, 7, -1, -2}));
+  constexpr int64_t kBig = int64_t{1} << 61;
+  EXPECT_EQ(py_list_of_int_set({100, 37, 5, 64, 1000, 3, 21, 8, 13, kBig + 5, kBig - 1}),
+            (V{64, kBig - 1, 3, 100, 5, 37, kBig + 5, 1000, 8, 13, 21}));
+  EXPECT_EQ(py_list_of_int_set({6, kBig + 5}), (V{6, kBig + 5}));
+  EXPECT_EQ(py_list_of_int_set({7, kBig + 6, -(kBig + 6)}), (V{-(kBig + 6), kBig + 6, 7}));
+  V down;
+  V up;
+  for (int64_t i = 30; i > 0; --i) down.push_back(i);
+  for (int64_t i = 1; i <= 30; ++i) up.push_back(i);
+  EXPECT_EQ(py_list_of_int_set(down), up);
+}
