@@ -211,6 +211,7 @@ nlohmann::json check_summary_json(const CheckSummary& s,
                              {"case", f.case_index},
                              {"shrink_steps", f.shrink_steps},
                              {"shrink_runs", f.shrink_runs},
+                             {"found_s", f.found_s},
                              {"file", std::filesystem::path(rep.file).filename().string()}});
     if (!f.not_shrunk.empty()) j["failures"].back()["not_shrunk"] = f.not_shrunk;
   }

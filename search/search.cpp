@@ -484,7 +484,8 @@ SearchResult search(const SearchOptions& options, const Judge& judge) {
     failure.shrunk_s = clock.seconds();
     if (options.progress) {
       options.progress(fmt::format(
-          "case {}: {} ({}); {}", k, failure.finding.property, failure.finding.signature,
+          "case {}: {} ({}); found at {:.2f} s, {}", k, failure.finding.property,
+          failure.finding.signature, failure.found_s,
           failure.not_shrunk.empty() ? fmt::format("shrunk in {} steps over {} runs",
                                                    failure.shrink_steps, failure.shrink_runs)
                                      : failure.not_shrunk));
