@@ -246,6 +246,8 @@ search::Failure summary_failure(const nlohmann::json& j, const std::string& wher
   f.shrink_steps = summary_field<int64_t>(j, "shrink_steps", where);
   f.shrink_runs = summary_field<int64_t>(j, "shrink_runs", where);
   if (j.contains("not_shrunk")) f.not_shrunk = summary_field<std::string>(j, "not_shrunk", where);
+  // Summaries written before 2026-12-05 have no found_s.
+  if (j.contains("found_s")) f.found_s = summary_field<double>(j, "found_s", where);
   return f;
 }
 

@@ -17,7 +17,8 @@
 # the process's start-up, libtorch's load among it), CPU seconds (user + system, every thread),
 # busy (CPU seconds / (wall x jobs): below 1, jobs waited), cases/s, speed-up over jobs 1,
 # speed-up / jobs, when the first finding was committed (seconds into the search: what an
-# order of judging other than the cases' own costs the user), and whether the minimal scenarios are byte-identical to jobs 1's and the
+# order of judging other than the cases' own costs the user), and whether the minimal
+# scenarios are byte-identical to jobs 1's and the
 # summary (failures, coverage, simulator runs; not its timings, nor the runs that jobs > 1 ran
 # ahead and discarded) equal. Exits 1 if any N found something else. CPU seconds that grow with
 # N mean each case cost more (shared caches, memory, a lower clock), not that jobs waited.

@@ -104,6 +104,17 @@ def megatron_root():
     return root if os.path.isdir(root) else None
 
 
+def gpu_megatron_root(torch):
+    """The Megatron archives for a real replay; skips the test without a CUDA device or without
+    archives."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device: the real replay runs on a GPU machine")
+    root = megatron_root()
+    if root is None:
+        pytest.skip("no Megatron archives: run replay/fetch-megatron.sh or set CKPTSIM_MEGATRON_ROOT")
+    return root
+
+
 def real_replay(tmp_path, name, plan, root, timeout=600):
     """`python -m replay run` of the plan dict `plan` on the checkouts under `root`, TE emulated
     and the FusedAdam stand-in; (the trace, its runs by id), the trace valid. Skips where the

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from helpers import expert_scenario, megatron_root, real_replay, synthetic_of
+from helpers import expert_scenario, gpu_megatron_root, real_replay, synthetic_of
 
 torch = pytest.importorskip("torch", reason="torch is not installed (the torch-free parts are tested elsewhere)")
 
@@ -29,11 +29,7 @@ def _scenario(**kw):
 
 
 def _replay(tmp_path, sc):
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device: the real replay runs on a GPU machine")
-    root = megatron_root()
-    if root is None:
-        pytest.skip("no Megatron archives: run replay/fetch-megatron.sh or set CKPTSIM_MEGATRON_ROOT")
+    root = gpu_megatron_root(torch)
     return real_replay(tmp_path, "experts.plan.json", synthetic_of(sc), root, timeout=900)
 
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from helpers import ROOT, megatron_root, real_replay, synthetic, write_json
+from helpers import ROOT, gpu_megatron_root, real_replay, synthetic, write_json
 
 torch = pytest.importorskip("torch", reason="torch is not installed (the torch-free parts are tested elsewhere)")
 np = pytest.importorskip("numpy", reason="numpy is not installed")
@@ -531,11 +531,7 @@ def test_patches_restore():
 
 @pytest.mark.gpu
 def test_real_replay_step_reset(tmp_path):
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device: the real replay runs on a GPU machine")
-    root = megatron_root()
-    if root is None:
-        pytest.skip("no Megatron archives: run replay/fetch-megatron.sh or set CKPTSIM_MEGATRON_ROOT")
+    root = gpu_megatron_root(torch)
     plan = write_json(tmp_path, "b1.plan.json", synthetic("b1-step-reset-minimal"))
     out = os.path.join(str(tmp_path), "t.json")
     r = subprocess.run([sys.executable, "-m", "replay", "run", "--plan", plan, "--megatron-root", root, "--out", out,
@@ -556,11 +552,7 @@ def test_real_replay_of_a_precision_aware_fused_adam(tmp_path):
     """The runner's precision-aware path on the real code: the fake TE module and the emulated TE
     version let OptimizerConfig and get_megatron_optimizer() build the stand-in with master
     weights, bf16/fp16 moments and remainders; the trace names the state dtypes."""
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device: the real replay runs on a GPU machine")
-    root = megatron_root()
-    if root is None:
-        pytest.skip("no Megatron archives: run replay/fetch-megatron.sh or set CKPTSIM_MEGATRON_ROOT")
+    root = gpu_megatron_root(torch)
     # Two bf16 params, DP 2. Not b8-mixed-dtype-group (a bf16 and an fp32 param in one group):
     # there the real save asserts "(torch.Size([64]), 0, 200)", with the precision-aware optimizer
     # as without it, as the model predicts (device run of 2026-12-05), so phase 0 never completes.

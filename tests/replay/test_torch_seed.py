@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from helpers import ROOT, megatron_root, synthetic_of, write_json
+from helpers import ROOT, gpu_megatron_root, synthetic_of, write_json
 
 torch = pytest.importorskip("torch", reason="torch is not installed (the torch-free parts are tested elsewhere)")
 
@@ -33,11 +33,7 @@ def _event(trace, run_id, at):
 
 
 def test_two_replays_in_one_runner_draw_the_same_dummy_step(tmp_path):
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device: the real replay runs on a GPU machine")
-    root = megatron_root()
-    if root is None:
-        pytest.skip("no Megatron archives: run replay/fetch-megatron.sh or set CKPTSIM_MEGATRON_ROOT")
+    root = gpu_megatron_root(torch)
     plans = tmp_path / "plans"
     plans.mkdir()
     for name in ("first", "second"):

@@ -1,9 +1,15 @@
 // The check summary (ckptsim-summary.json) names when each finding was committed:
 // scripts/jobs-scaling.sh reads the first one's `found_s` for its "first finding s" column.
-// Mutation caught: the field left out of the summary (WritesWhenEachFailureWasFound).
+// Mutations caught: the field left out of the summary (WritesWhenEachFailureWasFound); the
+// field not read back, so `ckptsim merge` would write 0 (FoundTimeSurvivesAReadBack).
 #include "report/search_report.h"
 
 #include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "tests/testing.h"
 
 using namespace ckptsim;
 
@@ -22,4 +28,30 @@ TEST(CheckSummaryJson, WritesWhenEachFailureWasFound) {
   ASSERT_EQ(j.at("failures").size(), 1u);
   EXPECT_EQ(j.at("failures")[0].at("case"), 14);
   EXPECT_DOUBLE_EQ(j.at("failures")[0].at("found_s").get<double>(), 0.125);
+}
+
+// What `ckptsim merge` reads back keeps each failure's found_s.
+TEST(CheckSummaryJson, FoundTimeSurvivesAReadBack) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / "ckptsim-search-report-test";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(test::source_path("scenarios/bug2-step-reset-dp2-to-2.json"),
+                             dir / "case-3.json");
+  report::CheckSummary s;
+  s.revision = "upstream-2874";
+  search::Failure& f = s.result.failures.emplace_back();
+  f.finding.property = "step_matches_uninterrupted";
+  f.finding.signature = "step_matches_uninterrupted";
+  f.case_index = 3;
+  f.found_s = 2.5;
+  report::ReportedFailure rep;
+  rep.failure = &f;
+  rep.file = (dir / "case-3.json").string();
+  std::ofstream(dir / "ckptsim-summary.json") << report::check_summary_json(s, {rep}).dump(1);
+  const auto back = report::read_check_summary(dir.string(), test::registry());
+  ASSERT_TRUE(back.is_ok()) << back.status().message();
+  ASSERT_EQ(back.value().result.failures.size(), 1u);
+  EXPECT_DOUBLE_EQ(back.value().result.failures[0].found_s, 2.5);
+  std::filesystem::remove_all(dir);
 }
