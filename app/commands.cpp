@@ -352,6 +352,12 @@ Result<search::SearchOptions> search_options(const SearchCommand& c) {
   o.time_budget_s = c.time_budget;
   o.keep_going = c.keep_going;
   o.jobs = all_jobs(c.jobs);
+  if (c.schedule != "dear-first" && c.schedule != "in-order") {
+    return Status::invalid_input(
+        fmt::format("--schedule must be dear-first or in-order, got {}", c.schedule));
+  }
+  o.dear_first = c.schedule == "dear-first";
+  o.record_case_times = !c.case_times.empty();
   return o;
 }
 
@@ -695,6 +701,17 @@ int check_command(const SearchCommand& c, const std::string& revision, std::ostr
   }
   const search::SearchResult result =
       search::search(options.value(), search::property_judge(c.properties));
+  if (!c.case_times.empty()) {
+    std::string csv =
+        "case,size,element_steps,rank_steps,rank_phases,rank_phase_params,predicted_cost,"
+        "seconds\n";
+    for (const search::CaseTime& t : result.case_times) {
+      csv += fmt::format("{},{},{:.0f},{:.0f},{:.0f},{:.0f},{:.0f},{:.6f}\n", t.case_index, t.size,
+                         t.terms.element_steps, t.terms.rank_steps, t.terms.rank_phases,
+                         t.terms.rank_phase_params, t.predicted_cost, t.seconds);
+    }
+    if (Status s = write_text(c.case_times, csv); !s.is_ok()) return invalid(err, s.message());
+  }
   const std::string whole = fmt::format("ckptsim check --revision {}{}{}", revision,
                                         search_repeat_flags(c), c.keep_going ? "" : " --first");
   return report_check(c, {revision, whole, whole + shard_text, part, options.value().jobs}, result,

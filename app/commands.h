@@ -167,6 +167,11 @@ struct SearchCommand {
   // search finds (search/search.h, invariant 5).
   int jobs = 0;
   std::string shard;  // check: "K/N" ("": from the environment, app/shard.h)
+  // check: "dear-first" (search::SearchOptions::dear_first) or "in-order". Never changes what a
+  // search finds.
+  std::string schedule = "dear-first";
+  // check: a CSV of every committed case's predicted cost and judge seconds ("": none).
+  std::string case_times;
   RealCodeOptions real_code;
   RealSearchOptions real;
   // generate only. The RapidCheck size of each case (search::SizeSchedule): "spread" (evenly

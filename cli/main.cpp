@@ -371,6 +371,15 @@ CLI::App* add_check(CLI::App& app, Flags& f) {
                    "indices, minimal scenarios and coverage for any number")
       ->check(CLI::Range(0, app::kJobsMax))
       ->capture_default_str();
+  check
+      ->add_option("--schedule", f.check.schedule,
+                   "Which cases the --jobs workers start first: dear-first (cases whose drawn "
+                   "shape predicts a long run start early on at most half of the workers; the "
+                   "others keep the case order) or in-order. The same findings either way")
+      ->check(CLI::IsMember({"dear-first", "in-order"}))
+      ->capture_default_str();
+  check->add_option("--case-times", f.check.case_times,
+                    "Write a CSV of every case's predicted cost and judge seconds to this file");
   check->add_option("--shard", f.check.shard,
                     "Run shard K of N (K/N, 1-based: case k belongs to shard (k mod N) + 1); "
                     "without it: $CKPTSIM_SHARD, else $SLURM_PROCID/$SLURM_NTASKS, else "

@@ -8,6 +8,14 @@
 // while the caller waits for task i; what a task threw is rethrown when its index is taken,
 // never earlier (the sequential search would have thrown there too).
 //
+// Which of the submitted tasks a free worker starts is the JudgedInOrder's schedule. By default
+// the lowest index not yet started. With DearFirst, the caller predicts every submitted task's
+// cost (on its own thread, while the workers start in index order), and up to `lanes` workers at
+// once start the dearest task not yet started instead, where its predicted cost is at least
+// 1 / (4 x workers) of the whole run's predicted cost: a case that would outlast the rest of the
+// run if it started in its turn starts early, and the other workers keep the index order. The
+// schedule decides when a task runs, never what it computes nor the order results are taken in.
+//
 // Invariants:
 //   1. With zero workers nothing runs on another thread: submit() runs the task at once on the
 //      caller's thread, and JudgedInOrder runs task i only when i is taken. A search with
@@ -18,6 +26,10 @@
 //      running finishes into state it shares (shared_ptr), never into freed memory.
 //   4. The pool's destructor (or shutdown()) drops queued tasks and joins every worker: what a
 //      task refers to besides its shared state must outlive the pool.
+//   5. Under DearFirst, at least workers - lanes workers (lanes <= workers / 2) run tasks in index
+//      order whenever there are tasks to run: the oldest tasks are judged at no less than half
+//      the rate of the plain index order, whatever the predictions say. A prediction is a hint:
+//      a wrong one costs time, never a result.
 #pragma once
 
 #include <rapidcheck.h>
@@ -71,14 +83,25 @@ struct Judged {
   std::optional<rc::Shrinkable<sim::Scenario>> shrinkable;  // cases only
   sim::Scenario scenario;
   std::optional<Finding> finding;
+  double seconds = 0;  // the judge's wall-clock time
+};
+
+// The schedule that starts predicted-dear tasks early (invariant 5).
+struct DearFirst {
+  // Task i's predicted cost, in any unit (>= 0); called on the caller's thread, in index order.
+  std::function<double(int64_t)> cost;
+  // At most this many workers run tasks out of index order at once; 0: workers / 2.
+  int lanes = 0;
 };
 
 class JudgedInOrder {
  public:
   // Task i: make(i). `runs` counts the tasks that started (judge runs made, used or not).
+  // `dear_first`: the schedule of invariant 5 (none: index order).
   // REQUIRES: `make` and what it refers to outlive `pool`'s workers (WorkPool invariant 4).
   JudgedInOrder(WorkPool& pool, int64_t count, int64_t ahead, bool urgent,
-                std::function<Judged(int64_t)> make, std::atomic<int64_t>& runs);
+                std::function<Judged(int64_t)> make, std::atomic<int64_t>& runs,
+                std::optional<DearFirst> dear_first = std::nullopt);
   ~JudgedInOrder();
   JudgedInOrder(const JudgedInOrder&) = delete;
   JudgedInOrder& operator=(const JudgedInOrder&) = delete;
@@ -90,13 +113,17 @@ class JudgedInOrder {
  private:
   struct State;
   void submit_through(int64_t last);
+  // Predicts the cost of every submitted task not yet predicted (DearFirst).
+  void predict_submitted();
 
   WorkPool& pool_;
   const int64_t count_;
   const int64_t ahead_;
   const bool urgent_;
   std::shared_ptr<State> state_;
-  int64_t submitted_ = 0;  // tasks 0 .. submitted_ - 1 are submitted
+  int64_t submitted_ = 0;                // tasks 0 .. submitted_ - 1 are submitted
+  std::function<double(int64_t)> cost_;  // DearFirst::cost; empty: index order
+  int64_t predicted_ = 0;                // tasks 0 .. predicted_ - 1 have a predicted cost
 };
 
 }  // namespace ckptsim::search

@@ -401,8 +401,17 @@ Judged draw_and_judge(const rc::Gen<sim::Scenario>& gen, const Judge& judge,
     out.shrinkable = gen(rc::Random(case_seed), size);
     out.scenario = out.shrinkable->value();
   }
+  const Clock clock;
   out.finding = judge(out.scenario);
+  out.seconds = clock.seconds();
   return out;
+}
+
+// Case k's scenario as draw_and_judge draws it, for a prediction of its cost.
+sim::Scenario draw(const rc::Gen<sim::Scenario>& gen, const SearchOptions& options, int64_t k) {
+  const uint64_t case_seed = model::mix_seed(options.seed, static_cast<uint64_t>(k));
+  std::lock_guard rc_lock(rapidcheck_mutex());
+  return gen(rc::Random(case_seed), case_size(options, k)).value();
 }
 
 void check_options(const SearchOptions& options) {
@@ -428,6 +437,35 @@ std::string progress_line(const SearchOptions& options, const SearchResult& resu
                          : fmt::format(" (shard {}/{})", options.shard.index, options.shard.count));
 }
 
+// Case k's new finding as a failure: shrunk (unless options.shrink_if refuses), with when it was
+// found and when its shrinking ended, told to the progress line.
+Failure commit_finding(const SearchOptions& options, Shrinker& shrinker, const Clock& clock,
+                       Judged& judged, int64_t k) {
+  const Finding& finding = *judged.finding;
+  const double found_s = clock.seconds();
+  Failure failure;
+  if (options.shrink_if && !options.shrink_if(finding)) {
+    failure.original = failure.minimal = judged.scenario;
+    failure.finding = finding;
+    failure.case_index = k;
+    failure.not_shrunk = options.not_shrunk_reason;
+  } else {
+    std::unique_lock rc_lock(rapidcheck_mutex());
+    failure = shrinker.shrink(std::move(*judged.shrinkable), finding, k, rc_lock);
+  }
+  failure.found_s = found_s;
+  failure.shrunk_s = clock.seconds();
+  if (options.progress) {
+    options.progress(fmt::format(
+        "case {}: {} ({}); found at {:.2f} s, {}", k, failure.finding.property,
+        failure.finding.signature, failure.found_s,
+        failure.not_shrunk.empty() ? fmt::format("shrunk in {} steps over {} runs",
+                                                 failure.shrink_steps, failure.shrink_runs)
+                                   : failure.not_shrunk));
+  }
+  return failure;
+}
+
 }  // namespace
 
 SearchResult search(const SearchOptions& options, const Judge& judge) {
@@ -443,12 +481,18 @@ SearchResult search(const SearchOptions& options, const Judge& judge) {
   const int64_t first = options.shard.index - 1;
   const int64_t stride = options.shard.count;
   const int64_t count = options.cases > first ? (options.cases - first + stride - 1) / stride : 0;
+  std::optional<DearFirst> dear_first;
+  if (options.dear_first) {
+    dear_first = DearFirst{[&gen, &options, first, stride](int64_t i) {
+      return predicted_cost(draw(gen, options, first + i * stride));
+    }};
+  }
   JudgedInOrder cases(
       pool, count, SearchOptions::kCasesAhead, /*urgent=*/false,
       [&gen, &judge, &options, first, stride](int64_t i) {
         return draw_and_judge(gen, judge, options, first + i * stride);
       },
-      runs);
+      runs, std::move(dear_first));
   double last_progress = 0;
   for (int64_t i = 0; i < count; ++i) {
     if (out_of_time(options, clock)) {
@@ -457,6 +501,10 @@ SearchResult search(const SearchOptions& options, const Judge& judge) {
     }
     const int64_t k = first + i * stride;
     Judged judged = cases.take(i);
+    if (options.record_case_times) {
+      result.case_times.push_back({k, case_size(options, k), cost_terms(judged.scenario),
+                                   predicted_cost(judged.scenario), judged.seconds});
+    }
     result.coverage.add(judged.scenario);
     ++result.cases_run;
     ++result.judge_runs;
@@ -469,27 +517,7 @@ SearchResult search(const SearchOptions& options, const Judge& judge) {
     const bool known = std::any_of(result.failures.begin(), result.failures.end(),
                                    [&](const Failure& f) { return f.finding.same_cause(finding); });
     if (known) continue;
-    const double found_s = clock.seconds();
-    Failure failure;
-    if (options.shrink_if && !options.shrink_if(finding)) {
-      failure.original = failure.minimal = judged.scenario;
-      failure.finding = finding;
-      failure.case_index = k;
-      failure.not_shrunk = options.not_shrunk_reason;
-    } else {
-      std::unique_lock rc_lock(rapidcheck_mutex());
-      failure = shrinker.shrink(std::move(*judged.shrinkable), finding, k, rc_lock);
-    }
-    failure.found_s = found_s;
-    failure.shrunk_s = clock.seconds();
-    if (options.progress) {
-      options.progress(fmt::format(
-          "case {}: {} ({}); found at {:.2f} s, {}", k, failure.finding.property,
-          failure.finding.signature, failure.found_s,
-          failure.not_shrunk.empty() ? fmt::format("shrunk in {} steps over {} runs",
-                                                   failure.shrink_steps, failure.shrink_runs)
-                                     : failure.not_shrunk));
-    }
+    Failure failure = commit_finding(options, shrinker, clock, judged, k);
     result.failures.push_back(std::move(failure));
     if (!options.keep_going) break;
   }
@@ -497,6 +525,29 @@ SearchResult search(const SearchOptions& options, const Judge& judge) {
   result.discarded_runs = runs - result.judge_runs;
   result.seconds = clock.seconds();
   return result;
+}
+
+CostTerms cost_terms(const sim::Scenario& s) {
+  const auto numel = static_cast<double>(s.total_numel());
+  const auto params = static_cast<double>(s.params.size());
+  CostTerms t;
+  auto add = [&](const sim::PhaseSpec& p, int64_t steps) {
+    const auto ranks = static_cast<double>(p.world());
+    t.element_steps +=
+        ranks * static_cast<double>(steps) * numel / static_cast<double>(p.tp * p.pp);
+    t.rank_steps += ranks * static_cast<double>(steps);
+    t.rank_phases += ranks;
+    t.rank_phase_params += ranks * params;
+  };
+  for (const sim::PhaseSpec& p : s.phases) add(p, p.steps);
+  // The uninterrupted reference run: the first phase's ranks, every step.
+  if (!s.phases.empty()) add(s.phases.front(), s.total_steps());
+  return t;
+}
+
+double predicted_cost(const sim::Scenario& s) {
+  const CostTerms t = cost_terms(s);
+  return t.element_steps + 384 * t.rank_steps + 3'500 * t.rank_phases + 1'900 * t.rank_phase_params;
 }
 
 SearchResult merge_shards(std::vector<SearchResult> shards, bool keep_going) {

@@ -133,6 +133,30 @@ struct SearchOptions {
   // It decides what is spent, never what is found: the causes and case indices stay the same.
   std::function<bool(const Finding&)> shrink_if;
   std::string not_shrunk_reason = "not shrunk";  // Failure::not_shrunk when shrink_if refuses
+  // With jobs > 1: workers start the cases predicted dearest (predicted_cost) early, while at
+  // least half of them keep the case order (search/parallel.h, DearFirst). False: case order.
+  // Either way the search finds the same (invariant 5); only its timings differ.
+  bool dear_first = true;
+  // Keep each committed case's predicted cost and judge time (SearchResult::case_times).
+  bool record_case_times = false;
+};
+
+// What predicted_cost weighs, summed over every phase's job and the reference run.
+struct CostTerms {
+  double element_steps = 0;      // ranks x steps x each rank's share of the elements
+  double rank_steps = 0;         // ranks x steps
+  double rank_phases = 0;        // ranks x jobs (each builds, saves, loads)
+  double rank_phase_params = 0;  // ranks x jobs x params
+};
+CostTerms cost_terms(const sim::Scenario& s);
+
+// One committed case's predicted cost and what judging it took (SearchOptions::record_case_times).
+struct CaseTime {
+  int64_t case_index = 0;
+  int size = 0;
+  CostTerms terms;
+  double predicted_cost = 0;
+  double seconds = 0;
 };
 
 struct Failure {
@@ -155,11 +179,17 @@ struct SearchResult {
   int64_t judge_runs = 0;      // cases run + shrink candidates judged, as jobs = 1 counts them
   int64_t discarded_runs = 0;  // jobs > 1: runs judged ahead whose result was not used
   bool stopped_by_time = false;
-  double seconds = 0;             // wall clock, the whole search
-  double shrink_seconds = 0;      // of which shrinking
-  std::vector<Failure> failures;  // one per cause, in the order found
-  Coverage coverage;              // what the cases drew (never the shrink candidates)
+  double seconds = 0;                // wall clock, the whole search
+  double shrink_seconds = 0;         // of which shrinking
+  std::vector<Failure> failures;     // one per cause, in the order found
+  Coverage coverage;                 // what the cases drew (never the shrink candidates)
+  std::vector<CaseTime> case_times;  // with SearchOptions::record_case_times, in case order
 };
+
+// What judging `s` costs, predicted from its shape: a weighted sum of its CostTerms, in units
+// of one element's step on one rank. A relative figure (the scheduler compares cases with it),
+// not seconds; its fit to measured judge times is in reports/search-speed.md.
+double predicted_cost(const sim::Scenario& s);
 
 // Smaller neighbours of a scenario, most aggressive first: fewer phases (a phase's steps merged
 // into its neighbour), fewer params, DP toward 1, fewer elements, fewer steps, and simpler

@@ -271,11 +271,47 @@ TEST(Cli, BadSearchOptionsExitTwoNamingTheFlag) {
            {"check --jobs 257 --out " + out, "--jobs"},
            {"check --shard 3/2 --out " + out,
             "--shard: must be K/N with 1 <= K <= N <= 100000, got '3/2'"},
+           {"check --schedule fastest --out " + out, "--schedule: fastest not in"},
+           {"check --cases 2 --case-times /proc/ckptsim-no/t.csv --out " + out,
+            "/proc/ckptsim-no/t.csv"},
        }) {
     const auto o = ckptsim_cli(c.args);
     EXPECT_EQ(o.exit_code, 2) << c.args << "\n" << o.text;
     EXPECT_NE(o.text.find(c.says), std::string::npos) << c.args << "\n" << o.text;
   }
+}
+
+// --case-times: one row per committed case, in case order, with its prediction and judge time;
+// the same findings under either --schedule. Mutation caught: the search not asked to keep the
+// case times (the CSV then has its header and no rows).
+TEST(Cli, CaseTimesListEveryCommittedCaseInOrder) {
+  const auto dir = std::filesystem::path(::testing::TempDir());
+  std::string found[2];
+  for (int k = 0; k < 2; ++k) {
+    const std::string csv = (dir / fmt::format("ckptsim-case-times-{}.csv", k)).string();
+    const auto o = ckptsim_cli(fmt::format(
+        "check --revision fix-complete --cases 30 --jobs 3 --first --json --quiet --schedule {} "
+        "--case-times {} --out {}",
+        k == 0 ? "dear-first" : "in-order", csv, (dir / "ckptsim-case-times").string()));
+    const auto j = nlohmann::json::parse(o.text, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << o.text;
+    found[k] = j["failures"].dump();
+    std::ifstream in(csv);
+    std::string line;
+    std::getline(in, line);
+    EXPECT_EQ(line,
+              "case,size,element_steps,rank_steps,rank_phases,rank_phase_params,predicted_cost,"
+              "seconds");
+    int64_t rows = 0;
+    while (std::getline(in, line)) {
+      EXPECT_EQ(line.substr(0, line.find(',')), std::to_string(rows)) << line;
+      ++rows;
+    }
+    EXPECT_EQ(rows, j["cases"].get<int64_t>());
+    EXPECT_GT(rows, 1);
+    EXPECT_LT(rows, 30) << "--first stops at the first finding";
+  }
+  EXPECT_EQ(found[0], found[1]);
 }
 
 // The printed repeat line runs the same search: every option that changes what is drawn or

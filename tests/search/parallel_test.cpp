@@ -143,3 +143,64 @@ TEST(JudgedInOrder, ResultsInIndexOrderAndErrorsAtTheirOwnIndex) {
     }
   }
 }
+
+// DearFirst (search/parallel.h, invariant 5): a task predicted to cost far more than the rest
+// starts among the first, not in its turn, and results still come back in index order; the
+// other workers keep the index order (task 0 starts first or second). Mutation caught:
+// pick_locked ignoring the predictions (task 37 then starts 38th).
+TEST(JudgedInOrder, DearFirstStartsThePredictedDearestEarly) {
+  search::WorkPool pool(4);
+  std::atomic<int64_t> runs{0};
+  std::mutex mu;
+  std::vector<int64_t> started;
+  search::JudgedInOrder judged(
+      pool, 40, 64, false,
+      [&](int64_t i) {
+        {
+          std::lock_guard lock(mu);
+          started.push_back(i);
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(i == 37 ? 40 : 4));
+        search::Judged j;
+        j.scenario.name = std::to_string(i);
+        return j;
+      },
+      runs, search::DearFirst{[](int64_t i) { return i == 37 ? 1000.0 : 1.0; }});
+  for (int64_t i = 0; i < 40; ++i) EXPECT_EQ(judged.take(i).scenario.name, std::to_string(i));
+  std::lock_guard lock(mu);
+  ASSERT_EQ(started.size(), 40u);
+  // Only one task runs out of order, so task 0 is started first or second.
+  EXPECT_LT(std::find(started.begin(), started.end(), 0) - started.begin(), 2);
+  const auto at = std::find(started.begin(), started.end(), 37) - started.begin();
+  EXPECT_LT(at, 10) << "the dear task started " << at << "th";
+}
+
+// The prediction grows with what a case runs: steps, ranks, elements, phases; TP and PP split
+// the elements among more ranks. Mutations caught: the steps left out of both per-step terms;
+// each rank's share of the elements not divided by TP x PP.
+TEST(PredictedCost, GrowsWithStepsRanksElementsAndPhases) {
+  sim::Scenario s;
+  s.params.push_back({});
+  s.params[0].numel = 1000;
+  s.phases.resize(2);
+  s.phases[0].steps = 2;
+  s.phases[1].steps = 2;
+  const double base = search::predicted_cost(s);
+  sim::Scenario longer = s;
+  longer.phases[0].steps = 2000;
+  sim::Scenario wider = s;
+  wider.phases[1].dp = 8;
+  sim::Scenario bigger = s;
+  bigger.params[0].numel = 100'000;
+  sim::Scenario more = s;
+  more.phases.push_back(s.phases[1]);
+  for (const auto* t : {&longer, &wider, &bigger, &more})
+    EXPECT_GT(search::predicted_cost(*t), base);
+  // A long phase outweighs everything else a small case draws.
+  EXPECT_GT(search::predicted_cost(longer), 50 * base);
+  sim::Scenario split = s;
+  split.phases[0].tp = 4;
+  split.phases[1].tp = 4;
+  EXPECT_EQ(search::cost_terms(split).element_steps, search::cost_terms(s).element_steps)
+      << "TP x4 ranks, each a quarter of the elements";
+}
