@@ -703,12 +703,13 @@ int check_command(const SearchCommand& c, const std::string& revision, std::ostr
       search::search(options.value(), search::property_judge(c.properties));
   if (!c.case_times.empty()) {
     std::string csv =
-        "case,size,element_steps,rank_steps,rank_phases,rank_phase_params,predicted_cost,"
-        "seconds\n";
+        "case,size,element_steps,buffer_steps,rank_steps,rank_phases,rank_phase_params,"
+        "predicted_cost,seconds\n";
     for (const search::CaseTime& t : result.case_times) {
-      csv += fmt::format("{},{},{:.0f},{:.0f},{:.0f},{:.0f},{:.0f},{:.6f}\n", t.case_index, t.size,
-                         t.terms.element_steps, t.terms.rank_steps, t.terms.rank_phases,
-                         t.terms.rank_phase_params, t.predicted_cost, t.seconds);
+      csv +=
+          fmt::format("{},{},{:.0f},{:.0f},{:.0f},{:.0f},{:.0f},{:.0f},{:.6f}\n", t.case_index,
+                      t.size, t.terms.element_steps, t.terms.buffer_steps, t.terms.rank_steps,
+                      t.terms.rank_phases, t.terms.rank_phase_params, t.predicted_cost, t.seconds);
     }
     if (Status s = write_text(c.case_times, csv); !s.is_ok()) return invalid(err, s.message());
   }

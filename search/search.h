@@ -143,7 +143,8 @@ struct SearchOptions {
 
 // What predicted_cost weighs, summed over every phase's job and the reference run.
 struct CostTerms {
-  double element_steps = 0;      // ranks x steps x each rank's share of the elements
+  double element_steps = 0;      // ranks x steps x each rank's share of the params' elements
+  double buffer_steps = 0;       // ranks x steps x each rank's share of the grad buffer (padded)
   double rank_steps = 0;         // ranks x steps
   double rank_phases = 0;        // ranks x jobs (each builds, saves, loads)
   double rank_phase_params = 0;  // ranks x jobs x params

@@ -300,8 +300,8 @@ TEST(Cli, CaseTimesListEveryCommittedCaseInOrder) {
     std::string line;
     std::getline(in, line);
     EXPECT_EQ(line,
-              "case,size,element_steps,rank_steps,rank_phases,rank_phase_params,predicted_cost,"
-              "seconds");
+              "case,size,element_steps,buffer_steps,rank_steps,rank_phases,rank_phase_params,"
+              "predicted_cost,seconds");
     int64_t rows = 0;
     while (std::getline(in, line)) {
       EXPECT_EQ(line.substr(0, line.find(',')), std::to_string(rows)) << line;

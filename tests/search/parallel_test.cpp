@@ -176,8 +176,9 @@ TEST(JudgedInOrder, DearFirstStartsThePredictedDearestEarly) {
 }
 
 // The prediction grows with what a case runs: steps, ranks, elements, phases; TP and PP split
-// the elements among more ranks. Mutations caught: the steps left out of both per-step terms;
-// each rank's share of the elements not divided by TP x PP.
+// the elements among more ranks; padded buckets cost. Mutations caught: the steps left out of
+// the per-step terms; each rank's share of the elements not divided by TP x PP; the grad
+// buffer taken as the params' numel (the padding left out).
 TEST(PredictedCost, GrowsWithStepsRanksElementsAndPhases) {
   sim::Scenario s;
   s.params.push_back({});
@@ -194,8 +195,13 @@ TEST(PredictedCost, GrowsWithStepsRanksElementsAndPhases) {
   bigger.params[0].numel = 100'000;
   sim::Scenario more = s;
   more.phases.push_back(s.phases[1]);
-  for (const auto* t : {&longer, &wider, &bigger, &more})
+  sim::Scenario padded = s;  // every bucket padded to 65,536 elements
+  padded.pad_buckets_for_high_nccl_busbw = true;
+  for (const auto* t : {&longer, &wider, &bigger, &more, &padded}) {
     EXPECT_GT(search::predicted_cost(*t), base);
+  }
+  // Two phases of 2 steps and the reference run's 4, at DP 1: 8 rank-steps over one bucket.
+  EXPECT_EQ(search::cost_terms(padded).buffer_steps, 8 * 65536);
   // A long phase outweighs everything else a small case draws.
   EXPECT_GT(search::predicted_cost(longer), 50 * base);
   sim::Scenario split = s;
