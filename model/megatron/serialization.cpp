@@ -591,7 +591,8 @@ SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup&
     throw_if_write_failed(storage.write_file(kMetadataFile, metadata), SaveWrite::kMetadata);
     // The next load of these bytes finds their index parsed (it equals a parse: the text
     // holds every field of every piece).
-    prime_load_index(storage, *report.pieces, metadata);
+    prime_load_index(storage, *report.pieces, entries->object_order,
+                     !options.common_state_as_sharded_object, metadata);
   }
   group.barrier();
   return report;
@@ -802,8 +803,7 @@ class LoadIndexCache {
     }
     auto parsed = parse_checkpoint_index(*bytes);
     if (!parsed.is_ok()) return parsed.status();
-    return insert(make_index(std::move(bytes), std::move(parsed.value().pieces),
-                             parsed.value().piece_headers));
+    return insert(make_index(std::move(bytes), std::move(parsed.value())));
   }
 
   // The index of the metadata.json just written into `storage`, from the pieces it lists
@@ -811,7 +811,7 @@ class LoadIndexCache {
   // thread's next load. A storage that cannot read the file back, or whose file does not hold
   // the bytes written (a short write: the index of the pieces would pass for the cut bytes'),
   // is left alone.
-  void prime(const Storage& storage, const std::vector<SavedPiece>& pieces,
+  void prime(const Storage& storage, CheckpointIndex written_index,
              const std::vector<char>& written) {
     std::shared_ptr<const std::vector<char>> bytes;
     {
@@ -824,7 +824,7 @@ class LoadIndexCache {
     // One per thread (a search's case saves and loads on its own thread): bounded by the
     // number of threads, and another thread's prime does not drop it before its load.
     thread_local std::shared_ptr<const LoadIndex> primed_here;
-    primed_here = insert(make_index(std::move(bytes), pieces, /*piece_headers=*/true));
+    primed_here = insert(make_index(std::move(bytes), std::move(written_index)));
   }
 
   void check_unchanged() const {
@@ -847,11 +847,13 @@ class LoadIndexCache {
   }
 
   static std::shared_ptr<LoadIndex> make_index(std::shared_ptr<const std::vector<char>> bytes,
-                                               std::vector<SavedPiece> pieces, bool piece_headers) {
+                                               CheckpointIndex parsed) {
     auto index = std::make_shared<LoadIndex>();
     index->bytes = std::move(bytes);
-    index->piece_headers = piece_headers;
-    index->pieces = std::move(pieces);
+    index->piece_headers = parsed.piece_headers;
+    index->pieces = std::move(parsed.pieces);
+    index->objects = std::move(parsed.objects);
+    index->common_in_common_pt = parsed.common_in_common_pt;
     for (const auto& p : index->pieces) {
       index->by_key[p.key].push_back(&p);
       index->problems.push_back(piece_problem(p, std::nullopt));
@@ -924,8 +926,12 @@ Result<std::shared_ptr<const LoadIndex>> shared_load_index(const Storage& storag
 void check_shared_load_indexes_unchanged() { load_index_cache().check_unchanged(); }
 
 void prime_load_index(const Storage& storage, const std::vector<SavedPiece>& pieces,
+                      const std::vector<std::string>& object_keys, bool common_in_common_pt,
                       const std::vector<char>& written) {
-  load_index_cache().prime(storage, pieces, written);
+  // What a parse of metadata_json(common_in_common_pt, pieces, object_keys) gives.
+  CheckpointIndex index{pieces, {}, common_in_common_pt, /*piece_headers=*/true};
+  for (const std::string& key : object_keys) index.objects.push_back({key, object_file(key)});
+  load_index_cache().prime(storage, std::move(index), written);
 }
 
 namespace {
@@ -1189,10 +1195,11 @@ std::string piece_damage(const SavedPiece& p, const std::vector<char>& file, boo
 }
 
 std::string checkpoint_problem(const Storage& storage) {
-  auto index = read_checkpoint_index(storage);
+  // The load's own index of these bytes (a save primed it): no parse of a file just written.
+  auto index = shared_load_index(storage);
   if (!index.is_ok()) return index.status().to_string();
   std::map<std::string, std::shared_ptr<const std::vector<char>>> files;
-  for (const auto& p : index.value().pieces) {
+  for (const auto& p : index.value()->pieces) {
     auto it = files.find(p.file);
     if (it == files.end()) {
       auto bytes = storage.read_file_shared(p.file);
@@ -1201,10 +1208,10 @@ std::string checkpoint_problem(const Storage& storage) {
     }
     // Out of bounds, or another save's bytes where the piece should be (a directory overwritten
     // in place by a save that died): the load fails on them, so the checkpoint is not whole.
-    const std::string problem = piece_damage(p, *it->second, index.value().piece_headers);
+    const std::string problem = piece_damage(p, *it->second, index.value()->piece_headers);
     if (!problem.empty()) return fmt::format("{}: key {}: {}", p.file, p.key, problem);
   }
-  for (const auto& o : index.value().objects) {
+  for (const auto& o : index.value()->objects) {
     if (!storage.exists(o.file)) return o.file + ": missing";
   }
   auto common = read_common_state(storage);

@@ -125,6 +125,11 @@ struct SaveOptions {
 SaveReport save(const Value& sharded_state_dict, Storage& storage, ProcessGroup& group,
                 const SaveOptions& options = {});
 
+struct SavedObject {
+  std::string unique_key;  // '<key>/shard_<offset>_<shape>'
+  std::string file;        // objects/<unique_key>.pt, a pickle_codec blob of the object
+};
+
 // metadata.json as load() reads it: the pieces, each key's pieces in metadata order, and what
 // is wrong with each piece against its own tensor ("" when nothing; its file is checked when
 // read). Every rank of a job loads the same file, so equal bytes are parsed once per process
@@ -149,6 +154,8 @@ struct LoadIndex {
   std::vector<std::string> problems;                             // per piece
   uint64_t pieces_fingerprint = 0;
   bool piece_headers = false;  // every piece's bytes follow its header (metadata.json says so)
+  std::vector<SavedObject> objects;  // in save order
+  bool common_in_common_pt = false;  // else in the ShardedObject 'common_state/shard_0_1'
 
   void check_unchanged() const;
 };
@@ -160,11 +167,13 @@ Result<std::shared_ptr<const LoadIndex>> shared_load_index(const Storage& storag
 // the cache, as a parse of it would (invariant 1 holds because the text carries every field of
 // every piece); save() calls it after writing the file. One primed index per thread stays
 // alive until that thread primes another (invariant 3: bounded by the threads).
-// `written`: the bytes save() wrote, metadata_json(..., pieces, ...). Nothing is primed unless
+// `written`: the bytes save() wrote, metadata_json(common_in_common_pt, pieces, object_keys).
+// Nothing is primed unless
 // the file holds exactly them: a write that landed short (a storage fault) left other bytes,
 // whose index is whatever a parse of them gives (until 2026-12-05 the pieces' index was primed
 // under the cut bytes, and a load of a checkpoint with half a metadata.json went through).
 void prime_load_index(const Storage& storage, const std::vector<SavedPiece>& pieces,
+                      const std::vector<std::string>& object_keys, bool common_in_common_pt,
                       const std::vector<char>& written);
 // check_unchanged() on every index the cache still reaches (the simulator calls it after each
 // phase, when the ranks that shared an index are done with it).
@@ -212,11 +221,6 @@ std::string metadata_json(bool common_in_common_pt, const std::vector<SavedPiece
 
 // The pieces listed in a checkpoint's metadata.json (for checkers). Status names the file.
 Result<std::vector<SavedPiece>> read_checkpoint_pieces(const Storage& storage);
-
-struct SavedObject {
-  std::string unique_key;  // '<key>/shard_<offset>_<shape>'
-  std::string file;        // objects/<unique_key>.pt, a pickle_codec blob of the object
-};
 
 // Everything metadata.json lists (for exporters, model/megatron/torch_dist_writer.h).
 // "" when `file` (the piece's whole file) holds p's bytes in bounds and, where `headers` (the

@@ -391,6 +391,16 @@ TEST(Serialization, SavePrimesTheLoadIndexWithWhatAParseGives) {
   EXPECT_EQ(index.value()->problems, std::vector<std::string>(6, ""));
   EXPECT_EQ(index.value()->bytes, store.read_file_shared("metadata.json").value())
       << "keyed by the storage's own bytes";
+  // The rest of what metadata.json lists (checkpoint_problem reads it from the index).
+  const CheckpointIndex full = read_checkpoint_index(store).value();
+  EXPECT_EQ(index.value()->piece_headers, full.piece_headers);
+  EXPECT_EQ(index.value()->common_in_common_pt, full.common_in_common_pt);
+  ASSERT_EQ(index.value()->objects.size(), full.objects.size());
+  ASSERT_EQ(full.objects.size(), 2u);
+  for (size_t i = 0; i < full.objects.size(); ++i) {
+    EXPECT_EQ(index.value()->objects[i].unique_key, full.objects[i].unique_key);
+    EXPECT_EQ(index.value()->objects[i].file, full.objects[i].file);
+  }
 }
 
 // read_checkpoint_tensors assembles each key's pieces into its global tensor and refuses, with a
