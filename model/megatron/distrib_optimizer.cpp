@@ -13,6 +13,7 @@
 #include "model/megatron/dict_utils.h"
 #include "model/megatron/mapping.h"
 #include "model/megatron/optimizer_key.h"
+#include "model/py/host_tensor.h"
 
 namespace ckptsim::model {
 
@@ -84,13 +85,12 @@ double py_item(const at::Tensor& t) {
         fmt::format("a Tensor with {} elements cannot be converted to Scalar", t.numel()),
         "Tensor.item()");
   }
-  return t.reshape({}).item<double>();
+  return host::item(t);
 }
 
 void py_copy_(const at::Tensor& dst, const at::Tensor& src) {
   try {
-    at::Tensor d = dst;
-    d.copy_(src);
+    host::copy_(dst, src);
   } catch (const c10::Error& e) {
     throw UpstreamError("RuntimeError", e.what_without_backtrace(), "Tensor.copy_()");
   }

@@ -16,6 +16,7 @@
 #include "model/errors.h"
 #include "model/fnv1a.h"
 #include "model/megatron/mapping.h"
+#include "model/py/host_tensor.h"
 #include "model/py/pickle_codec.h"
 
 namespace ckptsim::model {
@@ -1176,9 +1177,8 @@ Result<std::map<std::string, std::vector<float>>> read_checkpoint_tensors(
     if (size == 0) continue;  // an empty piece: an empty tensor's data_ptr() is null
     at::Tensor src = at::empty({p.numel}, at::TensorOptions().dtype(dtype));
     std::memcpy(src.data_ptr(), it->second.data() + p.byte_offset, size);
-    const at::Tensor f = src.to(at::kFloat);
-    std::copy(f.data_ptr<float>(), f.data_ptr<float>() + p.numel,
-              values.begin() + static_cast<std::ptrdiff_t>(p.global_offset));
+    const std::vector<float> f = host::floats(src);
+    std::copy(f.begin(), f.end(), values.begin() + static_cast<std::ptrdiff_t>(p.global_offset));
   }
   return out;
 }

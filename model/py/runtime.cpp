@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "model/kernels/fused_adam_cuda.h"
+#include "model/py/host_tensor.h"
 
 namespace ckptsim::model {
 
@@ -95,7 +96,14 @@ at::Tensor Runtime::to(const at::Tensor& t, at::ScalarType dtype, Device device)
         at::TensorOptions().dtype(dtype).device(device == Device::kCuda ? at::kCUDA : at::kCPU),
         /*non_blocking=*/false, /*copy=*/true);
   }
-  at::Tensor out = t.to(dtype, /*non_blocking=*/false, /*copy=*/true);
+  // _to_copy: a new tensor of t's strides (contiguous ones here), then copy_.
+  at::Tensor out;
+  if (host::contiguous(t)) {
+    out = host::empty(t.sizes(), dtype);
+    host::copy_(out, t);
+  } else {
+    out = t.to(dtype, /*non_blocking=*/false, /*copy=*/true);
+  }
   place(out, device);
   return out;
 }
