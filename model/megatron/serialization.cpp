@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 
 #include "model/errors.h"
 #include "model/fnv1a.h"
@@ -1044,11 +1045,11 @@ Value load(const Value& sharded_state_dict, const Storage& storage, ProcessGroup
       fail_if(*p, damage(bytes));
       const at::ScalarType dtype = dtype_from_name(p->dtype);
       const size_t elem = c10::elementSize(dtype);
-      at::Tensor src = at::empty({end - begin}, at::TensorOptions().dtype(dtype));
       const size_t at_byte = static_cast<size_t>(p->byte_offset) +
                              static_cast<size_t>(begin - p->global_offset) * elem;
-      std::memcpy(src.data_ptr(), bytes.data() + at_byte, src.numel() * elem);
-      dst_run.narrow(0, begin - want_begin, end - begin).copy_(src);
+      host::copy_bytes(host::narrow(dst_run, begin - want_begin, end - begin), dtype,
+                       std::as_bytes(std::span(bytes.data() + at_byte,
+                                               static_cast<size_t>(end - begin) * elem)));
       covered.emplace_back(begin, end);
     }
     std::sort(covered.begin(), covered.end());
@@ -1125,10 +1126,10 @@ Value load(const Value& sharded_state_dict, const Storage& storage, ProcessGroup
           }
           bool skipped =
               !options.skip_optimizer_piece || !std::string_view(st.key).starts_with("optimizer.");
-          const at::Tensor flat = st.data.view(-1);
+          const at::Tensor flat = host::view_flat(st.data);
           for (const FlatRun& run : flat_runs(st)) {
             read_run(st.key, run.global_offset, run.global_offset + run.numel,
-                     flat.narrow(0, run.local_offset, run.numel), it->second, skipped);
+                     host::narrow(flat, run.local_offset, run.numel), it->second, skipped);
           }
           return Value(st.data);
         },

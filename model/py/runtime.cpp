@@ -119,13 +119,13 @@ void Runtime::fill_garbage(at::Tensor& t) {
 }
 
 at::Tensor Runtime::empty(at::IntArrayRef shape, at::ScalarType dtype, Device device) {
-  at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype));
+  at::Tensor t = host::empty(shape, dtype);
   fill_garbage(t);  // on the host, so that a GPU run holds the very same garbage
   return on(std::move(t), device);
 }
 
 at::Tensor Runtime::zeros(at::IntArrayRef shape, at::ScalarType dtype, Device device) {
-  return on(at::zeros(shape, at::TensorOptions().dtype(dtype)), device);
+  return on(host::zeros(shape, dtype), device);
 }
 
 at::Tensor Runtime::empty_like(const at::Tensor& t, at::ScalarType dtype) {
@@ -137,7 +137,7 @@ at::Tensor Runtime::zeros_like(const at::Tensor& t) {
 }
 
 at::Tensor Runtime::clone(const at::Tensor& t) {
-  at::Tensor out = t.clone(at::MemoryFormat::Contiguous);
+  at::Tensor out = host::clone(t);
   if (!real_cuda_) place(out, device_of(t));
   return out;
 }
