@@ -15,6 +15,7 @@
 #include "model/megatron/optimizer_key.h"
 #include "model/megatron/optimizer_param_scheduler.h"
 #include "model/megatron/torch_dist_checkpoint.h"
+#include "model/py/host_tensor.h"
 #include "sim/gradients.h"
 #include "sim/local_world.h"
 
@@ -157,12 +158,13 @@ std::vector<at::Tensor> initial_params(const Scenario& s) {
 // Each of the rank's params starts as its piece of the whole param's initial values.
 void set_initial_params(model::DistributedDataParallel& ddp, const std::vector<at::Tensor>& init) {
   for (size_t i = 0; i < ddp.num_params(); ++i) {
-    at::Tensor p = ddp.param(i).view(-1);
+    const at::Tensor p = model::host::view_flat(ddp.param(i));
     const at::Tensor& whole = init[ddp.global_param(i)];
     int64_t local = 0;
     for (const auto& [global_begin, length] :
          model::tp_element_runs(ddp.global_spec(i), ddp.mp_of(i))) {
-      p.narrow(0, local, length).copy_(whole.narrow(0, global_begin, length));
+      model::host::copy_(model::host::narrow(p, local, length),
+                         model::host::narrow(whole, global_begin, length));
       local += length;
     }
   }

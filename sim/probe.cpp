@@ -6,6 +6,7 @@
 
 #include "model/errors.h"
 #include "model/megatron/optimizer_key.h"
+#include "model/py/host_tensor.h"
 
 namespace ckptsim::sim {
 
@@ -19,9 +20,7 @@ using model::Value;
 std::vector<float> floats(const Value* v) {
   std::vector<float> out;
   if (v == nullptr || !v->is_tensor() || !v->tensor().defined()) return out;
-  const at::Tensor t = v->tensor().to(at::kFloat).to(at::kCPU).contiguous();
-  out.assign(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
-  return out;
+  return model::host::floats(v->tensor());
 }
 
 size_t owner_of(const model::DistributedOptimizer& opt, const at::Tensor& t) {

@@ -12,6 +12,7 @@
 #include "model/fnv1a.h"
 #include "model/megatron/mapping.h"
 #include "model/megatron/optimizer_key.h"
+#include "model/py/host_tensor.h"
 #include "model/py/pickle_codec.h"
 
 namespace ckptsim::sim {
@@ -22,10 +23,7 @@ using model::Value;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-std::vector<float> tensor_floats(const at::Tensor& t) {
-  const at::Tensor f = t.to(at::kFloat).to(at::kCPU).contiguous();
-  return {f.data_ptr<float>(), f.data_ptr<float>() + f.numel()};
-}
+std::vector<float> tensor_floats(const at::Tensor& t) { return model::host::floats(t); }
 
 // Whether two ranks' model params are the same bits (NaN payloads included).
 bool bitwise_equal(const std::vector<std::vector<float>>& a,

@@ -13,6 +13,7 @@
 #include "model/megatron/dict_utils.h"
 #include "model/megatron/mapping.h"
 #include "model/megatron/optimizer_key.h"
+#include "model/py/host_tensor.h"
 
 namespace ckptsim::model {
 
@@ -84,13 +85,12 @@ double py_item(const at::Tensor& t) {
         fmt::format("a Tensor with {} elements cannot be converted to Scalar", t.numel()),
         "Tensor.item()");
   }
-  return t.reshape({}).item<double>();
+  return host::item(t);
 }
 
 void py_copy_(const at::Tensor& dst, const at::Tensor& src) {
   try {
-    at::Tensor d = dst;
-    d.copy_(src);
+    host::copy_(dst, src);
   } catch (const c10::Error& e) {
     throw UpstreamError("RuntimeError", e.what_without_backtrace(), "Tensor.copy_()");
   }
@@ -270,7 +270,8 @@ void DistributedOptimizer::build_model_and_main_param_groups() {
       const Range& pr = range_map(p).param;
       const at::Tensor& model_param = ddp_.param(p);
       // model_param.detach().view(-1)[param_range.start:param_range.end]
-      at::Tensor shard_model_param = model_param.view(-1).narrow(0, pr.start, pr.size());
+      at::Tensor shard_model_param =
+          host::narrow(host::view_flat(model_param), pr.start, pr.size());
       if (model_param.scalar_type() == at::kBFloat16) {
         at::Tensor shard_main_param;
         if (!precision_aware()) {
@@ -399,7 +400,7 @@ void DistributedOptimizer::step() {
         const Range& pr = range_map(p).param;
         const at::Tensor& shard_main_param = shard_groups[g][i];
         CKPTSIM_CHECK(pr.size() == shard_main_param.numel(), "param range size != shard size");
-        at::Tensor shard_model_grad = ddp_.main_grad(p).narrow(0, pr.start, pr.size());
+        at::Tensor shard_model_grad = host::narrow(ddp_.main_grad(p), pr.start, pr.size());
         // Precision-aware: .decoupled_grad, which torch optimizers and a FusedAdam built without
         // use_decoupled_grad never read; otherwise .grad = grad.float(), the same view since
         // grads are fp32.

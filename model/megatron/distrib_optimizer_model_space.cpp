@@ -20,6 +20,7 @@
 #include "model/megatron/distrib_optimizer.h"
 #include "model/megatron/mapping.h"
 #include "model/megatron/optimizer_key.h"
+#include "model/py/host_tensor.h"
 
 namespace ckptsim::model {
 
@@ -36,7 +37,7 @@ at::Tensor py_slice(const at::Tensor& t, int64_t a, int64_t b) {
   const int64_t n = t.size(0);
   a = std::clamp<int64_t>(a, 0, n);
   b = std::clamp<int64_t>(b, a, n);
-  return t.narrow(0, a, b - a);
+  return host::narrow(t, a, b - a);
 }
 
 std::span<float> floats(const at::Tensor& t) {
@@ -202,7 +203,7 @@ Value DistributedOptimizer::sharded_param_state_fully_reshardable(
         }
         ShardedTensor st = meta;  // dataclasses.replace: the model param's sharding
         st.key = format_model_space_key({state_key, meta.key});
-        st.data = slice.reshape(meta.data.sizes());
+        st.data = host::reshape(slice, meta.data.sizes());
         st.dtype = st.data.scalar_type();
         tensors->set(state_key, Value(ShardedTensor::make(std::move(st))));
       }

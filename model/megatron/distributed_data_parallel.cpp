@@ -8,6 +8,7 @@
 #include "model/errors.h"
 #include "model/faults.h"
 #include "model/megatron/mapping.h"
+#include "model/py/host_tensor.h"
 
 namespace ckptsim::model {
 
@@ -110,16 +111,17 @@ void DistributedDataParallel::lay_out_buffer(ParamAndGradBuffer& buffer,
     buffer.grad_data = rt_.zeros({buffer.layout.numel}, buffer.grad_dtype, Device::kCuda);
     for (size_t k = 0; k < buffer.params.size(); ++k) {
       const ParamIndex& pi = buffer.layout.param_index_map[k];
-      params_[buffer.params[k]] = buffer.param_data.narrow(0, pi.start, pi.end - pi.start)
-                                      .view(specs_[buffer.params[k]].shape);
-      main_grads_[buffer.params[k]] = buffer.grad_data.narrow(0, pi.start, pi.end - pi.start);
+      params_[buffer.params[k]] =
+          host::view(host::narrow(buffer.param_data, pi.start, pi.end - pi.start),
+                     specs_[buffer.params[k]].shape);
+      main_grads_[buffer.params[k]] = host::narrow(buffer.grad_data, pi.start, pi.end - pi.start);
     }
   }
 }
 
 void DistributedDataParallel::zero_grad_buffer() {
-  for (auto& buffer : buffers_) buffer.grad_data.zero_();
-  for (auto& buffer : expert_buffers_) buffer.grad_data.zero_();
+  for (auto& buffer : buffers_) host::zero_(buffer.grad_data);
+  for (auto& buffer : expert_buffers_) host::zero_(buffer.grad_data);
 }
 
 ProcessGroup& DistributedDataParallel::expert_dp_group() {

@@ -1,6 +1,7 @@
 #include "model/megatron/hybrid_optimizer.h"
 
 #include "model/errors.h"
+#include "model/py/host_tensor.h"
 
 namespace ckptsim::model {
 
@@ -159,7 +160,7 @@ void HybridDeviceOptimizer::set_sub_optimizer_grads() {
           cpu_copy_map_grad.set(param, rt_.empty(param.sizes(), param.scalar_type(), Device::kCpu));
           rt_.set_grad(param, *cpu_copy_map_grad.find(param));
         }
-        cpu_copy_map_grad.find(param)->copy_(grad);
+        host::copy_(*cpu_copy_map_grad.find(param), grad);
       }
     }
   }
@@ -169,7 +170,7 @@ void HybridDeviceOptimizer::set_sub_optimizer_grads() {
 void HybridDeviceOptimizer::param_copy_back_gpu(Optimizer& cpu_optimizer) {
   for (const Value& gv : *cpu_optimizer.param_groups) {
     for (const at::Tensor& param : group_params(*gv.dict())) {
-      cpu_copys_map_gpu_param.at(param, "cpu_copys_map_gpu_param[param]").copy_(param);
+      host::copy_(cpu_copys_map_gpu_param.at(param, "cpu_copys_map_gpu_param[param]"), param);
     }
   }
 }
@@ -180,8 +181,7 @@ void HybridDeviceOptimizer::fp32_param_copy_back_gpu() {
     for (const at::Tensor& param : group_params(*gv.dict())) {
       if (gpu_params_map_cpu_copy.contains(param)) continue;
       if (const at::Tensor* fp32_param = param_to_fp32_param.find(param)) {
-        at::Tensor p = param;
-        p.copy_(*fp32_param);
+        host::copy_(param, *fp32_param);
       }
     }
   }
@@ -289,11 +289,11 @@ void HybridDeviceOptimizer::move_new_state_to_right_device() {
 }
 
 void HybridDeviceOptimizer::update_fp32_param_by_new_param() {
-  for (const auto& [param, fp32_param] : param_to_fp32_param) fp32_param.copy_(param);
+  for (const auto& [param, fp32_param] : param_to_fp32_param) host::copy_(fp32_param, param);
   // Revision switch hdo_reload_refreshes_cpu_copies (radixark since ae20f4132).
   if (!switches_.hdo_reload_refreshes_cpu_copies) return;
   for (const auto& [param, cpu_copy] : gpu_params_map_cpu_copy) {
-    if (!param_to_fp32_param.contains(param)) cpu_copy.copy_(param);
+    if (!param_to_fp32_param.contains(param)) host::copy_(cpu_copy, param);
   }
 }
 
@@ -313,7 +313,7 @@ void HybridDeviceOptimizer::update_fp32_params_by_new_state() {
       if (fp32 == nullptr) throw PyKeyError("Parameter containing: tensor(...)", kSite);
       target = *fp32;
     }
-    target.copy_(v->at("master_param", kSite).tensor());
+    host::copy_(target, v->at("master_param", kSite).tensor());
   }
 }
 

@@ -12,10 +12,12 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 
 #include "model/errors.h"
 #include "model/fnv1a.h"
 #include "model/megatron/mapping.h"
+#include "model/py/host_tensor.h"
 #include "model/py/pickle_codec.h"
 
 namespace ckptsim::model {
@@ -1049,11 +1051,11 @@ Value load(const Value& sharded_state_dict, const Storage& storage, ProcessGroup
       fail_if(*p, damage(bytes));
       const at::ScalarType dtype = dtype_from_name(p->dtype);
       const size_t elem = c10::elementSize(dtype);
-      at::Tensor src = at::empty({end - begin}, at::TensorOptions().dtype(dtype));
       const size_t at_byte = static_cast<size_t>(p->byte_offset) +
                              static_cast<size_t>(begin - p->global_offset) * elem;
-      std::memcpy(src.data_ptr(), bytes.data() + at_byte, src.numel() * elem);
-      dst_run.narrow(0, begin - want_begin, end - begin).copy_(src);
+      host::copy_bytes(host::narrow(dst_run, begin - want_begin, end - begin), dtype,
+                       std::as_bytes(std::span(bytes.data() + at_byte,
+                                               static_cast<size_t>(end - begin) * elem)));
       covered.emplace_back(begin, end);
     }
     std::sort(covered.begin(), covered.end());
@@ -1130,10 +1132,10 @@ Value load(const Value& sharded_state_dict, const Storage& storage, ProcessGroup
           }
           bool skipped =
               !options.skip_optimizer_piece || !std::string_view(st.key).starts_with("optimizer.");
-          const at::Tensor flat = st.data.view(-1);
+          const at::Tensor flat = host::view_flat(st.data);
           for (const FlatRun& run : flat_runs(st)) {
             read_run(st.key, run.global_offset, run.global_offset + run.numel,
-                     flat.narrow(0, run.local_offset, run.numel), it->second, skipped);
+                     host::narrow(flat, run.local_offset, run.numel), it->second, skipped);
           }
           return Value(st.data);
         },
@@ -1182,9 +1184,8 @@ Result<std::map<std::string, std::vector<float>>> read_checkpoint_tensors(
     if (size == 0) continue;  // an empty piece: an empty tensor's data_ptr() is null
     at::Tensor src = at::empty({p.numel}, at::TensorOptions().dtype(dtype));
     std::memcpy(src.data_ptr(), it->second.data() + p.byte_offset, size);
-    const at::Tensor f = src.to(at::kFloat);
-    std::copy(f.data_ptr<float>(), f.data_ptr<float>() + p.numel,
-              values.begin() + static_cast<std::ptrdiff_t>(p.global_offset));
+    const std::vector<float> f = host::floats(src);
+    std::copy(f.begin(), f.end(), values.begin() + static_cast<std::ptrdiff_t>(p.global_offset));
   }
   return out;
 }

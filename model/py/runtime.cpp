@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "model/kernels/fused_adam_cuda.h"
+#include "model/py/host_tensor.h"
 
 namespace ckptsim::model {
 
@@ -95,7 +96,14 @@ at::Tensor Runtime::to(const at::Tensor& t, at::ScalarType dtype, Device device)
         at::TensorOptions().dtype(dtype).device(device == Device::kCuda ? at::kCUDA : at::kCPU),
         /*non_blocking=*/false, /*copy=*/true);
   }
-  at::Tensor out = t.to(dtype, /*non_blocking=*/false, /*copy=*/true);
+  // _to_copy: a new tensor of t's strides (contiguous ones here), then copy_.
+  at::Tensor out;
+  if (host::contiguous(t)) {
+    out = host::empty(t.sizes(), dtype);
+    host::copy_(out, t);
+  } else {
+    out = t.to(dtype, /*non_blocking=*/false, /*copy=*/true);
+  }
   place(out, device);
   return out;
 }
@@ -111,13 +119,13 @@ void Runtime::fill_garbage(at::Tensor& t) {
 }
 
 at::Tensor Runtime::empty(at::IntArrayRef shape, at::ScalarType dtype, Device device) {
-  at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype));
+  at::Tensor t = host::empty(shape, dtype);
   fill_garbage(t);  // on the host, so that a GPU run holds the very same garbage
   return on(std::move(t), device);
 }
 
 at::Tensor Runtime::zeros(at::IntArrayRef shape, at::ScalarType dtype, Device device) {
-  return on(at::zeros(shape, at::TensorOptions().dtype(dtype)), device);
+  return on(host::zeros(shape, dtype), device);
 }
 
 at::Tensor Runtime::empty_like(const at::Tensor& t, at::ScalarType dtype) {
@@ -129,7 +137,7 @@ at::Tensor Runtime::zeros_like(const at::Tensor& t) {
 }
 
 at::Tensor Runtime::clone(const at::Tensor& t) {
-  at::Tensor out = t.clone(at::MemoryFormat::Contiguous);
+  at::Tensor out = host::clone(t);
   if (!real_cuda_) place(out, device_of(t));
   return out;
 }
