@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -228,14 +229,90 @@ std::string LocalWorld::find_mismatch_locked(const Group& g) const {
   return {};
 }
 
+namespace {
+
+using ByteSpan = std::pair<const std::byte*, std::size_t>;
+
+// Whether no two of `spans` share a byte (empty spans share nothing).
+bool pairwise_disjoint(std::vector<ByteSpan> spans) {
+  std::erase_if(spans, [](const ByteSpan& s) { return s.second == 0; });
+  std::sort(spans.begin(), spans.end());
+  for (std::size_t i = 1; i < spans.size(); ++i) {
+    if (spans[i - 1].first + spans[i - 1].second > spans[i].first) return false;
+  }
+  return true;
+}
+
+// Where a collective may write every rank's output straight from the inputs, with no scratch
+// (invariant 4): every output lies in place, as `at(r)` says rank r's does within its own
+// buffer, and the buffers are disjoint; or no output or input shares a byte with another.
+bool writes_straight(std::size_t n_ranks, const std::function<ByteSpan(std::size_t)>& input,
+                     const std::function<ByteSpan(std::size_t)>& output,
+                     const std::function<bool(std::size_t)>& in_place,
+                     const std::function<ByteSpan(std::size_t)>& buffer) {
+  bool all_in_place = true;
+  for (std::size_t r = 0; r < n_ranks && all_in_place; ++r) all_in_place = in_place(r);
+  std::vector<ByteSpan> spans;
+  spans.reserve(2 * n_ranks);
+  if (all_in_place) {
+    for (std::size_t r = 0; r < n_ranks; ++r) spans.push_back(buffer(r));
+    return pairwise_disjoint(std::move(spans));
+  }
+  for (std::size_t r = 0; r < n_ranks; ++r) {
+    spans.push_back(input(r));
+    spans.push_back(output(r));
+  }
+  return pairwise_disjoint(std::move(spans));
+}
+
+}  // namespace
+
 void LocalWorld::execute_locked(Group& g) {
   const std::size_t n_ranks = g.members.size();
   auto call = [&](std::size_t r) -> const Call& { return *g.calls[r]; };
   auto floats_in = [&](std::size_t r) {
     return reinterpret_cast<const float*>(call(r).input.data());
   };
+  const std::function<ByteSpan(std::size_t)> input = [&](std::size_t r) {
+    return ByteSpan{call(r).input.data(), call(r).input.size()};
+  };
+  const std::function<ByteSpan(std::size_t)> output = [&](std::size_t r) {
+    return ByteSpan{call(r).output.data(), call(r).output.size()};
+  };
   switch (call(0).op) {
-    case CollectiveOp::kReduceScatterSum:
+    case CollectiveOp::kReduceScatterSum: {
+      // Megatron reduce-scatters a bucket into its own shard: rank r's output is segment r of
+      // its input. Then each segment is summed straight into its rank's output, in blocks,
+      // each element ((in_0 + in_1) + in_2) + ... as below (invariant 1): the output's element
+      // is read as an input before it is written, and no other sum reads it.
+      const std::size_t out_bytes = call(0).output.size();
+      const std::size_t out_n = out_bytes / sizeof(float);
+      const bool straight = writes_straight(
+          n_ranks, input, output,
+          [&](std::size_t r) {
+            return call(r).output.data() == call(r).input.data() + r * out_bytes;
+          },
+          input);
+      if (straight) {
+        constexpr std::size_t kBlock = 2048;
+        std::array<float, kBlock> sum{};
+        for (std::size_t r = 0; r < n_ranks; ++r) {
+          auto* out = reinterpret_cast<float*>(call(r).output.data());
+          for (std::size_t begin = 0; begin < out_n; begin += kBlock) {
+            const std::size_t len = std::min(kBlock, out_n - begin);
+            const std::size_t at = r * out_n + begin;
+            std::copy_n(floats_in(0) + at, len, sum.begin());
+            for (std::size_t q = 1; q < n_ranks; ++q) {
+              const float* in = floats_in(q) + at;
+              for (std::size_t i = 0; i < len; ++i) sum[i] += in[i];
+            }
+            std::copy_n(sum.begin(), len, out + begin);
+          }
+        }
+        return;
+      }
+      [[fallthrough]];
+    }
     case CollectiveOp::kAllReduceSum: {
       // Sum everything into scratch first (invariant 4), rank by rank so that each element
       // is ((in_0 + in_1) + in_2) + ... (invariant 1).
@@ -255,8 +332,25 @@ void LocalWorld::execute_locked(Group& g) {
     }
     case CollectiveOp::kAllGather: {
       const std::size_t n = call(0).input.size();
-      scratch_bytes_.resize(n * n_ranks);
       if (n == 0) return;
+      // Megatron all-gathers each rank's shard view into its own bucket: rank r's input is
+      // segment r of its output. Then every other segment is copied straight in (a rank's
+      // own is in place already); no copy writes a byte another rank's input holds.
+      const bool straight = writes_straight(
+          n_ranks, input, output,
+          [&](std::size_t r) { return call(r).input.data() == call(r).output.data() + r * n; },
+          output);
+      if (straight) {
+        for (std::size_t r = 0; r < n_ranks; ++r) {
+          std::byte* out = call(r).output.data();
+          for (std::size_t q = 0; q < n_ranks; ++q) {
+            if (out + q * n == call(q).input.data()) continue;
+            std::memcpy(out + q * n, call(q).input.data(), n);
+          }
+        }
+        return;
+      }
+      scratch_bytes_.resize(n * n_ranks);
       for (std::size_t r = 0; r < n_ranks; ++r) {
         std::memcpy(scratch_bytes_.data() + r * n, call(r).input.data(), n);
       }

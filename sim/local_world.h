@@ -35,8 +35,11 @@
 //      CollectiveMismatch naming the first disagreeing rank's call and rank 0's call, and no
 //      output buffer is written.
 //   4. Output buffers may alias the input buffer of the same rank (Megatron reduce-scatters
-//      a bucket into a view of itself and all-gathers a shard view into its bucket): each
-//      collective computes into world-owned scratch before writing any output.
+//      a bucket into a view of itself and all-gathers a shard view into its bucket), or any
+//      other buffer: every rank gets what the inputs held when the collective began. Where every
+//      rank's output lies in place (that shard of its own bucket) or no two buffers overlap, a
+//      reduce-scatter or all-gather writes the outputs straight from the inputs; otherwise it
+//      computes into world-owned scratch before writing any output.
 //   5. World size is in [1, kWorldSizeMax]; a collective's per-rank payload is at most
 //      kCollectiveBytesMax.
 //   6. Execution::kFibers runs the ranks in a fixed order: rank 0 until it blocks, then every

@@ -364,6 +364,40 @@ TEST_P(CollectivesTest, AliasedOutputs) {
   }
 }
 
+// Ranks of one process can pass buffers no two processes could: a rank's output overlapping a
+// peer's input. Every rank still gets what the inputs held before the collective (invariant 4):
+// such calls go through scratch, the others are written straight into place. Mutation caught:
+// writing straight whatever the buffers (rank 0's output then clobbers rank 1's input before it
+// is read: 1 + ... read as 11 + ...).
+TEST(Collectives, AnOutputOverlappingAPeersInputGetsTheInputsAsTheyWere) {
+  for (const Execution execution : {Execution::kFibers, Execution::kThreads}) {
+    LocalWorld world(2, execution);
+    std::vector<float> shared = {1, 2, 3, 4};  // rank 1's input; rank 0 writes into it
+    std::vector<float> reduced1(2), gathered0(4), gathered1(4);
+    std::vector<float> reduced0;
+    expect_all_ok(run_guarded(world, [&](ProcessGroup& pg) {
+      if (pg.rank() == 0) {
+        const std::vector<float> in = {10, 20, 30, 40};
+        pg.reduce_scatter_sum(in, std::span<float>(shared).subspan(2, 2));
+        reduced0.assign(shared.begin() + 2, shared.end());
+        shared = {1, 2, 3, 4};
+        pg.barrier();
+        const std::vector<float> mine = {5, 6};
+        pg.all_gather_values<float>(mine, shared);
+        gathered0 = shared;
+      } else {
+        pg.reduce_scatter_sum(shared, reduced1);
+        pg.barrier();
+        pg.all_gather_values<float>(std::span<const float>(shared).subspan(0, 2), gathered1);
+      }
+    }));
+    EXPECT_EQ(reduced0, (std::vector<float>{11, 22}));
+    EXPECT_EQ(reduced1, (std::vector<float>{33, 44}));
+    EXPECT_EQ(gathered0, (std::vector<float>{5, 6, 1, 2}));
+    EXPECT_EQ(gathered1, (std::vector<float>{5, 6, 1, 2}));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(WorldSizes, CollectivesTest,
                          ::testing::Combine(::testing::Values(1, 2, 3, 5, 8),
                                             ::testing::Values(Execution::kFibers,
