@@ -231,38 +231,93 @@ std::string LocalWorld::find_mismatch_locked(const Group& g) const {
 
 namespace {
 
-using ByteSpan = std::pair<const std::byte*, std::size_t>;
+using Inputs = std::vector<std::span<const std::byte>>;
+using Outputs = std::vector<std::span<std::byte>>;
 
 // Whether no two of `spans` share a byte (empty spans share nothing).
-bool pairwise_disjoint(std::vector<ByteSpan> spans) {
-  std::erase_if(spans, [](const ByteSpan& s) { return s.second == 0; });
-  std::sort(spans.begin(), spans.end());
+bool pairwise_disjoint(std::vector<std::span<const std::byte>> spans) {
+  std::erase_if(spans, [](const auto& s) { return s.empty(); });
+  std::sort(spans.begin(), spans.end(),
+            [](const auto& x, const auto& y) { return x.data() < y.data(); });
   for (std::size_t i = 1; i < spans.size(); ++i) {
-    if (spans[i - 1].first + spans[i - 1].second > spans[i].first) return false;
+    if (spans[i - 1].data() + spans[i - 1].size() > spans[i].data()) return false;
   }
   return true;
 }
 
-// Where a collective may write every rank's output straight from the inputs, with no scratch
-// (invariant 4): every output lies in place, as `at(r)` says rank r's does within its own
-// buffer, and the buffers are disjoint; or no output or input shares a byte with another.
-bool writes_straight(std::size_t n_ranks, const std::function<ByteSpan(std::size_t)>& input,
-                     const std::function<ByteSpan(std::size_t)>& output,
-                     const std::function<bool(std::size_t)>& in_place,
-                     const std::function<ByteSpan(std::size_t)>& buffer) {
+// Whether a collective may write every rank's output straight from the inputs, with no scratch
+// (invariant 4): every rank's output lies in place (`in_place(r)`) within its own buffer
+// (`buffers`), and those buffers are disjoint; or no output or input overlaps another.
+bool writes_straight(const Inputs& in, const Outputs& out,
+                     const std::function<bool(std::size_t)>& in_place, const Inputs& buffers) {
   bool all_in_place = true;
-  for (std::size_t r = 0; r < n_ranks && all_in_place; ++r) all_in_place = in_place(r);
-  std::vector<ByteSpan> spans;
-  spans.reserve(2 * n_ranks);
-  if (all_in_place) {
-    for (std::size_t r = 0; r < n_ranks; ++r) spans.push_back(buffer(r));
-    return pairwise_disjoint(std::move(spans));
-  }
-  for (std::size_t r = 0; r < n_ranks; ++r) {
-    spans.push_back(input(r));
-    spans.push_back(output(r));
-  }
+  for (std::size_t r = 0; r < in.size() && all_in_place; ++r) all_in_place = in_place(r);
+  if (all_in_place) return pairwise_disjoint(buffers);
+  Inputs spans = in;
+  spans.insert(spans.end(), out.begin(), out.end());
   return pairwise_disjoint(std::move(spans));
+}
+
+// Megatron reduce-scatters a bucket into its own shard: rank r's output is segment r of its
+// input. Then each segment is summed straight into its rank's output, in blocks, each element
+// ((in_0 + in_1) + in_2) + ... (invariant 1): an output element is read as an input before it
+// is written, and no other sum reads it. False (nothing written) where the buffers forbid it.
+bool reduce_scatter_straight(const Inputs& in, const Outputs& out) {
+  const std::size_t out_bytes = out[0].size();
+  const std::size_t out_n = out_bytes / sizeof(float);
+  if (!writes_straight(
+          in, out, [&](std::size_t r) { return out[r].data() == in[r].data() + r * out_bytes; },
+          in)) {
+    return false;
+  }
+  auto floats = [&](std::size_t r) { return reinterpret_cast<const float*>(in[r].data()); };
+  constexpr std::size_t kBlock = 2048;
+  std::array<float, kBlock> sum{};
+  for (std::size_t r = 0; r < in.size(); ++r) {
+    auto* dst = reinterpret_cast<float*>(out[r].data());
+    for (std::size_t begin = 0; begin < out_n; begin += kBlock) {
+      const std::size_t len = std::min(kBlock, out_n - begin);
+      const std::size_t at = r * out_n + begin;
+      std::copy_n(floats(0) + at, len, sum.begin());
+      for (std::size_t q = 1; q < in.size(); ++q) {
+        const float* src = floats(q) + at;
+        for (std::size_t i = 0; i < len; ++i) sum[i] += src[i];
+      }
+      std::copy_n(sum.begin(), len, dst + begin);
+    }
+  }
+  return true;
+}
+
+// Megatron all-gathers each rank's shard view into its own bucket: rank r's input is segment r
+// of its output. Then every other segment is copied straight in (a rank's own is in place
+// already); no copy writes a byte another rank's input holds. False (nothing written) where the
+// buffers forbid it.
+bool all_gather_straight(const Inputs& in, const Outputs& out) {
+  const std::size_t n = in[0].size();
+  Inputs buffers(out.begin(), out.end());
+  if (!writes_straight(
+          in, out, [&](std::size_t r) { return in[r].data() == out[r].data() + r * n; }, buffers)) {
+    return false;
+  }
+  for (std::size_t r = 0; r < in.size(); ++r) {
+    for (std::size_t q = 0; q < in.size(); ++q) {
+      std::byte* dst = out[r].data() + q * n;
+      if (dst != in[q].data()) std::memcpy(dst, in[q].data(), n);
+    }
+  }
+  return true;
+}
+
+// Every posted call's input and output, in rank order.
+template <typename Calls>
+std::pair<Inputs, Outputs> buffers_of(const Calls& calls) {
+  std::pair<Inputs, Outputs> io;
+  for (const auto& c : calls) {
+    io.first.push_back(c->input);
+    io.second.push_back(c->output);
+  }
+  return io;
 }
 
 }  // namespace
@@ -273,46 +328,11 @@ void LocalWorld::execute_locked(Group& g) {
   auto floats_in = [&](std::size_t r) {
     return reinterpret_cast<const float*>(call(r).input.data());
   };
-  const std::function<ByteSpan(std::size_t)> input = [&](std::size_t r) {
-    return ByteSpan{call(r).input.data(), call(r).input.size()};
-  };
-  const std::function<ByteSpan(std::size_t)> output = [&](std::size_t r) {
-    return ByteSpan{call(r).output.data(), call(r).output.size()};
-  };
+  const auto buffers = [&] { return buffers_of(g.calls); };
   switch (call(0).op) {
-    case CollectiveOp::kReduceScatterSum: {
-      // Megatron reduce-scatters a bucket into its own shard: rank r's output is segment r of
-      // its input. Then each segment is summed straight into its rank's output, in blocks,
-      // each element ((in_0 + in_1) + in_2) + ... as below (invariant 1): the output's element
-      // is read as an input before it is written, and no other sum reads it.
-      const std::size_t out_bytes = call(0).output.size();
-      const std::size_t out_n = out_bytes / sizeof(float);
-      const bool straight = writes_straight(
-          n_ranks, input, output,
-          [&](std::size_t r) {
-            return call(r).output.data() == call(r).input.data() + r * out_bytes;
-          },
-          input);
-      if (straight) {
-        constexpr std::size_t kBlock = 2048;
-        std::array<float, kBlock> sum{};
-        for (std::size_t r = 0; r < n_ranks; ++r) {
-          auto* out = reinterpret_cast<float*>(call(r).output.data());
-          for (std::size_t begin = 0; begin < out_n; begin += kBlock) {
-            const std::size_t len = std::min(kBlock, out_n - begin);
-            const std::size_t at = r * out_n + begin;
-            std::copy_n(floats_in(0) + at, len, sum.begin());
-            for (std::size_t q = 1; q < n_ranks; ++q) {
-              const float* in = floats_in(q) + at;
-              for (std::size_t i = 0; i < len; ++i) sum[i] += in[i];
-            }
-            std::copy_n(sum.begin(), len, out + begin);
-          }
-        }
-        return;
-      }
+    case CollectiveOp::kReduceScatterSum:
+      if (const auto [in, out] = buffers(); reduce_scatter_straight(in, out)) return;
       [[fallthrough]];
-    }
     case CollectiveOp::kAllReduceSum: {
       // Sum everything into scratch first (invariant 4), rank by rank so that each element
       // is ((in_0 + in_1) + in_2) + ... (invariant 1).
@@ -333,23 +353,7 @@ void LocalWorld::execute_locked(Group& g) {
     case CollectiveOp::kAllGather: {
       const std::size_t n = call(0).input.size();
       if (n == 0) return;
-      // Megatron all-gathers each rank's shard view into its own bucket: rank r's input is
-      // segment r of its output. Then every other segment is copied straight in (a rank's
-      // own is in place already); no copy writes a byte another rank's input holds.
-      const bool straight = writes_straight(
-          n_ranks, input, output,
-          [&](std::size_t r) { return call(r).input.data() == call(r).output.data() + r * n; },
-          output);
-      if (straight) {
-        for (std::size_t r = 0; r < n_ranks; ++r) {
-          std::byte* out = call(r).output.data();
-          for (std::size_t q = 0; q < n_ranks; ++q) {
-            if (out + q * n == call(q).input.data()) continue;
-            std::memcpy(out + q * n, call(q).input.data(), n);
-          }
-        }
-        return;
-      }
+      if (const auto [in, out] = buffers(); all_gather_straight(in, out)) return;
       scratch_bytes_.resize(n * n_ranks);
       for (std::size_t r = 0; r < n_ranks; ++r) {
         std::memcpy(scratch_bytes_.data() + r * n, call(r).input.data(), n);
