@@ -19,7 +19,8 @@
 #   CKPTSIM_BENCH_JOBS        build parallelism (default 2).
 #
 # Prints, per benchmark, the median cases/s of each side over the rounds and the ratio
-# (this / reference), then the load average, since a loaded machine slows both unevenly.
+# (this / reference); then the spread (each side's min-max over the rounds, and the min-max of
+# the per-round ratios); then the load average, since a loaded machine slows both unevenly.
 # The generator may draw differently at REF (this repository's draws more: schedules, group
 # multipliers), so the ratio compares the search as each commit runs it, not equal cases.
 set -euo pipefail
@@ -68,7 +69,8 @@ python3 - "$out" "$ref_sha" "$this_sha" "${CKPTSIM_BENCH_CPU:-unpinned}" <<'EOF'
 import glob, json, os, statistics, sys
 out, ref_sha, this_sha, cpu = sys.argv[1:5]
 rates = {}  # (side, benchmark) -> [cases/s per round]
-for path in sorted(glob.glob(os.path.join(out, "*.json"))):
+for path in sorted(glob.glob(os.path.join(out, "*.json")),
+                   key=lambda p: int(os.path.basename(p).split("-")[1].split(".")[0])):
     side = os.path.basename(path).split("-")[0]
     for b in json.load(open(path))["benchmarks"]:
         name = b["name"].split("/")[1] if "/" in b["name"] else b["name"]
@@ -78,6 +80,15 @@ for name in sorted({n for _, n in rates}):
     ref = statistics.median(rates.get(("ref", name), [float("nan")]))
     this = statistics.median(rates.get(("this", name), [float("nan")]))
     print(f"{name:<16} {ref:>15.2f} c/s {this:>15.2f} c/s {this / ref:>6.2f}x")
+# The spread: each side's rounds (min-max), and the ratio of each round's pair (this round's
+# run against the reference's run just before it), min-max.
+print()
+for name in sorted({n for _, n in rates}):
+    ref = rates.get(("ref", name), [])
+    this = rates.get(("this", name), [])
+    pairs = [t / r for r, t in zip(ref, this)]
+    print(f"{name:<16} ref {min(ref):.2f}-{max(ref):.2f} c/s, this {min(this):.2f}-{max(this):.2f}"
+          f" c/s, ratio per round {min(pairs):.2f}-{max(pairs):.2f}x")
 print("cases/s are medians over the rounds; cpu:", cpu, "; load average now:",
       open("/proc/loadavg").read().split()[:3])
 EOF
