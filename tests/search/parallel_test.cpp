@@ -153,6 +153,9 @@ TEST(JudgedInOrder, DearFirstStartsThePredictedDearestEarly) {
   std::atomic<int64_t> runs{0};
   std::mutex mu;
   std::vector<int64_t> started;
+  // The tasks started before the caller has predicted all 40 wait for it (and 4 ms more), so
+  // that on a loaded machine the workers cannot run ahead of the predictions.
+  std::atomic<int> predicted{0};
   search::JudgedInOrder judged(
       pool, 40, 64, false,
       [&](int64_t i) {
@@ -160,12 +163,16 @@ TEST(JudgedInOrder, DearFirstStartsThePredictedDearestEarly) {
           std::lock_guard lock(mu);
           started.push_back(i);
         }
+        while (predicted.load() < 40) std::this_thread::sleep_for(std::chrono::milliseconds(1));
         std::this_thread::sleep_for(std::chrono::milliseconds(i == 37 ? 40 : 4));
         search::Judged j;
         j.scenario.name = std::to_string(i);
         return j;
       },
-      runs, search::DearFirst{[](int64_t i) { return i == 37 ? 1000.0 : 1.0; }});
+      runs, search::DearFirst{[&](int64_t i) {
+        ++predicted;
+        return i == 37 ? 1000.0 : 1.0;
+      }});
   for (int64_t i = 0; i < 40; ++i) EXPECT_EQ(judged.take(i).scenario.name, std::to_string(i));
   std::lock_guard lock(mu);
   ASSERT_EQ(started.size(), 40u);
