@@ -392,27 +392,28 @@ class Shrinker {
 };
 
 // Case k as the search draws and judges it: seed mix(seed, k), size case_size(options, k).
+// Case k as the search draws it: seed mix(seed, k), size case_size(options, k), under the
+// RapidCheck lock (invariant 4).
+rc::Shrinkable<sim::Scenario> draw(const rc::Gen<sim::Scenario>& gen, const SearchOptions& options,
+                                   int64_t k) {
+  const uint64_t case_seed = model::mix_seed(options.seed, static_cast<uint64_t>(k));
+  std::lock_guard rc_lock(rapidcheck_mutex());
+  return gen(rc::Random(case_seed), case_size(options, k));
+}
+
+// Case k drawn and judged.
 Judged draw_and_judge(const rc::Gen<sim::Scenario>& gen, const Judge& judge,
                       const SearchOptions& options, int64_t k) {
-  const uint64_t case_seed = model::mix_seed(options.seed, static_cast<uint64_t>(k));
-  const int size = case_size(options, k);
   Judged out;
+  out.shrinkable = draw(gen, options, k);
   {
     std::lock_guard rc_lock(rapidcheck_mutex());
-    out.shrinkable = gen(rc::Random(case_seed), size);
     out.scenario = out.shrinkable->value();
   }
   const Clock clock;
   out.finding = judge(out.scenario);
   out.seconds = clock.seconds();
   return out;
-}
-
-// Case k's scenario as draw_and_judge draws it, for a prediction of its cost.
-sim::Scenario draw(const rc::Gen<sim::Scenario>& gen, const SearchOptions& options, int64_t k) {
-  const uint64_t case_seed = model::mix_seed(options.seed, static_cast<uint64_t>(k));
-  std::lock_guard rc_lock(rapidcheck_mutex());
-  return gen(rc::Random(case_seed), case_size(options, k)).value();
 }
 
 void check_options(const SearchOptions& options) {
@@ -485,7 +486,9 @@ SearchResult search(const SearchOptions& options, const Judge& judge) {
   std::optional<DearFirst> dear_first;
   if (options.dear_first) {
     dear_first = DearFirst{[&gen, &options, first, stride](int64_t i) {
-      return predicted_cost(draw(gen, options, first + i * stride));
+      const rc::Shrinkable<sim::Scenario> drawn = draw(gen, options, first + i * stride);
+      std::lock_guard rc_lock(rapidcheck_mutex());
+      return predicted_cost(drawn.value());
     }};
   }
   JudgedInOrder cases(
@@ -503,8 +506,9 @@ SearchResult search(const SearchOptions& options, const Judge& judge) {
     const int64_t k = first + i * stride;
     Judged judged = cases.take(i);
     if (options.record_case_times) {
-      result.case_times.push_back({k, case_size(options, k), cost_terms(judged.scenario),
-                                   predicted_cost(judged.scenario), judged.seconds});
+      const CostTerms terms = cost_terms(judged.scenario);
+      result.case_times.push_back(
+          {k, case_size(options, k), terms, predicted_cost(terms), judged.seconds});
     }
     result.coverage.add(judged.scenario);
     ++result.cases_run;
@@ -573,10 +577,11 @@ CostTerms cost_terms(const sim::Scenario& s) {
   return t;
 }
 
-double predicted_cost(const sim::Scenario& s) {
+double predicted_cost(const sim::Scenario& s) { return predicted_cost(cost_terms(s)); }
+
+double predicted_cost(const CostTerms& t) {
   // Weights fitted to the judge times of check --revision fix-complete --cases 2000 --jobs 1,
   // seeds 1 and 3 (reports/search-speed.md), relative to one param element's step on one rank.
-  const CostTerms t = cost_terms(s);
   return t.element_steps + t.buffer_steps / 32 + 400 * t.rank_steps + 4'000 * t.rank_phases +
          2'400 * t.rank_phase_params;
 }

@@ -191,6 +191,8 @@ struct SearchResult {
 // of one element's step on one rank. A relative figure (the scheduler compares cases with it),
 // not seconds; its fit to measured judge times is in reports/search-speed.md.
 double predicted_cost(const sim::Scenario& s);
+// The same, of terms already counted.
+double predicted_cost(const CostTerms& terms);
 
 // Smaller neighbours of a scenario, most aggressive first: fewer phases (a phase's steps merged
 // into its neighbour), fewer params, DP toward 1, fewer elements, fewer steps, and simpler

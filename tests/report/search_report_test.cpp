@@ -13,17 +13,31 @@
 
 using namespace ckptsim;
 
-TEST(CheckSummaryJson, WritesWhenEachFailureWasFound) {
-  report::CheckSummary s;
-  s.revision = "fix-complete";
+namespace {
+
+// A summary of `revision` with one failure of `property` at case `case_index`, found at
+// `found_s`, its scenario in `file`; the failure as reported.
+report::ReportedFailure one_failure(report::CheckSummary& s, const std::string& revision,
+                                    const std::string& property, int64_t case_index, double found_s,
+                                    const std::string& file) {
+  s.revision = revision;
   search::Failure& f = s.result.failures.emplace_back();
-  f.finding.property = "resume_completes";
-  f.finding.signature = "resume_completes";
-  f.case_index = 14;
-  f.found_s = 0.125;
+  f.finding.property = property;
+  f.finding.signature = property;
+  f.case_index = case_index;
+  f.found_s = found_s;
   report::ReportedFailure rep;
   rep.failure = &f;
-  rep.file = "/tmp/x/case-14.json";
+  rep.file = file;
+  return rep;
+}
+
+}  // namespace
+
+TEST(CheckSummaryJson, WritesWhenEachFailureWasFound) {
+  report::CheckSummary s;
+  const report::ReportedFailure rep =
+      one_failure(s, "fix-complete", "resume_completes", 14, 0.125, "/tmp/x/case-14.json");
   const nlohmann::json j = report::check_summary_json(s, {rep});
   ASSERT_EQ(j.at("failures").size(), 1u);
   EXPECT_EQ(j.at("failures")[0].at("case"), 14);
@@ -39,15 +53,8 @@ TEST(CheckSummaryJson, FoundTimeSurvivesAReadBack) {
   std::filesystem::copy_file(test::source_path("scenarios/bug2-step-reset-dp2-to-2.json"),
                              dir / "case-3.json");
   report::CheckSummary s;
-  s.revision = "upstream-2874";
-  search::Failure& f = s.result.failures.emplace_back();
-  f.finding.property = "step_matches_uninterrupted";
-  f.finding.signature = "step_matches_uninterrupted";
-  f.case_index = 3;
-  f.found_s = 2.5;
-  report::ReportedFailure rep;
-  rep.failure = &f;
-  rep.file = (dir / "case-3.json").string();
+  const report::ReportedFailure rep = one_failure(s, "upstream-2874", "step_matches_uninterrupted",
+                                                  3, 2.5, (dir / "case-3.json").string());
   std::ofstream(dir / "ckptsim-summary.json") << report::check_summary_json(s, {rep}).dump(1);
   const auto back = report::read_check_summary(dir.string(), test::registry());
   ASSERT_TRUE(back.is_ok()) << back.status().message();
