@@ -79,6 +79,7 @@ struct JudgedInOrder::State {
   double predicted_sum = 0;
   int64_t predicted = 0;
   int out_of_order_running = 0;
+  int64_t starts = 0;  // tasks started so far
 
   // The task a free worker starts now, and whether it is out of index order.
   // REQUIRES: mu held; a submitted task not yet started.
@@ -141,15 +142,18 @@ void JudgedInOrder::submit_through(int64_t last) {
         [state = state_, workers] {
           if (state->abandoned) return;
           std::pair<int64_t, bool> pick;
+          int64_t started_as = 0;
           {
             std::lock_guard lock(state->mu);
             pick = state->pick_locked(workers);
             if (pick.second) ++state->out_of_order_running;
+            started_as = state->starts++;
           }
           ++*state->runs;
           std::pair<std::optional<Judged>, std::exception_ptr> out;
           try {
             out.first = state->make(pick.first);
+            out.first->started_as = started_as;
           } catch (...) {
             out.second = std::current_exception();
           }
@@ -180,6 +184,11 @@ void JudgedInOrder::predict_submitted() {
     state_->predicted += end - predicted_;
     predicted_ = end;
   }
+}
+
+int64_t JudgedInOrder::predictions_published() const {
+  std::lock_guard lock(state_->mu);
+  return state_->predicted;
 }
 
 Judged JudgedInOrder::take(int64_t i) {

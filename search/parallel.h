@@ -83,7 +83,8 @@ struct Judged {
   std::optional<rc::Shrinkable<sim::Scenario>> shrinkable;  // cases only
   sim::Scenario scenario;
   std::optional<Finding> finding;
-  double seconds = 0;  // the judge's wall-clock time
+  double seconds = 0;       // the judge's wall-clock time
+  int64_t started_as = -1;  // JudgedInOrder: its task was the (started_as + 1)th to start
 };
 
 // The schedule that starts predicted-dear tasks early (invariant 5).
@@ -109,6 +110,9 @@ class JudgedInOrder {
   // The result of task i; rethrows what it threw.
   // REQUIRES: i < count, and i greater than every index taken before.
   Judged take(int64_t i);
+
+  // How many predicted costs the schedule holds (published to the workers); any thread.
+  int64_t predictions_published() const;
 
  private:
   struct State;

@@ -145,41 +145,49 @@ TEST(JudgedInOrder, ResultsInIndexOrderAndErrorsAtTheirOwnIndex) {
 }
 
 // DearFirst (search/parallel.h, invariant 5): a task predicted to cost far more than the rest
-// starts among the first, not in its turn, and results still come back in index order; the
-// other workers keep the index order (task 0 starts first or second). Mutation caught:
+// starts first, not in its turn, and results still come back in index order; the other workers
+// keep the index order. The start order is the schedule's own (Judged::started_as), and four
+// blockers hold the workers until the schedule holds all 40 predictions, so it does not hang on
+// timing. (Recording the starts inside the tasks did: two workers that picked 0 and 1 could
+// record them the other way round, and CI saw task 0 recorded third.) Mutation caught:
 // pick_locked ignoring the predictions (task 37 then starts 38th).
-TEST(JudgedInOrder, DearFirstStartsThePredictedDearestEarly) {
+TEST(JudgedInOrder, DearFirstStartsThePredictedDearestFirst) {
   search::WorkPool pool(4);
+  std::atomic<const search::JudgedInOrder*> self{nullptr};
+  for (int w = 0; w < pool.workers(); ++w) {
+    pool.submit(
+        [&self] {
+          while (self.load() == nullptr || self.load()->predictions_published() < 40) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
+        },
+        false);
+  }
   std::atomic<int64_t> runs{0};
-  std::mutex mu;
-  std::vector<int64_t> started;
-  // The tasks started before the caller has predicted all 40 wait for it (and 4 ms more), so
-  // that on a loaded machine the workers cannot run ahead of the predictions.
-  std::atomic<int> predicted{0};
   search::JudgedInOrder judged(
       pool, 40, 64, false,
-      [&](int64_t i) {
-        {
-          std::lock_guard lock(mu);
-          started.push_back(i);
-        }
-        while (predicted.load() < 40) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        std::this_thread::sleep_for(std::chrono::milliseconds(i == 37 ? 40 : 4));
+      [](int64_t i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(i == 37 ? 20 : 1));
         search::Judged j;
         j.scenario.name = std::to_string(i);
         return j;
       },
-      runs, search::DearFirst{[&](int64_t i) {
-        ++predicted;
-        return i == 37 ? 1000.0 : 1.0;
-      }});
-  for (int64_t i = 0; i < 40; ++i) EXPECT_EQ(judged.take(i).scenario.name, std::to_string(i));
-  std::lock_guard lock(mu);
-  ASSERT_EQ(started.size(), 40u);
-  // Only one task runs out of order, so task 0 is started first or second.
-  EXPECT_LT(std::find(started.begin(), started.end(), 0) - started.begin(), 2);
-  const auto at = std::find(started.begin(), started.end(), 37) - started.begin();
-  EXPECT_LT(at, 10) << "the dear task started " << at << "th";
+      runs, search::DearFirst{[](int64_t i) { return i == 37 ? 1000.0 : 1.0; }});
+  self = &judged;
+  std::vector<int64_t> started(40, -1);  // by start, the task
+  for (int64_t i = 0; i < 40; ++i) {
+    const search::Judged j = judged.take(i);
+    EXPECT_EQ(j.scenario.name, std::to_string(i));
+    ASSERT_GE(j.started_as, 0);
+    ASSERT_LT(j.started_as, 40);
+    started[static_cast<size_t>(j.started_as)] = i;
+  }
+  // 37 first (the one lane that may run out of order takes it), then 0, 1, ... in index order.
+  std::vector<int64_t> expected{37};
+  for (int64_t i = 0; i < 40; ++i) {
+    if (i != 37) expected.push_back(i);
+  }
+  EXPECT_EQ(started, expected);
 }
 
 // The prediction grows with what a case runs: steps, ranks, elements, phases; TP and PP split
