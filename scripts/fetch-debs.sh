@@ -2,13 +2,13 @@
 # Downloads (does not install) the Debian packages that scripts/gpu-runner.sh unpacks on a GPU
 # machine without package-manager access, into .debs/ (or $CKPTSIM_DEBS). Run it here, on the
 # Debian 12 development machine; the directory is git-ignored and travels with the device
-# tool's `carry`. About 2.4 MB in all.
+# tool's `carry`. About 3.3 MB in all.
 #
 # The packages: headers and CMake files for Eigen, fmt (+ libfmt9, which fmt's CMake targets
 # file requires to exist even for fmt::fmt-header-only), nlohmann-json, CLI11, RapidCheck
-# (static), GoogleTest and GMock (libgtest-dev/libgmock-dev ship libgtest.a, libgmock.a and
-# their _main libraries, so nothing is built from source), Google Benchmark
-# (+ its shared library libbenchmark1debian). Not libtorch: the GPU machine's PyTorch
+# (static), tcmalloc-minimal (the executables' malloc), GoogleTest and GMock
+# (libgtest-dev/libgmock-dev ship libgtest.a, libgmock.a and their _main libraries, so nothing
+# is built from source), Google Benchmark (+ its shared library libbenchmark1debian). Not libtorch: the GPU machine's PyTorch
 # provides it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +22,7 @@ packages=(
   libgtest-dev libgmock-dev
   libbenchmark-dev libbenchmark1debian
   zlib1g-dev
+  libtcmalloc-minimal4
 )
 mkdir -p "$dest"
 rm -f "$dest"/*.deb

@@ -9,7 +9,7 @@ packages=(
   g++ cmake ninja-build ccache pkg-config clang-format clang-tidy
   # libraries (Debian 12 packages only; see README "Dependencies")
   libtorch-dev libgloo-dev librapidcheck-dev libgtest-dev libgmock-dev libeigen3-dev libfmt-dev
-  libbenchmark-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
+  libbenchmark-dev nlohmann-json3-dev libcli11-dev zlib1g-dev libtcmalloc-minimal4
   # the replay runner's torch-free tests (tests/replay)
   python3 python3-pytest
   # `ckptsim plot` and the pictures of scripts/main.sh: gnuplot's pngcairo, and the font the

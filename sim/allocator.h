@@ -10,6 +10,10 @@
 
 namespace ckptsim::sim {
 
+// The malloc this process runs on: "tcmalloc" where tcmalloc-minimal is loaded (CMake's
+// CKPTSIM_TCMALLOC links it into the executables), else "glibc" (or "other").
+const char* allocator_name();
+
 // Raises glibc's trim threshold to 512 MiB and fixes its mmap threshold at 32 MiB (its
 // largest). Call once, early in main(); a no-op where the C library is not glibc.
 void keep_freed_memory();
