@@ -70,9 +70,8 @@ struct CheckpointIndex {
 
 // metadata.json as load() reads it: the pieces, each key's pieces in metadata order, and what
 // is wrong with each piece against its own tensor ("" when nothing; its file is checked when
-// read). Shared by the ranks of a run through CheckpointCaches (model/megatron/
-// checkpoint_caches.h), so it is immutable once built: its pieces' fingerprint, taken then, is
-// checked by check_unchanged().
+// read). The ranks of a run share it through CheckpointCaches (checkpoint_caches.h), so it is
+// immutable once built: its pieces' fingerprint, taken then, is checked by check_unchanged().
 struct LoadIndex {
   // The metadata.json it was built from (a cache's key): the storage's own shared bytes where
   // it shares them (Storage invariant 8), so that a read of the same file is a hit without
