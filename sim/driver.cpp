@@ -46,6 +46,8 @@ struct PhaseJob {
   bool load_as_script = false;
   // The training loop's --save directory (model::save_checkpoint_to_root); null: no save.
   model::Storage* save_root = nullptr;
+  // The run's caches, lent to every rank's save and load (null: none).
+  model::CheckpointCaches* caches = nullptr;
   // Where the job saves into save_root (PhaseSpec): every save_interval-th iteration (0: none),
   // at its end (exit_save), synchronously or as async saves finalized after async_write_steps.
   int64_t save_interval = 0;
@@ -321,14 +323,14 @@ class JobSaves {
     const int rank = pg_.rank();
     if (job_.async_save) {
       pending_.emplace_back();
-      out_.save =
-          model::schedule_async_save(ddp_, opt_, &*scheduler_, iteration, *job_.save_root, pg_,
-                                     *job_.switches, job_.format, rt_, cache_, pending_.back());
+      out_.save = model::schedule_async_save(ddp_, opt_, &*scheduler_, iteration, *job_.save_root,
+                                             pg_, *job_.switches, job_.format, rt_, cache_,
+                                             pending_.back(), job_.caches);
     } else {
       if (rank == 0) out_.tracker_saves.push_back(iteration);
       out_.save =
           model::save_checkpoint_to_root(ddp_, opt_, &*scheduler_, iteration, *job_.save_root, pg_,
-                                         *job_.switches, job_.format, rt_);
+                                         *job_.switches, job_.format, rt_, job_.caches);
     }
     out_.at_save = capture(opt_, ddp_, job_.scenario->params, rank, true);
     out_.trace.push_back(fmt::format("save phase={} rank={} iteration={} pieces={}{}",
@@ -457,15 +459,16 @@ void rank_main(const PhaseJob& job, model::ProcessGroup& pg, model::ProcessGroup
       stage = "load";
       std::optional<model::Resumed> loaded;
       if (job.load_root != nullptr) {
-        loaded = model::load_latest_checkpoint(ddp, opt, &*scheduler, *job.load_root, pg,
-                                               *job.switches, rt, &out.load, job.resume_args);
+        loaded =
+            model::load_latest_checkpoint(ddp, opt, &*scheduler, *job.load_root, pg, *job.switches,
+                                          rt, &out.load, job.resume_args, job.caches);
       } else if (job.load_as_script) {
-        const int64_t it = model::load_distributed_checkpoint(ddp, opt, *job.load_from, pg,
-                                                              *job.switches, rt, &out.load);
+        const int64_t it = model::load_distributed_checkpoint(
+            ddp, opt, *job.load_from, pg, *job.switches, rt, &out.load, job.caches);
         loaded = model::Resumed{it, it};
       } else {
         loaded = model::load_checkpoint(ddp, opt, &*scheduler, *job.load_from, pg, *job.switches,
-                                        rt, &out.load, job.resume_args);
+                                        rt, &out.load, job.resume_args, job.caches);
       }
       if (loaded.has_value()) {
         iteration = loaded->iteration;
@@ -665,16 +668,18 @@ void check_ranks_agree(const std::vector<RankRecord>& outs) {
   }
 }
 
-// Nothing the ranks shared (model/process_group.h GatheredObjects, model/megatron/serialization.h
-// LoadIndex) was written while they shared it: each shared list checked once.
-void check_shared_unchanged(const std::vector<RankRecord>& outs) {
+// Nothing the ranks shared (model/process_group.h GatheredObjects, the LoadIndexes of the run's
+// model/megatron/checkpoint_caches.h) was written while they shared it: each shared list
+// checked once.
+void check_shared_unchanged(const std::vector<RankRecord>& outs,
+                            const model::CheckpointCaches* caches) {
   const std::vector<model::SavedPiece>* checked = nullptr;
   for (const auto& o : outs) {
     if (!o.save.has_value() || o.save->pieces.get() == checked) continue;
     o.save->check_pieces_unchanged();
     checked = o.save->pieces.get();
   }
-  model::check_shared_load_indexes_unchanged();
+  if (caches != nullptr) caches->check_load_indexes_unchanged();
 }
 
 // The phase's record from what its ranks recorded.
@@ -823,7 +828,7 @@ void run_phase(const Scenario& scenario, const RunOptions& options, const PhaseJ
                const model::Storage& root, RunResult& result, PhaseRecord& rec) {
   const auto outs = run_world(job);
   check_ranks_agree(outs);
-  check_shared_unchanged(outs);
+  check_shared_unchanged(outs, job.caches);
   record_outcome(outs, rec);
   rec.layout_options = {rec.spec.dp, scenario.bucket_size,
                         scenario.pad_buckets_for_high_nccl_busbw};
@@ -876,7 +881,8 @@ void run_phase(const Scenario& scenario, const RunOptions& options, const PhaseJ
 constexpr size_t kPageBytes = 4096;
 
 // What a check reads of the checkpoint directory `root` (PhaseRecord::OnDisk).
-PhaseRecord::OnDisk observe_checkpoint_directory(const model::Storage& root) {
+PhaseRecord::OnDisk observe_checkpoint_directory(const model::Storage& root,
+                                                 model::CheckpointCaches* caches) {
   PhaseRecord::OnDisk d;
   const auto bytes = root.read_file(std::string(model::kTrackerFile));
   if (!bytes.is_ok()) return d;
@@ -889,7 +895,7 @@ PhaseRecord::OnDisk observe_checkpoint_directory(const model::Storage& root) {
     return d;
   }
   const auto files = model::subdir(root, dir);
-  d.problem = model::checkpoint_problem(*files);
+  d.problem = model::checkpoint_problem(*files, caches);
   if (!d.problem.empty()) return d;
   const auto common = model::read_common_state(*files);
   const model::Value* it = common.is_ok() && common.value().is_dict()
@@ -932,7 +938,8 @@ class CheckpointHistory {
     rec.after_storage_fault = fault_fired_;
   }
   void after_phase(const model::FaultyStorage& save_root, const model::Storage& root,
-                   PhaseRecord& rec, std::vector<std::string>& trace) {
+                   model::CheckpointCaches* caches, PhaseRecord& rec,
+                   std::vector<std::string>& trace) {
     rec.storage_faults_fired = save_root.fired();
     rec.crashed = save_root.crashed();
     for (const auto& f : rec.storage_faults_fired) {
@@ -947,7 +954,7 @@ class CheckpointHistory {
     const auto landed = static_cast<size_t>(save_root.writes_landed(tracker));
     if (landed > 0 && landed <= rec.tracker_saves.size() && save_root.landed_whole(tracker))
       committed_ = {{rec.tracker_saves[landed - 1], rec.index}};
-    rec.on_disk = observe_checkpoint_directory(root);
+    rec.on_disk = observe_checkpoint_directory(root, caches);
   }
 
  private:
@@ -1057,6 +1064,7 @@ Result<RunResult> run_scenario(const Scenario& scenario, const RunOptions& optio
   // the tracker. The search's checkpoints stay in memory (root), so clearing it is cheap.
   if (Status cleared = clear_checkpoints(*root); !cleared.is_ok()) return cleared;
   CheckpointHistory history;
+  model::CheckpointCaches caches;  // this run's alone (`check --jobs N` runs cases side by side)
   for (size_t i = 0; i < scenario.phases.size(); ++i) {
     const PhaseSpec& spec = scenario.phases[i];
     PhaseRecord rec;
@@ -1077,9 +1085,10 @@ Result<RunResult> run_scenario(const Scenario& scenario, const RunOptions& optio
     if (i > 0) job.loaded_origin = result.phases[i - 1].iteration_origin;
     job.save_root = spec.saves() ? &save_root : nullptr;
     job.format = scenario.format_of(i);
+    job.caches = &caches;
     history.before_phase(rec);
     run_phase(scenario, options, job, *root, result, rec);
-    history.after_phase(save_root, *root, rec, result.trace);
+    history.after_phase(save_root, *root, &caches, rec, result.trace);
     const std::string saved_dir = model::iteration_dir_name(rec.save_iteration);
     const bool exported = export_torch_dist && rec.save_iteration >= 0 &&
                           rec.storage_faults_fired.empty() &&
@@ -1120,6 +1129,8 @@ PhaseRecord resume_from_checkpoint(const Scenario& scenario, const PhaseSpec& ph
                            have_gpu && options.device != DeviceChoice::kCpu);
   (options.load_latest ? job.load_root : job.load_from) = &checkpoint;
   job.load_as_script = options.load_as_script;
+  model::CheckpointCaches caches;
+  job.caches = &caches;
   RunResult unused;
   run_phase(scenario, options, job, checkpoint, unused, rec);
   return rec;

@@ -154,10 +154,10 @@ SaveReport schedule_async_save(DistributedDataParallel& ddp, ChainedOptimizer& o
                                const OptimizerParamScheduler* scheduler, int64_t iteration,
                                Storage& root, ProcessGroup& group, const RevisionSwitches& switches,
                                const CheckpointFormat& format, Runtime& rt, AsyncWriterCache& cache,
-                               AsyncSaveRequest& request) {
+                               AsyncSaveRequest& request, CheckpointCaches* caches) {
   RecordingStorage recording(root);
   SaveReport report = save_checkpoint_to_root(ddp, opt, scheduler, iteration, recording, group,
-                                              switches, format, rt);
+                                              switches, format, rt, caches);
   request.iteration = iteration;
   request.writes = recording.take_writes();
   request.finalize = recording.take_finalize();

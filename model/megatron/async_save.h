@@ -74,12 +74,12 @@ struct AsyncWriterCache {
 
 // Schedules the save of `iteration` (as save_checkpoint_to_root saves it) into `request`;
 // returns what the save reports. Collective over `group`. Raises what the synchronous save
-// raises before its writes.
+// raises before its writes. `caches`: the run's (save_checkpoint_to_root's).
 SaveReport schedule_async_save(DistributedDataParallel& ddp, ChainedOptimizer& opt,
                                const OptimizerParamScheduler* scheduler, int64_t iteration,
                                Storage& root, ProcessGroup& group, const RevisionSwitches& switches,
                                const CheckpointFormat& format, Runtime& rt, AsyncWriterCache& cache,
-                               AsyncSaveRequest& request);
+                               AsyncSaveRequest& request, CheckpointCaches* caches = nullptr);
 
 // Finalizes `request` into `root`: this rank's writes, a barrier (every rank's worker done),
 // this rank's finalize operations, a barrier. `live_iteration`: the iteration the training loop

@@ -134,8 +134,10 @@ void check_tp_pp(const ModelParallelRank& run, const Value& common, const Loaded
 // are reloaded from the model params instead.
 Value load_model_and_optimizer(const Value& request, DistributedDataParallel& ddp,
                                ChainedOptimizer& opt, const Storage& storage, ProcessGroup& group,
-                               const RevisionSwitches& switches, Runtime& rt, LoadReport* report) {
+                               const RevisionSwitches& switches, Runtime& rt, LoadReport* report,
+                               CheckpointCaches* caches) {
   LoadOptions options;
+  options.caches = caches;
   options.reads_sharded_common_state = switches.common_state_as_sharded_object;
   options.allows_class_globals = switches.common_load_allows_class_globals;
   options.gathers_read_errors = !switches.load_reads_rank_local;
@@ -162,7 +164,7 @@ Value load_model_and_optimizer(const Value& request, DistributedDataParallel& dd
 int64_t load_distributed_checkpoint(DistributedDataParallel& ddp, ChainedOptimizer& opt,
                                     const Storage& storage, ProcessGroup& group,
                                     const RevisionSwitches& switches, Runtime& rt,
-                                    LoadReport* report) {
+                                    LoadReport* report, CheckpointCaches* caches) {
   const Value common = load_common_state_dict(storage, switches.common_state_as_sharded_object,
                                               switches.common_load_allows_class_globals);
   LoadedFormat format = checkpoint_format(common);
@@ -186,7 +188,7 @@ int64_t load_distributed_checkpoint(DistributedDataParallel& ddp, ChainedOptimiz
       {{"model", model_sd},
        {"optimizer", opt.sharded_state_dict(model_sd, /*is_loading=*/true, format.format)}});
   const Value loaded =
-      load_model_and_optimizer(request, ddp, opt, storage, group, switches, rt, report);
+      load_model_and_optimizer(request, ddp, opt, storage, group, switches, rt, report, caches);
   const Value* it = loaded.dict()->find("iteration");
   return it != nullptr && it->is_int() ? it->as_int() : 0;
 }
@@ -194,7 +196,7 @@ int64_t load_distributed_checkpoint(DistributedDataParallel& ddp, ChainedOptimiz
 Resumed load_checkpoint(DistributedDataParallel& ddp, ChainedOptimizer& opt,
                         OptimizerParamScheduler* scheduler, const Storage& storage,
                         ProcessGroup& group, const RevisionSwitches& switches, Runtime& rt,
-                        LoadReport* report, const ResumeArgs& args) {
+                        LoadReport* report, const ResumeArgs& args, CheckpointCaches* caches) {
   const Value common = load_common_state_dict(storage, switches.common_state_as_sharded_object,
                                               switches.common_load_allows_class_globals);
   const LoadedFormat format = checkpoint_format(common);
@@ -212,7 +214,7 @@ Resumed load_checkpoint(DistributedDataParallel& ddp, ChainedOptimizer& opt,
                           /*iteration=*/0, /*is_loading=*/true, format.format, rt);
   const auto runtime_bounds = lr_bounds(opt);
   const Value loaded =
-      load_model_and_optimizer(request, ddp, opt, storage, group, switches, rt, report);
+      load_model_and_optimizer(request, ddp, opt, storage, group, switches, rt, report, caches);
   if (scheduler != nullptr && load_optim) {
     load_scheduler(opt, *scheduler, *loaded.dict(), switches, runtime_bounds);
   }
@@ -224,13 +226,14 @@ Resumed load_checkpoint(DistributedDataParallel& ddp, ChainedOptimizer& opt,
 SaveReport save_checkpoint(DistributedDataParallel& ddp, ChainedOptimizer& opt,
                            const OptimizerParamScheduler* scheduler, int64_t iteration,
                            Storage& storage, ProcessGroup& group, const RevisionSwitches& switches,
-                           const CheckpointFormat& format, Runtime& rt) {
+                           const CheckpointFormat& format, Runtime& rt, CheckpointCaches* caches) {
   const Value sd =
       generate_state_dict(ddp, &opt, scheduler, iteration, /*is_loading=*/false, format, rt);
   // dist_checkpointing.save(content_metadata=...) puts it into the common state.
   sd.dict()->set("content_metadata", content_metadata(format));
   SaveOptions options;
   options.common_state_as_sharded_object = switches.common_state_as_sharded_object;
+  options.caches = caches;
   return save(sd, storage, group, options);
 }
 
@@ -272,7 +275,7 @@ SaveReport save_checkpoint_to_root(DistributedDataParallel& ddp, ChainedOptimize
                                    const OptimizerParamScheduler* scheduler, int64_t iteration,
                                    Storage& root, ProcessGroup& group,
                                    const RevisionSwitches& switches, const CheckpointFormat& format,
-                                   Runtime& rt) {
+                                   Runtime& rt, CheckpointCaches* caches) {
   const bool rank0 = group.rank() == 0;
   if (rank0 && rt.fault(fault::kTrackerBeforeData)) write_tracker(root, iteration);
   const std::string name = iteration_dir_name(iteration);
@@ -283,7 +286,7 @@ SaveReport save_checkpoint_to_root(DistributedDataParallel& ddp, ChainedOptimize
   if (replace && rank0) throw_if_error(root.remove_all(target), "save_checkpoint()");
   const auto dir = subdir(root, target);
   SaveReport report =
-      save_checkpoint(ddp, opt, scheduler, iteration, *dir, group, switches, format, rt);
+      save_checkpoint(ddp, opt, scheduler, iteration, *dir, group, switches, format, rt, caches);
   group.barrier();  // "Wait so everyone is done (necessary)"
   if (replace && rank0) {
     const std::string old = name + ".replaced";
@@ -301,7 +304,8 @@ std::optional<Resumed> load_latest_checkpoint(DistributedDataParallel& ddp, Chai
                                               OptimizerParamScheduler* scheduler,
                                               const Storage& root, ProcessGroup& group,
                                               const RevisionSwitches& switches, Runtime& rt,
-                                              LoadReport* report, const ResumeArgs& args) {
+                                              LoadReport* report, const ResumeArgs& args,
+                                              CheckpointCaches* caches) {
   const std::string tracker(kTrackerFile);
   const auto bytes = root.read_file(tracker);
   if (!bytes.is_ok()) {
@@ -325,7 +329,7 @@ std::optional<Resumed> load_latest_checkpoint(DistributedDataParallel& ddp, Chai
                         "checkpointing.py _get_checkpoint_format()");
   }
   const auto storage = subdir(root, dir);
-  return load_checkpoint(ddp, opt, scheduler, *storage, group, switches, rt, report, args);
+  return load_checkpoint(ddp, opt, scheduler, *storage, group, switches, rt, report, args, caches);
 }
 
 void train_step(DistributedDataParallel& ddp, ChainedOptimizer& opt,

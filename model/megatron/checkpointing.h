@@ -70,6 +70,8 @@ LoadedFormat checkpoint_format(const Value& common_state);
 // iteration times the scheduler's samples per iteration, where they differ).
 // A checkpoint without 'opt_param_scheduler' (the replay runner's, which saves none) leaves
 // the scheduler as it was built; upstream raises KeyError there.
+// `caches` (optional, here and in every save and load below): the run's, passed to the
+// serialization's options (model/megatron/checkpoint_caches.h).
 //
 // With args.no_load_optim (--no-load-optim) the request holds neither 'optimizer' nor
 // 'opt_param_scheduler' (load_checkpoint() passes None for both: no dummy_step, no optimizer
@@ -96,7 +98,8 @@ struct Resumed {
 Resumed load_checkpoint(DistributedDataParallel& ddp, ChainedOptimizer& opt,
                         OptimizerParamScheduler* scheduler, const Storage& storage,
                         ProcessGroup& group, const RevisionSwitches& switches, Runtime& rt,
-                        LoadReport* report = nullptr, const ResumeArgs& args = {});
+                        LoadReport* report = nullptr, const ResumeArgs& args = {},
+                        CheckpointCaches* caches = nullptr);
 
 // What a script of its own does with a checkpoint, outside Megatron's training loop (the
 // checkpoint holds no training-loop state: no 'iteration', 'args', scheduler or RNG):
@@ -110,7 +113,8 @@ Resumed load_checkpoint(DistributedDataParallel& ddp, ChainedOptimizer& opt,
 int64_t load_distributed_checkpoint(DistributedDataParallel& ddp, ChainedOptimizer& opt,
                                     const Storage& storage, ProcessGroup& group,
                                     const RevisionSwitches& switches, Runtime& rt,
-                                    LoadReport* report = nullptr);
+                                    LoadReport* report = nullptr,
+                                    CheckpointCaches* caches = nullptr);
 
 // Mirrors checkpointing.py save_checkpoint(): generate_state_dict(is_loading=False) then
 // dist_checkpointing.save with content_metadata(format) (where the common state goes:
@@ -119,7 +123,8 @@ int64_t load_distributed_checkpoint(DistributedDataParallel& ddp, ChainedOptimiz
 SaveReport save_checkpoint(DistributedDataParallel& ddp, ChainedOptimizer& opt,
                            const OptimizerParamScheduler* scheduler, int64_t iteration,
                            Storage& storage, ProcessGroup& group, const RevisionSwitches& switches,
-                           const CheckpointFormat& format, Runtime& rt);
+                           const CheckpointFormat& format, Runtime& rt,
+                           CheckpointCaches* caches = nullptr);
 
 // The training loop's checkpoint directory (--save, --load): one iter_NNNNNNN/ per saved
 // iteration (model::iteration_dir_name) and the tracker latest_checkpointed_iteration.txt,
@@ -135,7 +140,7 @@ SaveReport save_checkpoint_to_root(DistributedDataParallel& ddp, ChainedOptimize
                                    const OptimizerParamScheduler* scheduler, int64_t iteration,
                                    Storage& root, ProcessGroup& group,
                                    const RevisionSwitches& switches, const CheckpointFormat& format,
-                                   Runtime& rt);
+                                   Runtime& rt, CheckpointCaches* caches = nullptr);
 
 // Mirrors load_checkpoint()'s way to the iteration directory (read_metadata,
 // _load_base_checkpoint, _get_checkpoint_format), then load_checkpoint above on it:
@@ -146,12 +151,10 @@ SaveReport save_checkpoint_to_root(DistributedDataParallel& ddp, ChainedOptimize
 //   negative         AssertionError "error parsing metadata file";
 //   no iter_N/       FileNotFoundError (the format check lists the directory).
 // Returns what load_checkpoint returns. Collective over `group` (every rank reads the tracker).
-std::optional<Resumed> load_latest_checkpoint(DistributedDataParallel& ddp, ChainedOptimizer& opt,
-                                              OptimizerParamScheduler* scheduler,
-                                              const Storage& root, ProcessGroup& group,
-                                              const RevisionSwitches& switches, Runtime& rt,
-                                              LoadReport* report = nullptr,
-                                              const ResumeArgs& args = {});
+std::optional<Resumed> load_latest_checkpoint(
+    DistributedDataParallel& ddp, ChainedOptimizer& opt, OptimizerParamScheduler* scheduler,
+    const Storage& root, ProcessGroup& group, const RevisionSwitches& switches, Runtime& rt,
+    LoadReport* report = nullptr, const ResumeArgs& args = {}, CheckpointCaches* caches = nullptr);
 
 // The tracker's bytes as read_metadata() reads them (int() of the stripped text): nullopt when
 // they are no integer.

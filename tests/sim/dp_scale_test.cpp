@@ -1,6 +1,6 @@
 // Production DP sizes (issue 11 item 7): the ranks of a world share one copy of what they
 // gather and of the checkpoint index they load (sim/local_world.h ObjectGathers,
-// model/process_group.h GatheredObjects, model/megatron/serialization.h LoadIndex), and that
+// model/process_group.h GatheredObjects, model/megatron/checkpoint_caches.h LoadIndex), and that
 // sharing changes nothing.
 //
 // Which deliberately broken variant each test catches:

@@ -263,18 +263,20 @@ TEST(Serialization, WriteIntoSharedSavedPiecesIsCaught) {
   EXPECT_THROW(report.check_pieces_unchanged(), InvariantViolation);
 }
 
-// load() parses metadata.json once per distinct content and every rank shares the index
-// (LoadIndex invariants 1 and 2). Mutations caught: a cache keyed by path or by storage (a
+// A run's caches parse metadata.json once per distinct content and every rank shares the index
+// (CheckpointCaches invariants 1 and 2). Mutations caught: a cache keyed by path or by storage (a
 // rewritten metadata.json would load the old pieces); no cache (each read its own index);
 // no fingerprint (a write into a shared index goes unseen).
 TEST(Serialization, LoadIndexIsSharedForEqualBytesOnly) {
   MemoryStorage store;
+  CheckpointCaches caches;
   on_ranks(2, [&](int rank, ProcessGroup& pg) {
-    save(dict_value({{"t", piece("t", at::zeros({2}).add(rank), 4, 2 * rank)}}), store, pg);
+    save(dict_value({{"t", piece("t", at::zeros({2}).add(rank), 4, 2 * rank)}}), store, pg,
+         {.caches = &caches});
   });
-  const auto first = shared_load_index(store);
+  const auto first = caches.load_index(store);
   ASSERT_TRUE(first.is_ok()) << first.status().to_string();
-  EXPECT_EQ(shared_load_index(store).value(), first.value()) << "the same file, one index";
+  EXPECT_EQ(caches.load_index(store).value(), first.value()) << "the same file, one index";
   EXPECT_EQ(first.value()->pieces, read_checkpoint_pieces(store).value());
   EXPECT_EQ(first.value()->by_key.at("t").size(), 2u);
   EXPECT_EQ(first.value()->problems, (std::vector<std::string>{"", ""}));
@@ -282,29 +284,29 @@ TEST(Serialization, LoadIndexIsSharedForEqualBytesOnly) {
   MemoryStorage elsewhere;  // equal bytes in another storage: equal index, shared
   ASSERT_TRUE(
       elsewhere.write_file("metadata.json", store.read_file("metadata.json").value()).is_ok());
-  EXPECT_EQ(shared_load_index(elsewhere).value(), first.value());
+  EXPECT_EQ(caches.load_index(elsewhere).value(), first.value());
 
   // Rewritten at the same path: a new index of the new pieces.
   on_ranks(1, [&](int, ProcessGroup& pg) {
-    save(dict_value({{"t", piece("t", at::zeros({4}), 4, 0)}}), store, pg);
+    save(dict_value({{"t", piece("t", at::zeros({4}), 4, 0)}}), store, pg, {.caches = &caches});
   });
-  const auto second = shared_load_index(store);
+  const auto second = caches.load_index(store);
   ASSERT_TRUE(second.is_ok());
   EXPECT_NE(second.value(), first.value());
   EXPECT_EQ(second.value()->pieces, read_checkpoint_pieces(store).value());
   EXPECT_EQ(first.value()->pieces.size(), 2u) << "an index a rank holds never changes";
 
-  EXPECT_NO_THROW(check_shared_load_indexes_unchanged());
+  EXPECT_NO_THROW(caches.check_load_indexes_unchanged());
   auto& shared = const_cast<LoadIndex&>(*second.value());
   const int64_t saved_offset = shared.pieces[0].byte_offset;
   shared.pieces[0].byte_offset = saved_offset + 8;
-  EXPECT_THROW(check_shared_load_indexes_unchanged(), InvariantViolation);
+  EXPECT_THROW(caches.check_load_indexes_unchanged(), InvariantViolation);
   EXPECT_THROW(second.value()->check_unchanged(), InvariantViolation);
   shared.pieces[0].byte_offset = saved_offset;
-  EXPECT_NO_THROW(check_shared_load_indexes_unchanged());
+  EXPECT_NO_THROW(caches.check_load_indexes_unchanged());
 
   MemoryStorage empty;
-  EXPECT_EQ(shared_load_index(empty).status().code(), Status::Code::kNotFound);
+  EXPECT_EQ(caches.load_index(empty).status().code(), Status::Code::kNotFound);
 }
 
 namespace {
@@ -368,19 +370,20 @@ TEST(Serialization, MetadataTextIsWhatNlohmannDumpWrote) {
   EXPECT_THROW(metadata_json(true, {bad}, {}), nlohmann::json::type_error);
 }
 
-// save() primes the load index cache with the index of the metadata.json it wrote: the load
+// save() primes its caches' load index with the index of the metadata.json it wrote: the load
 // that follows is served an index equal to a fresh parse of the file (LoadIndex invariant 1),
 // for every field of every piece. Mutations caught: priming with the pieces of one rank only,
 // or with a piece's byte offset changed (the index then differs from the parse).
 TEST(Serialization, SavePrimesTheLoadIndexWithWhatAParseGives) {
   MemoryStorage store;
+  CheckpointCaches caches;
   on_ranks(3, [&](int rank, ProcessGroup& pg) {
     save(dict_value({{"t", piece("t", at::zeros({2}).add(rank), 6, 2 * rank)},
                      {"u", piece("u", at::zeros({rank + 1}), 6, rank * (rank + 1) / 2)},
                      {"o", object("o", rank % 2, rank / 2)}}),
-         store, pg);
+         store, pg, {.caches = &caches});
   });
-  const auto index = shared_load_index(store);
+  const auto index = caches.load_index(store);
   ASSERT_TRUE(index.is_ok()) << index.status().to_string();
   const std::vector<SavedPiece> parsed = read_checkpoint_pieces(store).value();
   ASSERT_EQ(parsed.size(), 6u);
@@ -401,6 +404,85 @@ TEST(Serialization, SavePrimesTheLoadIndexWithWhatAParseGives) {
     EXPECT_EQ(index.value()->objects[i].unique_key, full.objects[i].unique_key);
     EXPECT_EQ(index.value()->objects[i].file, full.objects[i].file);
   }
+}
+
+// A CheckpointCaches object belongs to one run (invariant 4): `check --jobs N` gives each case
+// its own, so one object shares what it built between its own calls only. Mutations caught:
+// the load index kept in a static shared by every object (b served a's index); no cache (a's
+// second call parsed again); the decoding memo shared or absent (likewise).
+TEST(CheckpointCaches, OneObjectSharesWithinItselfOnly) {
+  MemoryStorage store;
+  on_ranks(2, [&](int rank, ProcessGroup& pg) {
+    save(dict_value({{"iteration", Value(4)}, {"t", piece("t", at::zeros({2}), 4, 2 * rank)}}),
+         store, pg);
+  });
+  CheckpointCaches a;
+  CheckpointCaches b;
+  const auto from_a = a.load_index(store);
+  ASSERT_TRUE(from_a.is_ok()) << from_a.status().to_string();
+  EXPECT_EQ(a.load_index(store).value(), from_a.value()) << "one object, one index";
+  const auto from_b = b.load_index(store);
+  ASSERT_TRUE(from_b.is_ok());
+  EXPECT_NE(from_b.value(), from_a.value()) << "another run's object shares nothing with a";
+  EXPECT_EQ(from_b.value()->pieces, from_a.value()->pieces);
+
+  const std::vector<char> common = store.read_file("common.pt").value();
+  const auto decoded = a.decoded_common_state(common);
+  EXPECT_EQ(a.decoded_common_state(common), decoded) << "one object, one decoding";
+  const auto decoded_b = b.decoded_common_state(common);
+  EXPECT_NE(decoded_b, decoded);
+  EXPECT_EQ(decoded_b->dict()->at("iteration").as_int(), 4);
+}
+
+// Caches change the work, never the result: a save and a load with a run's caches give what
+// they give with none (SaveOptions::caches, LoadOptions::caches null). Mutations caught: the
+// uncached path decoding rank 0's common state as None (rank 0 reports differences); the
+// uncached load index without its by_key (the load raises the missing key's KeyError).
+TEST(CheckpointCaches, NullCachesSaveAndLoadWhatCachesDo) {
+  struct Outcome {
+    std::vector<std::vector<std::string>> differences;  // per rank
+    std::vector<SavedPiece> pieces;
+    std::vector<std::vector<float>> loaded;  // per rank
+    std::vector<std::vector<std::string>> uncovered;
+  };
+  auto run = [](CheckpointCaches* caches) {
+    MemoryStorage store;
+    Outcome out;
+    out.differences.resize(2);
+    out.loaded.resize(3);
+    out.uncovered.resize(3);
+    on_ranks(2, [&](int rank, ProcessGroup& pg) {
+      const SaveReport report = save(
+          dict_value({{"iteration", Value(5)},
+                      {"rank_field", Value(rank)},
+                      {"t", piece("t", at::arange(3).to(at::kFloat).add(3 * rank), 6, 3 * rank)}}),
+          store, pg, {.caches = caches});
+      out.differences[static_cast<size_t>(rank)] = report.common_state_differences;
+      if (rank == 0) out.pieces = *report.pieces;
+    });
+    on_ranks(3, [&](int rank, ProcessGroup& pg) {
+      LoadOptions options;
+      options.caches = caches;
+      LoadReport report;
+      const Value loaded = load(dict_value({{"t", piece("t", at::zeros({2}), 6, 2 * rank)}}), store,
+                                pg, options, &report);
+      const at::Tensor t = loaded.dict()->at("t").tensor();
+      out.loaded[static_cast<size_t>(rank)] = {t.data_ptr<float>(), t.data_ptr<float>() + 2};
+      EXPECT_EQ(loaded.dict()->at("iteration").as_int(), 5);
+      out.uncovered[static_cast<size_t>(rank)] = report.uncovered;
+    });
+    return out;
+  };
+  CheckpointCaches caches;
+  const Outcome with = run(&caches);
+  const Outcome without = run(nullptr);
+  EXPECT_EQ(without.differences, with.differences);
+  EXPECT_TRUE(with.differences[0].empty());
+  EXPECT_EQ(with.differences[1].size(), 1u) << "rank 1's rank_field differs from rank 0's";
+  EXPECT_EQ(without.pieces, with.pieces);
+  EXPECT_EQ(without.loaded, with.loaded);
+  EXPECT_EQ(with.loaded[2], (std::vector<float>{4, 5}));
+  EXPECT_EQ(without.uncovered, with.uncovered);
 }
 
 // read_checkpoint_tensors assembles each key's pieces into its global tensor and refuses, with a
