@@ -74,7 +74,7 @@ void CheckpointCaches::check_load_indexes_unchanged() const {
 std::shared_ptr<const Value> CheckpointCaches::decoded_common_state(
     const std::vector<char>& bytes) {
   std::lock_guard lock(mu_);
-  if (decoded_ == nullptr || decoded_bytes_.empty() || decoded_bytes_ != bytes) {
+  if (decoded_ == nullptr || decoded_bytes_ != bytes) {
     decoded_ = decode_common_state(bytes);
     decoded_bytes_ = bytes;
   }

@@ -79,7 +79,7 @@ class CheckpointCaches {
   std::vector<std::weak_ptr<const LoadIndex>> entries_;  // oldest first
   std::shared_ptr<const LoadIndex> latest_;
   std::shared_ptr<const LoadIndex> primed_;
-  std::vector<char> decoded_bytes_;  // the key of decoded_ (empty: none)
+  std::vector<char> decoded_bytes_;  // the key of decoded_ (meaningless while it is null)
   std::shared_ptr<const Value> decoded_;
 };
 
