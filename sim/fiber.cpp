@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <sys/mman.h>
-#include <ucontext.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -26,6 +25,70 @@
 #if defined(CKPTSIM_ASAN_FIBERS)
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
+#endif
+
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
+#if defined(__x86_64__)
+// The switch between two stacks, for the System V x86-64 ABI: pushes what a callee must
+// preserve (rbp, rbx, r12-r15, then MXCSR and the x87 control word), stores the stack pointer
+// in *from, takes `to` as the stack pointer and pops the same from there, and returns into the
+// other context. swapcontext does this and also saves the signal mask with a system call
+// (rt_sigprocmask), which was about 12 % of the search's time in a VM (perf: pvm_irq_enable
+// under swapcontext); no signal mask is changed anywhere in ckptsim, so none is kept.
+//   void ckptsim_fiber_switch(void** from /* rdi */, void* to /* rsi */);
+// A new fiber's stack is laid out as if it had switched away just before
+// ckptsim_fiber_start, with the fiber in r12 and its entry function in r13 (see
+// initial_stack below); ckptsim_fiber_start calls entry(fiber) with an aligned stack.
+asm(R"(
+    .text
+    .p2align 4
+    .globl ckptsim_fiber_switch
+    .hidden ckptsim_fiber_switch
+    .type ckptsim_fiber_switch, @function
+ckptsim_fiber_switch:
+    .cfi_startproc
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $16, %rsp
+    stmxcsr 8(%rsp)
+    fnstcw (%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr 8(%rsp)
+    fldcw (%rsp)
+    addq $16, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .cfi_endproc
+    .size ckptsim_fiber_switch, .-ckptsim_fiber_switch
+
+    .p2align 4
+    .globl ckptsim_fiber_start
+    .hidden ckptsim_fiber_start
+    .type ckptsim_fiber_start, @function
+ckptsim_fiber_start:
+    .cfi_startproc
+    .cfi_undefined rip
+    movq %r12, %rdi
+    callq *%r13
+    ud2
+    .cfi_endproc
+    .size ckptsim_fiber_start, .-ckptsim_fiber_start
+)");
+extern "C" void ckptsim_fiber_switch(void** from, void* to);
+extern "C" void ckptsim_fiber_start();
 #endif
 
 namespace ckptsim::sim {
@@ -116,8 +179,13 @@ thread_local Fiber* t_current = nullptr;
 }  // namespace
 
 struct Fiber::Context {
+#if defined(__x86_64__)
+  void* fiber_sp = nullptr;   // the fiber's saved stack pointer while it is suspended
+  void* caller_sp = nullptr;  // the resumer's, while the fiber runs
+#else
   ucontext_t fiber{};
   ucontext_t caller{};
+#endif
   void* stack = nullptr;  // lowest usable byte; null once given back
   // ASan: the fake stacks saved across a switch, and the resumer's stack, learned on each entry.
   void* caller_fake_stack = nullptr;
@@ -125,6 +193,36 @@ struct Fiber::Context {
   const void* caller_bottom = nullptr;
   std::size_t caller_bytes = 0;
 };
+
+namespace {
+
+#if defined(__x86_64__)
+// The stack pointer a new fiber starts from: below the top of `stack`, the frame that
+// ckptsim_fiber_switch pops (x87 control word and MXCSR at their power-on values, r15, r14,
+// r13 = entry, r12 = fiber, rbx, rbp = 0: the end of the frame chain for debuggers), then
+// ckptsim_fiber_start as the return address. ckptsim_fiber_start is entered with rsp 16-byte
+// aligned, so its call leaves entry's frame aligned as the ABI requires.
+void* initial_stack(void* stack, void (*entry)(Fiber*), Fiber* fiber) {
+  auto top = reinterpret_cast<std::uintptr_t>(stack) + kFiberStackBytes;
+  top &= ~std::uintptr_t{15};
+  auto* slot = reinterpret_cast<std::uint64_t*>(top);
+  // Padding: the ret into ckptsim_fiber_start leaves rsp = top - 16, a multiple of 16.
+  *--slot = 0;
+  *--slot = 0;
+  *--slot = reinterpret_cast<std::uint64_t>(&ckptsim_fiber_start);
+  *--slot = 0;                                       // rbp
+  *--slot = 0;                                       // rbx
+  *--slot = reinterpret_cast<std::uint64_t>(fiber);  // r12
+  *--slot = reinterpret_cast<std::uint64_t>(entry);  // r13
+  *--slot = 0;                                       // r14
+  *--slot = 0;                                       // r15
+  *--slot = std::uint64_t{0x1F80};                   // MXCSR (high half of the 16 bytes)
+  *--slot = std::uint64_t{0x037F};                   // x87 control word
+  return slot;
+}
+#endif
+
+}  // namespace
 
 Fiber::Fiber(std::function<void()> f) : f_(std::move(f)), context_(std::make_unique<Context>()) {}
 
@@ -137,9 +235,7 @@ Fiber::~Fiber() {
 
 Fiber* Fiber::current() { return t_current; }
 
-void Fiber::entry(unsigned int high, unsigned int low) {
-  auto* self = reinterpret_cast<Fiber*>((static_cast<std::uintptr_t>(high) << 32) |
-                                        static_cast<std::uintptr_t>(low));
+void Fiber::run(Fiber* self) {
   Context& c = *self->context_;
   finish_switch(nullptr, &c.caller_bottom, &c.caller_bytes);
   try {
@@ -150,9 +246,20 @@ void Fiber::entry(unsigned int high, unsigned int low) {
   self->finished_ = true;
   // A null save: this stack is being left for good (ASan frees its fake frames).
   start_switch(nullptr, c.caller_bottom, c.caller_bytes);
+#if defined(__x86_64__)
+  ckptsim_fiber_switch(&c.fiber_sp, c.caller_sp);
+#else
   setcontext(&c.caller);
-  std::terminate();  // setcontext returns only on failure
+#endif
+  std::terminate();  // never resumed again
 }
+
+#if !defined(__x86_64__)
+void Fiber::entry(unsigned int high, unsigned int low) {
+  run(reinterpret_cast<Fiber*>((static_cast<std::uintptr_t>(high) << 32) |
+                               static_cast<std::uintptr_t>(low)));
+}
+#endif
 
 void Fiber::resume() {
   CKPTSIM_CHECK(!finished_, "resuming a finished fiber");
@@ -160,6 +267,9 @@ void Fiber::resume() {
   Context& c = *context_;
   if (!started_) {
     c.stack = stack_pool().take();
+#if defined(__x86_64__)
+    c.fiber_sp = initial_stack(c.stack, &Fiber::run, this);
+#else
     CKPTSIM_CHECK(getcontext(&c.fiber) == 0, "getcontext failed");
     c.fiber.uc_stack.ss_sp = c.stack;
     c.fiber.uc_stack.ss_size = kFiberStackBytes;
@@ -168,12 +278,17 @@ void Fiber::resume() {
     makecontext(&c.fiber, reinterpret_cast<void (*)()>(&Fiber::entry), 2,
                 static_cast<unsigned int>(address >> 32),
                 static_cast<unsigned int>(address & 0xffffffffu));
+#endif
     started_ = true;
   }
   Fiber* const outer = t_current;
   t_current = this;
   start_switch(&c.caller_fake_stack, c.stack, kFiberStackBytes);
+#if defined(__x86_64__)
+  ckptsim_fiber_switch(&c.caller_sp, c.fiber_sp);
+#else
   swapcontext(&c.caller, &c.fiber);
+#endif
   finish_switch(c.caller_fake_stack, nullptr, nullptr);
   t_current = outer;
   if (finished_) {
@@ -187,7 +302,11 @@ void Fiber::suspend() {
   CKPTSIM_CHECK(self != nullptr, "Fiber::suspend called outside a fiber");
   Context& c = *self->context_;
   start_switch(&c.fiber_fake_stack, c.caller_bottom, c.caller_bytes);
+#if defined(__x86_64__)
+  ckptsim_fiber_switch(&c.fiber_sp, c.caller_sp);
+#else
   swapcontext(&c.fiber, &c.caller);
+#endif
   finish_switch(c.fiber_fake_stack, &c.caller_bottom, &c.caller_bytes);
 }
 
