@@ -2,6 +2,7 @@
 // fused_adam_kernel.h for the layout). Built with the host compiler in every build, with or
 // without CUDA, so the CPU tests can check the plan.
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -111,8 +112,14 @@ std::vector<Launch> plan_fused_adam(std::span<const FusedAdamTensors> list,
       s.exp_avg_sq = t.exp_avg_sq;
       s.numel = t.numel;
       s.head = head_of(t);
+      const int64_t begin = chunk_end;
       chunk_end += chunks_of(s, a.chunk_elems);
-      s.chunk_end = chunk_end;
+      CKPTSIM_CHECK(chunk_end <= INT32_MAX,
+                    "plan_fused_adam: a launch must not have more than 2^31 - 1 chunks");
+      s.chunk_end = static_cast<int32_t>(chunk_end);
+      if (chunk_end <= kChunkTableMax) {
+        for (int64_t c = begin; c < chunk_end; ++c) a.chunk_slot[c] = static_cast<uint8_t>(j);
+      }
     }
     a.chunk_count = chunk_end;
     launch.grid_blocks = std::min(limits.resident_blocks, a.chunk_count);

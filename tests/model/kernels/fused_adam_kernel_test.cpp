@@ -20,7 +20,8 @@
 //         EmulatedKernelOnSpecialValues
 //   K4 run_block: the tensor cursor test `c >= chunk_end` written `c > chunk_end`
 //      -> ManyTensorsSplitIntoLaunches, EmulatedKernelMatchesCpuBitwise,
-//         EmulatedKernelOnSpecialValues
+//         EmulatedKernelOnSpecialValues (that slot-by-slot walk is gone; K9-K11 test what
+//         replaced it)
 //   K5 plan: a vector-path tensor of numel 1..3 gets 0 chunks (no max(1, ...))
 //      -> PlanOfOneTensorByHand, ManyTensorsSplitIntoLaunches, and the three emulation tests
 //   K6 te_adam_scalars: 1 - β2 taken in double and rounded (float(1 - β2)) instead of the
@@ -31,6 +32,13 @@
 //      before its chunk's) -> SlotOfChunkIsTheSlotThatHoldsIt
 //   K8 slot_of_chunk: hi starts at tensor_count - 2 (the last slot never found)
 //      -> SlotOfChunkIsTheSlotThatHoldsIt
+//   K9 plan: chunk_slot filled with the next slot's index (j + 1) ->
+//   SlotOfChunkIsTheSlotThatHoldsIt,
+//      BothSlotLookupsMatchCpu (table path), EmulatedKernelMatchesCpuBitwise
+//   K10 slot_from: after a failed probe, the next search starts two slots on (lo = probe + 2)
+//      -> SlotOfChunkIsTheSlotThatHoldsIt, EmulatedKernelMatchesCpuBitwise
+//   K11 run_block: the table taken also where chunk_count > kChunkTableMax (its entries past
+//      the table are not written) -> BothSlotLookupsMatchCpu
 #include "model/kernels/cuda/fused_adam_kernel.h"
 
 #include <gtest/gtest.h>
@@ -217,14 +225,21 @@ TEST(FusedAdamPlan, ManyTensorsSplitIntoLaunches) {
   check_case(c, h, step, limits);
 }
 
-// A block finds its first chunk's tensor by a binary search over the chunk ends: for every
-// chunk of a launch of 64 tensors of 1..40 elements (and of a launch of one), the slot it names
-// is the one whose chunk range holds the chunk.
+// Every way the kernel finds a chunk's slot names the slot whose chunk range holds the chunk:
+// the binary search (slot_of_chunk), the forward probes from any earlier chunk's slot
+// (slot_from) and, where the launch has at most kChunkTableMax chunks, chunk_slot. Launches of
+// one tensor and of 64 (1..40 elements: under the table's size; 100..140: over it).
 TEST(FusedAdamPlan, SlotOfChunkIsTheSlotThatHoldsIt) {
   Rng r(base_seed());
-  for (const int tensors : {1, 64}) {
+  struct Shape {
+    int tensors;
+    int64_t numel_min, numel_max;
+  };
+  for (const Shape shape : {Shape{1, 1, 40}, Shape{64, 1, 40}, Shape{64, 100, 140}}) {
     std::vector<int64_t> numels;
-    for (int j = 0; j < tensors; ++j) numels.push_back(r.between(1, 40));
+    for (int j = 0; j < shape.tensors; ++j) {
+      numels.push_back(r.between(shape.numel_min, shape.numel_max));
+    }
     Case c = layout_case(r, numels, CaseShape{});
     std::array<float*, kRoles> base{};
     for (int role = 0; role < kRoles; ++role) base[role] = c.arenas.data(role);
@@ -236,12 +251,45 @@ TEST(FusedAdamPlan, SlotOfChunkIsTheSlotThatHoldsIt) {
     const auto launches = cuda_detail::plan_fused_adam(list, TeAdamScalars{}, limits);
     ASSERT_EQ(launches.size(), 1u);
     const auto& a = launches[0].args;
-    ASSERT_EQ(a.tensor_count, tensors);
+    ASSERT_EQ(a.tensor_count, shape.tensors);
+    const bool table = a.chunk_count <= cuda_detail::kChunkTableMax;
+    EXPECT_EQ(table, shape.numel_max <= 40) << a.chunk_count << " chunks";
     int32_t holder = 0;
     for (int64_t chunk = 0; chunk < a.chunk_count; ++chunk) {
       while (chunk >= a.slot[holder].chunk_end) ++holder;
       ASSERT_EQ(cuda_detail::slot_of_chunk(a, chunk), holder) << "chunk " << chunk;
+      if (table) {
+        ASSERT_EQ(a.chunk_slot[chunk], holder) << "chunk " << chunk;
+      }
+      for (int32_t from = 0; from <= holder; ++from) {
+        if (from > 0 && chunk < a.slot[from - 1].chunk_end) continue;  // not an earlier slot
+        ASSERT_EQ(cuda_detail::slot_from(a, from, chunk), holder)
+            << "chunk " << chunk << " from slot " << from;
+      }
     }
+  }
+}
+
+// The emulated kernel over one launch whose chunks the table covers and one with more chunks
+// than it holds (the probes), a grid of 7 blocks: each element updated once, as the CPU does.
+TEST(FusedAdamKernel, BothSlotLookupsMatchCpu) {
+  Rng r(base_seed() + 3);
+  for (const int64_t numel_max : {int64_t{40}, int64_t{140}}) {
+    std::vector<int64_t> numels;
+    for (int j = 0; j < 64; ++j) numels.push_back(r.between(numel_max - 39, numel_max));
+    Case c = layout_case(r, numels, CaseShape{});
+    PlanLimits limits;
+    limits.resident_blocks = 7;
+    limits.threads_per_block = 1;
+    limits.chunk_elems_max = 4;
+    limits.chunks_per_block_target = 1000;
+    std::array<float*, kRoles> base{};
+    for (int role = 0; role < kRoles; ++role) base[role] = c.arenas.data(role);
+    const auto launches =
+        cuda_detail::plan_fused_adam(tensor_list(c, base), TeAdamScalars{}, limits);
+    ASSERT_EQ(launches.size(), 1u);
+    EXPECT_EQ(launches[0].args.chunk_count <= cuda_detail::kChunkTableMax, numel_max == 40);
+    check_case(c, random_hyper(r), random_step(r), limits);
   }
 }
 
