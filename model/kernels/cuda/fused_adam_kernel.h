@@ -249,13 +249,9 @@ CKPTSIM_HD void run_chunk(const TensorSlot& t, const TeAdamScalars& s, int64_t c
   }
 }
 
-// Everything block `block` of a grid of `grid` blocks does, as thread `thread` of `threads`.
-// Threads never communicate, so the host can run them one after another.
-// The slot whose chunks hold chunk `c`: the first with chunk_end > c (a binary search; the
-// chunk ends increase). REQUIRES: 0 <= c < a.chunk_count.
-CKPTSIM_HD int32_t slot_of_chunk(const LaunchArgs& a, int64_t c) {
-  int32_t lo = 0;
-  int32_t hi = a.tensor_count - 1;
+// The first slot in [lo, hi] whose chunk_end is above c (a binary search; the chunk ends
+// increase). REQUIRES: c < slot[hi].chunk_end; lo == 0 or slot[lo - 1].chunk_end <= c.
+CKPTSIM_HD int32_t slot_between(const LaunchArgs& a, int64_t c, int32_t lo, int32_t hi) {
   while (lo < hi) {
     const int32_t mid = (lo + hi) / 2;
     if (c < a.slot[mid].chunk_end) {
@@ -265,6 +261,11 @@ CKPTSIM_HD int32_t slot_of_chunk(const LaunchArgs& a, int64_t c) {
     }
   }
   return lo;
+}
+
+// The slot whose chunks hold chunk `c`. REQUIRES: 0 <= c < a.chunk_count.
+CKPTSIM_HD int32_t slot_of_chunk(const LaunchArgs& a, int64_t c) {
+  return slot_between(a, c, 0, a.tensor_count - 1);
 }
 
 // The slot holding chunk c, searching from slot t, the slot of an earlier chunk: probes 1, 2,
@@ -284,17 +285,11 @@ CKPTSIM_HD int32_t slot_from(const LaunchArgs& a, int32_t t, int64_t c) {
     lo = probe + 1;
     step *= 2;
   }
-  while (lo < hi) {
-    const int32_t mid = (lo + hi) / 2;
-    if (c < a.slot[mid].chunk_end) {
-      hi = mid;
-    } else {
-      lo = mid + 1;
-    }
-  }
-  return lo;
+  return slot_between(a, c, lo, hi);
 }
 
+// Everything block `block` of a grid of `grid` blocks does, as thread `thread` of `threads`.
+// Threads never communicate, so the host can run them one after another.
 CKPTSIM_HD void run_block(const LaunchArgs& a, int64_t block, int64_t grid, int32_t thread,
                           int32_t threads) {
   const bool table = a.chunk_count <= kChunkTableMax;
