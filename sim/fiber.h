@@ -65,8 +65,10 @@ class Fiber {
 
  private:
   struct Context;
-  static void run(Fiber* self);                            // the fiber's outermost frame
+  static void run(Fiber* self);  // the fiber's outermost frame
+#if !defined(__x86_64__)
   static void entry(unsigned int high, unsigned int low);  // ucontext's way into run()
+#endif
 
   std::function<void()> f_;
   std::unique_ptr<Context> context_;
