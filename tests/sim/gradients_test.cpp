@@ -15,7 +15,9 @@
 //   LocalGradientIsItsRanksSamples      samples dealt to ranks in contiguous blocks instead of
 //                                       s % dp_size (sums over all ranks still agree) [tried:
 //                                       caught, by this test only]; every rank starting at
-//                                       sample 0.
+//                                       sample 0; the last element of every full block of 64
+//                                       (local_gradient's vectorized loop) left at zero
+//                                       [tried: caught, by this test only].
 //   SubrangeMatchesFullRange            the hash uses the offset i in `out` instead of the
 //                                       element index element_begin + i [tried: caught].
 //   SameInputsSameBits                  hidden state (a counter or cache) in the source.
@@ -138,6 +140,8 @@ RC_GTEST_PROP(Gradients, SumOverRanksIsExactForEveryDpSize, ()) {
 RC_GTEST_PROP(Gradients, LocalGradientIsItsRanksSamples, ()) {
   Case c = case_gen();
   c.spec.samples_per_step = *rc::gen::inRange<int64_t>(1, 200);
+  // Up to 300 elements: local_gradient hashes in blocks of 64, so ranges cross block ends.
+  c.n = *rc::gen::inRange<std::size_t>(1, 300);
   const int64_t dp = *rc::gen::inRange<int64_t>(1, 25);
   const int64_t rank = *rc::gen::inRange<int64_t>(0, dp);
   std::vector<float> got(c.n);
