@@ -33,8 +33,8 @@ uint64_t fingerprint(const std::vector<std::vector<char>>& objects) {
   uint64_t h = kFnv1aOffset;
   for (const auto& o : objects) {
     const uint64_t size = o.size();
-    h = fnv1a(&size, sizeof size, h);
-    h = fnv1a(o.data(), o.size(), h);
+    h = word_hash(&size, sizeof size, h);
+    h = word_hash(o.data(), o.size(), h);
   }
   return h;
 }

@@ -451,7 +451,7 @@ std::string metadata_json(bool common_in_common_pt, const std::vector<SavedPiece
 
 uint64_t fingerprint(const std::vector<SavedPiece>& pieces) {
   uint64_t h = kFnv1aOffset;
-  auto mix = [&h](const void* data, size_t n) { h = fnv1a(data, n, h); };
+  auto mix = [&h](const void* data, size_t n) { h = word_hash(data, n, h); };
   auto mix_string = [&](const std::string& s) {
     const uint64_t size = s.size();
     mix(&size, sizeof size);
