@@ -10,16 +10,29 @@ namespace ckptsim::properties {
 
 namespace {
 
-// Moments as Adam sees them: state that does not exist yet is zeros.
-std::vector<std::vector<float>> effective_moments(
-    const std::vector<std::vector<float>>& m, const std::vector<std::vector<uint8_t>>& present) {
-  std::vector<std::vector<float>> out = m;
-  for (size_t p = 0; p < out.size() && p < present.size(); ++p) {
-    for (size_t e = 0; e < out[p].size() && e < present[p].size(); ++e) {
-      if (present[p][e] == 0) out[p][e] = 0.0F;
+// Moments as Adam sees them: state that does not exist yet is zeros. `m` itself where every
+// element is present (no copy), else a copy in `store` with the absent elements zeroed.
+const std::vector<std::vector<float>>* effective_moments(
+    const std::vector<std::vector<float>>& m, const std::vector<std::vector<uint8_t>>& present,
+    std::vector<std::vector<float>>& store) {
+  auto absent = [&](size_t p, size_t e) { return present[p][e] == 0; };
+  bool any_absent = false;
+  for (size_t p = 0; p < m.size() && p < present.size() && !any_absent; ++p) {
+    for (size_t e = 0; e < m[p].size() && e < present[p].size(); ++e) {
+      if (absent(p, e)) {
+        any_absent = true;
+        break;
+      }
     }
   }
-  return out;
+  if (!any_absent) return &m;
+  store = m;
+  for (size_t p = 0; p < store.size() && p < present.size(); ++p) {
+    for (size_t e = 0; e < store[p].size() && e < present[p].size(); ++e) {
+      if (absent(p, e)) store[p][e] = 0.0F;
+    }
+  }
+  return &store;
 }
 
 }  // namespace
@@ -117,13 +130,11 @@ bool within_tolerance(float observed, float expected, bool bf16, double drift) {
 }
 
 ComparedFields::ComparedFields(const sim::GlobalState& a, const sim::GlobalState& b)
-    : a_m_(effective_moments(a.exp_avg, a.moments_present)),
-      a_v_(effective_moments(a.exp_avg_sq, a.moments_present)),
-      b_m_(effective_moments(b.exp_avg, b.moments_present)),
-      b_v_(effective_moments(b.exp_avg_sq, b.moments_present)),
-      fields_{{{"master param", &a.master, &b.master},
-               {"exp_avg", &a_m_, &b_m_},
-               {"exp_avg_sq", &a_v_, &b_v_},
+    : fields_{{{"master param", &a.master, &b.master},
+               {"exp_avg", effective_moments(a.exp_avg, a.moments_present, a_m_),
+                effective_moments(b.exp_avg, b.moments_present, b_m_)},
+               {"exp_avg_sq", effective_moments(a.exp_avg_sq, a.moments_present, a_v_),
+                effective_moments(b.exp_avg_sq, b.moments_present, b_v_)},
                {"model param", &a.param, &b.param}}} {}
 
 }  // namespace ckptsim::properties

@@ -58,6 +58,8 @@ class ComparedFields {
   const std::array<Field, 4>& fields() const { return fields_; }
 
  private:
+  // The moments with absent state zeroed, where some is absent (else the fields point at the
+  // states' own).
   std::vector<std::vector<float>> a_m_, a_v_, b_m_, b_v_;
   std::array<Field, 4> fields_;
 };

@@ -37,30 +37,39 @@ bool bitwise_equal(const std::vector<std::vector<float>>& a,
   return true;
 }
 
-// Python repr of a value as a checkpoint would give it back: pickling writes a symbol (a class
-// object) as its name string, so symbols print as strings here.
-std::string checkpoint_repr(const Value& v) {
+// Appends the Python repr of a value as a checkpoint would give it back: pickling writes a symbol
+// (a class object) as its name string, so symbols print as strings here.
+void append_checkpoint_repr(std::string& out, const Value& v) {
   switch (v.kind()) {
     case Value::Kind::kSymbol:
-      return model::py_str_repr(v.as_symbol().name);
+      out += model::py_str_repr(v.as_symbol().name);
+      return;
     case Value::Kind::kDict: {
-      std::string out = "{";
+      out += '{';
+      bool first = true;
       for (const auto& [k, item] : *v.dict()) {
-        if (out.size() > 1) out += ", ";
-        out += k.repr() + ": " + checkpoint_repr(item);
+        if (!first) out += ", ";
+        first = false;
+        out += k.repr();
+        out += ": ";
+        append_checkpoint_repr(out, item);
       }
-      return out + "}";
+      out += '}';
+      return;
     }
     case Value::Kind::kList: {
-      std::string out = "[";
+      out += '[';
+      bool first = true;
       for (const auto& item : *v.list()) {
-        if (out.size() > 1) out += ", ";
-        out += checkpoint_repr(item);
+        if (!first) out += ", ";
+        first = false;
+        append_checkpoint_repr(out, item);
       }
-      return out + "]";
+      out += ']';
+      return;
     }
     default:
-      return v.repr();
+      out += v.repr();
   }
 }
 
@@ -69,9 +78,9 @@ std::string groups_text(model::ChainedOptimizer& opt) {
   std::string out;
   for (size_t i = 0; i < opt.size(); ++i) {
     try {
-      out += (i == 0 ? "" : "; ") +
-             checkpoint_repr(
-                 opt.part(i).state_dict().dict()->at("optimizer").dict()->at("param_groups"));
+      if (i > 0) out += "; ";
+      append_checkpoint_repr(
+          out, opt.part(i).state_dict().dict()->at("optimizer").dict()->at("param_groups"));
     } catch (const model::UpstreamError& e) {
       return std::string("<state_dict() raised ") + e.what() + ">";
     }

@@ -297,6 +297,14 @@ void Dict::set(const Key& k, Value v) {
   items_.emplace_back(k, std::move(v));
 }
 
+void Dict::set(Key&& k, Value v) {
+  if (Value* existing = find(k)) {
+    *existing = std::move(v);
+    return;
+  }
+  items_.emplace_back(std::move(k), std::move(v));
+}
+
 Value Dict::pop(const Key& k, const char* site) {
   for (auto it = items_.begin(); it != items_.end(); ++it) {
     if (it->first == k) {

@@ -162,6 +162,7 @@ class Dict {
   // d.get(k, default)
   Value get(const Key& k, Value fallback = Value()) const;
   void set(const Key& k, Value v);  // d[k] = v
+  void set(Key&& k, Value v);       // d[k] = v, the key moved in where it is new
   // d[k] = v for a key the dict does not hold, without the linear search set() makes: for
   // building a dict from another dict's items (whose keys are distinct). REQUIRES: k is not
   // in the dict; a key that is would be held twice.
