@@ -23,9 +23,14 @@ inline uint64_t mix64(uint64_t z) {
 // One link of the counter chain: injective in `counter` for a fixed `state` (the odd gamma
 // makes counter -> counter*gamma a bijection), then mixed. Chaining links, rather than
 // xor-ing the inputs together, keeps (step=1, param=2) and (step=2, param=1) apart.
-inline uint64_t link(uint64_t state, int64_t counter) {
+// link(state, counter) is mix64(state + counter_offset(counter)).
+inline uint64_t counter_offset(int64_t counter) {
   constexpr uint64_t kGamma = 0x9e3779b97f4a7c15ULL;
-  return mix64(state + (static_cast<uint64_t>(counter) + 1) * kGamma);
+  return (static_cast<uint64_t>(counter) + 1) * kGamma;
+}
+
+inline uint64_t link(uint64_t state, int64_t counter) {
+  return mix64(state + counter_offset(counter));
 }
 
 // Hash of (seed, step, param): computed once per local_gradient call.
@@ -73,7 +78,6 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 void hash_gradients(uint64_t prefix, int64_t element_begin, int64_t first_sample,
                     int64_t sample_stride, int64_t samples, std::span<float> out) {
-  constexpr uint64_t kGamma = 0x9e3779b97f4a7c15ULL;  // link()'s
   constexpr size_t kBlock = 64;
   std::array<uint64_t, kBlock> element_hash{};
   std::array<int32_t, kBlock> sum_units{};
@@ -86,9 +90,8 @@ void hash_gradients(uint64_t prefix, int64_t element_begin, int64_t first_sample
     // Integer accumulation: |sum| <= kGradientSamplesMax * kGradMagnitudeMax < 2^24 (header
     // invariant 1), so the conversion below is exact and equals any fp32 summation order.
     for (int64_t s = first_sample; s < samples; s += sample_stride) {
-      // link(h, s) is mix64(h + step).
-      const uint64_t step = (static_cast<uint64_t>(s) + 1) * kGamma;
-      for (size_t i = 0; i < n; ++i) sum_units[i] += units_of(mix64(element_hash[i] + step));
+      const uint64_t offset = counter_offset(s);  // link(h, s) for every h of the block
+      for (size_t i = 0; i < n; ++i) sum_units[i] += units_of(mix64(element_hash[i] + offset));
     }
     for (size_t i = 0; i < n; ++i) out[b + i] = static_cast<float>(sum_units[i]) * kGradUnit;
   }
