@@ -45,7 +45,11 @@ constexpr uint64_t kRandnStream = 2;
 
 bool real_cuda_available(std::string* why) {
   if (!at::hasCUDA()) {
-    if (why != nullptr) *why = "this libtorch has no CUDA";
+    // A build without our CUDA kernel links no libtorch_cuda even where libtorch has one
+    // (CMakeLists.txt: CKPTSIM_TORCH_LINK), so libtorch reports no CUDA there too.
+    if (why != nullptr) {
+      *why = "libtorch's CUDA is not loaded (a CPU libtorch, or a build without the CUDA kernel)";
+    }
     return false;
   }
   if (!cuda_fused_adam_available()) {
