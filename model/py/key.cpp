@@ -16,7 +16,7 @@ Key Key::symbol(std::string name) {
 Key Key::tuple(std::vector<Key> items) {
   Key k;
   k.kind_ = Kind::kTuple;
-  k.items_ = std::move(items);
+  k.items_ = new std::vector<Key>(std::move(items));
   return k;
 }
 
@@ -33,7 +33,7 @@ const std::string& Key::as_str() const {
 
 const std::vector<Key>& Key::items() const {
   CKPTSIM_CHECK(kind_ == Kind::kTuple, "Key::items on a non-tuple key " + repr());
-  return items_;
+  return *items_;
 }
 
 std::string escape_control_characters(std::string_view s) {
@@ -83,11 +83,11 @@ std::string Key::repr() const {
       return str_;
     case Kind::kTuple: {
       std::string out = "(";
-      for (size_t i = 0; i < items_.size(); ++i) {
+      for (size_t i = 0; i < items_->size(); ++i) {
         if (i > 0) out += ", ";
-        out += items_[i].repr();
+        out += (*items_)[i].repr();
       }
-      if (items_.size() == 1) out += ",";
+      if (items_->size() == 1) out += ",";
       return out + ")";
     }
   }
@@ -105,7 +105,7 @@ bool operator<(const Key& a, const Key& b) {
     case Key::Kind::kSymbol:
       return a.str_ < b.str_;
     case Key::Kind::kTuple:
-      return a.items_ < b.items_;
+      return *a.items_ < *b.items_;
   }
   return false;
 }

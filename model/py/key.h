@@ -49,17 +49,49 @@ class Key {
   friend bool operator==(const Key& a, const Key& b) {
     if (a.kind_ != b.kind_) return false;
     if (a.kind_ == Kind::kInt) return a.int_ == b.int_;
-    if (a.kind_ == Kind::kTuple) return a.items_ == b.items_;
+    if (a.kind_ == Kind::kTuple) return *a.items_ == *b.items_;
     return a.str_ == b.str_;  // kStr, kSymbol
   }
   friend bool operator<(const Key& a, const Key& b);
 
+  // A tuple's items are owned (copied with the key); everything else is held in place.
+  Key(const Key& o) : kind_(o.kind_), int_(o.int_), str_(o.str_) {
+    if (kind_ == Kind::kTuple) items_ = new std::vector<Key>(*o.items_);
+  }
+  Key(Key&& o) noexcept : kind_(o.kind_), int_(o.int_), str_(std::move(o.str_)) {
+    o.kind_ = Kind::kInt;  // a moved-from tuple no longer owns its items
+    o.int_ = 0;
+  }
+  Key& operator=(const Key& o) {
+    if (this != &o) *this = Key(o);
+    return *this;
+  }
+  Key& operator=(Key&& o) noexcept {
+    if (this != &o) {
+      release();
+      kind_ = o.kind_;
+      int_ = o.int_;
+      str_ = std::move(o.str_);
+      o.kind_ = Kind::kInt;
+      o.int_ = 0;
+    }
+    return *this;
+  }
+  ~Key() { release(); }
+
  private:
   Key() = default;
+  void release() {
+    if (kind_ == Kind::kTuple) delete items_;
+  }
+  // 48 bytes: an int and a tuple's items share a word. Side by side with a vector it took 72,
+  // and a dict item holds a Key, a path a vector of them.
   Kind kind_ = Kind::kInt;
-  int64_t int_ = 0;
-  std::string str_;
-  std::vector<Key> items_;
+  union {
+    int64_t int_ = 0;                // kInt
+    const std::vector<Key>* items_;  // kTuple: owned
+  };
+  std::string str_;  // kStr, kSymbol
 };
 
 using KeyPath = std::vector<Key>;

@@ -1,8 +1,14 @@
 // The Value tree's Python semantics (model/tree.h invariants 1-3) and Key reprs.
 // Mutations caught: Dict::copy deep-copying (DictCopyIsShallow), Dict::set moving an existing
 // key to the end (OverwriteKeepsPosition), deepcopy not preserving aliasing
-// (DeepcopyPreservesAliasing), Value::is comparing tensor values (TensorIdentity).
+// (DeepcopyPreservesAliasing), Value::is comparing tensor values (TensorIdentity), Key's copy
+// sharing a tuple's items, move-assignment keeping the target's kind, self-assignment
+// clearing the key (KeyCopiesAndMovesKeepTheirValue).
 #include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
 
 #include <ATen/ops/ones.h>
 #include <ATen/ops/scalar_tensor.h>
@@ -83,6 +89,53 @@ TEST(Tree, KeyReprsArePython) {
   EXPECT_EQ(Value(5.0).repr(), "5.0");
   EXPECT_EQ(Value(at::scalar_tensor(5.0)).repr(), "tensor(5.)");
   EXPECT_EQ(Value::tuple({Value(0.9), Value(0.95)}).repr(), "(0.9, 0.95)");
+}
+
+// Key keeps an int and a tuple's owned items in one word and copies and moves by hand: every
+// kind must survive copy and move construction and assignment into a key of any other kind.
+TEST(Tree, KeyCopiesAndMovesKeepTheirValue) {
+  const Key dtype_pair =
+      Key::tuple({Key::symbol("torch.bfloat16"), Key::tuple({Key(2), Key("x")})});
+  const std::vector<Key> kinds = {Key(7), Key("exp_avg"), Key::symbol("torch.float32"), dtype_pair,
+                                  Key(std::string(40, 's'))};  // a str too long for SSO
+  for (const Key& a : kinds) {
+    Key copy(a);
+    EXPECT_EQ(copy, a);
+    EXPECT_EQ(copy.repr(), a.repr());
+    Key moved(std::move(copy));
+    EXPECT_EQ(moved, a);
+    for (const Key& b : kinds) {
+      Key target(b);
+      target = a;  // copy-assign over every kind
+      EXPECT_EQ(target, a) << b.repr() << " = " << a.repr();
+      EXPECT_EQ(target.kind(), a.kind());
+      Key source(a);
+      Key other(b);
+      other = std::move(source);  // move-assign over every kind
+      EXPECT_EQ(other, a) << b.repr() << " = move " << a.repr();
+      other = b;  // and back, out of a key that was moved into
+      EXPECT_EQ(other, b);
+    }
+    Key self(a);
+    const Key& alias = self;
+    self = alias;  // self-assignment keeps the value
+    EXPECT_EQ(self, a);
+    Key& same = self;
+    self = std::move(same);  // and so does self-move-assignment
+    EXPECT_EQ(self, a);
+  }
+  // A copied tuple is a new tuple of equal items: the copy outlives the original. The decoy's
+  // items take the memory the original's gave back (the allocators reuse a freed block of the
+  // same size first), so a copy that shared them would print the decoy.
+  auto original = std::make_unique<Key>(dtype_pair);
+  const Key survivor(*original);
+  original.reset();
+  const Key decoy = Key::tuple({Key(99), Key(98)});
+  EXPECT_EQ(decoy.repr(), "(99, 98)");
+  EXPECT_EQ(survivor.repr(), "(torch.bfloat16, (2, 'x'))");
+  EXPECT_EQ(survivor.items().at(1).items().at(1).as_str(), "x");
+  EXPECT_TRUE(Key::tuple({Key(1)}) < Key::tuple({Key(2)}));
+  EXPECT_FALSE(Key::tuple({Key(1)}) == Key::tuple({Key("1")}));
 }
 
 TEST(Tree, PyEqualFollowsPython) {
