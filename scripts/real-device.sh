@@ -2,9 +2,10 @@
 # Runs ckptsim's real engine (check --real, gate --real: app/real_engine.h) on a GPU machine that
 # has PyTorch but no package manager (the lent H200, a self-hosted runner):
 #   1. builds `ckptsim` against this machine's PyTorch libtorch (CUDA off: the model's own
-#      arithmetic needs no GPU) with the Debian packages of scripts/fetch-debs.sh unpacked into a
-#      prefix, into $CKPTSIM_REAL_BUILD (default build-real/, git-ignored: a warm machine keeps it
-#      between calls, and a second call rebuilds only what changed);
+#      arithmetic needs no GPU, and no libtorch_cuda is loaded) with the Debian packages of
+#      scripts/fetch-debs.sh unpacked into a prefix, into $CKPTSIM_REAL_BUILD (default
+#      build-real/, git-ignored: a warm machine keeps it between calls, and a second call
+#      rebuilds only what changed);
 #   2. applies each patch named by --patch LABEL=BASE:PATCH (a PR's diff, e.g. from
 #      .megatron/patches/) to a copy of the checkout BASE, as the checkout LABEL next to it
 #      (the copy is made once);
