@@ -2,7 +2,7 @@
 // Mutations caught: Dict::copy deep-copying (DictCopyIsShallow), Dict::set moving an existing
 // key to the end (OverwriteKeepsPosition), deepcopy not preserving aliasing
 // (DeepcopyPreservesAliasing), Value::is comparing tensor values (TensorIdentity), Key's copy
-// sharing a tuple's items, move-assignment keeping the target's kind, self-assignment
+// sharing a tuple's items, move-assignment keeping the target's kind, self-move-assignment
 // clearing the key (KeyCopiesAndMovesKeepTheirValue).
 #include <gtest/gtest.h>
 
