@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <stdexcept>
 
 #include "model/fnv1a.h"
 #include "model/megatron/mapping.h"
@@ -279,6 +280,41 @@ bool compare_replica(const Scenario& s, size_t rank, const ShardSnapshot& shard,
   return false;
 }
 
+// The disjoint element ranges of one param that ranks hold, sorted by start.
+class HeldRanges {
+ public:
+  // The first element of `range` already held, with its holder; nullopt: none is.
+  std::optional<std::pair<int64_t, int>> first_held(model::Range range) const {
+    auto it = std::upper_bound(held_.begin(), held_.end(), range.start,
+                               [](int64_t start, const Held& h) { return start < h.start; });
+    if (it != held_.begin() && std::prev(it)->end > range.start)
+      return std::pair{range.start, std::prev(it)->rank};
+    if (it != held_.end() && it->start < range.end) return std::pair{it->start, it->rank};
+    return std::nullopt;
+  }
+  // REQUIRES: no element of `range` is held (first_held).
+  void add(model::Range range, int rank) {
+    auto it = std::upper_bound(held_.begin(), held_.end(), range.start,
+                               [](int64_t start, const Held& h) { return start < h.start; });
+    held_.insert(it, Held{range.start, range.end, rank});
+  }
+
+ private:
+  struct Held {
+    int64_t start;
+    int64_t end;
+    int rank;
+  };
+  std::vector<Held> held_;
+};
+
+// What std::vector::at raises for element `n` of `size` (the element-by-element holder table
+// this replaced raised it for a shard outside its param, or of a param the scenario lacks).
+[[noreturn]] void out_of_range(size_t n, size_t size) {
+  throw std::out_of_range(fmt::format(
+      "vector::_M_range_check: __n (which is {}) >= this->size() (which is {})", n, size));
+}
+
 // The record of rank `r`'s shard `shard` (the step it used from the rank's `uses`).
 ShardRecord record_of(const ShardSnapshot& shard, size_t r, const RankState& rank) {
   ShardRecord rec;
@@ -301,14 +337,22 @@ ShardRecord record_of(const ShardSnapshot& shard, size_t r, const RankState& ran
 
 }  // namespace
 
-GlobalState gather_state(const Scenario& s, int64_t global_step,
-                         const std::vector<const RankState*>& ranks) {
+namespace {
+
+// gather_state; `owned` (null: none): the same states, which may give up their model params.
+GlobalState gather(const Scenario& s, int64_t global_step,
+                   const std::vector<const RankState*>& ranks,
+                   const std::vector<RankState*>* owned) {
   GlobalState st = empty_state(s, global_step);
   // The first rank that has a state (rank 0 unless a partial load left it out).
   size_t first = 0;
   while (first < ranks.size() && ranks[first] == nullptr) ++first;
   if (first < ranks.size()) {
-    st.param = ranks[first]->params;
+    if (owned != nullptr && ranks[first]->params_held.empty()) {
+      st.param = std::move((*owned)[first]->params);
+    } else {
+      st.param = ranks[first]->params;
+    }
     st.param_groups = ranks[first]->groups;
     st.hypers = ranks[first]->hypers;
     for (size_t r = first + 1; r < ranks.size(); ++r) {
@@ -324,18 +368,25 @@ GlobalState gather_state(const Scenario& s, int64_t global_step,
       }
     }
   }
-  // Invariant 1: which rank holds each element (-1: none yet).
-  std::vector<std::vector<int>> holder;
-  for (const auto& p : s.params) holder.emplace_back(static_cast<size_t>(p.numel), -1);
+  // Invariant 1: the ranges held so far, per param.
+  std::vector<HeldRanges> held(s.params.size());
   for (size_t r = 0; r < ranks.size(); ++r) {
     if (ranks[r] == nullptr) continue;
     for (const auto& shard : ranks[r]->shards) {
       if (shard.replica) continue;  // compared with the main copy below
-      for (int64_t e = shard.param_range.start; e < shard.param_range.end; ++e) {
-        int& h = holder.at(shard.model_param).at(static_cast<size_t>(e));
-        CKPTSIM_CHECK(h < 0, fmt::format("element {} of param {} held by ranks {} and {}", e,
-                                         s.params[shard.model_param].name, h, r));
-        h = static_cast<int>(r);
+      const model::Range range = shard.param_range;
+      if (range.start < range.end) {
+        const size_t p = shard.model_param;
+        if (p >= held.size()) out_of_range(p, held.size());
+        // Every range held is inside the param, so a held element comes before one outside.
+        const std::optional<std::pair<int64_t, int>> taken = held[p].first_held(range);
+        CKPTSIM_CHECK(!taken, fmt::format("element {} of param {} held by ranks {} and {}",
+                                          taken ? taken->first : 0, s.params[p].name,
+                                          taken ? taken->second : 0, r));
+        const auto numel = static_cast<size_t>(s.params[p].numel);
+        if (static_cast<size_t>(range.end) > numel)
+          out_of_range(std::max(static_cast<size_t>(range.start), numel), numel);
+        held[p].add(range, static_cast<int>(r));
       }
       put_shard(st, shard);
       st.shards.push_back(record_of(shard, r, *ranks[r]));
@@ -352,6 +403,18 @@ GlobalState gather_state(const Scenario& s, int64_t global_step,
     }
   }
   return st;
+}
+
+}  // namespace
+
+GlobalState gather_state(const Scenario& s, int64_t global_step,
+                         const std::vector<const RankState*>& ranks) {
+  return gather(s, global_step, ranks, nullptr);
+}
+
+GlobalState gather_given_states(const Scenario& s, int64_t global_step,
+                                const std::vector<RankState*>& ranks) {
+  return gather(s, global_step, {ranks.begin(), ranks.end()}, &ranks);
 }
 
 uint64_t fnv1a(const void* data, size_t n, uint64_t h) { return model::fnv1a(data, n, h); }

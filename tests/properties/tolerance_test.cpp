@@ -5,6 +5,10 @@
 // off their failures under the fixed tolerance) and of spec §17's bias-correction restart (~1e-2).
 // Mutations caught: the drift ignored (LongPhaseDriftPassesOnlyWithItsSteps; the two found
 // scenarios fail too); kTrajectoryRtolPerStep 64 times larger (ABiasCorrectionRestartStillFails).
+// MovedElementsAreComparedWithinTolerance: the whole-array fast path taken for a param with a
+// moved element, or the per-param moved flag never set (every element then counts bit for bit);
+// a run of the walk over the reference's shards ending at the shard's end where no reference
+// shard holds its first element (element 2 then counts as moved).
 #include <gtest/gtest.h>
 
 #include "properties/common.h"
@@ -46,6 +50,55 @@ TEST(TrajectoryTolerance, Bf16ValuesGetOneUlpPlusTheDrift) {
   EXPECT_TRUE(within_tolerance(1.0f + 0x1p-6f, 1.0f, true, 0x1p-7));
   EXPECT_TRUE(within_tolerance(0.0f, 0.0f, false, 0.0));
   EXPECT_FALSE(within_tolerance(1.0f, -1.0f, false, 1.0));
+}
+
+sim::ShardRecord shard_record(int rank, int64_t start, int64_t end, sim::Kernel kernel) {
+  sim::ShardRecord s;
+  s.param = 0;
+  s.range = {start, end};
+  s.rank = rank;
+  s.kernel = kernel;
+  return s;
+}
+
+sim::GlobalState state_at(int64_t global_step, std::vector<sim::ShardRecord> shards) {
+  sim::GlobalState st;
+  st.global_step = global_step;
+  const std::vector<float> values = {0.5F, -1.25F, 2.0F, 0.125F};
+  st.master = {values};
+  st.exp_avg = {values};
+  st.exp_avg_sq = {values};
+  st.param = {values};
+  st.moments_present = {std::vector<uint8_t>(values.size(), 1)};
+  st.shards = std::move(shards);
+  return st;
+}
+
+TEST(TrajectoryTolerance, MovedElementsAreComparedWithinTolerance) {
+  sim::RunResult run;
+  run.scenario.params = {{.name = "p", .numel = 4, .dtype = model::DType::kFloat32}};
+  // The uninterrupted run's FusedAdam holds [0, 1) and [2, 4); nothing holds element 1.
+  for (const int64_t step : {1, 2}) {
+    run.reference.push_back(state_at(step, {shard_record(0, 0, 1, sim::Kernel::kFusedAdam),
+                                            shard_record(0, 2, 4, sim::Kernel::kFusedAdam)}));
+  }
+  // The resumed run's FusedAdam holds [0, 3), torch's single-tensor AdamW [3, 4): elements 1
+  // (no reference shard) and 3 (another kernel kind) moved, 0 and 2 did not.
+  sim::PhaseRecord phase;
+  phase.ran = true;
+  for (const int64_t step : {1, 2}) {
+    phase.after_step.push_back(
+        state_at(step, {shard_record(0, 0, 3, sim::Kernel::kFusedAdam),
+                        shard_record(1, 3, 4, sim::Kernel::kTorchSingleTensorCpu)}));
+  }
+  run.phases = {phase};
+  const PropertyResult r = trajectory_matches_uninterrupted(run);
+  EXPECT_TRUE(r.ok()) << r.detail;
+  // 2 states x 4 fields: elements 0 and 2 bit for bit, 1 and 3 within tolerance.
+  EXPECT_NE(r.detail.find("2 states compared with the uninterrupted run: 16 element values bit "
+                          "for bit, 16 within tolerance"),
+            std::string::npos)
+      << r.detail;
 }
 
 }  // namespace
