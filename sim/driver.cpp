@@ -112,11 +112,11 @@ PhaseJob phase_job(const Scenario& scenario, const RunOptions& options,
   return job;
 }
 
-// The whole model's state after each step of a world's job, gathered (gather_state) as soon as
+// The whole model's state after each step of a world's job, gathered (gather_given_states) once
 // every rank has captured that step, so that no rank keeps the state of each of its steps until
-// the job ends: at DP 12 over 2,000 steps those copies were most of a run's memory, and
-// allocating fresh memory for them a sixth of its time. A world's ranks are fibers of the
-// calling thread (run_world), so add() needs no lock.
+// the job ends (each a copy of the whole model's params: with them, the 400-case search of
+// reports/search-speed.md peaked at 504 MB, without them at 347 MB, in a DP 6 case of 2,050
+// steps). A world's ranks are fibers of the calling thread (run_world), so add() needs no lock.
 // It gathers what gathering every rank's steps after the job did: step k where every rank
 // captured it (a rank that failed captured fewer: the gathered steps are a prefix), in order,
 // from the same states; the first gather that raises (gather_state's invariant checks) stops it,
@@ -150,8 +150,10 @@ class StepGather {
     }
   }
 
-  // The gathered steps, step k (0-based) at global step start_step + k + 1.
+  // The gathered steps, step k (0-based) at global step start_step + k + 1. Called once.
   std::vector<GlobalState> take(int64_t start_step) {
+    CKPTSIM_CHECK(!taken_, "the gathered steps were taken twice");
+    taken_ = true;
     if (error_) std::rethrow_exception(error_);
     for (size_t k = 0; k < gathered_.size(); ++k)
       gathered_[k].global_step = start_step + static_cast<int64_t>(k) + 1;
@@ -169,6 +171,7 @@ class StepGather {
   size_t first_pending_ = 0;
   std::vector<GlobalState> gathered_;
   std::exception_ptr error_;
+  bool taken_ = false;
 };
 
 // What one rank recorded in one phase.
@@ -690,7 +693,7 @@ void run_reference(const Scenario& scenario, const RunOptions& options,
   if (result.reference_errors.empty()) {
     result.reference = steps.take(0);
     CKPTSIM_CHECK(result.reference.size() == static_cast<size_t>(job.steps),
-                  "the reference run took fewer steps without an error");
+                  "the reference run's ranks took other than its steps without an error");
   }
   const size_t restarts = result.reference_errors.empty() ? outs.front().restarts.size() : 0;
   for (size_t k = 0; k < restarts; ++k) {

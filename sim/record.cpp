@@ -378,12 +378,14 @@ GlobalState gather(const Scenario& s, int64_t global_step,
       if (range.start < range.end) {
         const size_t p = shard.model_param;
         if (p >= held.size()) out_of_range(p, held.size());
+        const auto numel = static_cast<size_t>(s.params[p].numel);
+        // An element before the param was the table's first index (a huge size_t).
+        if (range.start < 0) out_of_range(static_cast<size_t>(range.start), numel);
         // Every range held is inside the param, so a held element comes before one outside.
         const std::optional<std::pair<int64_t, int>> taken = held[p].first_held(range);
         CKPTSIM_CHECK(!taken, fmt::format("element {} of param {} held by ranks {} and {}",
                                           taken ? taken->first : 0, s.params[p].name,
                                           taken ? taken->second : 0, r));
-        const auto numel = static_cast<size_t>(s.params[p].numel);
         if (static_cast<size_t>(range.end) > numel)
           out_of_range(std::max(static_cast<size_t>(range.start), numel), numel);
         held[p].add(range, static_cast<int>(r));

@@ -342,8 +342,8 @@ struct RunResult {
 // each other rank's where they differ (param_on_rank).
 GlobalState gather_state(const Scenario& s, int64_t global_step,
                          const std::vector<const RankState*>& ranks);
-// The same from states the caller gives up: rank 0's model params are moved, not copied (each
-// state is left valid, its contents unspecified).
+// The same from states the caller gives up: the first rank's model params are moved, not copied,
+// where no rank holds pieces of them (each state is left valid, its contents unspecified).
 GlobalState gather_given_states(const Scenario& s, int64_t global_step,
                                 const std::vector<RankState*>& ranks);
 

@@ -14,6 +14,10 @@
 //   OverlappingShardsAreRefused first_held() looking only at the range that starts at or before
 //                               a shard's start (a shard that begins in a gap and runs into a
 //                               later range passes), or refusing ranges that only touch
+//   AShardOutsideItsParamIsOutOfRange
+//                               a shard that starts before its param accepted (put_shard then
+//                               writes before the array), or its end checked against the
+//                               param's numel plus one
 //   GivenUpStatesGatherAlike    gather_given_states taking rank 0's params where ranks hold
 //                               pieces (gather_params_of_pieces then reads emptied params), or
 //                               moving them before the other ranks are compared with them
@@ -22,6 +26,7 @@
 #include <bit>
 #include <cstdint>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -106,13 +111,16 @@ TEST(StateGather, OverlappingShardsAreRefused) {
   sim::RankState r0;
   sim::RankState r1;
   sim::RankState r2;
-  // Ranges that touch, over both params, and one rank holding two: no refusal, every element.
+  // Ranges that touch, over both params, and one rank holding two: no refusal, and every element
+  // of both params gathered.
   r0.shards = {shard_of(0, 0, 3), shard_of(1, 2, 4)};
   r1.shards = {shard_of(0, 3, 5), shard_of(0, 6, 8)};
   r2.shards = {shard_of(0, 5, 6), shard_of(1, 0, 2)};
   EXPECT_EQ(gather_refusal(s, {&r0, &r1, &r2}), "");
   const sim::GlobalState st = sim::gather_state(s, 1, {&r0, &r1, &r2});
   EXPECT_EQ(st.master[0], std::vector<float>(8, 1.0F));
+  EXPECT_EQ(st.master[1], std::vector<float>(4, 1.0F));
+  EXPECT_EQ(st.exp_avg_sq[1], std::vector<float>(4, 0.25F));
   EXPECT_EQ(st.shards.size(), 6U);
   // Rank 2's shard starts inside rank 0's.
   r2.shards = {shard_of(0, 2, 4)};
@@ -121,7 +129,6 @@ TEST(StateGather, OverlappingShardsAreRefused) {
       << gather_refusal(s, {&r0, &r1, &r2});
   // Rank 2's shard starts in a gap (rank 1 holds [3, 5) and [6, 8), nobody 5) and runs into
   // rank 1's second range.
-  r1.shards = {shard_of(0, 3, 5), shard_of(0, 6, 8)};
   r2.shards = {shard_of(0, 5, 7)};
   EXPECT_NE(gather_refusal(s, {&r0, &r1, &r2}).find("element 6 of param p held by ranks 1 and 2"),
             std::string::npos)
@@ -131,10 +138,44 @@ TEST(StateGather, OverlappingShardsAreRefused) {
   EXPECT_EQ(gather_refusal(s, {&r0, &r1, &r2}), "");
 }
 
+// What gathering `ranks` raises as std::out_of_range ("" when it does not).
+std::string out_of_range_of(const sim::Scenario& s,
+                            const std::vector<const sim::RankState*>& ranks) {
+  try {
+    (void)sim::gather_state(s, 1, ranks);
+  } catch (const std::out_of_range& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(StateGather, AShardOutsideItsParamIsOutOfRange) {
+  sim::Scenario s;
+  s.params = {{.name = "p", .numel = 4, .dtype = model::DType::kFloat32}};
+  sim::RankState r0;
+  r0.shards = {shard_of(0, 0, 2)};
+  sim::RankState r1;
+  // Past the end: the first element outside, 4 of 4 (what the table of holders' at() said).
+  r1.shards = {shard_of(0, 2, 5)};
+  EXPECT_EQ(out_of_range_of(s, {&r0, &r1}),
+            "vector::_M_range_check: __n (which is 4) >= this->size() (which is 4)");
+  // A param the scenario lacks: its index against the number of params.
+  r1.shards = {shard_of(3, 0, 1)};
+  EXPECT_EQ(out_of_range_of(s, {&r0, &r1}),
+            "vector::_M_range_check: __n (which is 3) >= this->size() (which is 1)");
+  // Before the start: element -1 as the size_t index it was, before any overlap is looked at.
+  sim::ShardSnapshot before = shard_of(0, 0, 3);
+  before.param_range = {-1, 3};
+  r1.shards = {before};
+  EXPECT_EQ(out_of_range_of(s, {&r0, &r1}),
+            "vector::_M_range_check: __n (which is 18446744073709551615) >= this->size() (which "
+            "is 4)");
+}
+
 TEST(StateGather, GivenUpStatesGatherAlike) {
   sim::Scenario s;
   s.params = {{.name = "p", .numel = 4, .dtype = model::DType::kFloat32}};
-  // Every rank holds every element; rank 2's params differ from rank 0's.
+  // Every rank holds the whole of every model param; rank 2's differ from rank 0's.
   sim::RankState r0;
   r0.shards = {shard_of(0, 0, 2)};
   r0.params = {{1.0F, 2.0F, 3.0F, 4.0F}};
