@@ -93,15 +93,22 @@ sim::ShardSnapshot shard_of(size_t param, int64_t start, int64_t end) {
   return shard;
 }
 
-// The message of the invariant violation gathering `ranks` raises ("" when none).
-std::string gather_refusal(const sim::Scenario& s,
-                           const std::vector<const sim::RankState*>& ranks) {
+// The message of the `Raised` that gathering `ranks` raises ("" when none; anything else
+// propagates).
+template <typename Raised>
+std::string raised_by_gather(const sim::Scenario& s,
+                             const std::vector<const sim::RankState*>& ranks) {
   try {
     (void)sim::gather_state(s, 1, ranks);
-  } catch (const model::InvariantViolation& e) {
+  } catch (const Raised& e) {
     return e.what();
   }
   return "";
+}
+
+std::string gather_refusal(const sim::Scenario& s,
+                           const std::vector<const sim::RankState*>& ranks) {
+  return raised_by_gather<model::InvariantViolation>(s, ranks);
 }
 
 TEST(StateGather, OverlappingShardsAreRefused) {
@@ -138,15 +145,9 @@ TEST(StateGather, OverlappingShardsAreRefused) {
   EXPECT_EQ(gather_refusal(s, {&r0, &r1, &r2}), "");
 }
 
-// What gathering `ranks` raises as std::out_of_range ("" when it does not).
 std::string out_of_range_of(const sim::Scenario& s,
                             const std::vector<const sim::RankState*>& ranks) {
-  try {
-    (void)sim::gather_state(s, 1, ranks);
-  } catch (const std::out_of_range& e) {
-    return e.what();
-  }
-  return "";
+  return raised_by_gather<std::out_of_range>(s, ranks);
 }
 
 TEST(StateGather, AShardOutsideItsParamIsOutOfRange) {
