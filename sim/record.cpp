@@ -285,8 +285,7 @@ class HeldRanges {
  public:
   // The first element of `range` already held, with its holder; nullopt: none is.
   std::optional<std::pair<int64_t, int>> first_held(model::Range range) const {
-    auto it = std::upper_bound(held_.begin(), held_.end(), range.start,
-                               [](int64_t start, const Held& h) { return start < h.start; });
+    const auto it = first_after(range.start);
     if (it != held_.begin() && std::prev(it)->end > range.start)
       return std::pair{range.start, std::prev(it)->rank};
     if (it != held_.end() && it->start < range.end) return std::pair{it->start, it->rank};
@@ -294,9 +293,7 @@ class HeldRanges {
   }
   // REQUIRES: no element of `range` is held (first_held).
   void add(model::Range range, int rank) {
-    auto it = std::upper_bound(held_.begin(), held_.end(), range.start,
-                               [](int64_t start, const Held& h) { return start < h.start; });
-    held_.insert(it, Held{range.start, range.end, rank});
+    held_.insert(first_after(range.start), Held{range.start, range.end, rank});
   }
 
  private:
@@ -305,6 +302,11 @@ class HeldRanges {
     int64_t end;
     int rank;
   };
+  // The first range that starts after `element`.
+  std::vector<Held>::const_iterator first_after(int64_t element) const {
+    return std::upper_bound(held_.begin(), held_.end(), element,
+                            [](int64_t start, const Held& h) { return start < h.start; });
+  }
   std::vector<Held> held_;
 };
 
